@@ -1,0 +1,138 @@
+"""Wiring of the daemon's modes: builds the components, runs them, shuts them down in order."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+
+from schedctl.config import Config
+from schedctl.coordination.base import Coordinator
+from schedctl.coordination.local import LocalCoordinator
+from schedctl.storage.claim import ClaimResult
+from schedctl.storage.store import Store
+from scheduled_d.dispatcher import Dispatcher
+from scheduled_d.relay import Relay
+from scheduled_d.signals import stop_on_signals
+from scheduled_d.worker import Worker
+
+log = logging.getLogger(__name__)
+
+JOIN_SECONDS = 60.0
+
+
+def make_coordinator(store: Store, config: Config) -> Coordinator:
+    if config.zookeeper:
+        from schedctl import errors
+
+        raise errors.ConfigError(
+            "the ZooKeeper coordinator is not available in this version", field="zookeeper"
+        )
+    return LocalCoordinator(store, config.node_name)
+
+
+def _start(name: str, target: object) -> threading.Thread:
+    thread = threading.Thread(target=target, name=name, daemon=True)  # type: ignore[arg-type]
+    thread.start()
+    return thread
+
+
+def _join(threads: Sequence[threading.Thread]) -> None:
+    for thread in threads:
+        thread.join(JOIN_SECONDS)
+        if thread.is_alive():
+            log.warning("%s did not stop within %.0f s", thread.name, JOIN_SECONDS)
+
+
+def run_all(store: Store, config: Config, *, stop: threading.Event | None = None) -> None:
+    """Dispatcher + relay + configured workers, stopped in order: claims stop first, then
+    the relay drains, then workers finish what they hold."""
+    with stop_on_signals() as (signal_stop, force):
+        stop = stop or signal_stop
+        coordinator = make_coordinator(store, config)
+        coordinator.start()
+        relay = Relay(store)
+
+        def claimed(_result: ClaimResult) -> None:
+            relay.wake()
+
+        dispatcher = Dispatcher(
+            store,
+            coordinator,
+            owner=config.node_name,
+            batch_size=config.claim_batch_size,
+            poll_seconds=config.poll_interval_seconds,
+            on_claimed=claimed,
+        )
+        dispatcher_stop, relay_stop, worker_stop = (threading.Event() for _ in range(3))
+        dispatch_thread = _start("dispatcher", lambda: dispatcher.run(dispatcher_stop))
+        relay_thread = _start("relay", lambda: relay.run(relay_stop))
+        worker_threads = []
+        for spec in config.workers:
+            worker = Worker(store, spec.queue, spec.command, concurrency=spec.concurrency)
+            worker_threads.append(
+                _start(f"worker-{spec.queue}", lambda w=worker: w.run(worker_stop, force=force))
+            )
+        log.info(
+            "scheduled-d all: %d partitions, %d worker(s), database %s",
+            store.partition_count,
+            len(worker_threads),
+            store.engine.url.render_as_string(hide_password=True),
+        )
+        _wait(stop, force)
+        dispatcher_stop.set()
+        _join([dispatch_thread])
+        coordinator.stop()
+        relay_stop.set()
+        _join([relay_thread])
+        worker_stop.set()
+        _join(worker_threads)
+        log.info("scheduled-d all: stopped")
+
+
+def _wait(stop: threading.Event, force: threading.Event) -> None:
+    while not stop.wait(0.5) and not force.is_set():
+        pass
+
+
+def run_dispatcher(store: Store, config: Config) -> None:
+    with stop_on_signals() as (stop, force):
+        coordinator = make_coordinator(store, config)
+        coordinator.start()
+        dispatcher = Dispatcher(
+            store,
+            coordinator,
+            owner=config.node_name,
+            batch_size=config.claim_batch_size,
+            poll_seconds=config.poll_interval_seconds,
+        )
+        inner = threading.Event()
+        thread = _start("dispatcher", lambda: dispatcher.run(inner))
+        _wait(stop, force)
+        inner.set()
+        _join([thread])
+        coordinator.stop()
+
+
+def run_relay(store: Store, config: Config) -> None:
+    with stop_on_signals() as (stop, force):
+        relay = Relay(store)
+        inner = threading.Event()
+        thread = _start("relay", lambda: relay.run(inner))
+        _wait(stop, force)
+        inner.set()
+        _join([thread])
+
+
+def run_worker(
+    store: Store,
+    queue: str,
+    command: Sequence[str],
+    *,
+    concurrency: int,
+    lease_seconds: float,
+    max_runs: int | None,
+) -> None:
+    with stop_on_signals() as (stop, force):
+        worker = Worker(store, queue, command, concurrency=concurrency, lease_seconds=lease_seconds)
+        worker.run(stop, max_runs=max_runs, force=force)

@@ -1,0 +1,1 @@
+"""The schedctl command-line interface (typer + rich)."""

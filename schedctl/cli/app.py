@@ -1,0 +1,111 @@
+"""Owns the root `schedctl` typer app, its global options and the `main()` entry point.
+
+Command groups live one per module and are registered here with `app.add_typer(...)`.
+Still to come from other modules: `dlq`, `status`, `bench`, `audit`; register them
+below the existing ones, e.g. `app.add_typer(dlq.app, name="dlq")`.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from schedctl import __version__
+from schedctl.cli import cron_cmd, db, jobs, runs, tenants
+from schedctl.cli.common import (
+    EXIT_CODES_HELP,
+    CliState,
+    SchedGroup,
+    debug_enabled,
+    report_exception,
+)
+from schedctl.cli.output import OutputFormat
+
+app = typer.Typer(
+    name="schedctl",
+    cls=SchedGroup,
+    help=(
+        "schedctl: operate the scheduled-d job scheduler (jobs, runs, tenants, migrations).\n\n"
+        "The database comes from --db, then $SCHEDULED_DATABASE_URL, then the config file, "
+        "then the embedded SQLite default (created on first use).\n\n" + EXIT_CODES_HELP
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    # errors are reported by SchedGroup as one line; never a rich traceback
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"schedctl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    db_url: Annotated[
+        str | None,
+        typer.Option(
+            "--db",
+            envvar="SCHEDULED_DATABASE_URL",
+            help="Database URL (postgresql://... or sqlite:///path).",
+            show_envvar=True,
+        ),
+    ] = None,
+    config: Annotated[
+        str | None,
+        typer.Option(
+            "--config",
+            envvar="SCHEDULED_CONFIG",
+            help="TOML configuration file (default /etc/scheduled/scheduled.toml if present).",
+            show_envvar=True,
+        ),
+    ] = None,
+    output: Annotated[
+        OutputFormat,
+        typer.Option(
+            "--output",
+            "-o",
+            help="table (for people) or json (for scripts); each command also takes --output.",
+            case_sensitive=False,
+        ),
+    ] = OutputFormat.table,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show tracebacks of internal errors.")
+    ] = False,
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    """Global options; nothing is opened until a command needs it."""
+    del version
+    state = CliState(db=db_url, config_path=config, output=output, debug=debug)
+    ctx.obj = state
+    ctx.call_on_close(state.close)
+
+
+app.add_typer(db.app, name="db")
+app.add_typer(tenants.app, name="tenant")
+app.add_typer(jobs.app, name="job")
+app.command("runs")(runs.runs)
+app.add_typer(cron_cmd.app, name="cron")
+
+
+def main() -> None:
+    """The `schedctl` console script."""
+    try:
+        app()
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        # SchedGroup reports errors inside commands; this catches what happens around them
+        sys.exit(report_exception(exc, debug=debug_enabled()))
+
+
+if __name__ == "__main__":
+    main()

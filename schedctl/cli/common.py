@@ -1,0 +1,215 @@
+"""Owns what every schedctl command shares: the root options' state (database, config,
+output format), opening the store, the actor name, and mapping errors to exit codes.
+
+Exit codes (documented in `schedctl --help`): 0 ok, 1 internal error, 2 invalid input or
+usage, 3 not found, 4 conflict, 5 quota exceeded, 6 unauthorized, 7 database unavailable.
+
+Command groups added later (dlq, status, bench, audit) get all of this for free: errors
+are mapped by `SchedGroup`, the root app's group class, around every subcommand; a leaf
+command takes `output: OutputOption = None` and calls `output_format(ctx, output)`, and
+`cli_state(ctx).scheduler()` / `.store()` for the database.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import sys
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.text import Text
+from sqlalchemy.engine import make_url
+from typer.core import TyperGroup
+
+from schedctl import errors
+from schedctl.cli.output import OutputFormat, err_console
+from schedctl.config import Config, default_database_url, load_config
+from schedctl.service import Scheduler
+from schedctl.storage.engine import make_engine, normalize_url
+from schedctl.storage.migrate import current_revision, head_revision, upgrade_engine
+from schedctl.storage.store import Store
+
+EXIT_CODES_HELP = (
+    "Exit codes: 0 ok, 1 internal error, 2 invalid input or usage, 3 not found, "
+    "4 conflict, 5 quota exceeded, 6 unauthorized, 7 database unavailable."
+)
+
+OutputOption = Annotated[
+    OutputFormat | None,
+    typer.Option(
+        "--output",
+        "-o",
+        help="table (for people) or json (for scripts); default: the root --output, else table.",
+        case_sensitive=False,
+        show_default=False,
+    ),
+]
+TenantOption = Annotated[
+    str | None,
+    typer.Option("--tenant", "-t", help="Tenant name or id (limits the command to its jobs)."),
+]
+
+
+@dataclass
+class CliState:
+    """The root options; the config and the store are opened lazily, on first use, so that
+    `--help` and `cron next` work without a database or a readable config file."""
+
+    db: str | None = None
+    config_path: str | None = None
+    output: OutputFormat = OutputFormat.table
+    debug: bool = False
+    _config: Config | None = field(default=None, repr=False)
+    _scheduler: Scheduler | None = field(default=None, repr=False)
+
+    def config(self) -> Config:
+        if self._config is None:
+            self._config = load_config(self.config_path, overrides={"database_url": self.db})
+        return self._config
+
+    def database_url(self) -> str:
+        return normalize_url(self.config().database_url)
+
+    def scheduler(self) -> Scheduler:
+        if self._scheduler is None:
+            config = self.config()
+            self._scheduler = Scheduler(
+                open_store(config), max_payload_bytes=config.max_payload_bytes
+            )
+        return self._scheduler
+
+    def store(self) -> Store:
+        return self.scheduler().store
+
+    def close(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.close()
+            self._scheduler = None
+
+
+def is_embedded_default(url: str) -> bool:
+    return normalize_url(url) == normalize_url(default_database_url())
+
+
+def open_store(config: Config) -> Store:
+    """The configured database, checked to be at the current schema. The embedded default
+    (a SQLite file nobody configured) sets itself up, so `schedctl tenant create demo` works
+    on a fresh machine; any other database is upgraded only by `schedctl db upgrade`."""
+    url = normalize_url(config.database_url)
+    if not is_embedded_default(url):
+        return Store.open(url)
+    database = make_url(url).database
+    fresh = not database or not Path(database).exists()
+    store = Store(make_engine(url))
+    try:
+        if fresh or current_revision(store.engine) != head_revision():
+            upgrade_engine(store.engine)
+            store.ensure_settings(config.partition_count)
+        store.require_current_schema()
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+def cli_state(ctx: typer.Context) -> CliState:
+    root = ctx.find_root()
+    if not isinstance(root.obj, CliState):
+        root.obj = CliState()
+    return root.obj
+
+
+def output_format(ctx: typer.Context, output: OutputFormat | None) -> OutputFormat:
+    """The leaf command's --output if given, else the root's."""
+    return output if output is not None else cli_state(ctx).output
+
+
+def actor() -> str:
+    """Who the audit log says did it."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        # containers often run as a uid with no passwd entry
+        user = str(os.getuid()) if hasattr(os, "getuid") else "unknown"
+    return f"cli:{user}"
+
+
+def debug_enabled(ctx: typer.Context | None = None) -> bool:
+    if os.environ.get("SCHEDULED_DEBUG", "").lower() in {"1", "true", "yes"}:
+        return True
+    if ctx is not None:
+        root = ctx.find_root()
+        if isinstance(root.obj, CliState):
+            return root.obj.debug
+        return bool(root.params.get("debug"))
+    return False
+
+
+def print_error(message: str) -> None:
+    # no markup (messages quote user input, which may contain [brackets]) and no wrapping:
+    # one error is one line, whatever the terminal width
+    err_console.print(Text(f"error: {message}", style="red"), soft_wrap=True)
+
+
+def report_exception(exc: BaseException, *, debug: bool) -> int:
+    """Print one readable line for `exc` and return the exit code it maps to."""
+    if isinstance(exc, errors.SchedError):
+        print_error(exc.message)
+        if debug:
+            traceback.print_exception(exc, file=sys.stderr)
+        return exc.exit_code
+    if isinstance(exc, KeyboardInterrupt):
+        print_error("interrupted")
+        return 130
+    first = str(exc).strip().splitlines()
+    detail = f"{type(exc).__name__}: {first[0]}" if first else type(exc).__name__
+    err_console.print(Text(f"internal error: {detail}", style="red"), soft_wrap=True)
+    if debug:
+        traceback.print_exception(exc, file=sys.stderr)
+    else:
+        err_console.print(
+            Text("(run with --debug or SCHEDULED_DEBUG=1 for the traceback)", style="dim"),
+            soft_wrap=True,
+        )
+    return 1
+
+
+def _is_cli_control_flow(exc: BaseException) -> bool:
+    """typer/click's own exceptions (exit, abort, usage errors) are theirs to handle."""
+    if isinstance(exc, typer.Exit | typer.Abort):
+        return True
+    module = type(exc).__module__
+    return module.startswith(("typer.", "click."))
+
+
+class SchedGroup(TyperGroup):
+    """The root group: runs the root callback and the chosen subcommand, and turns any
+    exception into `error: ...` on stderr and its exit code: no traceback reaches a user."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            if _is_cli_control_flow(exc):
+                raise
+            code = report_exception(exc, debug=debug_enabled(ctx))
+            raise typer.Exit(code) from None
+        except KeyboardInterrupt as exc:
+            raise typer.Exit(report_exception(exc, debug=False)) from None
+
+
+def require_one(options: dict[str, Any], *, field: str, hint: str = "") -> str:
+    """The name of the one option given among `options`; ValidationError otherwise."""
+    given = [name for name, value in options.items() if value is not None]
+    names = ", ".join(options)
+    if not given:
+        raise errors.ValidationError(f"give one of {names}{hint}", field=field)
+    if len(given) > 1:
+        raise errors.ValidationError(
+            f"give only one of {names} (got {', '.join(given)})", field=field
+        )
+    return given[0]

@@ -1,0 +1,320 @@
+"""Owns `schedctl job`: create, list, show, cancel, pause, resume, trigger, reschedule.
+
+The flags are turned into the REST API's job body and validated by the same parser
+(schedctl.jobspec), so the CLI and the API accept and refuse exactly the same jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from schedctl import errors
+from schedctl.cli.common import (
+    OutputOption,
+    TenantOption,
+    actor,
+    cli_state,
+    output_format,
+    require_one,
+)
+from schedctl.cli.output import OutputFormat, console, emit
+from schedctl.models import Job
+from schedctl.views import job_to_dict, run_to_dict, schedule_summary
+
+app = typer.Typer(help="Jobs: create, inspect and change scheduled jobs.")
+
+JobArgument = Annotated[str, typer.Argument(help="The job id.")]
+AtOption = Annotated[
+    str | None, typer.Option("--at", help="Run once at this time (ISO 8601 with an offset).")
+]
+InOption = Annotated[
+    str | None, typer.Option("--in", help="Run once after this delay (30s, 10m, 1h30m, PT10M).")
+]
+CronOption = Annotated[
+    str | None, typer.Option("--cron", help="Run on a 5-field cron expression (or @daily ...).")
+]
+TzOption = Annotated[
+    str | None, typer.Option("--tz", help="IANA time zone of --cron (default UTC).")
+]
+EveryOption = Annotated[
+    str | None, typer.Option("--every", help="Run every interval (30s, 5m, PT1H).")
+]
+AnchorOption = Annotated[
+    str | None,
+    typer.Option("--anchor", help="With --every: the instant the intervals count from (ISO)."),
+]
+
+JOB_COLUMNS = ("job_id", "name", "status", "schedule", "target", "next_run_at")
+
+
+def schedule_body(
+    at: str | None,
+    in_: str | None,
+    cron: str | None,
+    tz: str | None,
+    every: str | None,
+    anchor: str | None,
+) -> dict[str, Any]:
+    """The REST "schedule" object for exactly one of --at, --in, --cron, --every."""
+    kind = require_one(
+        {"--at": at, "--in": in_, "--cron": cron, "--every": every}, field="schedule"
+    )
+    if tz is not None and kind != "--cron":
+        raise errors.ValidationError("--tz applies only with --cron", field="timezone")
+    if anchor is not None and kind != "--every":
+        raise errors.ValidationError("--anchor applies only with --every", field="anchor")
+    if kind == "--at":
+        return {"run_at": at}
+    if kind == "--in":
+        return {"delay": in_}
+    if kind == "--cron":
+        return {"cron": cron, "timezone": tz or "UTC"}
+    body: dict[str, Any] = {"every": every}
+    if anchor is not None:
+        body["anchor"] = anchor
+    return body
+
+
+def read_payload(payload: str | None, payload_file: Path | None) -> Any:
+    if payload is not None and payload_file is not None:
+        raise errors.ValidationError("give --payload or --payload-file, not both", field="payload")
+    if payload_file is not None:
+        try:
+            text = sys.stdin.read() if str(payload_file) == "-" else payload_file.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise errors.ValidationError(
+                f"cannot read {payload_file}: {getattr(exc, 'strerror', None) or exc}",
+                field="payload",
+            ) from exc
+        source = str(payload_file)
+    elif payload is not None:
+        text, source = payload, "--payload"
+    else:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise errors.ValidationError(
+            f"{source} is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})",
+            field="payload",
+        ) from None
+
+
+def _row(job: Job) -> dict[str, Any]:
+    return {
+        "job_id": job.job_id,
+        "name": job.name,
+        "status": job.status.value,
+        "schedule": schedule_summary(job),
+        "target": f"{job.target.type.value}:{job.target.address}",
+        "next_run_at": job_to_dict(job)["next_run_at"],
+    }
+
+
+def _show(ctx: typer.Context, job: Job, output: OutputFormat | None, *, title: str) -> None:
+    emit(job_to_dict(job), output_format(ctx, output), title=title)
+
+
+@app.command()
+def create(
+    ctx: typer.Context,
+    tenant: Annotated[str, typer.Option("--tenant", "-t", help="Tenant name or id.")],
+    at: AtOption = None,
+    in_: InOption = None,
+    cron: CronOption = None,
+    tz: TzOption = None,
+    every: EveryOption = None,
+    anchor: AnchorOption = None,
+    queue: Annotated[
+        str | None, typer.Option("--queue", help="Target: put each run on this queue.")
+    ] = None,
+    url: Annotated[
+        str | None, typer.Option("--url", help="Target: POST each run to this http(s) URL.")
+    ] = None,
+    payload: Annotated[str | None, typer.Option("--payload", help="Payload (JSON).")] = None,
+    payload_file: Annotated[
+        Path | None, typer.Option("--payload-file", help="Payload from a JSON file ('-': stdin).")
+    ] = None,
+    max_attempts: Annotated[
+        int | None, typer.Option("--max-attempts", help="Delivery attempts per run (default 3).")
+    ] = None,
+    misfire: Annotated[
+        str | None,
+        typer.Option(
+            "--misfire",
+            help="run_once (default), skip or run_all: runs missed by more than --grace.",
+        ),
+    ] = None,
+    grace: Annotated[
+        str | None, typer.Option("--grace", help="How late a run may start (default 60s).")
+    ] = None,
+    window: Annotated[
+        str | None, typer.Option("--window", help="Spread each run within this window.")
+    ] = None,
+    max_concurrency: Annotated[
+        int | None,
+        typer.Option(
+            "--max-concurrency", help="Overlapping runs allowed (default 1; 0: no limit)."
+        ),
+    ] = None,
+    timeout: Annotated[
+        str | None, typer.Option("--timeout", help="Kill a run after this long (worker).")
+    ] = None,
+    start: Annotated[str | None, typer.Option("--start", help="No runs before (ISO).")] = None,
+    end: Annotated[str | None, typer.Option("--end", help="No runs after (ISO).")] = None,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option(
+            "--idempotency-key", help="Same key + same job: the existing job is returned."
+        ),
+    ] = None,
+    name: Annotated[str | None, typer.Option("--name", help="A name for listings.")] = None,
+    output: OutputOption = None,
+) -> None:
+    """Create a job: one schedule (--at | --in | --cron [--tz] | --every) and one target
+    (--queue | --url)."""
+    body: dict[str, Any] = {"schedule": schedule_body(at, in_, cron, tz, every, anchor)}
+    kind = require_one({"--queue": queue, "--url": url}, field="target")
+    body["target"] = (
+        {"type": "queue", "name": queue} if kind == "--queue" else {"type": "http", "url": url}
+    )
+    # only what was given goes into the body: the defaults stay the parser's, and the same
+    # command line always gives the same idempotency hash
+    value = read_payload(payload, payload_file)
+    if value is not None:
+        body["payload"] = value
+    if max_attempts is not None:
+        body["retry"] = {"max_attempts": max_attempts}
+    if max_concurrency is not None:
+        body["max_concurrency"] = max_concurrency if max_concurrency != 0 else None
+    optional = {
+        "misfire_policy": misfire,
+        "grace": grace,
+        "window": window,
+        "timeout": timeout,
+        "start": start,
+        "end": end,
+        "idempotency_key": idempotency_key,
+        "name": name,
+    }
+    body.update({k: v for k, v in optional.items() if v is not None})
+    job, created = cli_state(ctx).scheduler().create_job(tenant, body, actor=actor())
+    fmt = output_format(ctx, output)
+    if fmt is OutputFormat.json:
+        emit({**job_to_dict(job), "created": created}, fmt)
+        return
+    title = "job created" if created else "job already exists (same idempotency key and body)"
+    emit(job_to_dict(job), fmt, title=title)
+
+
+@app.command("list")
+def list_(
+    ctx: typer.Context,
+    tenant: TenantOption = None,
+    status: Annotated[
+        str | None,
+        typer.Option("--status", help="active, paused, cancelled or completed."),
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", "-n", help="Jobs per page (1-1000).")] = 50,
+    cursor: Annotated[
+        str | None, typer.Option("--cursor", help="Continue after a previous page.")
+    ] = None,
+    output: OutputOption = None,
+) -> None:
+    """Jobs in creation order, one page at a time."""
+    page = cli_state(ctx).scheduler().list_jobs(tenant, status, limit=limit, cursor=cursor)
+    fmt = output_format(ctx, output)
+    if fmt is OutputFormat.json:
+        emit({"items": [job_to_dict(j) for j in page.items], "next_cursor": page.next_cursor}, fmt)
+        return
+    if page.items:
+        emit([_row(j) for j in page.items], fmt, columns=JOB_COLUMNS)
+    else:
+        console.print("no jobs", markup=False)
+    if page.next_cursor:
+        console.print(f"more: --cursor {page.next_cursor}", markup=False, soft_wrap=True)
+
+
+@app.command()
+def show(
+    ctx: typer.Context,
+    job_id: JobArgument,
+    tenant: TenantOption = None,
+    output: OutputOption = None,
+) -> None:
+    """One job, in full."""
+    job = cli_state(ctx).scheduler().get_job(job_id, tenant)
+    _show(ctx, job, output, title=f"job {job.job_id}")
+
+
+@app.command()
+def cancel(
+    ctx: typer.Context,
+    job_id: JobArgument,
+    tenant: TenantOption = None,
+    output: OutputOption = None,
+) -> None:
+    """Cancel all future runs (a run already dispatched still completes)."""
+    job = cli_state(ctx).scheduler().cancel_job(job_id, tenant, actor=actor())
+    _show(ctx, job, output, title=f"job {job.job_id} cancelled")
+
+
+@app.command()
+def pause(
+    ctx: typer.Context,
+    job_id: JobArgument,
+    tenant: TenantOption = None,
+    output: OutputOption = None,
+) -> None:
+    """Stop scheduling runs until resumed."""
+    job = cli_state(ctx).scheduler().pause_job(job_id, tenant, actor=actor())
+    _show(ctx, job, output, title=f"job {job.job_id} paused")
+
+
+@app.command()
+def resume(
+    ctx: typer.Context,
+    job_id: JobArgument,
+    tenant: TenantOption = None,
+    output: OutputOption = None,
+) -> None:
+    """Continue from the next scheduled time after now."""
+    job = cli_state(ctx).scheduler().resume_job(job_id, tenant, actor=actor())
+    _show(ctx, job, output, title=f"job {job.job_id} resumed")
+
+
+@app.command()
+def trigger(
+    ctx: typer.Context,
+    job_id: JobArgument,
+    tenant: TenantOption = None,
+    output: OutputOption = None,
+) -> None:
+    """Run the job now, once, in addition to its schedule."""
+    run = cli_state(ctx).scheduler().trigger_job(job_id, tenant, actor=actor())
+    emit(run_to_dict(run), output_format(ctx, output), title=f"manual run of job {job_id}")
+
+
+@app.command()
+def reschedule(
+    ctx: typer.Context,
+    job_id: JobArgument,
+    at: AtOption = None,
+    in_: InOption = None,
+    cron: CronOption = None,
+    tz: TzOption = None,
+    every: EveryOption = None,
+    anchor: AnchorOption = None,
+    tenant: TenantOption = None,
+    output: OutputOption = None,
+) -> None:
+    """Replace the schedule (--at | --in | --cron [--tz] | --every); the next run is
+    recomputed at once."""
+    body = schedule_body(at, in_, cron, tz, every, anchor)
+    job = cli_state(ctx).scheduler().reschedule_job(job_id, body, tenant, actor=actor())
+    _show(ctx, job, output, title=f"job {job.job_id} rescheduled")

@@ -1,0 +1,82 @@
+"""Rendering command results: rich tables for people, JSON for scripts."""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+class OutputFormat(str, enum.Enum):
+    table = "table"
+    json = "json"
+
+
+def to_jsonable(value: Any) -> Any:
+    """Datetimes as RFC 3339 UTC with Z; everything else as JSON knows it."""
+    if isinstance(value, datetime):
+        return format_time(value)
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, enum.Enum):
+        return value.value
+    return value
+
+
+def format_time(value: datetime) -> str:
+    text = value.isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+
+def emit_json(data: Any) -> None:
+    print(json.dumps(to_jsonable(data), indent=2, sort_keys=False))
+
+
+def emit_table(
+    rows: Sequence[Mapping[str, Any]], columns: Sequence[str], *, title: str | None = None
+) -> None:
+    table = Table(title=title, show_lines=False)
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(
+            *("" if row.get(c) is None else str(to_jsonable(row.get(c))) for c in columns)
+        )
+    console.print(table)
+
+
+def emit_record(record: Mapping[str, Any], *, title: str | None = None) -> None:
+    """One object as a two-column key/value table."""
+    table = Table(title=title, show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    for key, value in record.items():
+        shown = value if not isinstance(value, dict | list) else json.dumps(to_jsonable(value))
+        table.add_row(key, "" if shown is None else str(to_jsonable(shown)))
+    console.print(table)
+
+
+def emit(
+    data: Any,
+    output: OutputFormat,
+    *,
+    columns: Sequence[str] | None = None,
+    title: str | None = None,
+) -> None:
+    """A list of rows (with columns) or one record, in the chosen format."""
+    if output is OutputFormat.json:
+        emit_json(data)
+    elif isinstance(data, Mapping):
+        emit_record(data, title=title)
+    else:
+        emit_table(data, columns or (list(data[0].keys()) if data else []), title=title)

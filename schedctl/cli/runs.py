@@ -1,0 +1,48 @@
+"""Owns `schedctl runs JOB`: a job's run history, newest first, one page at a time."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from schedctl.cli.common import OutputOption, TenantOption, cli_state, output_format
+from schedctl.cli.output import OutputFormat, console, emit
+from schedctl.views import run_to_dict
+
+RUN_COLUMNS = (
+    "scheduled_at",
+    "status",
+    "attempt",
+    "trigger",
+    "dispatched_at",
+    "started_at",
+    "finished_at",
+    "exit_code",
+    "error",
+)
+
+
+def runs(
+    ctx: typer.Context,
+    job_id: Annotated[str, typer.Argument(help="The job id.")],
+    limit: Annotated[int, typer.Option("--limit", "-n", help="Runs per page (1-1000).")] = 50,
+    cursor: Annotated[
+        str | None, typer.Option("--cursor", help="Continue after a previous page.")
+    ] = None,
+    tenant: TenantOption = None,
+    output: OutputOption = None,
+) -> None:
+    """Run history of a job, newest first: status, attempt, times, exit code, error."""
+    page = cli_state(ctx).scheduler().runs(job_id, tenant, limit=limit, cursor=cursor)
+    items = [run_to_dict(r) for r in page.items]
+    fmt = output_format(ctx, output)
+    if fmt is OutputFormat.json:
+        emit({"items": items, "next_cursor": page.next_cursor}, fmt)
+        return
+    if items:
+        emit(items, fmt, columns=RUN_COLUMNS, title=f"runs of job {job_id}")
+    else:
+        console.print(f"job {job_id} has no runs yet", markup=False)
+    if page.next_cursor:
+        console.print(f"more: --cursor {page.next_cursor}", markup=False, soft_wrap=True)

@@ -1,0 +1,1 @@
+"""Partition ownership: which dispatcher may claim which partitions, under which epoch."""

@@ -1,0 +1,90 @@
+"""The one error hierarchy: every failure a user can see is a SchedError with an exit code.
+
+The CLI maps `exit_code` to the process exit status and prints `str(error)`; the API
+maps `http_status` and `code` to a JSON error body. A traceback reaching a user is a bug.
+"""
+
+from __future__ import annotations
+
+
+class SchedError(Exception):
+    """Something went wrong."""
+
+    exit_code = 1
+    http_status = 500
+    code = "internal"
+
+    def __init__(self, message: str | None = None, *, field: str | None = None) -> None:
+        self.field = field
+        text = message or (self.__doc__ or self.__class__.__name__).strip()
+        if field and not text.startswith(field):
+            text = f"{field}: {text}"
+        super().__init__(text)
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class ValidationError(SchedError):
+    """The input is invalid."""
+
+    exit_code = 2
+    http_status = 422
+    code = "invalid"
+
+
+class NotFound(SchedError):
+    """No such object."""
+
+    exit_code = 3
+    http_status = 404
+    code = "not_found"
+
+
+class Conflict(SchedError):
+    """The request conflicts with the current state."""
+
+    exit_code = 4
+    http_status = 409
+    code = "conflict"
+
+
+class QuotaExceeded(SchedError):
+    """A quota or rate limit was exceeded."""
+
+    exit_code = 5
+    http_status = 429
+    code = "quota_exceeded"
+
+
+class Unauthorized(SchedError):
+    """Missing or invalid credentials."""
+
+    exit_code = 6
+    http_status = 401
+    code = "unauthorized"
+
+
+class StoreUnavailable(SchedError):
+    """The database cannot be reached."""
+
+    exit_code = 7
+    http_status = 503
+    code = "unavailable"
+
+
+class FencingError(SchedError):
+    """This process no longer owns the partition (its fencing epoch is stale)."""
+
+    exit_code = 8
+    http_status = 409
+    code = "fenced"
+
+
+class ConfigError(SchedError):
+    """The configuration is invalid."""
+
+    exit_code = 2
+    http_status = 500
+    code = "config"

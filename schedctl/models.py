@@ -1,0 +1,151 @@
+"""Frozen value types shared by the library, CLI and daemons: jobs, runs, targets, policies."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from schedctl.scheduling.misfire import MisfirePolicy
+from schedctl.scheduling.schedules import Schedule
+
+
+class JobStatus(str, enum.Enum):
+    active = "active"
+    paused = "paused"
+    cancelled = "cancelled"
+    completed = "completed"
+
+
+class RunStatus(str, enum.Enum):
+    dispatched = "dispatched"  # claimed; on its way to the target
+    running = "running"  # a worker holds it
+    succeeded = "succeeded"
+    failed = "failed"  # the last attempt failed; another is scheduled
+    lost = "lost"  # a worker's lease expired; redelivered per the retry policy
+    skipped = "skipped"  # missed under the skip / run_once misfire policies
+    dead = "dead"  # retries exhausted; in the dead-letter store
+
+
+class RunTrigger(str, enum.Enum):
+    schedule = "schedule"
+    manual = "manual"
+
+
+class TargetType(str, enum.Enum):
+    queue = "queue"
+    http = "http"
+
+
+@dataclass(frozen=True)
+class Target:
+    type: TargetType
+    name: str | None = None  # queue name
+    url: str | None = None  # http url
+
+    @property
+    def address(self) -> str:
+        return (self.name if self.type is TargetType.queue else self.url) or ""
+
+    def to_dict(self) -> dict[str, str]:
+        key = "name" if self.type is TargetType.queue else "url"
+        return {"type": self.type.value, key: self.address}
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_attempts: int = 3
+    base_delay_seconds: float = 1.0
+    max_delay_seconds: float = 300.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "max_attempts": self.max_attempts,
+            "backoff": "exponential",
+            "base_delay_seconds": self.base_delay_seconds,
+            "max_delay_seconds": self.max_delay_seconds,
+        }
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A validated job definition, before it has an id."""
+
+    name: str
+    schedule: Schedule
+    target: Target
+    payload: Any
+    retry: RetryPolicy
+    misfire_policy: MisfirePolicy
+    grace_seconds: int
+    window_seconds: int
+    max_concurrency: int
+    timeout_seconds: int
+    start_at: datetime | None
+    end_at: datetime | None
+    idempotency_key: str | None
+    request_hash: str
+
+
+@dataclass(frozen=True)
+class Job:
+    job_id: str
+    tenant_id: str
+    name: str
+    schedule: Schedule
+    target: Target
+    payload: Any
+    retry: RetryPolicy
+    misfire_policy: MisfirePolicy
+    grace_seconds: int
+    window_seconds: int
+    max_concurrency: int
+    timeout_seconds: int
+    start_at: datetime | None
+    end_at: datetime | None
+    status: JobStatus
+    next_run_at: datetime | None
+    next_fire_at: datetime | None
+    partition: int
+    version: int
+    idempotency_key: str | None
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class Run:
+    job_id: str
+    scheduled_at: datetime
+    tenant_id: str
+    trigger: RunTrigger
+    status: RunStatus
+    attempt: int
+    fire_at: datetime | None
+    dispatched_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    exit_code: int | None
+    error: str | None
+    output_tail: str | None
+    epoch: int | None
+
+
+@dataclass(frozen=True)
+class Tenant:
+    tenant_id: str
+    name: str
+    max_jobs: int
+    create_rate_per_minute: int
+    dispatch_rate_per_second: int
+    allow_list: tuple[str, ...]
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a cursor-paged listing; next_cursor is None on the last page."""
+
+    items: tuple[Any, ...]
+    next_cursor: str | None

@@ -1,0 +1,1 @@
+"""Durable state: the SQLAlchemy Core schema, migrations and the Store (Postgres, SQLite)."""

@@ -1,0 +1,94 @@
+"""Database engines: URL normalisation, SQLite pragmas (WAL, immediate transactions), reachability."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, event, text
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+from schedctl import errors
+
+
+def normalize_url(url: str) -> str:
+    """Accept postgres://, postgresql:// and plain paths; always drive Postgres with psycopg 3."""
+    url = url.strip()
+    if not url:
+        raise errors.ConfigError("the database URL is empty", field="database_url")
+    if "://" not in url:
+        return f"sqlite:///{Path(url).expanduser().resolve()}"
+    for prefix in ("postgres://", "postgresql://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def redact(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<unparseable URL>"
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    url = normalize_url(url)
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise errors.ConfigError(f"not a database URL: {url!r}", field="database_url") from exc
+    if parsed.get_backend_name() == "sqlite":
+        return _sqlite_engine(url, parsed.database, **kwargs)
+    if parsed.get_backend_name() != "postgresql":
+        raise errors.ConfigError(
+            f"unsupported database {parsed.get_backend_name()!r}: use postgresql or sqlite",
+            field="database_url",
+        )
+    kwargs.setdefault("pool_size", 10)
+    kwargs.setdefault("max_overflow", 20)
+    kwargs.setdefault("pool_pre_ping", True)
+    kwargs.setdefault("connect_args", {"connect_timeout": 5})
+    return create_engine(url, **kwargs)
+
+
+def _sqlite_engine(url: str, database: str | None, **kwargs: Any) -> Engine:
+    if database and database != ":memory:":
+        Path(database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, **kwargs)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # take transaction control from pysqlite so that BEGIN below is ours
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        # IMMEDIATE takes the write lock up front: a deferred transaction that reads and
+        # then writes fails with SQLITE_BUSY at once instead of waiting for the lock
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def check_connection(engine: Engine) -> None:
+    """Raise StoreUnavailable with a readable reason when the database cannot be reached."""
+    try:
+        with engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+    except SQLAlchemyError as exc:
+        raise errors.StoreUnavailable(
+            f"cannot reach the database at {redact(str(engine.url))}: {first_line(exc)}"
+        ) from exc
+
+
+def first_line(exc: BaseException) -> str:
+    original = getattr(exc, "orig", None) or exc
+    lines = str(original).strip().splitlines()
+    return lines[0] if lines else type(original).__name__

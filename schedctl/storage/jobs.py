@@ -1,0 +1,468 @@
+"""Job lifecycle in the database: create (idempotent), read, list, cancel, pause, resume,
+reschedule, trigger and run history; every change bumps the version and writes the audit log."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import func, select, text, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+
+from schedctl import errors
+from schedctl.models import Job, JobSpec, JobStatus, Page, Run, RunStatus, RunTrigger
+from schedctl.scheduling.schedules import (
+    OnceSchedule,
+    Schedule,
+    first_occurrence,
+    schedule_to_dict,
+)
+from schedctl.scheduling.windows import fire_time
+from schedctl.storage import schema
+from schedctl.storage.rows import job_from_row, run_from_row
+from schedctl.storage.store import Store
+
+MAX_PAGE = 1000
+
+
+def new_job_id() -> str:
+    """Time-ordered (48-bit milliseconds) then random: ids sort by creation, for paging."""
+    return f"{int(time.time() * 1000):012x}{os.urandom(10).hex()}"
+
+
+def partition_of(job_id: str, partition_count: int) -> int:
+    # a stable hash: Python's hash() differs between processes
+    return int.from_bytes(hashlib.sha256(job_id.encode()).digest()[:4], "big") % partition_count
+
+
+def db_now(connection: Connection) -> datetime:
+    if connection.dialect.name == "postgresql":
+        value = connection.execute(text("SELECT clock_timestamp()")).scalar_one()
+        assert isinstance(value, datetime)
+        return value.astimezone(UTC)
+    return datetime.now(UTC)
+
+
+def encode_cursor(*parts: str) -> str:
+    return base64.urlsafe_b64encode("|".join(parts).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str, count: int) -> list[str]:
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        parts = base64.urlsafe_b64decode(padded.encode()).decode().split("|")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise errors.ValidationError("not a cursor this server issued", field="cursor") from exc
+    if len(parts) != count:
+        raise errors.ValidationError("not a cursor this server issued", field="cursor")
+    return parts
+
+
+def audit(
+    connection: Connection,
+    *,
+    at: datetime,
+    tenant_id: str | None,
+    actor: str,
+    action: str,
+    job_id: str | None = None,
+    detail: dict[str, Any] | None = None,
+) -> None:
+    connection.execute(
+        schema.audit_log.insert().values(
+            at=at,
+            tenant_id=tenant_id,
+            actor=actor,
+            action=action,
+            job_id=job_id,
+            detail=json.dumps(detail) if detail is not None else None,
+        )
+    )
+
+
+class JobRepo:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    # -- create ------------------------------------------------------------------------
+
+    def create(self, tenant_id: str, spec: JobSpec, *, actor: str) -> tuple[Job, bool]:
+        """Insert a job; with an idempotency key already used, return that job (created=False)
+        if the request was the same and raise Conflict if it was not."""
+        try:
+            with self.store.tx() as connection:
+                existing = self._by_idempotency_key(connection, tenant_id, spec)
+                if existing is not None:
+                    return existing, False
+                job_id = self._insert(connection, tenant_id, spec, actor=actor)
+                return self._get(connection, job_id, tenant_id), True
+        except IntegrityError:
+            # a concurrent create with the same key won the race: answer with its job
+            with self.store.read() as connection:
+                existing = self._by_idempotency_key(connection, tenant_id, spec)
+            if existing is None:
+                raise
+            return existing, False
+
+    def _by_idempotency_key(
+        self, connection: Connection, tenant_id: str, spec: JobSpec
+    ) -> Job | None:
+        if spec.idempotency_key is None:
+            return None
+        row = (
+            connection.execute(
+                select(schema.jobs).where(
+                    schema.jobs.c.tenant_id == tenant_id,
+                    schema.jobs.c.idempotency_key == spec.idempotency_key,
+                )
+            )
+            .mappings()
+            .first()
+        )
+        if row is None:
+            return None
+        if row["request_hash"] != spec.request_hash:
+            raise errors.Conflict(
+                f"idempotency key {spec.idempotency_key!r} was already used for a different "
+                f"job definition (job {row['job_id']})",
+                field="idempotency_key",
+            )
+        return job_from_row(row)
+
+    def _insert(self, connection: Connection, tenant_id: str, spec: JobSpec, *, actor: str) -> str:
+        tenant = connection.execute(
+            select(schema.tenants.c.tenant_id).where(schema.tenants.c.tenant_id == tenant_id)
+        ).scalar_one_or_none()
+        if tenant is None:
+            raise errors.NotFound(f"no tenant {tenant_id!r}", field="tenant")
+        now = db_now(connection)
+        next_run_at = self._first_run(spec.schedule, now, spec)
+        job_id = new_job_id()
+        connection.execute(
+            schema.jobs.insert().values(
+                job_id=job_id,
+                tenant_id=tenant_id,
+                name=spec.name,
+                schedule=json.dumps(schedule_to_dict(spec.schedule)),
+                target_type=spec.target.type.value,
+                target=spec.target.address,
+                payload=json.dumps(spec.payload),
+                max_attempts=spec.retry.max_attempts,
+                retry_base_seconds=spec.retry.base_delay_seconds,
+                retry_max_seconds=spec.retry.max_delay_seconds,
+                misfire_policy=spec.misfire_policy.value,
+                grace_seconds=spec.grace_seconds,
+                window_seconds=spec.window_seconds,
+                max_concurrency=spec.max_concurrency,
+                timeout_seconds=spec.timeout_seconds,
+                start_at=spec.start_at,
+                end_at=spec.end_at,
+                status=JobStatus.active.value,
+                next_run_at=next_run_at,
+                next_fire_at=fire_time(job_id, next_run_at, spec.window_seconds),
+                partition=partition_of(job_id, self.store.partition_count),
+                version=1,
+                idempotency_key=spec.idempotency_key,
+                request_hash=spec.request_hash,
+                created_at=now,
+                updated_at=now,
+            )
+        )
+        audit(connection, at=now, tenant_id=tenant_id, actor=actor, action="create", job_id=job_id)
+        return job_id
+
+    @staticmethod
+    def _first_run(schedule: Schedule, now: datetime, spec: JobSpec) -> datetime:
+        first = first_occurrence(schedule, now, start=spec.start_at, end=spec.end_at)
+        if first is None:
+            raise errors.ValidationError(
+                "the schedule has no run between its start and end", field="schedule"
+            )
+        return first
+
+    # -- read --------------------------------------------------------------------------
+
+    def get(self, job_id: str, tenant_id: str | None = None) -> Job:
+        with self.store.read() as connection:
+            return self._get(connection, job_id, tenant_id)
+
+    def _get(
+        self, connection: Connection, job_id: str, tenant_id: str | None, *, lock: bool = False
+    ) -> Job:
+        query = select(schema.jobs).where(schema.jobs.c.job_id == job_id)
+        if tenant_id is not None:
+            query = query.where(schema.jobs.c.tenant_id == tenant_id)
+        if lock and connection.dialect.name == "postgresql":
+            query = query.with_for_update()
+        row = connection.execute(query).mappings().first()
+        if row is None:
+            # the same answer for "absent" and "another tenant's": ids are not an oracle
+            raise errors.NotFound(f"no job {job_id!r}", field="job_id")
+        return job_from_row(row)
+
+    def list(
+        self,
+        *,
+        tenant_id: str | None = None,
+        status: JobStatus | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Page:
+        limit = _check_limit(limit)
+        query = select(schema.jobs).order_by(schema.jobs.c.job_id).limit(limit + 1)
+        if tenant_id is not None:
+            query = query.where(schema.jobs.c.tenant_id == tenant_id)
+        if status is not None:
+            query = query.where(schema.jobs.c.status == status.value)
+        if cursor:
+            (after,) = decode_cursor(cursor, 1)
+            query = query.where(schema.jobs.c.job_id > after)
+        with self.store.read() as connection:
+            rows = connection.execute(query).mappings().all()
+        items = tuple(job_from_row(r) for r in rows[:limit])
+        next_cursor = encode_cursor(items[-1].job_id) if len(rows) > limit else None
+        return Page(items, next_cursor)
+
+    def count_active(self, tenant_id: str) -> int:
+        with self.store.read() as connection:
+            return int(
+                connection.execute(
+                    select(func.count())
+                    .select_from(schema.jobs)
+                    .where(
+                        schema.jobs.c.tenant_id == tenant_id,
+                        schema.jobs.c.status.in_([JobStatus.active.value, JobStatus.paused.value]),
+                    )
+                ).scalar_one()
+            )
+
+    # -- changes -----------------------------------------------------------------------
+
+    def cancel(self, job_id: str, tenant_id: str | None = None, *, actor: str) -> Job:
+        return self._change(
+            job_id,
+            tenant_id,
+            actor=actor,
+            action="cancel",
+            allowed={JobStatus.active, JobStatus.paused, JobStatus.completed},
+            values=lambda job, now: {
+                "status": JobStatus.cancelled.value,
+                "next_run_at": None,
+                "next_fire_at": None,
+            },
+        )
+
+    def pause(self, job_id: str, tenant_id: str | None = None, *, actor: str) -> Job:
+        return self._change(
+            job_id,
+            tenant_id,
+            actor=actor,
+            action="pause",
+            allowed={JobStatus.active},
+            values=lambda job, now: {"status": JobStatus.paused.value, "next_fire_at": None},
+        )
+
+    def resume(self, job_id: str, tenant_id: str | None = None, *, actor: str) -> Job:
+        def values(job: Job, now: datetime) -> dict[str, Any]:
+            if isinstance(job.schedule, OnceSchedule):
+                # a one-time job whose time passed while paused is due now, and its
+                # misfire policy decides whether it still runs
+                next_run: datetime | None = job.schedule.run_at
+            else:
+                next_run = first_occurrence(job.schedule, now, start=job.start_at, end=job.end_at)
+            if next_run is None:
+                return {"status": JobStatus.completed.value, "next_run_at": None}
+            return {
+                "status": JobStatus.active.value,
+                "next_run_at": next_run,
+                "next_fire_at": fire_time(job.job_id, next_run, job.window_seconds),
+            }
+
+        return self._change(
+            job_id,
+            tenant_id,
+            actor=actor,
+            action="resume",
+            allowed={JobStatus.paused},
+            values=values,
+        )
+
+    def reschedule(
+        self,
+        job_id: str,
+        schedule: Schedule,
+        tenant_id: str | None = None,
+        *,
+        actor: str,
+    ) -> Job:
+        def values(job: Job, now: datetime) -> dict[str, Any]:
+            if isinstance(schedule, OnceSchedule) and schedule.run_at <= now:
+                raise errors.ValidationError("run_at is in the past", field="run_at")
+            next_run = first_occurrence(schedule, now, start=job.start_at, end=job.end_at)
+            if next_run is None:
+                raise errors.ValidationError(
+                    "the schedule has no run between its start and end", field="schedule"
+                )
+            status = JobStatus.paused if job.status is JobStatus.paused else JobStatus.active
+            return {
+                "schedule": json.dumps(schedule_to_dict(schedule)),
+                "status": status.value,
+                "next_run_at": next_run,
+                "next_fire_at": (
+                    fire_time(job.job_id, next_run, job.window_seconds)
+                    if status is JobStatus.active
+                    else None
+                ),
+            }
+
+        return self._change(
+            job_id,
+            tenant_id,
+            actor=actor,
+            action="reschedule",
+            allowed={JobStatus.active, JobStatus.paused, JobStatus.completed},
+            values=values,
+            detail={"schedule": schedule_to_dict(schedule)},
+        )
+
+    def _change(
+        self,
+        job_id: str,
+        tenant_id: str | None,
+        *,
+        actor: str,
+        action: str,
+        allowed: set[JobStatus],
+        values: Any,
+        detail: dict[str, Any] | None = None,
+    ) -> Job:
+        with self.store.tx() as connection:
+            job = self._get(connection, job_id, tenant_id, lock=True)
+            if job.status not in allowed:
+                raise errors.Conflict(
+                    f"cannot {action} job {job_id}: it is {job.status.value}", field="status"
+                )
+            now = db_now(connection)
+            changes = values(job, now)
+            # version-conditional: a claim that read the old version commits nothing
+            result = connection.execute(
+                update(schema.jobs)
+                .where(schema.jobs.c.job_id == job_id, schema.jobs.c.version == job.version)
+                .values(version=job.version + 1, updated_at=now, **changes)
+            )
+            if result.rowcount != 1:
+                raise errors.Conflict(
+                    f"job {job_id} changed while being updated; try again", field="version"
+                )
+            audit(
+                connection,
+                at=now,
+                tenant_id=job.tenant_id,
+                actor=actor,
+                action=action,
+                job_id=job_id,
+                detail=detail,
+            )
+            return self._get(connection, job_id, tenant_id)
+
+    def trigger(self, job_id: str, tenant_id: str | None = None, *, actor: str) -> Run:
+        """A manual run now: its own run record, delivered like any other."""
+        with self.store.tx() as connection:
+            job = self._get(connection, job_id, tenant_id)
+            if job.status is JobStatus.cancelled:
+                raise errors.Conflict(
+                    f"cannot trigger job {job_id}: it is cancelled", field="status"
+                )
+            now = db_now(connection)
+            connection.execute(
+                schema.runs.insert().values(
+                    job_id=job_id,
+                    scheduled_at=now,
+                    tenant_id=job.tenant_id,
+                    partition=job.partition,
+                    trigger=RunTrigger.manual.value,
+                    status=RunStatus.dispatched.value,
+                    attempt=1,
+                    fire_at=now,
+                    dispatched_at=now,
+                    job_version=job.version,
+                )
+            )
+            connection.execute(
+                schema.outbox.insert().values(
+                    job_id=job_id,
+                    scheduled_at=now,
+                    tenant_id=job.tenant_id,
+                    target_type=job.target.type.value,
+                    target=job.target.address,
+                    attempt=1,
+                    available_at=now,
+                    created_at=now,
+                )
+            )
+            audit(
+                connection,
+                at=now,
+                tenant_id=job.tenant_id,
+                actor=actor,
+                action="trigger",
+                job_id=job_id,
+            )
+            row = (
+                connection.execute(
+                    select(schema.runs).where(
+                        schema.runs.c.job_id == job_id, schema.runs.c.scheduled_at == now
+                    )
+                )
+                .mappings()
+                .one()
+            )
+            return run_from_row(row)
+
+    # -- run history -------------------------------------------------------------------
+
+    def runs(
+        self,
+        job_id: str,
+        tenant_id: str | None = None,
+        *,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Page:
+        """Newest first; the cursor is the last scheduled_at seen."""
+        limit = _check_limit(limit)
+        with self.store.read() as connection:
+            self._get(connection, job_id, tenant_id)
+            query = (
+                select(schema.runs)
+                .where(schema.runs.c.job_id == job_id)
+                .order_by(schema.runs.c.scheduled_at.desc())
+                .limit(limit + 1)
+            )
+            if cursor:
+                (before,) = decode_cursor(cursor, 1)
+                try:
+                    before_at = datetime.fromisoformat(before)
+                except ValueError as exc:
+                    raise errors.ValidationError(
+                        "not a cursor this server issued", field="cursor"
+                    ) from exc
+                query = query.where(schema.runs.c.scheduled_at < before_at)
+            rows = connection.execute(query).mappings().all()
+        items = tuple(run_from_row(r) for r in rows[:limit])
+        next_cursor = (
+            encode_cursor(items[-1].scheduled_at.isoformat()) if len(rows) > limit else None
+        )
+        return Page(items, next_cursor)
+
+
+def _check_limit(limit: int) -> int:
+    if not 1 <= limit <= MAX_PAGE:
+        raise errors.ValidationError(f"must be between 1 and {MAX_PAGE}", field="limit")
+    return limit

@@ -1,0 +1,651 @@
+"""The built-in queue: relaying outbox rows into queue messages, leases with a visibility
+timeout, heartbeats, ack/fail with retry and dead letters, and reaping of expired leases.
+
+Every operation is one transaction. On Postgres the row selections use
+`FOR UPDATE SKIP LOCKED`, so any number of relays and workers run side by side without
+taking the same row; on SQLite the store's transactions are `BEGIN IMMEDIATE`, i.e.
+already serialized. A message is identified by its id, its lease owner and its attempt:
+once a lease expired and was reaped, the former holder's ack, fail or heartbeat matches
+nothing and changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, case, delete, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, RowMapping
+
+from schedctl import errors
+from schedctl.delivery.backoff import backoff_delay
+from schedctl.models import JobStatus, RunStatus, TargetType
+from schedctl.scheduling.timeparse import format_instant
+from schedctl.storage import schema
+from schedctl.storage.jobs import db_now
+from schedctl.storage.store import Store
+
+LOST_ERROR = "lease expired: worker lost"
+CANCELLED_ERROR = "job cancelled before delivery"
+# Postgres deadlock / serialization failure: nothing committed, the caller just tries again
+_RETRYABLE_PGCODES = {"40P01", "40001"}
+# Kept in the database no longer than a run history column should hold.
+MAX_OUTPUT_TAIL_CHARS = 16_384
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One message held by a worker until `leased_until` (extended by heartbeats)."""
+
+    message_id: int
+    queue: str
+    job_id: str
+    scheduled_at: datetime
+    tenant_id: str
+    attempt: int
+    max_attempts: int
+    retry_base_seconds: float
+    retry_max_seconds: float
+    timeout_seconds: int  # 0 = no timeout
+    payload: Any
+    owner: str
+    leased_until: datetime
+
+    @property
+    def idempotency_key(self) -> str:
+        """`JOB_ID:SCHEDULED_AT` (RFC 3339 UTC with Z), the same for every attempt."""
+        return f"{self.job_id}:{format_instant(self.scheduled_at)}"
+
+    def __repr__(self) -> str:
+        # never the payload: leases end up in logs and tracebacks
+        return (
+            f"Lease(message_id={self.message_id}, queue={self.queue!r}, job_id={self.job_id!r}, "
+            f"scheduled_at={format_instant(self.scheduled_at)}, attempt={self.attempt})"
+        )
+
+
+@dataclass(frozen=True)
+class QueueDepth:
+    ready: int  # available now, not leased
+    delayed: int  # waiting for a retry backoff to pass
+    leased: int  # held by a worker (including expired leases not reaped yet)
+
+    @property
+    def total(self) -> int:
+        return self.ready + self.delayed + self.leased
+
+
+@dataclass(frozen=True)
+class _Held:
+    """A message with its job's retry policy, read inside a settling transaction."""
+
+    message_id: int
+    queue: str
+    job_id: str
+    scheduled_at: datetime
+    tenant_id: str
+    attempt: int
+    lease_owner: str | None
+    max_attempts: int
+    retry_base_seconds: float
+    retry_max_seconds: float
+
+
+class QueueRepo:
+    """The built-in queue over the `outbox`, `queue_messages`, `runs`, `run_attempts` and
+    `dead_letters` tables."""
+
+    def __init__(self, store: Store, *, rng: random.Random | None = None) -> None:
+        self.store = store
+        self._rng = rng
+
+    # -- relay: outbox -> queue ----------------------------------------------------------
+
+    def move_outbox(self, limit: int = 500) -> int:
+        """Move due outbox rows of queue targets into queue messages; returns how many
+        were delivered to a queue. Runs of jobs cancelled meanwhile are skipped instead."""
+        o = schema.outbox
+        with self.store.tx() as connection:
+            now = db_now(connection)
+            query = (
+                select(
+                    o.c.id,
+                    o.c.job_id,
+                    o.c.scheduled_at,
+                    o.c.tenant_id,
+                    o.c.target,
+                    o.c.attempt,
+                )
+                .where(o.c.target_type == TargetType.queue.value, o.c.available_at <= now)
+                .order_by(o.c.id)
+                .limit(limit)
+            )
+            if self.store.is_postgres:
+                query = query.with_for_update(skip_locked=True)
+            rows = connection.execute(query).mappings().all()
+            if not rows:
+                return 0
+            statuses = dict(
+                connection.execute(
+                    select(schema.jobs.c.job_id, schema.jobs.c.status).where(
+                        schema.jobs.c.job_id.in_({r["job_id"] for r in rows})
+                    )
+                ).all()
+            )
+            deliver = [r for r in rows if statuses.get(r["job_id"]) != JobStatus.cancelled.value]
+            cancelled = [r for r in rows if statuses.get(r["job_id"]) == JobStatus.cancelled.value]
+            if deliver:
+                insert = (
+                    postgresql.insert(schema.queue_messages)
+                    if self.store.is_postgres
+                    else sqlite.insert(schema.queue_messages)
+                )
+                # a replay after a crash between insert and delete never duplicates a run
+                connection.execute(
+                    insert.on_conflict_do_nothing(index_elements=["job_id", "scheduled_at"]),
+                    [
+                        {
+                            "queue": r["target"],
+                            "job_id": r["job_id"],
+                            "scheduled_at": r["scheduled_at"],
+                            "tenant_id": r["tenant_id"],
+                            "attempt": r["attempt"],
+                            "available_at": now,
+                            "leased_until": None,
+                            "lease_owner": None,
+                            "created_at": now,
+                        }
+                        for r in deliver
+                    ],
+                )
+            for r in cancelled:
+                connection.execute(
+                    update(schema.runs)
+                    .where(
+                        schema.runs.c.job_id == r["job_id"],
+                        schema.runs.c.scheduled_at == r["scheduled_at"],
+                        schema.runs.c.status == RunStatus.dispatched.value,
+                    )
+                    .values(status=RunStatus.skipped.value, error=CANCELLED_ERROR, finished_at=now)
+                )
+            connection.execute(delete(o).where(o.c.id.in_([r["id"] for r in rows])))
+            return len(deliver)
+
+    # -- workers ---------------------------------------------------------------------------
+
+    def lease(
+        self, queue: str, owner: str, lease_seconds: float, limit: int = 1
+    ) -> list[Lease]:
+        """Lease up to `limit` ready messages of `queue`, oldest first, never more messages
+        of one job at a time than its max_concurrency; marks their runs running."""
+        if lease_seconds <= 0:
+            raise errors.ValidationError("must be positive", field="lease_seconds")
+        if limit < 1:
+            return []
+        try:
+            with self.store.tx() as connection:
+                return self._lease(connection, queue, owner, lease_seconds, limit)
+        except errors.StoreUnavailable as exc:
+            if _is_retryable(exc):
+                return []  # lost a lock race; nothing committed, the next poll tries again
+            raise
+
+    def _lease(
+        self, connection: Connection, queue: str, owner: str, lease_seconds: float, limit: int
+    ) -> list[Lease]:
+        m, j = schema.queue_messages, schema.jobs
+        held = m.alias("held")
+        now = db_now(connection)
+        # Held = leased, expired or not: an expired lease's command may still be running
+        # until the reaper settles it, and "no overlapping runs" must hold meanwhile.
+        in_use = (
+            select(func.count())
+            .select_from(held)
+            .where(held.c.job_id == m.c.job_id, held.c.leased_until.is_not(None))
+            .scalar_subquery()
+        )
+        query = (
+            select(
+                m.c.id,
+                m.c.job_id,
+                m.c.scheduled_at,
+                m.c.tenant_id,
+                m.c.attempt,
+                j.c.max_concurrency,
+                j.c.max_attempts,
+                j.c.retry_base_seconds,
+                j.c.retry_max_seconds,
+                j.c.timeout_seconds,
+                j.c.payload,
+            )
+            .join(j, j.c.job_id == m.c.job_id)
+            .where(
+                m.c.queue == queue,
+                m.c.available_at <= now,
+                m.c.leased_until.is_(None),
+                in_use < j.c.max_concurrency,
+            )
+            .order_by(m.c.available_at, m.c.id)
+            # a few more than asked: several may belong to one job with a single slot left
+            .limit(min(limit * 4, limit + 100))
+        )
+        if self.store.is_postgres:
+            query = query.with_for_update(skip_locked=True, of=m)
+        candidates = connection.execute(query).mappings().all()
+        if not candidates:
+            return []
+        job_ids = sorted({c["job_id"] for c in candidates})
+        if self.store.is_postgres:
+            # Serialize the slot count per job: a second worker waits here and then counts
+            # the first one's committed lease, so two cannot both take the last slot. Jobs
+            # are locked in id order, like every other multi-job lock, so no deadlock.
+            for job_id in job_ids:
+                connection.execute(select(j.c.job_id).where(j.c.job_id == job_id).with_for_update())
+        counts: dict[str, int] = {job_id: 0 for job_id in job_ids}
+        counts.update(
+            connection.execute(
+                select(m.c.job_id, func.count())
+                .where(m.c.job_id.in_(job_ids), m.c.leased_until.is_not(None))
+                .group_by(m.c.job_id)
+            ).all()
+        )
+        leased_until = now + timedelta(seconds=lease_seconds)
+        leases: list[Lease] = []
+        for c in candidates:
+            if len(leases) >= limit:
+                break
+            if counts[c["job_id"]] >= c["max_concurrency"]:
+                continue
+            counts[c["job_id"]] += 1
+            connection.execute(
+                update(m)
+                .where(m.c.id == c["id"])
+                .values(leased_until=leased_until, lease_owner=owner)
+            )
+            connection.execute(
+                update(schema.runs)
+                .where(
+                    schema.runs.c.job_id == c["job_id"],
+                    schema.runs.c.scheduled_at == c["scheduled_at"],
+                )
+                .values(
+                    status=RunStatus.running.value,
+                    attempt=c["attempt"],
+                    started_at=now,
+                    # the previous attempt's outcome lives on in run_attempts
+                    finished_at=None,
+                    exit_code=None,
+                    error=None,
+                    output_tail=None,
+                )
+            )
+            leases.append(
+                Lease(
+                    message_id=c["id"],
+                    queue=queue,
+                    job_id=c["job_id"],
+                    scheduled_at=c["scheduled_at"],
+                    tenant_id=c["tenant_id"],
+                    attempt=c["attempt"],
+                    max_attempts=c["max_attempts"],
+                    retry_base_seconds=c["retry_base_seconds"],
+                    retry_max_seconds=c["retry_max_seconds"],
+                    timeout_seconds=c["timeout_seconds"],
+                    payload=json.loads(c["payload"]),
+                    owner=owner,
+                    leased_until=leased_until,
+                )
+            )
+        return leases
+
+    def heartbeat(self, lease: Lease, lease_seconds: float) -> bool:
+        """Extend the lease; False when it is no longer ours (expired and reaped or taken)."""
+        m = schema.queue_messages
+        with self.store.tx() as connection:
+            now = db_now(connection)
+            result = connection.execute(
+                update(m)
+                .where(_ours(lease))
+                .values(leased_until=now + timedelta(seconds=lease_seconds))
+            )
+            return result.rowcount == 1
+
+    def ack(
+        self,
+        lease: Lease,
+        *,
+        exit_code: int | None,
+        output_tail: str | None,
+        started_at: datetime,
+        finished_at: datetime,
+    ) -> bool:
+        """The run succeeded: drop the message, record the attempt. False (and nothing
+        changed) when the lease is no longer ours."""
+        output_tail = _clip(output_tail)
+        with self.store.tx() as connection:
+            result = connection.execute(delete(schema.queue_messages).where(_ours(lease)))
+            if result.rowcount != 1:
+                return False
+            connection.execute(
+                update(schema.runs)
+                .where(
+                    schema.runs.c.job_id == lease.job_id,
+                    schema.runs.c.scheduled_at == lease.scheduled_at,
+                )
+                .values(
+                    status=RunStatus.succeeded.value,
+                    attempt=lease.attempt,
+                    started_at=started_at,
+                    finished_at=finished_at,
+                    exit_code=exit_code,
+                    error=None,
+                    output_tail=output_tail,
+                )
+            )
+            _record_attempt(
+                connection,
+                job_id=lease.job_id,
+                scheduled_at=lease.scheduled_at,
+                attempt=lease.attempt,
+                status=RunStatus.succeeded,
+                started_at=started_at,
+                finished_at=finished_at,
+                exit_code=exit_code,
+                error=None,
+                output_tail=output_tail,
+                worker=lease.owner,
+            )
+            return True
+
+    def fail(
+        self,
+        lease: Lease,
+        *,
+        error: str,
+        exit_code: int | None,
+        output_tail: str | None,
+        started_at: datetime,
+        finished_at: datetime,
+    ) -> bool:
+        """The attempt failed: record it, then retry after a backoff or, with the attempts
+        used up, dead-letter the run. False (and nothing changed) when the lease is no
+        longer ours."""
+        output_tail = _clip(output_tail)
+        with self.store.tx() as connection:
+            held = self._held(connection, [_ours(lease)])
+            if not held:
+                return False
+            (message,) = held
+            _record_attempt(
+                connection,
+                job_id=lease.job_id,
+                scheduled_at=lease.scheduled_at,
+                attempt=lease.attempt,
+                status=RunStatus.failed,
+                started_at=started_at,
+                finished_at=finished_at,
+                exit_code=exit_code,
+                error=error,
+                output_tail=output_tail,
+                worker=lease.owner,
+            )
+            self._retry_or_dead(
+                connection,
+                message,
+                now=db_now(connection),
+                retry_status=RunStatus.failed,
+                error=error,
+                exit_code=exit_code,
+                output_tail=output_tail,
+                started_at=started_at,
+                finished_at=finished_at,
+            )
+            return True
+
+    def expire_leases(self, limit: int = 500) -> int:
+        """Settle messages whose lease ran out (their worker died or lost the database):
+        the attempt is recorded as lost and the run retried per its policy. Any worker or
+        relay may call this for every queue. Returns how many were settled."""
+        m = schema.queue_messages
+        with self.store.tx() as connection:
+            now = db_now(connection)
+            expired = self._held(
+                connection,
+                [m.c.leased_until.is_not(None), m.c.leased_until < now],
+                order_by=m.c.leased_until,
+                limit=limit,
+            )
+            for message in expired:
+                started_at = connection.execute(
+                    select(schema.runs.c.started_at).where(
+                        schema.runs.c.job_id == message.job_id,
+                        schema.runs.c.scheduled_at == message.scheduled_at,
+                    )
+                ).scalar_one_or_none()
+                _record_attempt(
+                    connection,
+                    job_id=message.job_id,
+                    scheduled_at=message.scheduled_at,
+                    attempt=message.attempt,
+                    status=RunStatus.lost,
+                    started_at=started_at,
+                    finished_at=now,
+                    exit_code=None,
+                    error=LOST_ERROR,
+                    output_tail=None,
+                    worker=message.lease_owner,
+                )
+                self._retry_or_dead(
+                    connection,
+                    message,
+                    now=now,
+                    retry_status=RunStatus.lost,
+                    error=LOST_ERROR,
+                    exit_code=None,
+                    output_tail=None,
+                    started_at=started_at,
+                    finished_at=now,
+                )
+            return len(expired)
+
+    # -- observability ---------------------------------------------------------------------
+
+    def stats(self) -> dict[str, QueueDepth]:
+        """Ready, delayed and leased message counts per queue (queues with messages only)."""
+        m = schema.queue_messages
+        with self.store.read() as connection:
+            now = db_now(connection)
+            unleased = m.c.leased_until.is_(None)
+            rows = connection.execute(
+                select(
+                    m.c.queue,
+                    func.sum(case((and_(unleased, m.c.available_at <= now), 1), else_=0)),
+                    func.sum(case((and_(unleased, m.c.available_at > now), 1), else_=0)),
+                    func.sum(case((unleased, 0), else_=1)),
+                ).group_by(m.c.queue)
+            ).all()
+        return {
+            str(q): QueueDepth(ready=int(r or 0), delayed=int(d or 0), leased=int(le or 0))
+            for q, r, d, le in rows
+        }
+
+    def depths(self) -> dict[str, int]:
+        """Messages per queue, whatever their state (see `stats` for the breakdown)."""
+        return {queue: depth.total for queue, depth in self.stats().items()}
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _held(
+        self,
+        connection: Connection,
+        conditions: Sequence[Any],
+        *,
+        order_by: Any = None,
+        limit: int | None = None,
+    ) -> list[_Held]:
+        """Messages matching `conditions`, with their job's retry policy, locked on Postgres
+        (skipping rows another transaction holds: it is settling them already)."""
+        m, j = schema.queue_messages, schema.jobs
+        query = (
+            select(
+                m.c.id,
+                m.c.queue,
+                m.c.job_id,
+                m.c.scheduled_at,
+                m.c.tenant_id,
+                m.c.attempt,
+                m.c.lease_owner,
+                j.c.max_attempts,
+                j.c.retry_base_seconds,
+                j.c.retry_max_seconds,
+            )
+            # outer join: a message whose job row is gone still gets settled (dead-lettered)
+            .outerjoin(j, j.c.job_id == m.c.job_id)
+            .where(*conditions)
+            .order_by(order_by if order_by is not None else m.c.id)
+        )
+        if limit is not None:
+            query = query.limit(limit)
+        if self.store.is_postgres:
+            query = query.with_for_update(skip_locked=True, of=m)
+        return [_held_from_row(r) for r in connection.execute(query).mappings().all()]
+
+    def _retry_or_dead(
+        self,
+        connection: Connection,
+        message: _Held,
+        *,
+        now: datetime,
+        retry_status: RunStatus,
+        error: str,
+        exit_code: int | None,
+        output_tail: str | None,
+        started_at: datetime | None,
+        finished_at: datetime,
+    ) -> None:
+        m = schema.queue_messages
+        run_key = and_(
+            schema.runs.c.job_id == message.job_id,
+            schema.runs.c.scheduled_at == message.scheduled_at,
+        )
+        outcome = {
+            "attempt": message.attempt,
+            "started_at": started_at,
+            "finished_at": finished_at,
+            "exit_code": exit_code,
+            "error": error,
+            "output_tail": output_tail,
+        }
+        if message.attempt < message.max_attempts:
+            delay = backoff_delay(
+                message.attempt,
+                message.retry_base_seconds,
+                message.retry_max_seconds,
+                self._rng,
+            )
+            connection.execute(
+                update(m)
+                .where(m.c.id == message.message_id)
+                .values(
+                    attempt=message.attempt + 1,
+                    available_at=now + timedelta(seconds=delay),
+                    leased_until=None,
+                    lease_owner=None,
+                )
+            )
+            connection.execute(
+                update(schema.runs).where(run_key).values(status=retry_status.value, **outcome)
+            )
+            return
+        connection.execute(delete(m).where(m.c.id == message.message_id))
+        connection.execute(
+            schema.dead_letters.insert().values(
+                job_id=message.job_id,
+                scheduled_at=message.scheduled_at,
+                tenant_id=message.tenant_id,
+                target_type=TargetType.queue.value,
+                target=message.queue,
+                attempts=message.attempt,
+                last_error=error,
+                created_at=now,
+            )
+        )
+        connection.execute(
+            update(schema.runs).where(run_key).values(status=RunStatus.dead.value, **outcome)
+        )
+
+
+def _ours(lease: Lease) -> Any:
+    """The message is still this lease's: same id, owner and attempt. The attempt guards
+    against the same owner having re-leased the message after its earlier lease expired."""
+    m = schema.queue_messages
+    return and_(
+        m.c.id == lease.message_id,
+        m.c.lease_owner == lease.owner,
+        m.c.attempt == lease.attempt,
+        m.c.leased_until.is_not(None),
+    )
+
+
+def _held_from_row(row: RowMapping) -> _Held:
+    max_attempts = row["max_attempts"]
+    return _Held(
+        message_id=row["id"],
+        queue=row["queue"],
+        job_id=row["job_id"],
+        scheduled_at=row["scheduled_at"],
+        tenant_id=row["tenant_id"],
+        attempt=row["attempt"],
+        lease_owner=row["lease_owner"],
+        # no job row: nothing to retry against, so this attempt is the last
+        max_attempts=max_attempts if max_attempts is not None else 0,
+        retry_base_seconds=row["retry_base_seconds"] or 0.0,
+        retry_max_seconds=row["retry_max_seconds"] or 0.0,
+    )
+
+
+def _record_attempt(
+    connection: Connection,
+    *,
+    job_id: str,
+    scheduled_at: datetime,
+    attempt: int,
+    status: RunStatus,
+    started_at: datetime | None,
+    finished_at: datetime | None,
+    exit_code: int | None,
+    error: str | None,
+    output_tail: str | None,
+    worker: str | None,
+) -> None:
+    connection.execute(
+        schema.run_attempts.insert().values(
+            job_id=job_id,
+            scheduled_at=scheduled_at,
+            attempt=attempt,
+            status=status.value,
+            started_at=started_at,
+            finished_at=finished_at,
+            exit_code=exit_code,
+            error=error,
+            output_tail=output_tail,
+            worker=worker,
+        )
+    )
+
+
+def _clip(output_tail: str | None) -> str | None:
+    if output_tail is None or len(output_tail) <= MAX_OUTPUT_TAIL_CHARS:
+        return output_tail
+    return output_tail[-MAX_OUTPUT_TAIL_CHARS:]
+
+
+def _is_retryable(exc: BaseException) -> bool:
+    cause = exc.__cause__
+    original = getattr(cause, "orig", None)
+    return getattr(original, "sqlstate", None) in _RETRYABLE_PGCODES

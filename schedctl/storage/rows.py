@@ -1,0 +1,90 @@
+"""Conversions between table rows and the frozen models."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy.engine import RowMapping
+
+from schedctl.models import (
+    Job,
+    JobStatus,
+    RetryPolicy,
+    Run,
+    RunStatus,
+    RunTrigger,
+    Target,
+    TargetType,
+    Tenant,
+)
+from schedctl.scheduling.misfire import MisfirePolicy
+from schedctl.scheduling.schedules import schedule_from_dict
+
+
+def target_from_row(target_type: str, address: str) -> Target:
+    kind = TargetType(target_type)
+    return Target(kind, name=address) if kind is TargetType.queue else Target(kind, url=address)
+
+
+def job_from_row(row: RowMapping) -> Job:
+    return Job(
+        job_id=row["job_id"],
+        tenant_id=row["tenant_id"],
+        name=row["name"],
+        schedule=schedule_from_dict(json.loads(row["schedule"])),
+        target=target_from_row(row["target_type"], row["target"]),
+        payload=json.loads(row["payload"]),
+        retry=RetryPolicy(
+            max_attempts=row["max_attempts"],
+            base_delay_seconds=row["retry_base_seconds"],
+            max_delay_seconds=row["retry_max_seconds"],
+        ),
+        misfire_policy=MisfirePolicy(row["misfire_policy"]),
+        grace_seconds=row["grace_seconds"],
+        window_seconds=row["window_seconds"],
+        max_concurrency=row["max_concurrency"],
+        timeout_seconds=row["timeout_seconds"],
+        start_at=row["start_at"],
+        end_at=row["end_at"],
+        status=JobStatus(row["status"]),
+        next_run_at=row["next_run_at"],
+        next_fire_at=row["next_fire_at"],
+        partition=row["partition"],
+        version=row["version"],
+        idempotency_key=row["idempotency_key"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
+
+
+def run_from_row(row: RowMapping) -> Run:
+    return Run(
+        job_id=row["job_id"],
+        scheduled_at=row["scheduled_at"],
+        tenant_id=row["tenant_id"],
+        trigger=RunTrigger(row["trigger"]),
+        status=RunStatus(row["status"]),
+        attempt=row["attempt"],
+        fire_at=row["fire_at"],
+        dispatched_at=row["dispatched_at"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        exit_code=row["exit_code"],
+        error=row["error"],
+        output_tail=row["output_tail"],
+        epoch=row["epoch"],
+    )
+
+
+def tenant_from_row(row: RowMapping) -> Tenant:
+    allow: Any = json.loads(row["allow_list"])
+    return Tenant(
+        tenant_id=row["tenant_id"],
+        name=row["name"],
+        max_jobs=row["max_jobs"],
+        create_rate_per_minute=row["create_rate_per_minute"],
+        dispatch_rate_per_second=row["dispatch_rate_per_second"],
+        allow_list=tuple(str(a) for a in allow),
+        created_at=row["created_at"],
+    )

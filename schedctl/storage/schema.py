@@ -1,0 +1,204 @@
+"""The physical schema as SQLAlchemy Core tables; migrations must build exactly this."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Float,
+    Column,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+from schedctl.storage.types import UTCDateTime
+
+metadata = MetaData()
+
+# Postgres wants BIGINT identity keys; SQLite only autoincrements INTEGER PRIMARY KEY.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+settings = Table(
+    "settings",
+    metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", Text, nullable=False),
+)
+
+tenants = Table(
+    "tenants",
+    metadata,
+    Column("tenant_id", String(40), primary_key=True),
+    Column("name", String(200), nullable=False, unique=True),
+    Column("signing_secret", Text, nullable=False),
+    Column("max_jobs", Integer, nullable=False),
+    Column("create_rate_per_minute", Integer, nullable=False),
+    Column("dispatch_rate_per_second", Integer, nullable=False),
+    Column("allow_list", Text, nullable=False),  # JSON list of host names and CIDRs
+    Column("created_at", UTCDateTime, nullable=False),
+)
+
+api_tokens = Table(
+    "api_tokens",
+    metadata,
+    Column("token_id", String(40), primary_key=True),
+    Column("tenant_id", String(40), ForeignKey("tenants.tenant_id"), nullable=False),
+    Column("token_hash", String(64), nullable=False, unique=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("revoked_at", UTCDateTime, nullable=True),
+)
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("job_id", String(40), primary_key=True),
+    Column("tenant_id", String(40), ForeignKey("tenants.tenant_id"), nullable=False),
+    Column("name", String(200), nullable=False),
+    Column("schedule", Text, nullable=False),  # JSON, see scheduling.schedules.schedule_to_dict
+    Column("target_type", String(16), nullable=False),
+    Column("target", Text, nullable=False),  # queue name or URL
+    Column("payload", Text, nullable=False),  # JSON
+    Column("max_attempts", Integer, nullable=False),
+    Column("retry_base_seconds", Float, nullable=False),
+    Column("retry_max_seconds", Float, nullable=False),
+    Column("misfire_policy", String(16), nullable=False),
+    Column("grace_seconds", Integer, nullable=False),
+    Column("window_seconds", Integer, nullable=False),
+    Column("max_concurrency", Integer, nullable=False),
+    Column("timeout_seconds", Integer, nullable=False),
+    Column("start_at", UTCDateTime, nullable=True),
+    Column("end_at", UTCDateTime, nullable=True),
+    Column("status", String(16), nullable=False),
+    Column("next_run_at", UTCDateTime, nullable=True),  # nominal time of the next run
+    Column(
+        "next_fire_at", UTCDateTime, nullable=True
+    ),  # next_run_at + window jitter; NULL unless active
+    Column("partition", Integer, nullable=False),
+    Column("version", BigInteger, nullable=False),
+    Column("idempotency_key", String(200), nullable=True),
+    Column("request_hash", String(64), nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+    UniqueConstraint("tenant_id", "idempotency_key", name="uq_jobs_tenant_idempotency"),
+    # the due index: "due before T in partitions S" is a range read per partition
+    Index("ix_jobs_due", "partition", "next_fire_at"),
+    Index("ix_jobs_tenant", "tenant_id", "job_id"),
+)
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("job_id", String(40), nullable=False),
+    Column("scheduled_at", UTCDateTime, nullable=False),
+    Column("tenant_id", String(40), nullable=False),
+    Column("partition", Integer, nullable=False),
+    Column("trigger", String(16), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("fire_at", UTCDateTime, nullable=True),
+    Column("dispatched_at", UTCDateTime, nullable=True),
+    Column("started_at", UTCDateTime, nullable=True),
+    Column("finished_at", UTCDateTime, nullable=True),
+    Column("exit_code", Integer, nullable=True),
+    Column("error", Text, nullable=True),
+    Column("output_tail", Text, nullable=True),
+    Column("epoch", BigInteger, nullable=True),
+    Column("job_version", BigInteger, nullable=True),
+    # run identity; also what makes a double claim impossible
+    PrimaryKeyConstraint("job_id", "scheduled_at", name="pk_runs"),
+    postgresql_partition_by="RANGE (scheduled_at)",
+)
+
+run_attempts = Table(
+    "run_attempts",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("job_id", String(40), nullable=False),
+    Column("scheduled_at", UTCDateTime, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("started_at", UTCDateTime, nullable=True),
+    Column("finished_at", UTCDateTime, nullable=True),
+    Column("exit_code", Integer, nullable=True),
+    Column("error", Text, nullable=True),
+    Column("output_tail", Text, nullable=True),
+    Column("worker", String(200), nullable=True),
+    Index("ix_run_attempts_run", "job_id", "scheduled_at"),
+)
+
+outbox = Table(
+    "outbox",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("job_id", String(40), nullable=False),
+    Column("scheduled_at", UTCDateTime, nullable=False),
+    Column("tenant_id", String(40), nullable=False),
+    Column("target_type", String(16), nullable=False),
+    Column("target", Text, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("available_at", UTCDateTime, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Index("ix_outbox_available", "available_at"),
+)
+
+queue_messages = Table(
+    "queue_messages",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("queue", String(200), nullable=False),
+    Column("job_id", String(40), nullable=False),
+    Column("scheduled_at", UTCDateTime, nullable=False),
+    Column("tenant_id", String(40), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("available_at", UTCDateTime, nullable=False),
+    Column("leased_until", UTCDateTime, nullable=True),
+    Column("lease_owner", String(200), nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    UniqueConstraint("job_id", "scheduled_at", name="uq_queue_messages_run"),
+    Index("ix_queue_messages_ready", "queue", "available_at"),
+    Index("ix_queue_messages_job", "job_id"),
+)
+
+dead_letters = Table(
+    "dead_letters",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("job_id", String(40), nullable=False),
+    Column("scheduled_at", UTCDateTime, nullable=False),
+    Column("tenant_id", String(40), nullable=False),
+    Column("target_type", String(16), nullable=False),
+    Column("target", Text, nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("last_error", Text, nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("replayed_at", UTCDateTime, nullable=True),
+    Index("ix_dead_letters_tenant", "tenant_id", "id"),
+)
+
+partitions = Table(
+    "partitions",
+    metadata,
+    Column("partition", Integer, primary_key=True, autoincrement=False),
+    Column("epoch", BigInteger, nullable=False),
+    Column("owner", String(200), nullable=True),
+    Column("updated_at", UTCDateTime, nullable=False),
+)
+
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("at", UTCDateTime, nullable=False),
+    Column("tenant_id", String(40), nullable=True),
+    Column("actor", String(200), nullable=False),
+    Column("action", String(40), nullable=False),
+    Column("job_id", String(40), nullable=True),
+    Column("detail", Text, nullable=True),  # JSON; never the payload
+    Index("ix_audit_log_tenant", "tenant_id", "id"),
+)

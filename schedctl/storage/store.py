@@ -1,0 +1,110 @@
+"""The Store: one engine, transactions that turn driver errors into SchedErrors, the DB clock."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+
+from sqlalchemy import select, text
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
+
+from schedctl import errors
+from schedctl.storage import schema
+from schedctl.storage.engine import check_connection, first_line, make_engine, redact
+from schedctl.storage.migrate import current_revision, head_revision, upgrade_engine
+
+DEFAULT_PARTITION_COUNT = 1024
+
+
+class Store:
+    """Owns the engine; every database access goes through `tx()` or `read()`."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.dialect = engine.dialect.name
+        self.is_postgres = self.dialect == "postgresql"
+        self._partition_count: int | None = None
+
+    @classmethod
+    def open(cls, url: str, *, upgrade: bool = False, check: bool = True) -> Store:
+        """Connect; with upgrade=True migrate to head first (the embedded default does)."""
+        store = cls(make_engine(url))
+        if upgrade:
+            upgrade_engine(store.engine)
+            store.ensure_settings()
+        elif check:
+            check_connection(store.engine)
+            store.require_current_schema()
+        return store
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def require_current_schema(self) -> None:
+        current, head = current_revision(self.engine), head_revision()
+        if current != head:
+            raise errors.StoreUnavailable(
+                f"the database at {redact(str(self.engine.url))} is at schema revision "
+                f"{current or 'none'}, this version needs {head}: run `schedctl db upgrade`"
+            )
+
+    @contextmanager
+    def tx(self) -> Iterator[Connection]:
+        """One transaction; connection loss becomes StoreUnavailable."""
+        try:
+            with self.engine.begin() as connection:
+                yield connection
+        except (OperationalError, DBAPIError) as exc:
+            if isinstance(exc, OperationalError) or exc.connection_invalidated:
+                raise errors.StoreUnavailable(f"database error: {first_line(exc)}") from exc
+            raise
+
+    read = tx
+
+    def now(self) -> datetime:
+        """The database's clock: every dispatcher agrees on "now" whatever its own clock says."""
+        if not self.is_postgres:
+            return datetime.now(UTC)
+        with self.tx() as connection:
+            value = connection.execute(text("SELECT clock_timestamp()")).scalar_one()
+        assert isinstance(value, datetime)
+        return value.astimezone(UTC)
+
+    def clock_offset(self) -> float:
+        """Seconds to add to this machine's clock to get the database's (midpoint estimate)."""
+        before = time.time()
+        db_now = self.now().timestamp()
+        after = time.time()
+        return db_now - (before + after) / 2
+
+    # -- cluster settings -------------------------------------------------------------
+
+    def ensure_settings(self, partition_count: int = DEFAULT_PARTITION_COUNT) -> None:
+        with self.tx() as connection:
+            existing = connection.execute(
+                select(schema.settings.c.value).where(schema.settings.c.key == "partition_count")
+            ).scalar_one_or_none()
+            if existing is None:
+                connection.execute(
+                    schema.settings.insert().values(
+                        key="partition_count", value=str(partition_count)
+                    )
+                )
+
+    @property
+    def partition_count(self) -> int:
+        if self._partition_count is None:
+            try:
+                with self.read() as connection:
+                    value = connection.execute(
+                        select(schema.settings.c.value).where(
+                            schema.settings.c.key == "partition_count"
+                        )
+                    ).scalar_one_or_none()
+            except SQLAlchemyError as exc:
+                raise errors.StoreUnavailable(f"database error: {first_line(exc)}") from exc
+            self._partition_count = int(value) if value else DEFAULT_PARTITION_COUNT
+        return self._partition_count

@@ -1,0 +1,207 @@
+"""Owns tenants and their API tokens in the database: create, look up, authenticate, revoke.
+
+A token is `st_<token_id>_<secret>`. Only its sha256 is stored, so a database dump does not
+hand out credentials; the token itself is returned once, at creation. The token_id part
+names the token (for revocation and audit) without revealing it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import secrets
+import uuid
+
+from sqlalchemy import or_, select, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+
+from schedctl import errors
+from schedctl.models import Tenant
+from schedctl.storage import schema
+from schedctl.storage.jobs import audit, db_now
+from schedctl.storage.rows import tenant_from_row
+from schedctl.storage.store import Store
+
+TOKEN_PREFIX = "st_"
+DEFAULT_MAX_JOBS = 10_000
+DEFAULT_CREATE_RATE_PER_MINUTE = 600
+DEFAULT_DISPATCH_RATE_PER_SECOND = 1000
+TENANT_NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
+_TOKEN = re.compile(r"st_([0-9a-f]{12})_[A-Za-z0-9_-]{20,100}")
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def validate_tenant_name(name: str) -> str:
+    if not isinstance(name, str) or not TENANT_NAME.fullmatch(name):
+        raise errors.ValidationError(
+            f"tenant name {name!r} must be 1-200 characters of letters, digits, '.', '_' or '-'",
+            field="name",
+        )
+    return name
+
+
+class TenantRepo:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def create(self, name: str, *, actor: str) -> tuple[Tenant, str]:
+        """A new tenant and its first API token (returned here and never again)."""
+        validate_tenant_name(name)
+        tenant_id = uuid.uuid4().hex
+        try:
+            with self.store.tx() as connection:
+                taken = connection.execute(
+                    select(schema.tenants.c.tenant_id).where(schema.tenants.c.name == name)
+                ).first()
+                if taken is not None:
+                    raise errors.Conflict(f"a tenant named {name!r} already exists", field="name")
+                now = db_now(connection)
+                connection.execute(
+                    schema.tenants.insert().values(
+                        tenant_id=tenant_id,
+                        name=name,
+                        signing_secret=secrets.token_urlsafe(32),
+                        max_jobs=DEFAULT_MAX_JOBS,
+                        create_rate_per_minute=DEFAULT_CREATE_RATE_PER_MINUTE,
+                        dispatch_rate_per_second=DEFAULT_DISPATCH_RATE_PER_SECOND,
+                        allow_list=json.dumps([]),
+                        created_at=now,
+                    )
+                )
+                token_id, token = self._insert_token(connection, tenant_id)
+                audit(
+                    connection,
+                    at=now,
+                    tenant_id=tenant_id,
+                    actor=actor,
+                    action="tenant_create",
+                    detail={"name": name, "token_id": token_id},
+                )
+                return self._get(connection, tenant_id), token
+        except IntegrityError as exc:
+            # another creator of the same name committed between our check and insert
+            raise errors.Conflict(f"a tenant named {name!r} already exists", field="name") from exc
+
+    def get(self, name_or_id: str) -> Tenant:
+        with self.store.read() as connection:
+            return self._get(connection, name_or_id)
+
+    def _get(self, connection: Connection, name_or_id: str) -> Tenant:
+        rows = (
+            connection.execute(
+                select(schema.tenants).where(
+                    or_(
+                        schema.tenants.c.tenant_id == name_or_id,
+                        schema.tenants.c.name == name_or_id,
+                    )
+                )
+            )
+            .mappings()
+            .all()
+        )
+        if not rows:
+            raise errors.NotFound(f"no tenant {name_or_id!r}", field="tenant")
+        # an id wins over a name that happens to look like another tenant's id
+        row = next((r for r in rows if r["tenant_id"] == name_or_id), rows[0])
+        return tenant_from_row(row)
+
+    def list(self) -> list[Tenant]:
+        with self.store.read() as connection:
+            rows = (
+                connection.execute(select(schema.tenants).order_by(schema.tenants.c.name))
+                .mappings()
+                .all()
+            )
+        return [tenant_from_row(r) for r in rows]
+
+    def signing_secret(self, name_or_id: str) -> str:
+        """The HMAC key for the tenant's HTTP deliveries (the receiver verifies with it)."""
+        tenant = self.get(name_or_id)
+        with self.store.read() as connection:
+            value = connection.execute(
+                select(schema.tenants.c.signing_secret).where(
+                    schema.tenants.c.tenant_id == tenant.tenant_id
+                )
+            ).scalar_one()
+        return str(value)
+
+    # -- tokens ------------------------------------------------------------------------
+
+    def authenticate(self, token: str) -> tuple[str, str]:
+        """(tenant_id, token_id) for a valid, unrevoked token; Unauthorized otherwise."""
+        if not isinstance(token, str) or not _TOKEN.fullmatch(token):
+            raise errors.Unauthorized("invalid API token", field="token")
+        with self.store.read() as connection:
+            row = connection.execute(
+                select(
+                    schema.api_tokens.c.tenant_id,
+                    schema.api_tokens.c.token_id,
+                    schema.api_tokens.c.revoked_at,
+                ).where(schema.api_tokens.c.token_hash == hash_token(token))
+            ).first()
+        # one message for unknown and revoked: the answer must not help guessing
+        if row is None or row.revoked_at is not None:
+            raise errors.Unauthorized("invalid API token", field="token")
+        return str(row.tenant_id), str(row.token_id)
+
+    def new_token(self, tenant: str, *, actor: str = "system") -> str:
+        """Another API token for the tenant (name or id), e.g. to rotate the first one."""
+        with self.store.tx() as connection:
+            found = self._get(connection, tenant)
+            token_id, token = self._insert_token(connection, found.tenant_id)
+            audit(
+                connection,
+                at=db_now(connection),
+                tenant_id=found.tenant_id,
+                actor=actor,
+                action="token_create",
+                detail={"token_id": token_id},
+            )
+        return token
+
+    def revoke_token(self, token_id: str, *, actor: str = "system") -> None:
+        with self.store.tx() as connection:
+            now = db_now(connection)
+            tenant_id = connection.execute(
+                select(schema.api_tokens.c.tenant_id).where(
+                    schema.api_tokens.c.token_id == token_id
+                )
+            ).scalar_one_or_none()
+            if tenant_id is None:
+                raise errors.NotFound(f"no API token {token_id!r}", field="token_id")
+            connection.execute(
+                update(schema.api_tokens)
+                .where(
+                    schema.api_tokens.c.token_id == token_id,
+                    schema.api_tokens.c.revoked_at.is_(None),
+                )
+                .values(revoked_at=now)
+            )
+            audit(
+                connection,
+                at=now,
+                tenant_id=tenant_id,
+                actor=actor,
+                action="token_revoke",
+                detail={"token_id": token_id},
+            )
+
+    @staticmethod
+    def _insert_token(connection: Connection, tenant_id: str) -> tuple[str, str]:
+        token_id = secrets.token_hex(6)
+        token = f"{TOKEN_PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
+        connection.execute(
+            schema.api_tokens.insert().values(
+                token_id=token_id,
+                tenant_id=tenant_id,
+                token_hash=hash_token(token),
+                created_at=db_now(connection),
+                revoked_at=None,
+            )
+        )
+        return token_id, token

@@ -1,0 +1,232 @@
+"""Owns the shared pytest fixtures: real Postgres and ZooKeeper, and fresh migrated databases.
+
+- ``pg_server`` / ``zk_ensemble``: one real server (one-node ensemble) per session, started
+  only when a test asks for it, stopped and deleted at session end.
+- ``db_url`` (parametrized ``sqlite`` / ``postgres``), ``sqlite_url``, ``pg_url``: a fresh,
+  fully migrated, empty database per test, copied from a template migrated once per session.
+- ``empty_sqlite_url`` / ``empty_pg_url``: a fresh database with no migrations at all.
+- ``zk_hosts``: the session ensemble's connection string under a fresh chroot per test.
+
+Every ``SCHEDULED_*`` environment variable is removed at import, so a developer's own
+settings never leak into tests. Tests that use the servers get the ``postgres`` /
+``zookeeper`` markers automatically, and a failing one gets the server log tails attached.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sqlite3
+import uuid
+from collections.abc import Generator, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.services.postgres import PostgresServer
+from tests.services.zookeeper import ZooKeeperEnsemble
+
+for _name in [name for name in os.environ if name.startswith("SCHEDULED_")]:
+    del os.environ[_name]
+
+PG_TEMPLATE_DB = "schedctl_template"
+_LOG_TAIL_LINES = 40
+# The session's servers once started, so a failing test's report can show their logs.
+_SESSION_SERVICES: dict[str, PostgresServer | ZooKeeperEnsemble] = {}
+
+
+def _migrate(url: str) -> None:
+    """Bring the database at ``url`` to the newest schema (the project's own migrations)."""
+    from schedctl.storage.migrate import upgrade
+
+    upgrade(url)
+
+
+def _sqlite_url(path: Path) -> str:
+    return f"sqlite:///{path}"
+
+
+def _unique_db_name() -> str:
+    return f"test_{uuid.uuid4().hex[:16]}"
+
+
+# -- servers ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PostgresServer]:
+    """A real Postgres on 127.0.0.1, started once per session on first use."""
+    server = PostgresServer()
+    try:
+        server.start()
+        _SESSION_SERVICES["postgres"] = server
+        yield server
+    finally:
+        _SESSION_SERVICES.pop("postgres", None)
+        server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def zk_ensemble() -> Iterator[ZooKeeperEnsemble]:
+    """A real one-server ZooKeeper on 127.0.0.1, started once per session on first use."""
+    ensemble = ZooKeeperEnsemble(size=1)
+    try:
+        ensemble.start(timeout=60)
+        _SESSION_SERVICES["zookeeper"] = ensemble
+        yield ensemble
+    finally:
+        _SESSION_SERVICES.pop("zookeeper", None)
+        ensemble.cleanup()
+
+
+@pytest.fixture
+def zk_hosts(zk_ensemble: ZooKeeperEnsemble) -> str:
+    """The session ZooKeeper's connection string under a fresh, existing chroot node."""
+    from kazoo.client import KazooClient
+
+    chroot = f"/test_{uuid.uuid4().hex[:16]}"
+    client = KazooClient(hosts=zk_ensemble.hosts, timeout=10.0)
+    try:
+        client.start(timeout=15)
+        client.ensure_path(chroot)
+    finally:
+        client.stop()
+        client.close()
+    return zk_ensemble.hosts + chroot
+
+
+# -- migrated templates (once per session) ---------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def _pg_template(pg_server: PostgresServer) -> str:
+    """The name of a migrated Postgres database that per-test databases are copied from."""
+    pg_server.drop_database(PG_TEMPLATE_DB)
+    pg_server.create_database(PG_TEMPLATE_DB)
+    _migrate(pg_server.url(PG_TEMPLATE_DB))
+    # Nobody may connect to it any more: a session on a template blocks copying it.
+    pg_server.terminate_backends(PG_TEMPLATE_DB)
+    pg_server.psql(f'ALTER DATABASE "{PG_TEMPLATE_DB}" WITH ALLOW_CONNECTIONS false')
+    return PG_TEMPLATE_DB
+
+
+@pytest.fixture(scope="session")
+def _sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A migrated SQLite file that per-test databases are copied from."""
+    path = tmp_path_factory.mktemp("sqlite-template") / "schedctl.db"
+    _migrate(_sqlite_url(path))
+    # Fold any write-ahead log into the main file, so copying that one file is enough.
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return path
+
+
+# -- per-test databases ------------------------------------------------------------------
+
+
+def _drop_test_database(server: PostgresServer, name: str) -> None:
+    if not server.is_running():
+        server.start()  # a test stopped the shared server: bring it back for the others
+    server.drop_database(name)
+
+
+@pytest.fixture
+def pg_url(pg_server: PostgresServer, _pg_template: str) -> Iterator[str]:
+    """A fresh, fully migrated, empty Postgres database for this test."""
+    name = _unique_db_name()
+    pg_server.create_database(name, template=_pg_template)
+    try:
+        yield pg_server.url(name)
+    finally:
+        _drop_test_database(pg_server, name)
+
+
+@pytest.fixture
+def sqlite_url(_sqlite_template: Path, tmp_path: Path) -> str:
+    """A fresh, fully migrated, empty SQLite database file for this test."""
+    path = tmp_path / "schedctl.db"
+    shutil.copyfile(_sqlite_template, path)
+    return _sqlite_url(path)
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("sqlite", id="sqlite"),
+        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+    ]
+)
+def db_url(request: pytest.FixtureRequest) -> str:
+    """A fresh, fully migrated, empty database for this test, once per backend."""
+    fixture = "sqlite_url" if request.param == "sqlite" else "pg_url"
+    url = request.getfixturevalue(fixture)
+    assert isinstance(url, str)
+    return url
+
+
+@pytest.fixture
+def empty_pg_url(pg_server: PostgresServer) -> Iterator[str]:
+    """A fresh Postgres database with no schema at all (for migration tests)."""
+    name = _unique_db_name()
+    pg_server.create_database(name)
+    try:
+        yield pg_server.url(name)
+    finally:
+        _drop_test_database(pg_server, name)
+
+
+@pytest.fixture
+def empty_sqlite_url(tmp_path: Path) -> str:
+    """A SQLite URL whose file does not exist yet (for migration tests)."""
+    return _sqlite_url(tmp_path / "empty.db")
+
+
+# -- markers and failure reports -----------------------------------------------------
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark tests that use the real servers, so ``-m 'not postgres'`` and such work."""
+    del config
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if "pg_server" in fixtures and item.get_closest_marker("postgres") is None:
+            item.add_marker(pytest.mark.postgres)
+        if "zk_ensemble" in fixtures and item.get_closest_marker("zookeeper") is None:
+            item.add_marker(pytest.mark.zookeeper)
+
+
+def _log_sections(item: pytest.Item) -> list[tuple[str, str]]:
+    services: list[PostgresServer | ZooKeeperEnsemble] = []
+    if item.get_closest_marker("postgres") is not None and "postgres" in _SESSION_SERVICES:
+        services.append(_SESSION_SERVICES["postgres"])
+    if item.get_closest_marker("zookeeper") is not None and "zookeeper" in _SESSION_SERVICES:
+        services.append(_SESSION_SERVICES["zookeeper"])
+    funcargs: dict[str, object] = getattr(item, "funcargs", {})
+    for value in funcargs.values():
+        if isinstance(value, PostgresServer | ZooKeeperEnsemble) and value not in services:
+            services.append(value)
+    sections: list[tuple[str, str]] = []
+    for service in services:
+        if isinstance(service, PostgresServer):
+            sections.append(
+                (f"postgres log tail ({service.log_path})", service.log_tail(_LOG_TAIL_LINES))
+            )
+        else:
+            for i in range(service.size):
+                sections.append(
+                    (f"zookeeper server {i} log tail ({service.hosts})", service.log_tail(i))
+                )
+    return sections
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Attach the servers' log tails to the report of a failing test that used them."""
+    del call
+    report = yield
+    if report.failed:
+        with contextlib.suppress(Exception):
+            report.sections.extend(_log_sections(item))
+    return report

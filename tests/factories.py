@@ -1,0 +1,132 @@
+"""Test data: tenants and jobs written straight through the repositories, and bulk loads."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from schedctl.models import JobSpec, RetryPolicy, Target, TargetType
+from schedctl.scheduling.misfire import MisfirePolicy
+from schedctl.scheduling.schedules import IntervalSchedule, OnceSchedule, Schedule
+from schedctl.storage import schema
+from schedctl.storage.jobs import JobRepo, new_job_id, partition_of
+from schedctl.storage.store import Store
+
+
+def make_tenant(store: Store, name: str = "acme") -> str:
+    tenant_id = f"tenant-{name}"
+    with store.tx() as connection:
+        connection.execute(
+            schema.tenants.insert().values(
+                tenant_id=tenant_id,
+                name=name,
+                signing_secret="secret",
+                max_jobs=1_000_000,
+                create_rate_per_minute=1_000_000,
+                dispatch_rate_per_second=1_000_000,
+                allow_list="[]",
+                created_at=datetime.now(UTC),
+            )
+        )
+    return tenant_id
+
+
+def spec(
+    schedule: Schedule,
+    *,
+    queue: str = "q",
+    misfire: MisfirePolicy = MisfirePolicy.run_once,
+    grace: int = 60,
+    window: int = 0,
+    max_attempts: int = 3,
+    max_concurrency: int = 1,
+    timeout: int = 0,
+    payload: Any = None,
+    name: str = "job",
+    end_at: datetime | None = None,
+) -> JobSpec:
+    return JobSpec(
+        name=name,
+        schedule=schedule,
+        target=Target(TargetType.queue, name=queue),
+        payload={} if payload is None else payload,
+        retry=RetryPolicy(max_attempts=max_attempts, base_delay_seconds=0.1, max_delay_seconds=1),
+        misfire_policy=misfire,
+        grace_seconds=grace,
+        window_seconds=window,
+        max_concurrency=max_concurrency,
+        timeout_seconds=timeout,
+        start_at=None,
+        end_at=end_at,
+        idempotency_key=None,
+        request_hash=hashlib.sha256(name.encode()).hexdigest(),
+    )
+
+
+def create_job(store: Store, tenant_id: str, job_spec: JobSpec) -> str:
+    job, _ = JobRepo(store).create(tenant_id, job_spec, actor="test")
+    return job.job_id
+
+
+def once_at(at: datetime, **kwargs: Any) -> JobSpec:
+    return spec(OnceSchedule(run_at=at), **kwargs)
+
+
+def every(seconds: int, anchor: datetime, **kwargs: Any) -> JobSpec:
+    return spec(IntervalSchedule(every_seconds=seconds, anchor=anchor), **kwargs)
+
+
+def bulk_once_jobs(
+    store: Store, tenant_id: str, times: list[datetime], *, queue: str = "q"
+) -> list[str]:
+    """Insert many one-time jobs in few statements (for index and batch tests)."""
+    now = datetime.now(UTC)
+    rows = []
+    ids = []
+    for at in times:
+        job_id = new_job_id()
+        ids.append(job_id)
+        rows.append(
+            {
+                "job_id": job_id,
+                "tenant_id": tenant_id,
+                "name": "bulk",
+                "schedule": json.dumps({"kind": "once", "run_at": at.isoformat()}),
+                "target_type": "queue",
+                "target": queue,
+                "payload": "{}",
+                "max_attempts": 3,
+                "retry_base_seconds": 1.0,
+                "retry_max_seconds": 60.0,
+                "misfire_policy": "run_once",
+                "grace_seconds": 3600,
+                "window_seconds": 0,
+                "max_concurrency": 1,
+                "timeout_seconds": 0,
+                "start_at": None,
+                "end_at": None,
+                "status": "active",
+                "next_run_at": at,
+                "next_fire_at": at,
+                "partition": partition_of(job_id, store.partition_count),
+                "version": 1,
+                "idempotency_key": None,
+                "request_hash": "bulk",
+                "created_at": now,
+                "updated_at": now,
+            }
+        )
+    with store.tx() as connection:
+        for start in range(0, len(rows), 2000):
+            connection.execute(schema.jobs.insert(), rows[start : start + 2000])
+    return ids
+
+
+def ago(seconds: float) -> datetime:
+    return datetime.now(UTC) - timedelta(seconds=seconds)
+
+
+def ahead(seconds: float) -> datetime:
+    return datetime.now(UTC) + timedelta(seconds=seconds)

@@ -1,0 +1,341 @@
+"""The claim transaction: exactly-once under racing claimers, fencing, and cancel/reschedule
+races, on SQLite and on a real Postgres."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import func, select
+
+from schedctl.coordination.local import LocalCoordinator
+from schedctl.scheduling.misfire import MisfirePolicy
+from schedctl.scheduling.schedules import CronSchedule, IntervalSchedule
+from schedctl.storage import schema
+from schedctl.storage.claim import Claimer, ClaimResult
+from schedctl.storage.jobs import JobRepo
+from schedctl.storage.partitions import PartitionRepo
+from schedctl.storage.store import Store
+from tests.factories import (
+    ago,
+    ahead,
+    bulk_once_jobs,
+    create_job,
+    every,
+    make_tenant,
+    once_at,
+    spec,
+)
+
+
+@pytest.fixture
+def store(db_url: str) -> Store:
+    store = Store.open(db_url)
+    yield store  # type: ignore[misc]
+    store.close()
+
+
+ALL = range(1024)
+
+
+def own_all(store: Store, owner: str = "d1") -> dict[int, int]:
+    coordinator = LocalCoordinator(store, owner)
+    coordinator.start()
+    return dict(coordinator.owned())
+
+
+def run_keys(store: Store) -> list[tuple[str, datetime]]:
+    with store.read() as connection:
+        return [
+            (r[0], r[1])
+            for r in connection.execute(select(schema.runs.c.job_id, schema.runs.c.scheduled_at))
+        ]
+
+
+def outbox_keys(store: Store) -> list[tuple[str, datetime]]:
+    with store.read() as connection:
+        return [
+            (r[0], r[1])
+            for r in connection.execute(
+                select(schema.outbox.c.job_id, schema.outbox.c.scheduled_at)
+            )
+        ]
+
+
+def assert_exactly_once(store: Store) -> None:
+    runs = Counter(run_keys(store))
+    outbox = Counter(outbox_keys(store))
+    assert all(n == 1 for n in runs.values()), "a run row twice"
+    assert all(n == 1 for n in outbox.values()), "an outbox row twice"
+    assert set(outbox) <= set(runs)
+
+
+def test_claim_dispatches_due_one_time_and_recurring_jobs(store: Store) -> None:
+    tenant = make_tenant(store)
+    epochs = own_all(store)
+    once = create_job(store, tenant, once_at(ago(1)))
+    later = create_job(store, tenant, once_at(ahead(3600)))
+    anchor = ago(10).replace(microsecond=0)
+    recurring = create_job(store, tenant, every(60, anchor))
+    # an interval job's first run is after creation: make it due by moving its time back
+    with store.tx() as connection:
+        connection.execute(
+            schema.jobs.update()
+            .where(schema.jobs.c.job_id == recurring)
+            .values(next_run_at=anchor, next_fire_at=anchor)
+        )
+    claimer = Claimer(store, "d1")
+    now = datetime.now(UTC)
+    due = claimer.load_due(ALL, now)
+    assert {d.job_id for d in due} == {once, recurring}
+    result = claimer.claim(due, epochs, now)
+    assert sorted(j for j, _ in result.dispatched) == sorted([once, recurring])
+    jobs = JobRepo(store)
+    assert jobs.get(once).status.value == "completed"
+    assert jobs.get(later).status.value == "active"
+    assert jobs.get(recurring).next_run_at == anchor + timedelta(seconds=60)
+    assert len(outbox_keys(store)) == 2
+    assert_exactly_once(store)
+
+
+def test_two_claimers_racing_from_the_same_stale_read_enqueue_each_run_once(store: Store) -> None:
+    tenant = make_tenant(store)
+    epochs = own_all(store)
+    bulk_once_jobs(store, tenant, [ago(5)] * 300)
+    anchor = ago(30).replace(microsecond=0)
+    for _ in range(20):
+        job_id = create_job(store, tenant, every(1, anchor, misfire=MisfirePolicy.run_all))
+        with store.tx() as connection:
+            connection.execute(
+                schema.jobs.update()
+                .where(schema.jobs.c.job_id == job_id)
+                .values(next_run_at=anchor, next_fire_at=anchor)
+            )
+    a, b = Claimer(store, "d1"), Claimer(store, "d2")
+    for _round in range(5):
+        now = datetime.now(UTC)
+        due_a = a.load_due(ALL, now, 1000)
+        due_b = b.load_due(ALL, now, 1000)  # the same snapshot, as two dispatchers racing
+        assert due_a == due_b
+        barrier = threading.Barrier(2)
+        results: dict[str, ClaimResult] = {}
+
+        def claim(name: str, claimer: Claimer, due: list) -> None:  # type: ignore[type-arg]
+            barrier.wait(10)
+            results[name] = claimer.claim(due, epochs, now)
+
+        threads = [
+            threading.Thread(target=claim, args=("a", a, due_a)),
+            threading.Thread(target=claim, args=("b", b, due_b)),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        won_a, won_b = set(results["a"].dispatched), set(results["b"].dispatched)
+        assert not won_a & won_b, "both claimers dispatched the same run"
+        if not (results["a"].aborted or results["b"].aborted):
+            # every due job went to exactly one of them; a deadlock-aborted batch committed
+            # nothing and its jobs are claimed in a later round
+            assert len(won_a | won_b) == len(due_a)
+        assert_exactly_once(store)
+    # a batch a deadlock aborted is claimed now; then every one-time job ran exactly once
+    now = datetime.now(UTC)
+    a.claim(a.load_due(ALL, now, 1000), epochs, now)
+    runs = run_keys(store)
+    assert len(runs) == len(set(runs))
+    with store.read() as connection:
+        once_runs = connection.execute(
+            select(func.count())
+            .select_from(schema.runs)
+            .join(schema.jobs, schema.jobs.c.job_id == schema.runs.c.job_id)
+            .where(schema.jobs.c.name == "bulk")
+        ).scalar_one()
+    assert once_runs == 300
+
+
+def test_sequential_stale_claim_commits_nothing(store: Store) -> None:
+    tenant = make_tenant(store)
+    epochs = own_all(store)
+    bulk_once_jobs(store, tenant, [ago(5)] * 50)
+    a, b = Claimer(store, "d1"), Claimer(store, "d2")
+    now = datetime.now(UTC)
+    stale = b.load_due(ALL, now)
+    first = a.claim(a.load_due(ALL, now), epochs, now)
+    second = b.claim(stale, epochs, now)
+    assert len(first.dispatched) == 50
+    assert second.dispatched == [] and second.stale == 50
+    assert len(run_keys(store)) == 50 and len(outbox_keys(store)) == 50
+
+
+def test_cancel_committed_before_a_stale_claim_produces_no_run(store: Store) -> None:
+    tenant = make_tenant(store)
+    epochs = own_all(store)
+    job_id = create_job(store, tenant, once_at(ago(1)))
+    claimer = Claimer(store, "d1")
+    now = datetime.now(UTC)
+    snapshot = claimer.load_due(ALL, now)
+    JobRepo(store).cancel(job_id, actor="test")
+    result = claimer.claim(snapshot, epochs, now)
+    assert result.dispatched == [] and result.stale == 1
+    assert run_keys(store) == [] and outbox_keys(store) == []
+
+
+def test_reschedule_racing_a_claim_never_runs_the_old_version(store: Store) -> None:
+    tenant = make_tenant(store)
+    epochs = own_all(store)
+    old_time = ago(1)
+    job_id = create_job(store, tenant, once_at(old_time))
+    claimer = Claimer(store, "d1")
+    now = datetime.now(UTC)
+    snapshot = claimer.load_due(ALL, now)
+    new_time = ahead(3600)
+    from schedctl.scheduling.schedules import OnceSchedule
+
+    job = JobRepo(store).reschedule(job_id, OnceSchedule(run_at=new_time), actor="test")
+    result = claimer.claim(snapshot, epochs, now)
+    assert result.dispatched == []
+    assert run_keys(store) == []
+    assert job.next_run_at == new_time
+    # the new version is claimed at its new time and only then
+    assert claimer.load_due(ALL, datetime.now(UTC)) == []
+    later = claimer.load_due(ALL, new_time + timedelta(seconds=1))
+    assert [d.job_id for d in later] == [job_id] and later[0].next_run_at == new_time
+
+
+@pytest.mark.postgres
+def test_cancel_racing_claims_on_postgres(pg_url: str) -> None:
+    """Cancels and claims interleave for real; afterwards every run of a cancelled job was
+    claimed at a version older than the cancel."""
+    store = Store.open(pg_url)
+    try:
+        tenant = make_tenant(store)
+        epochs = own_all(store)
+        ids = bulk_once_jobs(store, tenant, [ago(5)] * 400)
+        claimer = Claimer(store, "d1")
+        now = datetime.now(UTC)
+        snapshot = claimer.load_due(ALL, now, 1000)
+        barrier = threading.Barrier(2)
+        cancelled: list[str] = []
+
+        def cancel_half() -> None:
+            barrier.wait(10)
+            for job_id in ids[::2]:
+                try:
+                    JobRepo(store).cancel(job_id, actor="test")
+                    cancelled.append(job_id)
+                except Exception:  # noqa: BLE001 - "already completed" when the claim won
+                    pass
+
+        def claim_in_batches() -> None:
+            barrier.wait(10)
+            for start in range(0, len(snapshot), 20):
+                claimer.claim(snapshot[start : start + 20], epochs, now)
+
+        threads = [threading.Thread(target=cancel_half), threading.Thread(target=claim_in_batches)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        runs = dict(run_keys(store))
+        for job_id in cancelled:
+            job = JobRepo(store).get(job_id)
+            assert job.status.value == "cancelled"
+            if job_id in runs:
+                # the claim committed first: the cancel then saw the completed job version
+                with store.read() as connection:
+                    run_version = connection.execute(
+                        select(schema.runs.c.job_version).where(schema.runs.c.job_id == job_id)
+                    ).scalar_one()
+                assert run_version < job.version
+        assert_exactly_once(store)
+    finally:
+        store.close()
+
+
+def test_a_fenced_claim_commits_nothing(store: Store) -> None:
+    tenant = make_tenant(store)
+    old_epochs = own_all(store, "old-owner")
+    bulk_once_jobs(store, tenant, [ago(5)] * 30)
+    claimer = Claimer(store, "old-owner")
+    now = datetime.now(UTC)
+    snapshot = claimer.load_due(ALL, now)
+    # the partitions move to a new owner with a higher epoch while the old one is paused
+    new_epochs = own_all(store, "new-owner")
+    assert all(new_epochs[p] > old_epochs[p] for p in new_epochs)
+    result = claimer.claim(snapshot, old_epochs, now)
+    assert result.dispatched == [] and result.fenced
+    assert run_keys(store) == []
+    assert PartitionRepo(store).acquire([0], old_epochs[0], "old-owner") == set()
+    fresh = Claimer(store, "new-owner").claim(snapshot, new_epochs, now)
+    assert len(fresh.dispatched) == 30
+
+
+def test_misfire_skip_records_missed_runs_and_waits_for_the_next(store: Store) -> None:
+    tenant = make_tenant(store)
+    epochs = own_all(store)
+    job_id = create_job(
+        store, tenant, spec(CronSchedule.parse("* * * * *", "UTC"), misfire=MisfirePolicy.skip)
+    )
+    missed_from = (datetime.now(UTC) - timedelta(minutes=10)).replace(second=0, microsecond=0)
+    with store.tx() as connection:
+        connection.execute(
+            schema.jobs.update()
+            .where(schema.jobs.c.job_id == job_id)
+            .values(next_run_at=missed_from, next_fire_at=missed_from)
+        )
+    claimer = Claimer(store, "d1")
+    now = datetime.now(UTC)
+    result = claimer.claim(claimer.load_due(ALL, now), epochs, now)
+    assert result.dispatched == []
+    assert result.skipped >= 8
+    with store.read() as connection:
+        statuses = Counter(r[0] for r in connection.execute(select(schema.runs.c.status)))
+    assert set(statuses) == {"skipped"}
+    job = JobRepo(store).get(job_id)
+    assert job.next_run_at is not None and job.next_run_at > now - timedelta(seconds=60)
+
+
+def test_misfire_run_once_dispatches_one_catch_up_run(store: Store) -> None:
+    tenant = make_tenant(store)
+    epochs = own_all(store)
+    job_id = create_job(
+        store, tenant, spec(IntervalSchedule(every_seconds=60, anchor=ago(3600)), grace=5)
+    )
+    missed_from = ago(600)
+    job = JobRepo(store).get(job_id)
+    assert job.next_run_at is not None
+    start = job.next_run_at - timedelta(seconds=600)
+    with store.tx() as connection:
+        connection.execute(
+            schema.jobs.update()
+            .where(schema.jobs.c.job_id == job_id)
+            .values(next_run_at=start, next_fire_at=start)
+        )
+    del missed_from
+    claimer = Claimer(store, "d1")
+    now = datetime.now(UTC)
+    result = claimer.claim(claimer.load_due(ALL, now), epochs, now)
+    assert len(result.dispatched) == 1
+    assert result.skipped >= 8
+    after = JobRepo(store).get(job_id)
+    assert after.next_run_at is not None and after.next_run_at > now
+
+
+def test_large_batches_claim_every_run_once(store: Store) -> None:
+    tenant = make_tenant(store)
+    epochs = own_all(store)
+    bulk_once_jobs(store, tenant, [ago(1)] * 5000)
+    claimer = Claimer(store, "d1")
+    total = 0
+    for _ in range(20):
+        now = datetime.now(UTC)
+        due = claimer.load_due(ALL, now, 2000)
+        if not due:
+            break
+        total += len(claimer.claim(due, epochs, now).dispatched)
+    assert total == 5000
+    assert len(outbox_keys(store)) == 5000
+    assert_exactly_once(store)
