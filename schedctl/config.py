@@ -28,6 +28,7 @@ class WorkerConfig:
     queue: str
     command: tuple[str, ...]
     concurrency: int = 1
+    lease_seconds: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,19 @@ def _workers(raw: Any, origin: str) -> tuple[WorkerConfig, ...]:
             raise errors.ConfigError(
                 f"{origin}: concurrency must be an integer >= 1", field="worker.concurrency"
             )
-        result.append(WorkerConfig(queue=queue, command=tuple(command), concurrency=concurrency))
+        lease = item.get("lease_seconds", 30.0)
+        if isinstance(lease, bool) or not isinstance(lease, int | float) or lease < 1:
+            raise errors.ConfigError(
+                f"{origin}: lease_seconds must be a number >= 1", field="worker.lease_seconds"
+            )
+        result.append(
+            WorkerConfig(
+                queue=queue,
+                command=tuple(command),
+                concurrency=concurrency,
+                lease_seconds=float(lease),
+            )
+        )
     return tuple(result)
 
 

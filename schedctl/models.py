@@ -11,14 +11,14 @@ from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import Schedule
 
 
-class JobStatus(str, enum.Enum):
+class JobStatus(enum.StrEnum):
     active = "active"
     paused = "paused"
     cancelled = "cancelled"
     completed = "completed"
 
 
-class RunStatus(str, enum.Enum):
+class RunStatus(enum.StrEnum):
     dispatched = "dispatched"  # claimed; on its way to the target
     running = "running"  # a worker holds it
     succeeded = "succeeded"
@@ -28,12 +28,12 @@ class RunStatus(str, enum.Enum):
     dead = "dead"  # retries exhausted; in the dead-letter store
 
 
-class RunTrigger(str, enum.Enum):
+class RunTrigger(enum.StrEnum):
     schedule = "schedule"
     manual = "manual"
 
 
-class TargetType(str, enum.Enum):
+class TargetType(enum.StrEnum):
     queue = "queue"
     http = "http"
 

@@ -64,7 +64,7 @@ def _fail(error: errors.SchedError) -> None:
 
 
 @app.command()
-def all(  # noqa: A001 - the mode's name is "all"
+def all(  # the mode is named "all"
     db: DbOption = None,
     config_path: ConfigOption = None,
     upgrade: Annotated[bool, typer.Option(help="Migrate the database to head first.")] = False,

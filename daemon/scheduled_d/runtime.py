@@ -69,7 +69,14 @@ def run_all(store: Store, config: Config, *, stop: threading.Event | None = None
         relay_thread = _start("relay", lambda: relay.run(relay_stop))
         worker_threads = []
         for spec in config.workers:
-            worker = Worker(store, spec.queue, spec.command, concurrency=spec.concurrency)
+            worker = Worker(
+                store,
+                spec.queue,
+                spec.command,
+                concurrency=spec.concurrency,
+                lease_seconds=spec.lease_seconds,
+                heartbeat_seconds=min(5.0, spec.lease_seconds / 3),
+            )
             worker_threads.append(
                 _start(f"worker-{spec.queue}", lambda w=worker: w.run(worker_stop, force=force))
             )

@@ -7,6 +7,7 @@ below the existing ones, e.g. `app.add_typer(dlq.app, name="dlq")`.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Annotated
 
@@ -21,7 +22,9 @@ from schedctl.cli.common import (
     debug_enabled,
     report_exception,
 )
-from schedctl.cli.output import OutputFormat
+from schedctl.cli.output import OutputFormat, console
+
+PIPE_WIDTH = 250
 
 app = typer.Typer(
     name="schedctl",
@@ -84,6 +87,10 @@ def root(
 ) -> None:
     """Global options; nothing is opened until a command needs it."""
     del version
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        # piped or captured: rich would squeeze tables into 80 columns and cut job ids
+        # short with an ellipsis; a line per row is what grep and people both want
+        console.width = PIPE_WIDTH
     state = CliState(db=db_url, config_path=config, output=output, debug=debug)
     ctx.obj = state
     ctx.call_on_close(state.close)

@@ -26,7 +26,7 @@ from sqlalchemy.engine import make_url
 from typer.core import TyperGroup
 
 from schedctl import errors
-from schedctl.cli.output import OutputFormat, err_console
+from schedctl.cli.output import OutputFormat, console, err_console
 from schedctl.config import Config, default_database_url, load_config
 from schedctl.service import Scheduler
 from schedctl.storage.engine import make_engine, normalize_url
@@ -147,6 +147,11 @@ def debug_enabled(ctx: typer.Context | None = None) -> bool:
             return root.obj.debug
         return bool(root.params.get("debug"))
     return False
+
+
+def say(message: str) -> None:
+    """A plain line on stdout: no markup (it may quote user input), never wrapped."""
+    console.print(message, markup=False, highlight=False, soft_wrap=True)
 
 
 def print_error(message: str) -> None:

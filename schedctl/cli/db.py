@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from schedctl.cli.common import OutputOption, cli_state, output_format
-from schedctl.cli.output import OutputFormat, console, emit
+from schedctl.cli.common import OutputOption, cli_state, output_format, say
+from schedctl.cli.output import OutputFormat, emit
 from schedctl.storage.engine import check_connection, make_engine, redact
 from schedctl.storage.migrate import current_revision, head_revision, upgrade_engine
 from schedctl.storage.store import Store
@@ -37,17 +37,14 @@ def upgrade(ctx: typer.Context, output: OutputOption = None) -> None:
         emit(result, fmt)
         return
     if before == after:
-        console.print(f"{result['database']}: already at revision {after}", markup=False)
+        say(f"{result['database']}: already at revision {after}")
     else:
-        console.print(
-            f"{result['database']}: upgraded {before or '(empty)'} -> {after}", markup=False
-        )
+        say(f"{result['database']}: upgraded {before or '(empty)'} -> {after}")
     if partitions != config.partition_count:
         # the partition count is fixed when the database is created; config cannot move it
-        console.print(
+        say(
             f"note: this database keeps partition_count={partitions} "
-            f"(the configuration says {config.partition_count})",
-            markup=False,
+            f"(the configuration says {config.partition_count})"
         )
 
 
@@ -74,4 +71,4 @@ def status(ctx: typer.Context, output: OutputOption = None) -> None:
         return
     emit(result, fmt, title="schema")
     if current != head:
-        console.print("run `schedctl db upgrade` to bring it up to date", markup=False)
+        say("run `schedctl db upgrade` to bring it up to date")

@@ -21,8 +21,9 @@ from schedctl.cli.common import (
     cli_state,
     output_format,
     require_one,
+    say,
 )
-from schedctl.cli.output import OutputFormat, console, emit
+from schedctl.cli.output import OutputFormat, emit
 from schedctl.models import Job
 from schedctl.views import job_to_dict, run_to_dict, schedule_summary
 
@@ -235,9 +236,9 @@ def list_(
     if page.items:
         emit([_row(j) for j in page.items], fmt, columns=JOB_COLUMNS)
     else:
-        console.print("no jobs", markup=False)
+        say("no jobs")
     if page.next_cursor:
-        console.print(f"more: --cursor {page.next_cursor}", markup=False, soft_wrap=True)
+        say(f"more: --cursor {page.next_cursor}")
 
 
 @app.command()

@@ -15,7 +15,7 @@ console = Console()
 err_console = Console(stderr=True)
 
 
-class OutputFormat(str, enum.Enum):
+class OutputFormat(enum.StrEnum):
     table = "table"
     json = "json"
 

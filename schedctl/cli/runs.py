@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
-from schedctl.cli.common import OutputOption, TenantOption, cli_state, output_format
-from schedctl.cli.output import OutputFormat, console, emit
+from schedctl.cli.common import OutputOption, TenantOption, cli_state, output_format, say
+from schedctl.cli.output import OutputFormat, emit
 from schedctl.views import run_to_dict
 
 RUN_COLUMNS = (
@@ -43,6 +43,6 @@ def runs(
     if items:
         emit(items, fmt, columns=RUN_COLUMNS, title=f"runs of job {job_id}")
     else:
-        console.print(f"job {job_id} has no runs yet", markup=False)
+        say(f"job {job_id} has no runs yet")
     if page.next_cursor:
-        console.print(f"more: --cursor {page.next_cursor}", markup=False, soft_wrap=True)
+        say(f"more: --cursor {page.next_cursor}")

@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
-from schedctl.cli.common import OutputOption, actor, cli_state, output_format
-from schedctl.cli.output import OutputFormat, console, emit
+from schedctl.cli.common import OutputOption, actor, cli_state, output_format, say
+from schedctl.cli.output import OutputFormat, emit
 from schedctl.views import tenant_to_dict
 
 app = typer.Typer(help="Tenants: who owns jobs, with their API tokens and quotas.")
@@ -27,10 +27,10 @@ def create(
     if fmt is OutputFormat.json:
         emit({**tenant_to_dict(tenant), "token": token}, fmt)
         return
-    console.print(f"tenant {tenant.name} created (id {tenant.tenant_id})", markup=False)
-    console.print("API token (it will not be shown again; store it now):", markup=False)
+    say(f"tenant {tenant.name} created (id {tenant.tenant_id})")
+    say("API token (it will not be shown again; store it now):")
     # printed bare on its own line so it can be copied or piped whole
-    console.print(token, markup=False, highlight=False, soft_wrap=True)
+    say(token)
 
 
 @app.command("list")
@@ -41,7 +41,7 @@ def list_(ctx: typer.Context, output: OutputOption = None) -> None:
     if fmt is OutputFormat.json:
         emit(tenants, fmt)
     elif not tenants:
-        console.print("no tenants yet: create one with `schedctl tenant create NAME`", markup=False)
+        say("no tenants yet: create one with `schedctl tenant create NAME`")
     else:
         emit(tenants, fmt, columns=TENANT_COLUMNS)
 

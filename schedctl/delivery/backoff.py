@@ -19,9 +19,7 @@ def backoff_ceiling(attempt: int, base: float, cap: float) -> float:
     return float(min(cap, base * 2.0**exponent))
 
 
-def backoff_delay(
-    attempt: int, base: float, cap: float, rng: random.Random | None = None
-) -> float:
+def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random | None = None) -> float:
     """Seconds to wait before retrying after failed attempt `attempt` (1-based):
     uniform(0, min(cap, base * 2 ** (attempt - 1))). Full jitter spreads the retries of
     many runs that failed together (an endpoint outage) instead of retrying in lockstep."""

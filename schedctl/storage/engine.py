@@ -1,4 +1,4 @@
-"""Database engines: URL normalisation, SQLite pragmas (WAL, immediate transactions), reachability."""
+"""Database engines: URL normalisation, SQLite pragmas (WAL, immediate transactions)."""
 
 from __future__ import annotations
 

@@ -178,9 +178,7 @@ class QueueRepo:
 
     # -- workers ---------------------------------------------------------------------------
 
-    def lease(
-        self, queue: str, owner: str, lease_seconds: float, limit: int = 1
-    ) -> list[Lease]:
+    def lease(self, queue: str, owner: str, lease_seconds: float, limit: int = 1) -> list[Lease]:
         """Lease up to `limit` ready messages of `queue`, oldest first, never more messages
         of one job at a time than its max_concurrency; marks their runs running."""
         if lease_seconds <= 0:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
-    Float,
     Column,
+    Float,
     ForeignKey,
     Index,
     Integer,

@@ -10,11 +10,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import func, select
 
+from schedctl import errors
 from schedctl.coordination.local import LocalCoordinator
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import CronSchedule, IntervalSchedule
 from schedctl.storage import schema
-from schedctl.storage.claim import Claimer, ClaimResult
+from schedctl.storage.claim import Claimer, ClaimResult, DueJob
 from schedctl.storage.jobs import JobRepo
 from schedctl.storage.partitions import PartitionRepo
 from schedctl.storage.store import Store
@@ -122,7 +123,14 @@ def test_two_claimers_racing_from_the_same_stale_read_enqueue_each_run_once(stor
         barrier = threading.Barrier(2)
         results: dict[str, ClaimResult] = {}
 
-        def claim(name: str, claimer: Claimer, due: list) -> None:  # type: ignore[type-arg]
+        def claim(
+            name: str,
+            claimer: Claimer,
+            due: list[DueJob],
+            barrier: threading.Barrier = barrier,
+            results: dict[str, ClaimResult] = results,
+            now: datetime = now,
+        ) -> None:
             barrier.wait(10)
             results[name] = claimer.claim(due, epochs, now)
 
@@ -226,7 +234,7 @@ def test_cancel_racing_claims_on_postgres(pg_url: str) -> None:
                 try:
                     JobRepo(store).cancel(job_id, actor="test")
                     cancelled.append(job_id)
-                except Exception:  # noqa: BLE001 - "already completed" when the claim won
+                except errors.Conflict:  # the claim won: the job is completed already
                     pass
 
         def claim_in_batches() -> None:

@@ -62,8 +62,12 @@ DST_CASES = [
         "30 * * * *",
         "Europe/Berlin",
         "2026-10-24T23:00:00Z",
-        ["2026-10-24T23:30:00Z", "2026-10-25T00:30:00Z", "2026-10-25T01:30:00Z",
-         "2026-10-25T02:30:00Z"],
+        [
+            "2026-10-24T23:30:00Z",
+            "2026-10-25T00:30:00Z",
+            "2026-10-25T01:30:00Z",
+            "2026-10-25T02:30:00Z",
+        ],
         id="fall_repeat_every_hour",
     ),
     pytest.param(
@@ -84,16 +88,25 @@ DST_CASES = [
         "*/15 1,2 * * *",
         "Australia/Lord_Howe",
         "2026-04-04T13:00:00Z",
-        ["2026-04-04T14:00:00Z", "2026-04-04T14:15:00Z", "2026-04-04T14:30:00Z",
-         "2026-04-04T14:45:00Z", "2026-04-04T15:30:00Z"],
+        [
+            "2026-04-04T14:00:00Z",
+            "2026-04-04T14:15:00Z",
+            "2026-04-04T14:30:00Z",
+            "2026-04-04T14:45:00Z",
+            "2026-04-04T15:30:00Z",
+        ],
         id="lord_howe_30min_repeat",
     ),
     pytest.param(
         "*/15 * * * *",
         "Australia/Lord_Howe",
         "2026-04-04T14:40:00Z",
-        ["2026-04-04T14:45:00Z", "2026-04-04T15:00:00Z", "2026-04-04T15:15:00Z",
-         "2026-04-04T15:30:00Z"],
+        [
+            "2026-04-04T14:45:00Z",
+            "2026-04-04T15:00:00Z",
+            "2026-04-04T15:15:00Z",
+            "2026-04-04T15:30:00Z",
+        ],
         id="lord_howe_30min_repeat_every_hour",
     ),
     pytest.param(
@@ -128,8 +141,12 @@ DST_CASES = [
         "30 * * * *",
         "America/Santiago",
         "2026-04-05T01:00:00Z",
-        ["2026-04-05T01:30:00Z", "2026-04-05T02:30:00Z", "2026-04-05T03:30:00Z",
-         "2026-04-05T04:30:00Z"],
+        [
+            "2026-04-05T01:30:00Z",
+            "2026-04-05T02:30:00Z",
+            "2026-04-05T03:30:00Z",
+            "2026-04-05T04:30:00Z",
+        ],
         id="santiago_repeat_every_hour",
     ),
     pytest.param(
@@ -272,7 +289,12 @@ def test_steps_ranges_lists() -> None:
     schedule = CronSchedule.parse("5-20/5,45 */6 * * *", "UTC")
     got = list(islice(schedule.iter_after(utc("2026-01-01T00:00:00Z")), 6))
     assert [t.strftime("%H:%M") for t in got] == [
-        "00:05", "00:10", "00:15", "00:20", "00:45", "06:05",
+        "00:05",
+        "00:10",
+        "00:15",
+        "00:20",
+        "00:45",
+        "06:05",
     ]
     assert CronSchedule.parse("10/20 * * * *", "UTC").next_after(
         utc("2026-01-01T00:31:00Z")
@@ -348,8 +370,19 @@ def test_invalid_cron(expr: str, fragment: str) -> None:
     assert fragment in str(info.value)
 
 
-@pytest.mark.parametrize("zone", ["Mars/Olympus", "", "America", "../etc/passwd", "localtime",
-                                  "/etc/localtime", " UTC", "Europe/Berlin\x00"])
+@pytest.mark.parametrize(
+    "zone",
+    [
+        "Mars/Olympus",
+        "",
+        "America",
+        "../etc/passwd",
+        "localtime",
+        "/etc/localtime",
+        " UTC",
+        "Europe/Berlin\x00",
+    ],
+)
 def test_unknown_zone(zone: str) -> None:
     with pytest.raises(ValidationError) as info:
         CronSchedule.parse("0 0 * * *", zone)
@@ -374,8 +407,11 @@ def test_rare_and_rule_found_within_bounds() -> None:
 def test_day_31_only_in_long_months() -> None:
     schedule = CronSchedule.parse("0 0 31 * *", "UTC")
     got = list(islice(schedule.iter_after(utc("2026-01-31T12:00:00Z")), 3))
-    assert got == [utc("2026-03-31T00:00:00Z"), utc("2026-05-31T00:00:00Z"),
-                   utc("2026-07-31T00:00:00Z")]
+    assert got == [
+        utc("2026-03-31T00:00:00Z"),
+        utc("2026-05-31T00:00:00Z"),
+        utc("2026-07-31T00:00:00Z"),
+    ]
 
 
 def test_end_of_calendar_is_an_error_not_a_hang() -> None:

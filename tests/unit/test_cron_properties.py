@@ -8,6 +8,7 @@ oracle does not share the parser with the code under test.
 from __future__ import annotations
 
 import functools
+import itertools
 import zoneinfo
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
@@ -245,7 +246,7 @@ def implementation(spec: Spec, zone: str, start: datetime) -> tuple[list[datetim
 def check(spec: Spec, zone_key: str, start: datetime) -> None:
     zone = ZoneInfo(zone_key)
     got, horizon = implementation(spec, zone_key, start)
-    assert all(a < b for a, b in zip(got, got[1:], strict=False)), "not strictly increasing"
+    assert all(a < b for a, b in itertools.pairwise(got)), "not strictly increasing"
     assert all(t > start and t.tzinfo is UTC for t in got)
     for instant in got:
         local = instant.astimezone(zone)
@@ -298,8 +299,16 @@ def test_starts_near_transitions_match_oracle(case: tuple[Spec, str, datetime]) 
 
 
 FIXED_SPECS = [
-    Spec("*/30 * * * *", frozenset({0, 30}), frozenset(range(24)),
-         frozenset(range(1, 32)), frozenset(range(1, 13)), frozenset(range(7)), True, True),
+    Spec(
+        "*/30 * * * *",
+        frozenset({0, 30}),
+        frozenset(range(24)),
+        frozenset(range(1, 32)),
+        frozenset(range(1, 13)),
+        frozenset(range(7)),
+        True,
+        True,
+    ),
 ]
 
 
@@ -335,9 +344,7 @@ def test_every_zone_next_transition(zone_key: str, transition: Transition) -> No
     job, across each zone's next real transition."""
     shift = abs(transition.after - transition.before)
     start = transition.at - shift - timedelta(hours=1)
-    first_affected = (transition.at + min(transition.before, transition.after)).replace(
-        tzinfo=None
-    )
+    first_affected = (transition.at + min(transition.before, transition.after)).replace(tzinfo=None)
     middle_affected = first_affected + (shift // 2 // MINUTE) * MINUTE
     walls = [first_affected, middle_affected]
     for spec in [*(_wall_spec(w) for w in walls), *FIXED_SPECS]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from datetime import UTC, datetime, timedelta, timezone
 
@@ -21,6 +22,7 @@ from schedctl.scheduling.schedules import (
     schedule_from_dict,
     schedule_to_dict,
 )
+from schedctl.scheduling.windows import fire_time, jitter_seconds
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -152,9 +154,7 @@ def test_latest_occurrence_matches_a_walk(schedule: Schedule) -> None:
 def test_latest_occurrence_long_range_and_end() -> None:
     cron = CronSchedule.parse("*/5 * * * *", "America/New_York")
     upper = datetime(2030, 6, 1, 12, 3, 7, tzinfo=UTC)
-    assert latest_occurrence(cron, upper, not_before=T0) == datetime(
-        2030, 6, 1, 12, 0, tzinfo=UTC
-    )
+    assert latest_occurrence(cron, upper, not_before=T0) == datetime(2030, 6, 1, 12, 0, tzinfo=UTC)
     end = datetime(2028, 1, 1, 0, 2, tzinfo=UTC)
     assert latest_occurrence(cron, upper, not_before=T0, end=end) == datetime(
         2028, 1, 1, 0, 0, tzinfo=UTC
@@ -200,8 +200,7 @@ def test_round_trip(schedule: Schedule, stored: dict[str, object]) -> None:
         ({"kind": "cron", "cron": "0 0 * *", "timezone": "UTC"}, "cron"),
         ({"kind": "cron", "cron": "0 0 * * *", "timezone": "Nowhere/Zone"}, "timezone"),
         ({"kind": "cron", "cron": 5, "timezone": "UTC"}, "schedule"),
-        ({"kind": "interval", "every_seconds": "30", "anchor": "2026-01-01T00:00:00Z"},
-         "interval"),
+        ({"kind": "interval", "every_seconds": "30", "anchor": "2026-01-01T00:00:00Z"}, "interval"),
         ({"kind": "interval", "every_seconds": 0, "anchor": "2026-01-01T00:00:00Z"}, "interval"),
         ({"kind": "interval", "every_seconds": 30}, "schedule"),
     ],
@@ -215,3 +214,33 @@ def test_from_dict_rejects(data: dict[str, object], field: str) -> None:
 def test_naive_inputs_rejected() -> None:
     with pytest.raises(ValidationError, match="after"):
         next_occurrence(IntervalSchedule(5, T0), datetime(2026, 1, 1))
+
+
+# --- tolerance windows ---------------------------------------------------------
+
+
+def test_jitter_is_deterministic_and_in_range() -> None:
+    nominal = datetime(2026, 1, 1, 0, 0, tzinfo=UTC)
+    offsets = {jitter_seconds(f"job-{i}", nominal, 300) for i in range(200)}
+    assert all(0 <= o < 300 for o in offsets)
+    assert len(offsets) > 150  # spread, not clumped
+    assert all(abs(o * 1000 - round(o * 1000)) < 1e-6 for o in offsets)  # whole ms
+    assert jitter_seconds("job-1", nominal, 300) == jitter_seconds(
+        "job-1", nominal.astimezone(timezone(timedelta(hours=3))), 300
+    )
+    assert jitter_seconds("job-1", nominal, 300) != jitter_seconds(
+        "job-1", nominal + timedelta(hours=1), 300
+    )
+    # The same on every machine, forever: sha256 of "job-1|2026-01-01T00:00:00Z".
+    digest = hashlib.sha256(b"job-1|2026-01-01T00:00:00Z").digest()
+    expected_ms = int.from_bytes(digest[:8], "big") % 300_000
+    assert jitter_seconds("job-1", nominal, 300) == expected_ms / 1000
+    assert fire_time("job-1", nominal, 300) - nominal == timedelta(
+        milliseconds=round(jitter_seconds("job-1", nominal, 300) * 1000)
+    )
+
+
+@pytest.mark.parametrize("window", [0, -10])
+def test_no_window_no_jitter(window: int) -> None:
+    assert jitter_seconds("job", T0, window) == 0.0
+    assert fire_time("job", T0, window) == T0

@@ -1,0 +1,1 @@
+"""scheduled-d: the scheduler daemon (dispatcher, relay, API, queue workers)."""

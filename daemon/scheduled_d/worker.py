@@ -1,0 +1,548 @@
+"""The queue worker (the cron replacement): leases runs from one built-in queue and runs the
+worker's own command once per run, with heartbeats, timeouts, output tails and retries.
+
+The command is always the one the worker was started with, never anything taken from a
+message: a message only selects *when* the command runs and what it reads on stdin.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from schedctl import errors
+from schedctl.scheduling.timeparse import format_instant
+from schedctl.storage.queue import Lease, QueueRepo
+from schedctl.storage.store import Store
+
+log = logging.getLogger(__name__)
+
+READ_CHUNK = 65536
+# After the command exits, how long to keep reading output that a background child of it
+# may still be writing before the worker stops listening.
+DRAIN_SECONDS = 2.0
+# The longest the run loop sleeps between checks of the process, the clock and `force`.
+TICK_SECONDS = 0.25
+STORE_RETRY_SECONDS = 1.0
+
+
+class TailBuffer:
+    """Keeps only the last `limit` bytes written to it: a chatty command cannot make the
+    worker buffer unbounded output."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._data = bytearray()
+        self.total = 0
+
+    def write(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        if len(chunk) >= self.limit:
+            self._data = bytearray(chunk[len(chunk) - self.limit :])
+            return
+        self._data += chunk
+        excess = len(self._data) - self.limit
+        if excess > 0:
+            del self._data[:excess]
+
+    def text(self) -> str:
+        return bytes(self._data).decode("utf-8", errors="replace")
+
+
+@dataclass
+class _Outcome:
+    returncode: int | None = None
+    timed_out: bool = False
+    lease_lost: bool = False
+    forced: bool = False
+
+
+class Worker:
+    """Runs `command` once per message of `queue`, up to `concurrency` at a time.
+
+    - store: the Store to lease from (Postgres or SQLite).
+    - queue: the built-in queue this worker consumes.
+    - command: argv of the command to run (e.g. ["/usr/local/bin/backup.sh"]); it gets
+      SCHED_JOB_ID, SCHED_SCHEDULED_AT, SCHED_ATTEMPT, SCHED_IDEMPOTENCY_KEY in its
+      environment and the job's payload JSON on stdin.
+    - concurrency: commands running at once (each job's max_concurrency still applies).
+    - lease_seconds: visibility timeout of a lease; heartbeat_seconds must be shorter.
+    - poll_seconds: how long to wait between polls when the queue is empty.
+    - owner: this worker's lease owner name (default: host:pid:random).
+    - output_tail_bytes: how much of the end of stdout and of stderr is kept.
+    - kill_grace_seconds: after SIGTERM (timeout, lost lease), when SIGKILL follows.
+    - reap_seconds: how often to settle expired leases of any queue (default lease/2).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        queue: str,
+        command: Sequence[str],
+        *,
+        concurrency: int = 1,
+        lease_seconds: float = 30.0,
+        heartbeat_seconds: float = 5.0,
+        poll_seconds: float = 0.5,
+        owner: str | None = None,
+        output_tail_bytes: int = 4096,
+        kill_grace_seconds: float = 5.0,
+        reap_seconds: float | None = None,
+    ) -> None:
+        if not command:
+            raise errors.ConfigError("the worker needs a command to run", field="command")
+        if concurrency < 1:
+            raise errors.ConfigError("must be at least 1", field="concurrency")
+        if lease_seconds <= 0 or heartbeat_seconds <= 0:
+            raise errors.ConfigError("lease and heartbeat times must be positive")
+        if heartbeat_seconds >= lease_seconds:
+            raise errors.ConfigError(
+                f"heartbeat ({heartbeat_seconds} s) must be shorter than the lease "
+                f"({lease_seconds} s)",
+                field="heartbeat_seconds",
+            )
+        if output_tail_bytes < 0:
+            raise errors.ConfigError("must not be negative", field="output_tail_bytes")
+        self.store = store
+        self.repo = QueueRepo(store)
+        self.queue = queue
+        self.command = list(command)
+        self.concurrency = concurrency
+        self.lease_seconds = lease_seconds
+        self.heartbeat_seconds = heartbeat_seconds
+        self.poll_seconds = poll_seconds
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.output_tail_bytes = output_tail_bytes
+        self.kill_grace_seconds = kill_grace_seconds
+        self.reap_seconds = reap_seconds if reap_seconds is not None else max(lease_seconds / 2, 1)
+        self._force = threading.Event()
+        self._slot_freed = threading.Event()
+        self._lock = threading.Lock()
+        self._active: set[threading.Thread] = set()
+        self._sequence = 0
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def run(
+        self,
+        stop: threading.Event,
+        *,
+        max_runs: int | None = None,
+        idle_exit: bool = False,
+        force: threading.Event | None = None,
+    ) -> int:
+        """Lease and run until `stop` is set, then finish the runs in flight (warm shutdown)
+        and return the number of runs taken. Setting `force` kills the commands in flight
+        (their attempt is recorded as failed and retried per policy) and returns.
+
+        - max_runs: stop taking leases after this many (then finish them and return).
+        - idle_exit: return as soon as nothing is ready and nothing is running (delayed
+          retries do not count as ready).
+        """
+        if force is not None:
+            self._force = force
+        taken = 0
+        next_reap = 0.0
+        log.info(
+            "worker %s: queue %r, concurrency %d, command %s",
+            self.owner,
+            self.queue,
+            self.concurrency,
+            self.command[0],
+        )
+        while not stop.is_set() and not self._force.is_set():
+            if max_runs is not None and taken >= max_runs:
+                break
+            self._slot_freed.clear()
+            if time.monotonic() >= next_reap:
+                self._reap()
+                next_reap = time.monotonic() + self.reap_seconds
+            free = self.concurrency - self._active_count()
+            leases: list[Lease] = []
+            if free > 0:
+                want = free if max_runs is None else min(free, max_runs - taken)
+                try:
+                    leases = self.repo.lease(self.queue, self.owner, self.lease_seconds, want)
+                except errors.StoreUnavailable as exc:
+                    log.warning("worker %s: cannot lease: %s; retrying", self.owner, exc)
+                    stop.wait(STORE_RETRY_SECONDS)
+                    continue
+                for lease in leases:
+                    self._start(lease)
+                taken += len(leases)
+            if leases:
+                continue  # more may be ready: ask again before sleeping
+            if idle_exit and self._active_count() == 0:
+                break
+            self._slot_freed.wait(self.poll_seconds)
+        self._drain()
+        log.info("worker %s: stopped after %d run(s)", self.owner, taken)
+        return taken
+
+    def _active_count(self) -> int:
+        with self._lock:
+            return len(self._active)
+
+    def _start(self, lease: Lease) -> None:
+        with self._lock:
+            self._sequence += 1
+            thread = threading.Thread(
+                target=self._run_one,
+                args=(lease,),
+                name=f"worker-{self.queue}-{self._sequence}",
+                daemon=True,
+            )
+            self._active.add(thread)
+        thread.start()
+
+    def _drain(self) -> None:
+        """Wait for the runs in flight; each run thread watches `force` itself."""
+        while True:
+            with self._lock:
+                threads = list(self._active)
+            if not threads:
+                return
+            for thread in threads:
+                thread.join(TICK_SECONDS)
+
+    def _reap(self) -> None:
+        try:
+            settled = self.repo.expire_leases()
+        except errors.StoreUnavailable as exc:
+            log.warning("worker %s: cannot reap expired leases: %s", self.owner, exc)
+            return
+        if settled:
+            log.info("worker %s: settled %d expired lease(s)", self.owner, settled)
+
+    # -- one run -----------------------------------------------------------------------------
+
+    def _run_one(self, lease: Lease) -> None:
+        try:
+            self._execute(lease)
+        except Exception:
+            # the lease expires and the reaper redelivers the run: nothing is lost
+            log.exception("worker %s: run of job %s failed unexpectedly", self.owner, lease.job_id)
+        finally:
+            with self._lock:
+                self._active.discard(threading.current_thread())
+            self._slot_freed.set()
+
+    def _environment(self, lease: Lease) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            SCHED_JOB_ID=lease.job_id,
+            SCHED_SCHEDULED_AT=format_instant(lease.scheduled_at),
+            SCHED_ATTEMPT=str(lease.attempt),
+            SCHED_IDEMPOTENCY_KEY=lease.idempotency_key,
+        )
+        return env
+
+    def _execute(self, lease: Lease) -> None:
+        log.info(
+            "run %s attempt %d: starting (job %s)",
+            lease.idempotency_key,
+            lease.attempt,
+            lease.job_id,
+        )
+        started_at = datetime.now(UTC)
+        try:
+            process = subprocess.Popen(
+                self.command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                # its own process group: a timeout or lost lease kills the command and
+                # everything it started, and the worker's own signals do not reach it
+                start_new_session=True,
+                env=self._environment(lease),
+            )
+        except OSError as exc:
+            self._settle_failure(
+                lease,
+                error=f"cannot start the command: {exc}",
+                exit_code=None,
+                output_tail=None,
+                started_at=started_at,
+            )
+            return
+        stdout, stderr = TailBuffer(self.output_tail_bytes), TailBuffer(self.output_tail_bytes)
+        outcome = self._supervise(
+            lease, process, json.dumps(lease.payload).encode(), stdout, stderr
+        )
+        finished_at = datetime.now(UTC)
+        tail = _combine_tails(stdout.text(), stderr.text())
+        if outcome.lease_lost:
+            log.warning(
+                "run %s attempt %d: lease lost; the command was stopped and the run is "
+                "another worker's now",
+                lease.idempotency_key,
+                lease.attempt,
+            )
+            return
+        code = outcome.returncode
+        exit_code = code if code is not None and code >= 0 else None
+        if code == 0 and not outcome.timed_out and not outcome.forced:
+            self._settle_success(lease, tail, started_at, finished_at)
+            return
+        if outcome.forced:
+            error = "killed: the worker was forced to stop"
+        elif outcome.timed_out:
+            error = f"timed out after {lease.timeout_seconds}s"
+        elif code is not None and code < 0:
+            error = f"killed by signal {_signal_name(-code)}"
+        else:
+            error = f"exit code {code}"
+        log.info("run %s attempt %d: failed: %s", lease.idempotency_key, lease.attempt, error)
+        self._settle_failure(
+            lease,
+            error=error,
+            exit_code=exit_code,
+            output_tail=tail,
+            started_at=started_at,
+            finished_at=finished_at,
+        )
+
+    def _supervise(
+        self,
+        lease: Lease,
+        process: subprocess.Popen[bytes],
+        stdin_data: bytes,
+        stdout: TailBuffer,
+        stderr: TailBuffer,
+    ) -> _Outcome:
+        """Feed stdin, collect output tails, heartbeat, enforce the timeout; returns when
+        the command has exited (and its output is drained) or had to be killed."""
+        assert process.stdin and process.stdout and process.stderr
+        outcome = _Outcome()
+        selector = selectors.DefaultSelector()
+        sinks: dict[int, TailBuffer] = {
+            process.stdout.fileno(): stdout,
+            process.stderr.fileno(): stderr,
+        }
+        pending = memoryview(stdin_data)
+        stdin_fd = process.stdin.fileno()
+        # non-blocking pipes in one selector: a command that never reads stdin, or writes
+        # megabytes, can block neither the heartbeat nor the timeout
+        for fd in (*sinks, stdin_fd):
+            os.set_blocking(fd, False)
+        for fd in sinks:
+            selector.register(fd, selectors.EVENT_READ)
+        if pending:
+            selector.register(stdin_fd, selectors.EVENT_WRITE)
+        else:
+            process.stdin.close()
+
+        begun = time.monotonic()
+        deadline = begun + lease.timeout_seconds if lease.timeout_seconds > 0 else None
+        next_heartbeat = begun + self.heartbeat_seconds
+        last_confirmed = begun  # when the lease was last known to be ours
+        kill_at: float | None = None
+        exited_at: float | None = None
+        try:
+            while True:
+                now = time.monotonic()
+                if process.poll() is not None:
+                    exited_at = exited_at or now
+                    if not sinks or now - exited_at >= DRAIN_SECONDS:
+                        break
+                    if outcome.timed_out or outcome.lease_lost:
+                        # nothing of a killed command may outlive it
+                        _kill_group(process, signal.SIGKILL)
+                elif self._force.is_set() and not outcome.forced:
+                    outcome.forced = True
+                    _kill_group(process, signal.SIGKILL)
+                elif kill_at is not None and now >= kill_at:
+                    _kill_group(process, signal.SIGKILL)
+                    kill_at = None
+                elif deadline is not None and now >= deadline and not outcome.timed_out:
+                    outcome.timed_out = True
+                    log.warning(
+                        "run %s attempt %d: timed out after %ss; terminating",
+                        lease.idempotency_key,
+                        lease.attempt,
+                        lease.timeout_seconds,
+                    )
+                    _kill_group(process, signal.SIGTERM)
+                    kill_at = now + self.kill_grace_seconds
+                if now >= next_heartbeat and not outcome.lease_lost and process.poll() is None:
+                    next_heartbeat = now + self.heartbeat_seconds
+                    extended = self._heartbeat(lease)
+                    if extended:
+                        last_confirmed = now
+                    # unconfirmed for a whole lease: the reaper may have handed the run to
+                    # another worker, and two copies must not run at once
+                    if extended is False or now - last_confirmed >= self.lease_seconds:
+                        outcome.lease_lost = True
+                        _kill_group(process, signal.SIGTERM)
+                        kill_at = time.monotonic() + self.kill_grace_seconds
+
+                wake = [now + TICK_SECONDS, next_heartbeat]
+                wake += [t for t in (deadline, kill_at) if t is not None]
+                timeout = max(0.0, min(wake) - time.monotonic())
+                if selector.get_map():
+                    for key, _events in selector.select(timeout):
+                        pending = self._pump(key.fd, selector, sinks, process, pending)
+                else:
+                    try:
+                        process.wait(timeout)
+                    except subprocess.TimeoutExpired:
+                        pass
+        finally:
+            selector.close()
+            for stream in (process.stdin, process.stdout, process.stderr):
+                if stream is not None and not stream.closed:
+                    stream.close()
+            if process.poll() is None:
+                # only an exception gets here with the command alive: never leave it orphaned
+                _kill_group(process, signal.SIGKILL)
+            outcome.returncode = process.wait()
+        return outcome
+
+    def _heartbeat(self, lease: Lease) -> bool | None:
+        """Extend the lease: True when extended, False when it is definitely lost, None
+        when the database could not say."""
+        try:
+            return self.repo.heartbeat(lease, self.lease_seconds)
+        except errors.StoreUnavailable as exc:
+            log.warning("run %s: heartbeat failed: %s", lease.idempotency_key, exc)
+            return None
+
+    @staticmethod
+    def _pump(
+        fd: int,
+        selector: selectors.BaseSelector,
+        sinks: dict[int, TailBuffer],
+        process: subprocess.Popen[bytes],
+        pending: memoryview,
+    ) -> memoryview:
+        """Move bytes for one ready pipe; returns what is left to write to stdin."""
+        if fd in sinks:
+            try:
+                chunk = os.read(fd, READ_CHUNK)
+            except BlockingIOError:
+                return pending
+            if chunk:
+                sinks[fd].write(chunk)
+            else:
+                selector.unregister(fd)
+                del sinks[fd]
+            return pending
+        assert process.stdin is not None
+        try:
+            written = os.write(fd, pending)
+        except BlockingIOError:
+            return pending
+        except (BrokenPipeError, OSError):
+            written = len(pending)  # the command does not read stdin: that is its right
+        pending = pending[written:]
+        if not pending:
+            selector.unregister(fd)
+            process.stdin.close()
+        return pending
+
+    # -- recording outcomes ------------------------------------------------------------------
+
+    def _settle_success(
+        self, lease: Lease, tail: str, started_at: datetime, finished_at: datetime
+    ) -> None:
+        def ack() -> bool:
+            return self.repo.ack(
+                lease,
+                exit_code=0,
+                output_tail=tail,
+                started_at=started_at,
+                finished_at=finished_at,
+            )
+
+        if self._record(lease, ack):
+            log.info("run %s attempt %d: succeeded", lease.idempotency_key, lease.attempt)
+
+    def _settle_failure(
+        self,
+        lease: Lease,
+        *,
+        error: str,
+        exit_code: int | None,
+        output_tail: str | None,
+        started_at: datetime,
+        finished_at: datetime | None = None,
+    ) -> None:
+        finished = finished_at or datetime.now(UTC)
+
+        def fail() -> bool:
+            return self.repo.fail(
+                lease,
+                error=error,
+                exit_code=exit_code,
+                output_tail=output_tail,
+                started_at=started_at,
+                finished_at=finished,
+            )
+
+        self._record(lease, fail)
+
+    def _record(self, lease: Lease, action: Callable[[], bool]) -> bool:
+        """Store an outcome, retrying while the database is away; after a whole lease of
+        retries the run belongs to the reaper (it will be redelivered: at least once)."""
+        give_up = time.monotonic() + max(self.lease_seconds, 10.0)
+        while True:
+            try:
+                recorded = action()
+                break
+            except errors.StoreUnavailable as exc:
+                if time.monotonic() >= give_up or self._force.is_set():
+                    log.error(
+                        "run %s attempt %d: could not record the outcome: %s; the run "
+                        "will be redelivered after its lease expires",
+                        lease.idempotency_key,
+                        lease.attempt,
+                        exc,
+                    )
+                    return False
+                log.warning(
+                    "run %s: recording the outcome failed: %s; retrying",
+                    lease.idempotency_key,
+                    exc,
+                )
+                time.sleep(STORE_RETRY_SECONDS)
+        if not recorded:
+            log.warning(
+                "run %s attempt %d: finished after its lease was lost; outcome not recorded",
+                lease.idempotency_key,
+                lease.attempt,
+            )
+        return recorded
+
+
+def _kill_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    try:
+        # start_new_session made the command a group leader: its pid is the group id
+        os.killpg(process.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # the whole group is gone already
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
+
+
+def _combine_tails(stdout: str, stderr: str) -> str:
+    if not stderr:
+        return stdout
+    if not stdout:
+        return stderr
+    return f"{stdout}\n--- stderr ---\n{stderr}"

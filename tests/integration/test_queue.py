@@ -1,0 +1,463 @@
+"""The built-in queue on SQLite and a real Postgres: outbox relay exactly once, leases,
+ack/fail with backoff and dead letters, lease expiry, per-job max concurrency."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from schedctl.scheduling.timeparse import format_instant
+from schedctl.storage import schema
+from schedctl.storage.jobs import JobRepo
+from schedctl.storage.queue import CANCELLED_ERROR, LOST_ERROR, Lease, QueueRepo
+from schedctl.storage.store import Store
+from tests.factories import ago, bulk_once_jobs, make_tenant
+from tests.integration.queue_support import (
+    attempts,
+    dead_letters,
+    messages,
+    outbox_count,
+    queue_job,
+    run_row,
+    trigger,
+    wait_for,
+)
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[Store]:
+    store = Store.open(db_url)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def pg_store(pg_url: str) -> Iterator[Store]:
+    store = Store.open(pg_url)
+    yield store
+    store.close()
+
+
+def done(repo: QueueRepo, lease: Lease, code: int = 0, tail: str = "ok") -> bool:
+    now = datetime.now(UTC)
+    return repo.ack(lease, exit_code=code, output_tail=tail, started_at=now, finished_at=now)
+
+
+def failed(repo: QueueRepo, lease: Lease, error: str = "exit code 3") -> bool:
+    now = datetime.now(UTC)
+    return repo.fail(
+        lease, error=error, exit_code=3, output_tail="boom", started_at=now, finished_at=now
+    )
+
+
+# -- outbox -> queue ----------------------------------------------------------------------
+
+
+def test_move_outbox_moves_each_run_once(store: Store) -> None:
+    make_tenant(store)
+    a = queue_job(store, queue="q1")
+    b = queue_job(store, queue="q2")
+    runs = [(a, trigger(store, a)), (a, trigger(store, a)), (b, trigger(store, b))]
+    repo = QueueRepo(store)
+    assert repo.move_outbox() == 3
+    assert repo.move_outbox() == 0
+    assert outbox_count(store) == 0
+    moved = messages(store)
+    assert sorted((m["job_id"], m["scheduled_at"]) for m in moved) == sorted(runs)
+    assert Counter(m["queue"] for m in moved) == {"q1": 2, "q2": 1}
+    assert {m["attempt"] for m in moved} == {1}
+    assert all(m["leased_until"] is None and m["lease_owner"] is None for m in moved)
+    # the runs stay dispatched until a worker takes them
+    assert {run_row(store, j, at)["status"] for j, at in runs} == {"dispatched"}
+
+
+def test_replayed_outbox_row_never_duplicates_a_message(store: Store) -> None:
+    make_tenant(store)
+    job = queue_job(store)
+    at = trigger(store, job)
+    repo = QueueRepo(store)
+    assert repo.move_outbox() == 1
+    # as if a relay crashed after the insert and its outbox row came back
+    with store.tx() as connection:
+        connection.execute(
+            schema.outbox.insert().values(
+                job_id=job,
+                scheduled_at=at,
+                tenant_id=run_row(store, job, at)["tenant_id"],
+                target_type="queue",
+                target="q",
+                attempt=1,
+                available_at=ago(1),
+                created_at=ago(1),
+            )
+        )
+    repo.move_outbox()
+    assert outbox_count(store) == 0
+    assert len(messages(store)) == 1
+
+
+def test_move_outbox_leaves_other_targets_and_future_rows(store: Store) -> None:
+    tenant = make_tenant(store)
+    job = queue_job(store)
+    with store.tx() as connection:
+        for target_type, available in [
+            ("http", ago(1)),
+            ("queue", datetime.now(UTC) + timedelta(hours=1)),
+        ]:
+            connection.execute(
+                schema.outbox.insert().values(
+                    job_id=job,
+                    scheduled_at=ago(100) if target_type == "http" else ago(200),
+                    tenant_id=tenant,
+                    target_type=target_type,
+                    target="https://example.com/hook" if target_type == "http" else "q",
+                    attempt=1,
+                    available_at=available,
+                    created_at=ago(1),
+                )
+            )
+    assert QueueRepo(store).move_outbox() == 0
+    assert outbox_count(store) == 2
+    assert messages(store) == []
+
+
+def test_move_outbox_skips_runs_of_cancelled_jobs(store: Store) -> None:
+    make_tenant(store)
+    job = queue_job(store)
+    at = trigger(store, job)
+    JobRepo(store).cancel(job, actor="test")
+    assert QueueRepo(store).move_outbox() == 0
+    assert outbox_count(store) == 0
+    assert messages(store) == []
+    run = run_row(store, job, at)
+    assert run["status"] == "skipped"
+    assert run["error"] == CANCELLED_ERROR
+    assert run["finished_at"] is not None
+
+
+def test_concurrent_relays_on_postgres_move_each_row_once(pg_store: Store) -> None:
+    store = pg_store
+    tenant = make_tenant(store)
+    times = [ago(60) + timedelta(milliseconds=i) for i in range(400)]
+    job_ids = bulk_once_jobs(store, tenant, times)
+    with store.tx() as connection:
+        for job_id, at in zip(job_ids, times, strict=True):
+            connection.execute(
+                schema.runs.insert().values(
+                    job_id=job_id,
+                    scheduled_at=at,
+                    tenant_id=tenant,
+                    partition=0,
+                    trigger="schedule",
+                    status="dispatched",
+                    attempt=1,
+                )
+            )
+            connection.execute(
+                schema.outbox.insert().values(
+                    job_id=job_id,
+                    scheduled_at=at,
+                    tenant_id=tenant,
+                    target_type="queue",
+                    target="q",
+                    attempt=1,
+                    available_at=at,
+                    created_at=at,
+                )
+            )
+    repo = QueueRepo(store)
+    barrier = threading.Barrier(4)
+    moved: list[int] = []
+    lock = threading.Lock()
+
+    def relay() -> None:
+        barrier.wait(30)
+        while True:
+            n = repo.move_outbox(limit=25)
+            with lock:
+                moved.append(n)
+            if n == 0 and outbox_count(store) == 0:
+                return
+
+    threads = [threading.Thread(target=relay) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    # every row was moved by exactly one relay: the counts add up with no conflicts hidden
+    assert sum(moved) == 400
+    keys = Counter((m["job_id"], m["scheduled_at"]) for m in messages(store))
+    assert len(keys) == 400
+    assert set(keys.values()) == {1}
+
+
+# -- lease / ack / fail -------------------------------------------------------------------
+
+
+def test_lease_and_ack(store: Store) -> None:
+    make_tenant(store)
+    job = queue_job(store, payload={"hello": "world"}, timeout=30, max_attempts=4)
+    at = trigger(store, job)
+    repo = QueueRepo(store)
+    repo.move_outbox()
+    assert repo.lease("other-queue", "w1", 30) == []
+    (lease,) = repo.lease("q", "w1", 30, limit=5)
+    assert (lease.job_id, lease.scheduled_at, lease.attempt) == (job, at, 1)
+    assert lease.payload == {"hello": "world"}
+    assert (lease.max_attempts, lease.timeout_seconds, lease.owner) == (4, 30, "w1")
+    assert lease.idempotency_key == f"{job}:{format_instant(at)}"
+    assert lease.idempotency_key.endswith("Z")
+    assert "world" not in repr(lease)
+    run = run_row(store, job, at)
+    assert run["status"] == "running" and run["started_at"] is not None
+    assert repo.lease("q", "w2", 30) == []  # leased: invisible to others
+    assert repo.heartbeat(lease, 30)
+    assert done(repo, lease, tail="all good")
+    assert not done(repo, lease), "a second ack changes nothing"
+    run = run_row(store, job, at)
+    assert (run["status"], run["exit_code"], run["output_tail"]) == ("succeeded", 0, "all good")
+    assert run["finished_at"] is not None
+    assert messages(store) == []
+    (attempt,) = attempts(store, job, at)
+    assert (attempt["status"], attempt["attempt"], attempt["worker"]) == ("succeeded", 1, "w1")
+    assert not repo.heartbeat(lease, 30)
+
+
+def test_failures_retry_then_dead_letter(store: Store) -> None:
+    make_tenant(store)
+    job = queue_job(store, max_attempts=3)
+    at = trigger(store, job)
+    repo = QueueRepo(store)
+    repo.move_outbox()
+    for attempt in (1, 2, 3):
+        (lease,) = repo.lease("q", "w1", 30)
+        assert lease.attempt == attempt
+        run = run_row(store, job, at)
+        assert (run["status"], run["attempt"]) == ("running", attempt)
+        assert failed(repo, lease, error=f"exit code {attempt}")
+        if attempt < 3:
+            run = run_row(store, job, at)
+            assert (run["status"], run["error"], run["exit_code"]) == (
+                "failed",
+                f"exit code {attempt}",
+                3,
+            )
+            (message,) = messages(store)
+            assert message["attempt"] == attempt + 1 and message["leased_until"] is None
+    assert messages(store) == []
+    run = run_row(store, job, at)
+    assert (run["status"], run["attempt"], run["error"]) == ("dead", 3, "exit code 3")
+    (letter,) = dead_letters(store)
+    assert (letter["job_id"], letter["scheduled_at"]) == (job, at)
+    assert (letter["target_type"], letter["target"], letter["attempts"]) == ("queue", "q", 3)
+    assert letter["last_error"] == "exit code 3"
+    history = attempts(store, job, at)
+    assert [(a["attempt"], a["status"]) for a in history] == [
+        (1, "failed"),
+        (2, "failed"),
+        (3, "failed"),
+    ]
+    assert repo.lease("q", "w1", 30) == []
+
+
+def test_failure_backs_off_with_jitter_within_the_policy(store: Store) -> None:
+    make_tenant(store)
+    job = queue_job(store, max_attempts=5, base=100.0, cap=1000.0)
+    trigger(store, job)
+    repo = QueueRepo(store, rng=random.Random(1))
+    repo.move_outbox()
+    (lease,) = repo.lease("q", "w1", 30)
+    before = store.now()
+    assert failed(repo, lease)
+    after = store.now()
+    (message,) = messages(store)
+    # attempt 1 failed: uniform(0, min(1000, 100 * 2 ** 0)) seconds after the failure,
+    # drawn from the same seeded generator
+    delay = timedelta(seconds=random.Random(1).uniform(0, 100))
+    assert before + delay <= message["available_at"] <= after + delay
+    assert repo.lease("q", "w1", 30) == []  # not before its time
+
+
+def test_fail_or_ack_of_a_lost_lease_changes_nothing(store: Store) -> None:
+    make_tenant(store)
+    job = queue_job(store)
+    at = trigger(store, job)
+    repo = QueueRepo(store)
+    repo.move_outbox()
+    (lease,) = repo.lease("q", "w1", 30)
+    forged = Lease(**{**lease.__dict__, "owner": "w2"})
+    assert not failed(repo, forged)
+    assert not done(repo, forged)
+    assert not repo.heartbeat(forged, 30)
+    assert attempts(store, job, at) == []
+    assert run_row(store, job, at)["status"] == "running"
+
+
+# -- lease expiry --------------------------------------------------------------------------
+
+
+def expire(repo: QueueRepo, count: int = 1) -> None:
+    settled = [0]
+
+    def reaped() -> bool:
+        settled[0] += repo.expire_leases()
+        return settled[0] >= count
+
+    wait_for(reaped, "the lease to expire")
+
+
+def test_expired_lease_marks_the_run_lost_and_redelivers(store: Store) -> None:
+    make_tenant(store)
+    job = queue_job(store, max_attempts=3)
+    at = trigger(store, job)
+    repo = QueueRepo(store)
+    repo.move_outbox()
+    (lease,) = repo.lease("q", "dead-worker", 0.2)
+    expire(repo)
+    run = run_row(store, job, at)
+    assert (run["status"], run["error"]) == ("lost", LOST_ERROR)
+    (lost,) = attempts(store, job, at)
+    assert (lost["status"], lost["attempt"], lost["worker"]) == ("lost", 1, "dead-worker")
+    # the former holder can neither extend nor settle it any more
+    assert not repo.heartbeat(lease, 30)
+    assert not done(repo, lease)
+    (again,) = repo.lease("q", "w2", 30)
+    assert again.attempt == 2
+    assert done(repo, again)
+    assert run_row(store, job, at)["status"] == "succeeded"
+    assert [a["status"] for a in attempts(store, job, at)] == ["lost", "succeeded"]
+
+
+def test_expired_lease_of_the_last_attempt_is_dead_lettered(store: Store) -> None:
+    make_tenant(store)
+    job = queue_job(store, max_attempts=1)
+    at = trigger(store, job)
+    repo = QueueRepo(store)
+    repo.move_outbox()
+    repo.lease("q", "dead-worker", 0.2)
+    expire(repo)
+    assert run_row(store, job, at)["status"] == "dead"
+    (letter,) = dead_letters(store)
+    assert (letter["attempts"], letter["last_error"]) == (1, LOST_ERROR)
+    assert messages(store) == []
+
+
+def test_heartbeat_keeps_a_lease_from_expiring(store: Store) -> None:
+    make_tenant(store)
+    job = queue_job(store)
+    trigger(store, job)
+    repo = QueueRepo(store)
+    repo.move_outbox()
+    (lease,) = repo.lease("q", "w1", 0.2)
+    assert repo.heartbeat(lease, 3600)
+    (message,) = messages(store)
+    assert message["leased_until"] > store.now() + timedelta(seconds=3000)
+    assert repo.expire_leases() == 0
+
+
+# -- max concurrency ---------------------------------------------------------------------
+
+
+def test_max_concurrency_one_holds_back_the_second_run(store: Store) -> None:
+    make_tenant(store)
+    job = queue_job(store, max_concurrency=1)
+    other = queue_job(store, max_concurrency=1)
+    first, second = trigger(store, job), trigger(store, job)
+    third = trigger(store, other)
+    repo = QueueRepo(store)
+    repo.move_outbox()
+    leases = repo.lease("q", "w1", 30, limit=10)
+    # one of each job: the second run of `job` waits although the limit allows ten
+    assert sorted((le.job_id, le.scheduled_at) for le in leases) == sorted(
+        [(job, first), (other, third)]
+    )
+    assert repo.lease("q", "w2", 30, limit=10) == []
+    assert done(repo, next(le for le in leases if le.job_id == job))
+    (next_lease,) = repo.lease("q", "w2", 30, limit=10)
+    assert (next_lease.job_id, next_lease.scheduled_at) == (job, second)
+
+
+def test_max_concurrency_above_one(store: Store) -> None:
+    make_tenant(store)
+    job = queue_job(store, max_concurrency=2)
+    for _ in range(4):
+        trigger(store, job)
+    repo = QueueRepo(store)
+    repo.move_outbox()
+    assert len(repo.lease("q", "w1", 30, limit=10)) == 2
+    assert repo.lease("q", "w1", 30, limit=10) == []
+
+
+def test_an_expired_unreaped_lease_still_holds_its_slot(store: Store) -> None:
+    make_tenant(store)
+    job = queue_job(store, max_concurrency=1)
+    trigger(store, job)
+    trigger(store, job)
+    repo = QueueRepo(store)
+    repo.move_outbox()
+    (lease,) = repo.lease("q", "w1", 0.05)
+    wait_for(lambda: messages(store)[0]["leased_until"] < store.now(), "the lease to run out")
+    # its command may still be running until the reaper settles it: no overlap meanwhile
+    assert repo.lease("q", "w2", 30) == []
+    expire(repo)
+    (taken,) = repo.lease("q", "w2", 30, limit=10)
+    assert taken.job_id == job
+
+
+def test_racing_workers_on_postgres_never_exceed_max_concurrency(pg_store: Store) -> None:
+    store = pg_store
+    make_tenant(store)
+    repo = QueueRepo(store)
+    for _round in range(10):
+        job = queue_job(store, max_concurrency=1)
+        for _ in range(12):
+            trigger(store, job)
+        repo.move_outbox()
+        barrier = threading.Barrier(6)
+        taken: list[Lease] = []
+        lock = threading.Lock()
+
+        def take(name: str) -> None:
+            barrier.wait(30)
+            got = repo.lease("q", name, 30, limit=1)
+            with lock:
+                taken.extend(got)
+
+        threads = [threading.Thread(target=take, args=(f"w{i}",)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len(taken) == 1, f"{len(taken)} runs of one max_concurrency=1 job leased at once"
+        # clear the queue for the next round
+        for lease in taken:
+            done(repo, lease)
+        with store.tx() as connection:
+            connection.execute(schema.queue_messages.delete())
+
+
+# -- depths ----------------------------------------------------------------------------------
+
+
+def test_depths_and_stats(store: Store) -> None:
+    make_tenant(store)
+    a = queue_job(store, queue="q1", max_concurrency=5)
+    slow = queue_job(store, queue="q1", base=1000.0, cap=1000.0)
+    b = queue_job(store, queue="q2")
+    for _ in range(3):
+        trigger(store, a)
+    trigger(store, slow)
+    trigger(store, b)
+    repo = QueueRepo(store)
+    repo.move_outbox()
+    leases = repo.lease("q1", "w1", 30, limit=10)
+    assert len(leases) == 4
+    failed(repo, next(le for le in leases if le.job_id == slow))  # delayed by the backoff
+    stats = repo.stats()
+    assert (stats["q1"].ready, stats["q1"].delayed, stats["q1"].leased) == (0, 1, 3)
+    assert (stats["q2"].ready, stats["q2"].delayed, stats["q2"].leased) == (1, 0, 0)
+    assert repo.depths() == {"q1": 4, "q2": 1}
