@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from schedctl.cli.output import OutputFormat, emit, err_console
+from schedctl.cli.common import OutputOption, output_format
+from schedctl.cli.output import emit, err_console
 from schedctl.errors import SchedError
 from schedctl.scheduling.cron import CronFire, CronSchedule, FireKind
 from schedctl.scheduling.timeparse import format_instant, parse_instant
@@ -33,6 +34,7 @@ def _note(fire: CronFire) -> str | None:
 
 @app.command("next")
 def next_times(
+    ctx: typer.Context,
     expr: Annotated[str, typer.Argument(help="5-field cron expression or @macro, quoted.")],
     tz: Annotated[str, typer.Option("--tz", help="IANA time zone, e.g. Europe/Berlin.")] = "UTC",
     from_: Annotated[
@@ -42,9 +44,7 @@ def next_times(
     count: Annotated[
         int, typer.Option("-n", "--count", min=1, max=1000, help="How many fire times.")
     ] = 5,
-    output: Annotated[OutputFormat, typer.Option("--output", help="table or json.")] = (
-        OutputFormat.table
-    ),
+    output: OutputOption = None,
 ) -> None:
     """Print the next fire times of EXPR in UTC and in local time."""
     try:
@@ -63,7 +63,7 @@ def next_times(
         raise typer.Exit(code=error.exit_code) from None
     emit(
         rows,
-        output,
+        output_format(ctx, output),
         columns=("utc", "local", "note"),
         title=f"{schedule.expr} ({schedule.timezone})",
     )

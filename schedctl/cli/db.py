@@ -10,7 +10,10 @@ from schedctl.storage.engine import check_connection, make_engine, redact
 from schedctl.storage.migrate import current_revision, head_revision, upgrade_engine
 from schedctl.storage.store import Store
 
-app = typer.Typer(help="Database schema: upgrade to this version's schema, or show its status.")
+app = typer.Typer(
+    help="Database schema: upgrade to this version's schema, or show its status.",
+    no_args_is_help=True,
+)
 
 
 @app.command()

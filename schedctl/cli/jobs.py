@@ -27,7 +27,7 @@ from schedctl.cli.output import OutputFormat, emit
 from schedctl.models import Job
 from schedctl.views import job_to_dict, run_to_dict, schedule_summary
 
-app = typer.Typer(help="Jobs: create, inspect and change scheduled jobs.")
+app = typer.Typer(help="Jobs: create, inspect and change scheduled jobs.", no_args_is_help=True)
 
 JobArgument = Annotated[str, typer.Argument(help="The job id.")]
 AtOption = Annotated[
@@ -177,8 +177,7 @@ def create(
     name: Annotated[str | None, typer.Option("--name", help="A name for listings.")] = None,
     output: OutputOption = None,
 ) -> None:
-    """Create a job: one schedule (--at | --in | --cron [--tz] | --every) and one target
-    (--queue | --url)."""
+    """Create a job: one schedule (--at, --in, --cron, --every) and one target (--queue, --url)."""
     body: dict[str, Any] = {"schedule": schedule_body(at, in_, cron, tz, every, anchor)}
     kind = require_one({"--queue": queue, "--url": url}, field="target")
     body["target"] = (
@@ -314,8 +313,7 @@ def reschedule(
     tenant: TenantOption = None,
     output: OutputOption = None,
 ) -> None:
-    """Replace the schedule (--at | --in | --cron [--tz] | --every); the next run is
-    recomputed at once."""
+    """Replace the schedule (--at, --in, --cron, --every); the next run is recomputed at once."""
     body = schedule_body(at, in_, cron, tz, every, anchor)
     job = cli_state(ctx).scheduler().reschedule_job(job_id, body, tenant, actor=actor())
     _show(ctx, job, output, title=f"job {job.job_id} rescheduled")

@@ -10,6 +10,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 console = Console()
 err_console = Console(stderr=True)
@@ -42,6 +43,10 @@ def emit_json(data: Any) -> None:
     print(json.dumps(to_jsonable(data), indent=2, sort_keys=False))
 
 
+def _cell(value: Any) -> str:
+    return "" if value is None else str(to_jsonable(value))
+
+
 def emit_table(
     rows: Sequence[Mapping[str, Any]], columns: Sequence[str], *, title: str | None = None
 ) -> None:
@@ -49,9 +54,8 @@ def emit_table(
     for column in columns:
         table.add_column(column)
     for row in rows:
-        table.add_row(
-            *("" if row.get(c) is None else str(to_jsonable(row.get(c))) for c in columns)
-        )
+        # Text, not markup: a job named "[/x]" is data, not a rich tag
+        table.add_row(*(Text(_cell(row.get(c))) for c in columns))
     console.print(table)
 
 
@@ -62,7 +66,7 @@ def emit_record(record: Mapping[str, Any], *, title: str | None = None) -> None:
     table.add_column("value")
     for key, value in record.items():
         shown = value if not isinstance(value, dict | list) else json.dumps(to_jsonable(value))
-        table.add_row(key, "" if shown is None else str(to_jsonable(shown)))
+        table.add_row(Text(key), Text(_cell(shown)))
     console.print(table)
 
 

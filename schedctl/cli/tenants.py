@@ -10,7 +10,9 @@ from schedctl.cli.common import OutputOption, actor, cli_state, output_format, s
 from schedctl.cli.output import OutputFormat, emit
 from schedctl.views import tenant_to_dict
 
-app = typer.Typer(help="Tenants: who owns jobs, with their API tokens and quotas.")
+app = typer.Typer(
+    help="Tenants: who owns jobs, with their API tokens and quotas.", no_args_is_help=True
+)
 
 TENANT_COLUMNS = ("name", "tenant_id", "max_jobs", "dispatch_rate_per_second", "created_at")
 

@@ -4,6 +4,7 @@ reschedule, trigger and run history; every change bumps the version and writes t
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import json
 import os
@@ -56,8 +57,9 @@ def encode_cursor(*parts: str) -> str:
 def decode_cursor(cursor: str, count: int) -> list[str]:
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
-        parts = base64.urlsafe_b64decode(padded.encode()).decode().split("|")
-    except (ValueError, UnicodeDecodeError) as exc:
+        raw = base64.b64decode(padded.encode(), altchars=b"-_", validate=True)
+        parts = raw.decode().split("|")
+    except (ValueError, UnicodeDecodeError, binascii.Error) as exc:
         raise errors.ValidationError("not a cursor this server issued", field="cursor") from exc
     if len(parts) != count:
         raise errors.ValidationError("not a cursor this server issued", field="cursor")
@@ -95,12 +97,17 @@ class JobRepo:
     def create(self, tenant_id: str, spec: JobSpec, *, actor: str) -> tuple[Job, bool]:
         """Insert a job; with an idempotency key already used, return that job (created=False)
         if the request was the same and raise Conflict if it was not."""
+        # read before the write transaction: on SQLite a second connection would wait
+        # for this one's lock
+        partition_count = self.store.partition_count
         try:
             with self.store.tx() as connection:
                 existing = self._by_idempotency_key(connection, tenant_id, spec)
                 if existing is not None:
                     return existing, False
-                job_id = self._insert(connection, tenant_id, spec, actor=actor)
+                job_id = self._insert(
+                    connection, tenant_id, spec, actor=actor, partition_count=partition_count
+                )
                 return self._get(connection, job_id, tenant_id), True
         except IntegrityError:
             # a concurrent create with the same key won the race: answer with its job
@@ -135,7 +142,15 @@ class JobRepo:
             )
         return job_from_row(row)
 
-    def _insert(self, connection: Connection, tenant_id: str, spec: JobSpec, *, actor: str) -> str:
+    def _insert(
+        self,
+        connection: Connection,
+        tenant_id: str,
+        spec: JobSpec,
+        *,
+        actor: str,
+        partition_count: int,
+    ) -> str:
         tenant = connection.execute(
             select(schema.tenants.c.tenant_id).where(schema.tenants.c.tenant_id == tenant_id)
         ).scalar_one_or_none()
@@ -166,7 +181,7 @@ class JobRepo:
                 status=JobStatus.active.value,
                 next_run_at=next_run_at,
                 next_fire_at=fire_time(job_id, next_run_at, spec.window_seconds),
-                partition=partition_of(job_id, self.store.partition_count),
+                partition=partition_of(job_id, partition_count),
                 version=1,
                 idempotency_key=spec.idempotency_key,
                 request_hash=spec.request_hash,

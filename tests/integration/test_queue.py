@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
+
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
 from schedctl.storage.jobs import JobRepo
@@ -82,12 +83,13 @@ def test_replayed_outbox_row_never_duplicates_a_message(store: Store) -> None:
     repo = QueueRepo(store)
     assert repo.move_outbox() == 1
     # as if a relay crashed after the insert and its outbox row came back
+    tenant = run_row(store, job, at)["tenant_id"]
     with store.tx() as connection:
         connection.execute(
             schema.outbox.insert().values(
                 job_id=job,
                 scheduled_at=at,
-                tenant_id=run_row(store, job, at)["tenant_id"],
+                tenant_id=tenant,
                 target_type="queue",
                 target="q",
                 attempt=1,
@@ -399,7 +401,7 @@ def test_an_expired_unreaped_lease_still_holds_its_slot(store: Store) -> None:
     trigger(store, job)
     repo = QueueRepo(store)
     repo.move_outbox()
-    (lease,) = repo.lease("q", "w1", 0.05)
+    assert len(repo.lease("q", "w1", 0.05)) == 1
     wait_for(lambda: messages(store)[0]["leased_until"] < store.now(), "the lease to run out")
     # its command may still be running until the reaper settles it: no overlap meanwhile
     assert repo.lease("q", "w2", 30) == []
@@ -421,7 +423,12 @@ def test_racing_workers_on_postgres_never_exceed_max_concurrency(pg_store: Store
         taken: list[Lease] = []
         lock = threading.Lock()
 
-        def take(name: str) -> None:
+        def take(
+            name: str,
+            barrier: threading.Barrier = barrier,
+            taken: list[Lease] = taken,
+            lock: threading.Lock = lock,
+        ) -> None:
             barrier.wait(30)
             got = repo.lease("q", name, 30, limit=1)
             with lock:

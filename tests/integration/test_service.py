@@ -4,7 +4,7 @@ tenants and tokens, job lifecycle, idempotency, paging, and "bad input changes n
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -67,9 +67,11 @@ def snapshot(store: Store) -> dict[str, list[tuple[Any, ...]]]:
 
 def job_row(store: Store, job_id: str) -> dict[str, Any]:
     with store.read() as connection:
-        row = connection.execute(
-            select(schema.jobs).where(schema.jobs.c.job_id == job_id)
-        ).mappings().one()
+        row = (
+            connection.execute(select(schema.jobs).where(schema.jobs.c.job_id == job_id))
+            .mappings()
+            .one()
+        )
     return dict(row)
 
 
@@ -196,7 +198,9 @@ def test_idempotency(sched: Scheduler, tenant: str) -> None:
     again, created_again = sched.create_job(tenant, dict(body), actor=ACTOR)
     assert (again, created_again) == (first, False)
     with pytest.raises(errors.Conflict) as conflict:
-        sched.create_job(tenant, job_body(idempotency_key="nightly-1", payload={"a": 2}), actor=ACTOR)
+        sched.create_job(
+            tenant, job_body(idempotency_key="nightly-1", payload={"a": 2}), actor=ACTOR
+        )
     assert conflict.value.field == "idempotency_key"
     assert snapshot(sched.store) == before
 
@@ -221,7 +225,10 @@ def test_quota_refuses_new_jobs_but_not_replays(sched: Scheduler, tenant: str) -
 # -- bad input changes nothing ---------------------------------------------------------
 
 BAD_BODIES = {
-    "unknown time zone": (job_body(schedule={"cron": "0 8 * * *", "timezone": "Nowhere/X"}), "timezone"),
+    "unknown time zone": (
+        job_body(schedule={"cron": "0 8 * * *", "timezone": "Nowhere/X"}),
+        "timezone",
+    ),
     "invalid cron": (job_body(schedule={"cron": "0 25 * * *"}), "cron"),
     "never-firing cron": (job_body(schedule={"cron": "0 0 30 2 *"}), "cron"),
     "run_at in the past": (job_body(schedule={"run_at": "2001-01-01T00:00:00Z"}), "run_at"),
@@ -340,9 +347,7 @@ def test_pause_and_resume_from_now(sched: Scheduler, tenant: str) -> None:
     # as if the pause had lasted a day: the stored next run is long gone
     with sched.store.tx() as connection:
         connection.execute(
-            update(schema.jobs)
-            .where(schema.jobs.c.job_id == job.job_id)
-            .values(next_run_at=anchor)
+            update(schema.jobs).where(schema.jobs.c.job_id == job.job_id).values(next_run_at=anchor)
         )
     resumed = sched.resume_job(job.job_id, actor=ACTOR)
     now = sched.store.now()
@@ -396,7 +401,7 @@ def test_runs_page_newest_first(sched: Scheduler, tenant: str) -> None:
     job, _ = sched.create_job(tenant, job_body(), actor=ACTOR)
     assert sched.runs(job.job_id).items == ()
     triggered = [sched.trigger_job(job.job_id, actor=ACTOR).scheduled_at for _ in range(5)]
-    seen = []
+    seen: list[datetime] = []
     cursor: str | None = None
     while True:
         page = sched.runs(job.job_id, tenant, limit=2, cursor=cursor)
@@ -411,7 +416,7 @@ def test_unknown_or_foreign_job_is_not_found(sched: Scheduler, tenant: str) -> N
     sched.create_tenant("other", ACTOR)
     theirs, _ = sched.create_job("other", job_body(), actor=ACTOR)
     before = snapshot(sched.store)
-    calls = {
+    calls: dict[str, Callable[[str, str | None], object]] = {
         "get": lambda job_id, t: sched.get_job(job_id, t),
         "cancel": lambda job_id, t: sched.cancel_job(job_id, t, actor=ACTOR),
         "pause": lambda job_id, t: sched.pause_job(job_id, t, actor=ACTOR),
