@@ -107,6 +107,12 @@ def main() -> int:
         say("Run history")
         for job_id in (once_job, every_job, cron_job):
             schedctl(db, "runs", job_id, "--limit", "5")
+        say("What the worker's command printed (kept in the run history)")
+        for job_id in (once_job, cron_job):
+            runs = json.loads(schedctl(db, "runs", job_id, "--output", "json", show=False))
+            items = runs["items"] if isinstance(runs, dict) else runs
+            if items:
+                print((items[0].get("output_tail") or "").rstrip(), flush=True)
     finally:
         say("Stopping the daemon with SIGTERM (it finishes in-flight work first)")
         if daemon.poll() is None:

@@ -38,6 +38,7 @@ class Relay:
         self.reap_seconds = reap_seconds
         self.moved = 0
         self.reaped = 0
+        self.store_errors = 0  # passes that found the database unavailable
         self._wake = threading.Event()
         self._next_reap = 0.0
 
@@ -68,6 +69,7 @@ class Relay:
             try:
                 moved = self.run_once()
             except errors.StoreUnavailable as exc:
+                self.store_errors += 1
                 if not unavailable:
                     log.warning("relay: database unavailable: %s; retrying", exc)
                 unavailable = True

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from schedctl.config import Config
 from schedctl.coordination.base import Coordinator
 from schedctl.coordination.local import LocalCoordinator
+from schedctl.coordination.zookeeper import ZooKeeperCoordinator
 from schedctl.storage.claim import ClaimResult
 from schedctl.storage.store import Store
 from scheduled_d.dispatcher import Dispatcher
@@ -22,13 +23,21 @@ JOIN_SECONDS = 60.0
 
 
 def make_coordinator(store: Store, config: Config) -> Coordinator:
+    """ZooKeeper when configured (a cluster), else the in-process one (embedded)."""
     if config.zookeeper:
-        from schedctl import errors
-
-        raise errors.ConfigError(
-            "the ZooKeeper coordinator is not available in this version", field="zookeeper"
+        return ZooKeeperCoordinator(
+            store,
+            config.zookeeper,
+            node_name=config.node_name,
+            root=config.zookeeper_root,
+            session_timeout=config.session_timeout_seconds,
         )
     return LocalCoordinator(store, config.node_name)
+
+
+def _wake_on_ownership_change(coordinator: Coordinator, dispatcher: Dispatcher) -> None:
+    if isinstance(coordinator, ZooKeeperCoordinator):
+        coordinator.on_change = dispatcher.wake
 
 
 def _start(name: str, target: object) -> threading.Thread:
@@ -64,6 +73,7 @@ def run_all(store: Store, config: Config, *, stop: threading.Event | None = None
             poll_seconds=config.poll_interval_seconds,
             on_claimed=claimed,
         )
+        _wake_on_ownership_change(coordinator, dispatcher)
         dispatcher_stop, relay_stop, worker_stop = (threading.Event() for _ in range(3))
         dispatch_thread = _start("dispatcher", lambda: dispatcher.run(dispatcher_stop))
         relay_thread = _start("relay", lambda: relay.run(relay_stop))
@@ -93,8 +103,17 @@ def run_all(store: Store, config: Config, *, stop: threading.Event | None = None
         relay_stop.set()
         _join([relay_thread])
         worker_stop.set()
-        _join(worker_threads)
+        _join_until_forced(worker_threads, force)
         log.info("scheduled-d all: stopped")
+
+
+def _join_until_forced(threads: Sequence[threading.Thread], force: threading.Event) -> None:
+    """Workers finish the commands they run, however long (abandoning one would let its
+    lease expire and the run start again elsewhere); a second signal makes them kill."""
+    while any(t.is_alive() for t in threads) and not force.is_set():
+        for thread in threads:
+            thread.join(0.5)
+    _join(threads)
 
 
 def _wait(stop: threading.Event, force: threading.Event) -> None:
@@ -113,6 +132,7 @@ def run_dispatcher(store: Store, config: Config) -> None:
             batch_size=config.claim_batch_size,
             poll_seconds=config.poll_interval_seconds,
         )
+        _wake_on_ownership_change(coordinator, dispatcher)
         inner = threading.Event()
         thread = _start("dispatcher", lambda: dispatcher.run(inner))
         _wait(stop, force)

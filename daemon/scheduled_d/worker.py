@@ -131,6 +131,8 @@ class Worker:
         self._lock = threading.Lock()
         self._active: set[threading.Thread] = set()
         self._sequence = 0
+        self._unavailable = False
+        self.store_errors = 0  # database calls of the lease loop that found it unavailable
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -150,8 +152,7 @@ class Worker:
         - idle_exit: return as soon as nothing is ready and nothing is running (delayed
           retries do not count as ready).
         """
-        if force is not None:
-            self._force = force
+        self._force = force if force is not None else threading.Event()
         taken = 0
         next_reap = 0.0
         log.info(
@@ -161,34 +162,50 @@ class Worker:
             self.concurrency,
             self.command[0],
         )
-        while not stop.is_set() and not self._force.is_set():
-            if max_runs is not None and taken >= max_runs:
-                break
-            self._slot_freed.clear()
-            if time.monotonic() >= next_reap:
-                self._reap()
-                next_reap = time.monotonic() + self.reap_seconds
-            free = self.concurrency - self._active_count()
-            leases: list[Lease] = []
-            if free > 0:
-                want = free if max_runs is None else min(free, max_runs - taken)
-                try:
-                    leases = self.repo.lease(self.queue, self.owner, self.lease_seconds, want)
-                except errors.StoreUnavailable as exc:
-                    log.warning("worker %s: cannot lease: %s; retrying", self.owner, exc)
-                    stop.wait(STORE_RETRY_SECONDS)
-                    continue
-                for lease in leases:
-                    self._start(lease)
-                taken += len(leases)
-            if leases:
-                continue  # more may be ready: ask again before sleeping
-            if idle_exit and self._active_count() == 0:
-                break
-            self._slot_freed.wait(self.poll_seconds)
-        self._drain()
+        try:
+            while not stop.is_set() and not self._force.is_set():
+                if max_runs is not None and taken >= max_runs:
+                    break
+                self._slot_freed.clear()
+                if time.monotonic() >= next_reap:
+                    self._reap()
+                    next_reap = time.monotonic() + self.reap_seconds
+                free = self.concurrency - self._active_count()
+                leases: list[Lease] = []
+                if free > 0:
+                    want = free if max_runs is None else min(free, max_runs - taken)
+                    try:
+                        leases = self.repo.lease(self.queue, self.owner, self.lease_seconds, want)
+                    except errors.StoreUnavailable as exc:
+                        self._store_down("cannot lease", exc)
+                        stop.wait(STORE_RETRY_SECONDS)
+                        continue
+                    self._store_up()
+                    for lease in leases:
+                        self._start(lease)
+                    taken += len(leases)
+                if leases:
+                    continue  # more may be ready: ask again before sleeping
+                if idle_exit and self._active_count() == 0:
+                    break
+                self._slot_freed.wait(self.poll_seconds)
+        finally:
+            # even when the loop fails, the commands in flight finish and get recorded
+            self._drain()
         log.info("worker %s: stopped after %d run(s)", self.owner, taken)
         return taken
+
+    def _store_down(self, what: str, exc: errors.StoreUnavailable) -> None:
+        self.store_errors += 1
+        if not self._unavailable:
+            # once per outage: a worker polling a dead database must not flood the log
+            log.warning("worker %s: %s: %s; retrying", self.owner, what, exc)
+        self._unavailable = True
+
+    def _store_up(self) -> None:
+        if self._unavailable:
+            log.info("worker %s: database reachable again", self.owner)
+        self._unavailable = False
 
     def _active_count(self) -> int:
         with self._lock:
@@ -220,7 +237,7 @@ class Worker:
         try:
             settled = self.repo.expire_leases()
         except errors.StoreUnavailable as exc:
-            log.warning("worker %s: cannot reap expired leases: %s", self.owner, exc)
+            self._store_down("cannot reap expired leases", exc)
             return
         if settled:
             log.info("worker %s: settled %d expired lease(s)", self.owner, settled)
@@ -375,7 +392,9 @@ class Worker:
                     )
                     _kill_group(process, signal.SIGTERM)
                     kill_at = now + self.kill_grace_seconds
-                if now >= next_heartbeat and not outcome.lease_lost and process.poll() is None:
+                # also while draining the output of an exited command: the outcome is not
+                # recorded yet, and the lease must still be ours when it is
+                if now >= next_heartbeat and not outcome.lease_lost:
                     next_heartbeat = now + self.heartbeat_seconds
                     extended = self._heartbeat(lease)
                     if extended:
@@ -387,8 +406,14 @@ class Worker:
                         _kill_group(process, signal.SIGTERM)
                         kill_at = time.monotonic() + self.kill_grace_seconds
 
-                wake = [now + TICK_SECONDS, next_heartbeat]
-                wake += [t for t in (deadline, kill_at) if t is not None]
+                # only the events still ahead: a passed deadline must not make this spin
+                wake = [now + TICK_SECONDS]
+                if not outcome.lease_lost:
+                    wake.append(next_heartbeat)
+                if deadline is not None and not outcome.timed_out and exited_at is None:
+                    wake.append(deadline)
+                if kill_at is not None:
+                    wake.append(kill_at)
                 timeout = max(0.0, min(wake) - time.monotonic())
                 if selector.get_map():
                     for key, _events in selector.select(timeout):

@@ -417,6 +417,7 @@ class QueueRepo:
                 [m.c.leased_until.is_not(None), m.c.leased_until < now],
                 order_by=m.c.leased_until,
                 limit=limit,
+                skip_locked=True,
             )
             for message in expired:
                 started_at = connection.execute(
@@ -485,9 +486,12 @@ class QueueRepo:
         *,
         order_by: Any = None,
         limit: int | None = None,
+        skip_locked: bool = False,
     ) -> list[_Held]:
-        """Messages matching `conditions`, with their job's retry policy, locked on Postgres
-        (skipping rows another transaction holds: it is settling them already)."""
+        """Messages matching `conditions`, with their job's retry policy, locked on Postgres.
+        With skip_locked, rows another transaction holds are left to it (the reaper: another
+        reaper is settling them already); without, the caller waits and then sees the
+        row as that transaction left it (fail: a reaper that won the race makes it not ours)."""
         m, j = schema.queue_messages, schema.jobs
         query = (
             select(
@@ -510,7 +514,7 @@ class QueueRepo:
         if limit is not None:
             query = query.limit(limit)
         if self.store.is_postgres:
-            query = query.with_for_update(skip_locked=True, of=m)
+            query = query.with_for_update(skip_locked=skip_locked, of=m)
         return [_held_from_row(r) for r in connection.execute(query).mappings().all()]
 
     def _retry_or_dead(
@@ -638,9 +642,11 @@ def _record_attempt(
 
 
 def _clip(output_tail: str | None) -> str | None:
-    if output_tail is None or len(output_tail) <= MAX_OUTPUT_TAIL_CHARS:
-        return output_tail
-    return output_tail[-MAX_OUTPUT_TAIL_CHARS:]
+    if output_tail is None:
+        return None
+    # Postgres text cannot hold NUL: a command printing one must not make its outcome
+    # unrecordable (the run would be redelivered forever)
+    return output_tail[-MAX_OUTPUT_TAIL_CHARS:].replace("\x00", "\ufffd")
 
 
 def _is_retryable(exc: BaseException) -> bool:

@@ -41,9 +41,6 @@ def queue_job(
     payload: Any = None,
 ) -> str:
     """A job targeting `queue` whose own schedule is far away: its runs come from trigger()."""
-    # Read (and cache) the partition count outside JobRepo.create's transaction: on SQLite
-    # the store reads it in a second transaction that waits for the first one's lock.
-    assert store.partition_count > 0
     if tenant is None:
         tenant = existing_tenant(store)
     job_spec = dataclasses.replace(

@@ -35,6 +35,7 @@ from tests.integration.queue_support import (
     wait_for,
 )
 from tests.services.ports import pid_alive
+from tests.services.postgres import PostgresServer
 
 ROOT = Path(__file__).resolve().parents[2]
 LEASE = 2.0
@@ -142,6 +143,18 @@ def test_success_records_exit_code_output_tail_and_timings(store: Store) -> None
     )
     assert attempt["output_tail"] == tail
     assert messages(store) == []
+
+
+def test_binary_output_is_recorded(store: Store) -> None:
+    job = queue_job(store)
+    at = trigger(store, job)
+    QueueRepo(store).move_outbox()
+    # NUL and invalid UTF-8: Postgres text cannot hold NUL, and the outcome must still land
+    command = ["sh", "-c", r"printf 'a\000b\377c'"]
+    run_until(worker(store, command), finished(store, job, at), "the run")
+    run = run_row(store, job, at)
+    assert run["status"] == "succeeded"
+    assert run["output_tail"] == "a\ufffdb\ufffdc"
 
 
 def test_nonzero_exit_retries_then_dead_letters(store: Store) -> None:
@@ -298,14 +311,14 @@ def test_max_concurrency_one_never_overlaps(store: Store, tmp_path: Path) -> Non
     run_until(worker(store, python(code, str(log)), concurrency=4), all_done, "all runs")
     intervals: dict[str, list[tuple[float, float]]] = {}
     for line in log.read_text().splitlines():
-        job_id, start, end = line.split()
-        intervals.setdefault(job_id, []).append((float(start), float(end)))
+        job_id, began, ended = line.split()
+        intervals.setdefault(job_id, []).append((float(began), float(ended)))
     assert sorted(intervals) == sorted(jobs)
     for job_id, spans in intervals.items():
         spans.sort()
         assert len(spans) == 4
-        for (_, end), (start, _) in itertools.pairwise(spans):
-            assert start >= end, f"two runs of job {job_id} overlapped"
+        for (_, first_end), (second_start, _) in itertools.pairwise(spans):
+            assert second_start >= first_end, f"two runs of job {job_id} overlapped"
 
 
 # -- shutdown ------------------------------------------------------------------------------
@@ -386,12 +399,15 @@ def test_relay_feeds_the_worker(store: Store) -> None:
 
 def test_worker_rejects_bad_settings(sqlite_url: str) -> None:
     store = Store.open(sqlite_url)
-    with pytest.raises(errors.ConfigError):
-        Worker(store, "q", [])
-    with pytest.raises(errors.ConfigError):
-        Worker(store, "q", ["true"], lease_seconds=5, heartbeat_seconds=5)
-    with pytest.raises(errors.ConfigError):
-        Worker(store, "q", ["true"], concurrency=0)
+    try:
+        with pytest.raises(errors.ConfigError):
+            Worker(store, "q", [])
+        with pytest.raises(errors.ConfigError):
+            Worker(store, "q", ["true"], lease_seconds=5, heartbeat_seconds=5)
+        with pytest.raises(errors.ConfigError):
+            Worker(store, "q", ["true"], concurrency=0)
+    finally:
+        store.close()
 
 
 def test_tail_buffer_keeps_only_the_end() -> None:
@@ -402,3 +418,54 @@ def test_tail_buffer_keeps_only_the_end() -> None:
     tail.write(b"0123456789ABCDEF")
     assert tail.text() == "6789ABCDEF"
     assert tail.total == 32
+
+
+# -- database outages ------------------------------------------------------------------------
+
+
+def test_relay_and_worker_ride_out_a_postgres_restart(
+    pg_server: PostgresServer, pg_url: str, tmp_path: Path
+) -> None:
+    store = Store.open(pg_url)
+    make_tenant(store)
+    job = queue_job(store, max_concurrency=2)
+    go = tmp_path / "go"
+    started = tmp_path / "started"
+    # the first run is in flight across the outage; it ends when the test says so
+    script = f"touch {started}; while [ ! -f {go} ]; do sleep 0.05; done; echo done"
+    relay = Relay(store, poll_seconds=0.05)
+    # a lease much longer than the outage: the run in flight keeps it throughout
+    w = worker(store, ["sh", "-c", script], lease_seconds=60.0, concurrency=2)
+    stop = threading.Event()
+    threads = [
+        threading.Thread(target=relay.run, args=(stop,), daemon=True),
+        threading.Thread(target=w.run, args=(stop,), daemon=True),
+    ]
+    for t in threads:
+        t.start()
+    try:
+        first = trigger(store, job)
+        wait_for(started.exists, "the first run to start")
+        pg_server.stop()
+        try:
+            wait_for(
+                lambda: relay.store_errors > 0 and w.store_errors > 0,
+                "the relay and the worker to notice the outage",
+            )
+            assert all(t.is_alive() for t in threads)
+        finally:
+            pg_server.start()
+        go.touch()
+        second = trigger(store, job)
+        wait_for(finished(store, job, first), "the run in flight to be recorded")
+        wait_for(finished(store, job, second), "a run created after the outage")
+        assert run_row(store, job, first)["status"] == "succeeded"
+        assert run_row(store, job, second)["status"] == "succeeded"
+        assert [a["status"] for a in attempts(store, job, first)] == ["succeeded"]
+    finally:
+        go.touch()
+        stop.set()
+        for t in threads:
+            t.join(60)
+        store.close()
+    assert not any(t.is_alive() for t in threads)

@@ -131,12 +131,8 @@ def test_bad_connection_strings_and_unreachable_servers_are_clear_errors(
         store.close()
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
-def test_two_coordinators_split_the_partitions(
-    backend: str, request: pytest.FixtureRequest, zk_hosts: str
-) -> None:
-    url = request.getfixturevalue("sqlite_url" if backend == "sqlite" else "pg_url")
-    store = Store.open(url)
+def test_two_coordinators_split_the_partitions(db_url: str, zk_hosts: str) -> None:
+    store = Store.open(db_url)
     made = Coordinators(store, zk_hosts)
     try:
         a = made.start("a")
@@ -440,9 +436,12 @@ def test_losing_the_leader_of_a_3_server_ensemble(
         zk.kill_server(leader)
         started = time.monotonic()
         overlaps: list[set[int]] = []
+        emptied: set[str] = set()
 
         def recovered() -> bool:
-            both = set(a.owned()) & set(b.owned())
+            owned_a, owned_b = a.owned(), b.owned()
+            emptied.update(n for n, o in (("a", owned_a), ("b", owned_b)) if not o)
+            both = set(owned_a) & set(owned_b)
             if both:
                 overlaps.append(both)
             return (
@@ -453,8 +452,38 @@ def test_losing_the_leader_of_a_3_server_ensemble(
 
         wait_for(recovered, "both own their partitions again")
         took = time.monotonic() - started
-        print(f"\nleader {leader} killed: partitions owned again after {took:.3f} s")
+        print(
+            f"\nleader {leader} killed: partitions owned again after {took:.3f} s "
+            f"(stopped claiming meanwhile: {sorted(emptied) or 'none'})"
+        )
         assert overlaps == [], "two members owned the same partition at once"
         assert_split(store, {"a": a.owned(), "b": b.owned()})
     finally:
         made.stop_all()
+
+
+def test_1024_partitions_are_acquired_and_handed_over_quickly(
+    coordinators: Coordinators, store: Store
+) -> None:
+    count = 1024
+    started = time.monotonic()
+    a = coordinators.start("a", partition_count=count)
+    assert a.wait_until_stable(WAIT) and len(a.owned()) == count
+    alone = time.monotonic() - started
+    started = time.monotonic()
+    b = coordinators.start("b", partition_count=count)
+    settle(a, b)
+    joined = time.monotonic() - started
+    assert set(a.owned()).isdisjoint(b.owned())
+    assert len(a.owned()) + len(b.owned()) == count
+    stored = PartitionRepo(store).epochs()
+    assert all(stored[p] == (e, "b") for p, e in b.owned().items())
+    moved = len(b.owned())
+    started = time.monotonic()
+    b.stop()
+    wait_for(lambda: len(a.owned()) == count, "a owns all 1024 partitions")
+    handed = time.monotonic() - started
+    print(
+        f"\n{count} partitions: one member owns all in {alone:.3f} s; a second joins and "
+        f"{moved} move in {joined:.3f} s; stop() hands them back in {handed:.3f} s"
+    )
