@@ -34,6 +34,13 @@ class ValidationError(SchedError):
     code = "invalid"
 
 
+class PayloadTooLarge(ValidationError):
+    """The request or its payload is larger than the limit."""
+
+    http_status = 413
+    code = "payload_too_large"
+
+
 class NotFound(SchedError):
     """No such object."""
 

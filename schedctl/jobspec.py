@@ -254,9 +254,10 @@ def _check_payload(payload: Any, limit: int) -> None:
         encoded = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise errors.ValidationError(f"is not a JSON value: {exc}", field="payload") from exc
-    size = len(encoded.encode())
+    size = len(encoded.encode(errors="surrogatepass"))
     if size > limit:
-        raise errors.ValidationError(
+        # its own class: the REST API answers 413 for it, the CLI still exits 2
+        raise errors.PayloadTooLarge(
             f"payload is {size} bytes, over the limit of {limit} bytes", field="payload"
         )
 
@@ -351,6 +352,9 @@ def _parse_idempotency_key(value: Any) -> str | None:
             f"is {len(key)} characters, the limit is {MAX_IDEMPOTENCY_KEY_LENGTH}",
             field="idempotency_key",
         )
+    if any(ord(c) < 32 or ord(c) == 127 for c in key):
+        # it also travels as an HTTP header, where control characters cannot
+        raise errors.ValidationError("must not contain control characters", field="idempotency_key")
     return key
 
 
@@ -389,7 +393,21 @@ def _duration(value: Any, field: str) -> timedelta:
 def _string(value: Any, field: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise errors.ValidationError(f"must be a non-empty string, got {value!r}", field=field)
+    _check_text(value, field)
     return value
+
+
+def _check_text(value: str, field: str) -> None:
+    """Strings stored as they are (names, keys, URLs) must be storable text: Postgres refuses
+    NUL characters and no database encodes an unpaired surrogate (JSON can carry both)."""
+    if "\x00" in value:
+        raise errors.ValidationError("must not contain NUL characters", field=field)
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise errors.ValidationError(
+            "must be valid Unicode text (it contains an unpaired surrogate)", field=field
+        ) from None
 
 
 def _is_int(value: Any) -> bool:

@@ -7,16 +7,70 @@ that tenant's jobs (another tenant's job is NotFound, never Forbidden: ids are n
 
 from __future__ import annotations
 
+import json
+import math
+import re
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
 
+from sqlalchemy import func, select
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+
 from schedctl import errors
 from schedctl.jobspec import DEFAULT_MAX_PAYLOAD_BYTES, parse_job_request, parse_schedule
-from schedctl.models import Job, JobSpec, JobStatus, Page, Run, Tenant
-from schedctl.storage.jobs import JobRepo
+from schedctl.models import Job, JobStatus, Page, Run, Tenant
+from schedctl.storage import schema
+from schedctl.storage.jobs import (
+    MAX_PAGE,
+    JobRepo,
+    db_now,
+    decode_cursor,
+    encode_cursor,
+)
 from schedctl.storage.store import Store
-from schedctl.storage.tenants import TenantRepo
+from schedctl.storage.tenants import TenantRepo, TokenInfo, token_id_of
+
+# A tenant argument: a name or an id, or the Tenant itself (the API has it from the token
+# and saves a lookup per request).
+TenantRef = str | Tenant
+
+RATE_WINDOW = timedelta(minutes=1)
+# Job ids start with their creator's clock in milliseconds: the rate count reads only ids
+# from the last window, widened by this much for API servers whose clocks run behind.
+CLOCK_SKEW = timedelta(minutes=5)
+# The Retry-After of a full max_jobs quota: nothing frees a slot on a schedule (a job ends
+# when its owner cancels it or its last run passes), so this is a polite interval.
+MAX_JOBS_RETRY_AFTER_SECONDS = 60
+# Idempotency keys live on their job's row (unique per tenant), and job rows are never
+# deleted, so a key is kept for as long as its job exists: "at least 24 hours" holds.
+# Anything that ever purges old jobs must keep rows younger than this.
+IDEMPOTENCY_KEY_RETENTION = timedelta(hours=24)
+_JOB_ID = re.compile(r"[0-9a-f]{1,40}")
+
+
+class OverQuota(errors.QuotaExceeded):
+    """A quota or rate limit was exceeded; retry_after says when trying again makes sense."""
+
+    def __init__(self, message: str, *, field: str | None, retry_after: int) -> None:
+        super().__init__(message, field=field)
+        self.retry_after = max(1, retry_after)
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    id: int
+    at: datetime
+    tenant_id: str | None
+    tenant: str | None  # the tenant's name, for people
+    actor: str  # "cli:USER", "token:TOKEN_ID", ...
+    action: str
+    job_id: str | None
+    detail: dict[str, Any] | None
 
 
 class Scheduler:
@@ -62,51 +116,160 @@ class Scheduler:
     def list_tenants(self) -> list[Tenant]:
         return self.tenants.list()
 
-    def _tenant_id(self, tenant: str | None) -> str | None:
-        return None if tenant is None else self.tenants.get(tenant).tenant_id
+    def set_quotas(
+        self,
+        tenant: str,
+        *,
+        max_jobs: int | None = None,
+        create_rate_per_minute: int | None = None,
+        actor: str,
+    ) -> Tenant:
+        return self.tenants.set_quotas(
+            tenant, max_jobs=max_jobs, create_rate_per_minute=create_rate_per_minute, actor=actor
+        )
+
+    def new_token(self, tenant: str, *, actor: str) -> str:
+        """Another API token for the tenant (shown this once); the old ones stay valid."""
+        return self.tenants.new_token(tenant, actor=actor)
+
+    def list_tokens(self, tenant: str) -> list[TokenInfo]:
+        return self.tenants.list_tokens(tenant)
+
+    def revoke_token(self, token_or_id: str, *, actor: str) -> str:
+        """Revoke a token (by its id or the whole token); the API refuses it from the next
+        request on. Returns the token id."""
+        token_id = token_id_of(token_or_id)
+        self.tenants.revoke_token(token_id, actor=actor)
+        return token_id
+
+    def _tenant(self, tenant: TenantRef) -> Tenant:
+        return tenant if isinstance(tenant, Tenant) else self.tenants.get(tenant)
+
+    def _tenant_id(self, tenant: TenantRef | None) -> str | None:
+        return None if tenant is None else self._tenant(tenant).tenant_id
 
     # -- jobs --------------------------------------------------------------------------
 
-    def create_job(self, tenant: str, body: Mapping[str, Any], *, actor: str) -> tuple[Job, bool]:
+    def create_job(
+        self, tenant: TenantRef, body: Mapping[str, Any], *, actor: str
+    ) -> tuple[Job, bool]:
         """Create a job from a REST-shaped body; (job, created). Replaying an idempotency
-        key with the same body returns the first job with created=False."""
-        found = self.tenants.get(tenant)
+        key with the same body returns the first job with created=False (also when the
+        tenant is over its quotas: a replay is not a new job); another body is Conflict.
+
+        The quota checks and the insert are one transaction holding the tenant's row lock
+        (Postgres; SQLite transactions are serialized anyway), so concurrent creates can
+        neither both take the last slot nor both pass the rate limit."""
+        found = self._tenant(tenant)
         # validated against the database's clock, the one every dispatcher uses
         spec = parse_job_request(
             body, now=self.store.now(), max_payload_bytes=self.max_payload_bytes
         )
-        if self.jobs.count_active(found.tenant_id) >= found.max_jobs:
-            # a replay of an accepted request is not a new job and must still succeed
-            replay = self._replay(found.tenant_id, spec)
-            if replay is not None:
-                return replay, False
-            raise errors.QuotaExceeded(
-                f"tenant {found.name!r} has reached its limit of {found.max_jobs} active jobs",
-                field="max_jobs",
+        # JobRepo._insert reads store.partition_count inside the write transaction; on
+        # SQLite a first (uncached) read there opens a second connection that waits for the
+        # first one's write lock until the busy timeout. Reading it here first caches it.
+        partition_count = self.store.partition_count
+        try:
+            with self.store.tx() as connection:
+                max_jobs, rate = self._lock_tenant(connection, found.tenant_id)
+                existing = self.jobs._by_idempotency_key(connection, found.tenant_id, spec)
+                if existing is not None:
+                    return existing, False
+                now = db_now(connection)
+                self._check_rate(connection, found, rate, now)
+                self._check_max_jobs(connection, found, max_jobs)
+                job_id = self.jobs._insert(
+                    connection, found.tenant_id, spec, actor=actor, partition_count=partition_count
+                )
+                return self.jobs._get(connection, job_id, found.tenant_id), True
+        except IntegrityError:
+            # a concurrent create with the same key won the race: answer with its job
+            with self.store.read() as connection:
+                existing = self.jobs._by_idempotency_key(connection, found.tenant_id, spec)
+            if existing is None:
+                raise
+            return existing, False
+
+    @staticmethod
+    def _lock_tenant(connection: Connection, tenant_id: str) -> tuple[int, int]:
+        """The tenant's current quotas, its row locked until commit. FOR NO KEY UPDATE:
+        it serializes creates of this tenant but not the foreign-key checks of other
+        writers (those take KEY SHARE)."""
+        tenants = schema.tenants
+        query = select(tenants.c.max_jobs, tenants.c.create_rate_per_minute).where(
+            tenants.c.tenant_id == tenant_id
+        )
+        if connection.dialect.name == "postgresql":
+            query = query.with_for_update(key_share=True)
+        row = connection.execute(query).first()
+        if row is None:
+            raise errors.NotFound(f"no tenant {tenant_id!r}", field="tenant")
+        return int(row.max_jobs), int(row.create_rate_per_minute)
+
+    @staticmethod
+    def _check_rate(connection: Connection, tenant: Tenant, rate: int, now: datetime) -> None:
+        jobs = schema.jobs
+        since = now - RATE_WINDOW
+        # ids are time-ordered, so this is a short range of the (tenant_id, job_id) index,
+        # not a scan of every job the tenant ever had
+        floor = max(0, int((time.time() - (RATE_WINDOW + CLOCK_SKEW).total_seconds()) * 1000))
+        count, oldest = connection.execute(
+            select(func.count(), func.min(jobs.c.created_at)).where(
+                jobs.c.tenant_id == tenant.tenant_id,
+                jobs.c.job_id >= f"{floor:012x}",
+                jobs.c.created_at > since,
             )
-        # JobRepo.create reads store.partition_count inside its write transaction; on SQLite
-        # a first (uncached) read there opens a second connection that waits for the first
-        # one's write lock until the busy timeout. Reading it here first caches it.
-        _ = self.store.partition_count
-        return self.jobs.create(found.tenant_id, spec, actor=actor)
+        ).one()
+        if count < rate:
+            return
+        retry = (
+            math.ceil((oldest + RATE_WINDOW - now).total_seconds())
+            if oldest is not None
+            else math.ceil(RATE_WINDOW.total_seconds())
+        )
+        raise OverQuota(
+            f"tenant {tenant.name!r} may create {rate} jobs per minute and has created "
+            f"{count} in the last minute",
+            field="create_rate_per_minute",
+            retry_after=retry,
+        )
 
-    def _replay(self, tenant_id: str, spec: JobSpec) -> Job | None:
-        """The job an earlier request with this idempotency key created (Conflict if that
-        request differed); JobRepo.create does the same check inside its transaction."""
-        with self.store.read() as connection:
-            return self.jobs._by_idempotency_key(connection, tenant_id, spec)
+    @staticmethod
+    def _check_max_jobs(connection: Connection, tenant: Tenant, max_jobs: int) -> None:
+        jobs = schema.jobs
+        active = connection.execute(
+            select(func.count())
+            .select_from(jobs)
+            .where(
+                jobs.c.tenant_id == tenant.tenant_id,
+                jobs.c.status.in_([JobStatus.active.value, JobStatus.paused.value]),
+            )
+        ).scalar_one()
+        if active >= max_jobs:
+            raise OverQuota(
+                f"tenant {tenant.name!r} has reached its limit of {max_jobs} active jobs "
+                "(cancel some, or ask an operator to raise max_jobs)",
+                field="max_jobs",
+                retry_after=MAX_JOBS_RETRY_AFTER_SECONDS,
+            )
 
-    def get_job(self, job_id: str, tenant: str | None = None) -> Job:
+    def get_job(self, job_id: str, tenant: TenantRef | None = None) -> Job:
         return self.jobs.get(job_id, self._tenant_id(tenant))
 
     def list_jobs(
         self,
-        tenant: str | None = None,
+        tenant: TenantRef | None = None,
         status: str | JobStatus | None = None,
         limit: int = 50,
         cursor: str | None = None,
     ) -> Page:
-        """Jobs in creation order; pass `next_cursor` back to get the following page."""
+        """Jobs in creation order; pass `next_cursor` back to get the following page. Ids
+        are time-ordered and the cursor is the last id seen, so jobs created meanwhile
+        appear at the end and never shift or repeat a page."""
+        if cursor:
+            (after,) = decode_cursor(cursor, 1)
+            if not _JOB_ID.fullmatch(after):
+                raise errors.ValidationError("not a cursor this server issued", field="cursor")
         return self.jobs.list(
             tenant_id=self._tenant_id(tenant),
             status=_status(status),
@@ -114,23 +277,23 @@ class Scheduler:
             cursor=cursor,
         )
 
-    def cancel_job(self, job_id: str, tenant: str | None = None, *, actor: str) -> Job:
+    def cancel_job(self, job_id: str, tenant: TenantRef | None = None, *, actor: str) -> Job:
         return self.jobs.cancel(job_id, self._tenant_id(tenant), actor=actor)
 
-    def pause_job(self, job_id: str, tenant: str | None = None, *, actor: str) -> Job:
+    def pause_job(self, job_id: str, tenant: TenantRef | None = None, *, actor: str) -> Job:
         return self.jobs.pause(job_id, self._tenant_id(tenant), actor=actor)
 
-    def resume_job(self, job_id: str, tenant: str | None = None, *, actor: str) -> Job:
+    def resume_job(self, job_id: str, tenant: TenantRef | None = None, *, actor: str) -> Job:
         return self.jobs.resume(job_id, self._tenant_id(tenant), actor=actor)
 
-    def trigger_job(self, job_id: str, tenant: str | None = None, *, actor: str) -> Run:
+    def trigger_job(self, job_id: str, tenant: TenantRef | None = None, *, actor: str) -> Run:
         return self.jobs.trigger(job_id, self._tenant_id(tenant), actor=actor)
 
     def reschedule_job(
         self,
         job_id: str,
         schedule_body: Mapping[str, Any],
-        tenant: str | None = None,
+        tenant: TenantRef | None = None,
         *,
         actor: str,
     ) -> Job:
@@ -145,12 +308,71 @@ class Scheduler:
     def runs(
         self,
         job_id: str,
-        tenant: str | None = None,
+        tenant: TenantRef | None = None,
         limit: int = 50,
         cursor: str | None = None,
     ) -> Page:
         """Run history, newest first."""
+        if cursor:
+            (before,) = decode_cursor(cursor, 1)
+            try:
+                aware = datetime.fromisoformat(before).tzinfo is not None
+            except ValueError:
+                aware = False
+            if not aware:
+                raise errors.ValidationError("not a cursor this server issued", field="cursor")
         return self.jobs.runs(job_id, self._tenant_id(tenant), limit=limit, cursor=cursor)
+
+    # -- audit -------------------------------------------------------------------------
+
+    def audit(
+        self,
+        tenant: TenantRef | None = None,
+        job_id: str | None = None,
+        action: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Page:
+        """Audit log entries, newest first: who created, changed, cancelled, paused,
+        resumed or triggered what, and when."""
+        if not 1 <= limit <= MAX_PAGE:
+            raise errors.ValidationError(f"must be between 1 and {MAX_PAGE}", field="limit")
+        log, tenants = schema.audit_log, schema.tenants
+        query = (
+            select(log, tenants.c.name.label("tenant_name"))
+            .select_from(log.outerjoin(tenants, tenants.c.tenant_id == log.c.tenant_id))
+            .order_by(log.c.id.desc())
+            .limit(limit + 1)
+        )
+        tenant_id = self._tenant_id(tenant)
+        if tenant_id is not None:
+            query = query.where(log.c.tenant_id == tenant_id)
+        if job_id is not None:
+            query = query.where(log.c.job_id == job_id)
+        if action is not None:
+            query = query.where(log.c.action == action)
+        if cursor:
+            (before,) = decode_cursor(cursor, 1)
+            if not before.isdigit():
+                raise errors.ValidationError("not a cursor this server issued", field="cursor")
+            query = query.where(log.c.id < int(before))
+        with self.store.read() as connection:
+            rows = connection.execute(query).mappings().all()
+        items = tuple(
+            AuditEntry(
+                id=int(r["id"]),
+                at=r["at"],
+                tenant_id=r["tenant_id"],
+                tenant=r["tenant_name"],
+                actor=r["actor"],
+                action=r["action"],
+                job_id=r["job_id"],
+                detail=json.loads(r["detail"]) if r["detail"] else None,
+            )
+            for r in rows[:limit]
+        )
+        next_cursor = encode_cursor(str(items[-1].id)) if len(rows) > limit else None
+        return Page(items, next_cursor)
 
 
 def _status(status: str | JobStatus | None) -> JobStatus | None:

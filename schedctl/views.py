@@ -1,4 +1,5 @@
-"""Owns the public JSON shape of jobs, runs and tenants, shared by the CLI and the REST API.
+"""Owns the public JSON shape of jobs, runs, tenants, tokens and audit entries, shared by the
+CLI and the REST API, and its inverse for jobs and runs (the API client reads them back).
 
 Every value is JSON-safe: instants are RFC 3339 UTC with `Z`, enums are their values.
 Secrets (token hashes, signing secrets) are never part of a view.
@@ -6,12 +7,29 @@ Secrets (token hashes, signing secrets) are never part of a view.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from schedctl.models import Job, Run, Tenant
-from schedctl.scheduling.schedules import schedule_to_dict
+from schedctl import errors
+from schedctl.models import (
+    Job,
+    JobStatus,
+    RetryPolicy,
+    Run,
+    RunStatus,
+    RunTrigger,
+    Target,
+    TargetType,
+    Tenant,
+)
+from schedctl.scheduling.misfire import MisfirePolicy
+from schedctl.scheduling.schedules import schedule_from_dict, schedule_to_dict
 from schedctl.scheduling.timeparse import format_instant
+
+if TYPE_CHECKING:
+    from schedctl.service import AuditEntry
+    from schedctl.storage.tenants import TokenInfo
 
 
 def _instant(value: datetime | None) -> str | None:
@@ -78,6 +96,111 @@ def tenant_to_dict(tenant: Tenant) -> dict[str, Any]:
         "allow_list": list(tenant.allow_list),
         "created_at": format_instant(tenant.created_at),
     }
+
+
+def token_to_dict(token: TokenInfo) -> dict[str, Any]:
+    return {
+        "token_id": token.token_id,
+        "tenant_id": token.tenant_id,
+        "created_at": format_instant(token.created_at),
+        "revoked_at": _instant(token.revoked_at),
+        "active": token.revoked_at is None,
+    }
+
+
+def audit_to_dict(entry: AuditEntry) -> dict[str, Any]:
+    return {
+        "id": entry.id,
+        "at": format_instant(entry.at),
+        "tenant_id": entry.tenant_id,
+        "tenant": entry.tenant,
+        "actor": entry.actor,
+        "action": entry.action,
+        "job_id": entry.job_id,
+        "detail": entry.detail,
+    }
+
+
+# -- the inverse: JSON views back to models (the API client) ---------------------------
+
+
+def job_from_dict(data: Mapping[str, Any]) -> Job:
+    """The Job a job_to_dict view describes; a malformed view is a SchedError (the server
+    sent something this client does not understand), never a KeyError."""
+    try:
+        target_data = data["target"]
+        kind = TargetType(target_data["type"])
+        target = (
+            Target(kind, name=target_data["name"])
+            if kind is TargetType.queue
+            else Target(kind, url=target_data["url"])
+        )
+        retry = data["retry"]
+        return Job(
+            job_id=data["job_id"],
+            tenant_id=data["tenant_id"],
+            name=data["name"],
+            schedule=schedule_from_dict(data["schedule"]),
+            target=target,
+            payload=data["payload"],
+            retry=RetryPolicy(
+                max_attempts=int(retry["max_attempts"]),
+                base_delay_seconds=float(retry["base_delay_seconds"]),
+                max_delay_seconds=float(retry["max_delay_seconds"]),
+            ),
+            misfire_policy=MisfirePolicy(data["misfire_policy"]),
+            grace_seconds=int(data["grace_seconds"]),
+            window_seconds=int(data["window_seconds"]),
+            max_concurrency=int(data["max_concurrency"] or 0),
+            timeout_seconds=int(data["timeout_seconds"] or 0),
+            start_at=_parse(data["start_at"]),
+            end_at=_parse(data["end_at"]),
+            status=JobStatus(data["status"]),
+            next_run_at=_parse(data["next_run_at"]),
+            next_fire_at=_parse(data["next_fire_at"]),
+            partition=int(data["partition"]),
+            version=int(data["version"]),
+            idempotency_key=data["idempotency_key"],
+            created_at=_required(data["created_at"]),
+            updated_at=_required(data["updated_at"]),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise errors.SchedError(f"the server sent a job this client cannot read: {exc!r}") from exc
+
+
+def run_from_dict(data: Mapping[str, Any]) -> Run:
+    try:
+        return Run(
+            job_id=data["job_id"],
+            scheduled_at=_required(data["scheduled_at"]),
+            tenant_id=data["tenant_id"],
+            trigger=RunTrigger(data["trigger"]),
+            status=RunStatus(data["status"]),
+            attempt=int(data["attempt"]),
+            fire_at=_parse(data["fire_at"]),
+            dispatched_at=_parse(data["dispatched_at"]),
+            started_at=_parse(data["started_at"]),
+            finished_at=_parse(data["finished_at"]),
+            exit_code=data["exit_code"],
+            error=data["error"],
+            output_tail=data["output_tail"],
+            epoch=data["epoch"],
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise errors.SchedError(f"the server sent a run this client cannot read: {exc!r}") from exc
+
+
+def _parse(value: Any) -> datetime | None:
+    return None if value is None else _required(value)
+
+
+def _required(value: Any) -> datetime:
+    if not isinstance(value, str):
+        raise TypeError(f"expected an instant, got {value!r}")
+    parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if parsed.tzinfo is None:
+        raise ValueError(f"instant without an offset: {value!r}")
+    return parsed
 
 
 def schedule_summary(job: Job) -> str:

@@ -1,4 +1,5 @@
-"""scheduled-d: the daemon entry point; one process per mode (dispatcher, relay, worker, all)."""
+"""scheduled-d: the daemon entry point; one process per mode (dispatcher, relay, api, worker,
+all)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from schedctl.storage.engine import normalize_url
 from schedctl.storage.store import Store
 
 app = typer.Typer(
-    help="scheduled-d: the scheduler daemon. Modes: dispatcher, relay, worker, all.",
+    help="scheduled-d: the scheduler daemon. Modes: dispatcher, relay, api, worker, all.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -111,6 +112,34 @@ def relay(
         config = _config(config_path, db)
         store = _open_store(config, upgrade=False)
         run_relay(store, config)
+    except errors.SchedError as error:
+        _fail(error)
+
+
+@app.command()
+def api(
+    db: DbOption = None,
+    config_path: ConfigOption = None,
+    listen: Annotated[
+        str | None,
+        typer.Option(
+            "--listen",
+            help="HOST:PORT to serve on (default: the config's api_listen, 127.0.0.1:8080).",
+        ),
+    ] = None,
+) -> None:
+    """Serve the tenant REST API (/v1, /healthz, /openapi.json) until SIGTERM."""
+    from scheduled_d.api import run as run_api
+
+    _setup_logging()
+    try:
+        config = _config(config_path, db)
+        if listen is not None:
+            config = load_config(
+                config_path, overrides={"database_url": db, "api_listen": listen}
+            )
+        store = _open_store(config, upgrade=False)
+        run_api(store, config)
     except errors.SchedError as error:
         _fail(error)
 

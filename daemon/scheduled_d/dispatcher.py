@@ -1,22 +1,32 @@
-"""The dispatcher: for the partitions it owns, claims each due run at its time, in batches."""
+"""The dispatcher: preloads the next window of due runs of the partitions it owns into a
+heap, fires each from memory at its time (by the database clock), claims in batches, and
+paces catch-up per tenant."""
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import select
 
 from schedctl import errors
 from schedctl.coordination.base import Coordinator
-from schedctl.storage.claim import Claimer, ClaimResult
+from schedctl.storage import schema
+from schedctl.storage.changes import ChangeFeed, open_change_feed
+from schedctl.storage.claim import Claimer, ClaimResult, DueJob
 from schedctl.storage.store import Store
 
 log = logging.getLogger(__name__)
 
 CLOCK_RESYNC_SECONDS = 30.0
+LATENESS_SAMPLES = 100_000
 
 
 @dataclass
@@ -26,10 +36,36 @@ class DispatcherStats:
     stale: int = 0
     fenced_batches: int = 0
     aborted_batches: int = 0
+    reloads: int = 0
+    # seconds between each claimed run's fire time and its claim, newest last
+    lateness: deque[float] = field(default_factory=lambda: deque(maxlen=LATENESS_SAMPLES))
+
+
+class TokenBucket:
+    """`rate` tokens a second, bursting to one second's worth."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = max(rate, 0.001)
+        self.tokens = self.rate
+        self.at = time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.rate, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
 
 
 class Dispatcher:
-    """Claims due runs of owned partitions; "now" is the database clock (measured offset)."""
+    """Claims due runs of owned partitions at their time; "now" is the database clock.
+
+    Correctness never depends on the memory: every claim is fenced by epoch and
+    conditional on the job version it read, so a stale heap entry just claims nothing.
+    The memory is what makes it fast: one range read per window instead of a poll.
+    """
 
     def __init__(
         self,
@@ -39,22 +75,38 @@ class Dispatcher:
         owner: str,
         batch_size: int = 1000,
         poll_seconds: float = 0.25,
+        window_seconds: float = 60.0,
+        preload_limit: int = 200_000,
+        catchup_after_seconds: float = 2.0,
         on_claimed: Callable[[ClaimResult], None] | None = None,
+        change_feed: ChangeFeed | None = None,
     ) -> None:
         self.store = store
         self.coordinator = coordinator
         self.claimer = Claimer(store, owner)
         self.batch_size = batch_size
         self.poll_seconds = poll_seconds
+        self.window = timedelta(seconds=window_seconds)
+        self.preload_limit = preload_limit
+        self.catchup_after = timedelta(seconds=catchup_after_seconds)
         self.on_claimed = on_claimed
         self.stats = DispatcherStats()
-        self.wake_event = threading.Event()
+        self._feed = change_feed
+        self._wake = threading.Event()
         self._offset = 0.0
         self._offset_at = float("-inf")
+        self._heap: list[tuple[datetime, int, DueJob]] = []
+        self._seq = itertools.count()
+        self._versions: dict[str, int] = {}  # the newest version seen per job in the heap
+        self._loaded_for: Mapping[int, int] = {}
+        self._horizon = datetime.min.replace(tzinfo=UTC)
+        self._reload_at = float("-inf")
+        self._reload_when_drained = False
+        self._deferring = False
+        self._buckets: dict[str, TokenBucket] = {}
+        self._rates: dict[str, float] = {}
 
-    def wake(self) -> None:
-        """A job was created or changed: look again now instead of at the next poll."""
-        self.wake_event.set()
+    # -- clock -------------------------------------------------------------------------
 
     def now(self) -> datetime:
         if time.monotonic() - self._offset_at > CLOCK_RESYNC_SECONDS:
@@ -62,41 +114,149 @@ class Dispatcher:
             self._offset_at = time.monotonic()
         return datetime.now(UTC) + timedelta(seconds=self._offset)
 
-    def tick(self) -> int:
-        """Claim one batch of due runs; returns how many jobs were claimed."""
-        owned = self.coordinator.owned()
-        if not owned:
-            return 0
+    def wake(self) -> None:
+        """Ownership changed: look again now."""
+        self._wake.set()
+
+    # -- memory --------------------------------------------------------------------------
+
+    def _push(self, due: DueJob) -> None:
+        if self._versions.get(due.job_id, -1) > due.version:
+            return
+        self._versions[due.job_id] = due.version
+        heapq.heappush(self._heap, (due.next_fire_at, next(self._seq), due))
+
+    def reload(self, owned: Mapping[int, int]) -> None:
+        """Load every run due within the window for the owned partitions."""
         now = self.now()
-        due = self.claimer.load_due(owned.keys(), now, self.batch_size)
-        if not due:
+        horizon = now + self.window
+        due = self.claimer.load_due(owned.keys(), horizon, self.preload_limit)
+        self._heap, self._versions = [], {}
+        for item in due:
+            self._push(item)
+        # a full page means there may be more before the horizon: load again when it drains
+        truncated = len(due) >= self.preload_limit
+        self._horizon = due[-1].next_fire_at if truncated else horizon
+        self._loaded_for = dict(owned)
+        self._reload_at = time.monotonic() + self.window.total_seconds() / 2
+        self._reload_when_drained = truncated
+        self._load_rates()
+        self.stats.reloads += 1
+
+    def _load_rates(self) -> None:
+        with self.store.read() as connection:
+            rows = connection.execute(
+                select(schema.tenants.c.tenant_id, schema.tenants.c.dispatch_rate_per_second)
+            ).all()
+        self._rates = {r[0]: float(r[1]) for r in rows}
+
+    def add_changed(self, job_ids: tuple[str, ...], owned: Mapping[int, int]) -> None:
+        for item in self.claimer.load_jobs(job_ids, owned.keys(), self._horizon):
+            self._push(item)
+
+    # -- firing --------------------------------------------------------------------------
+
+    def fire_due(self, owned: Mapping[int, int]) -> int:
+        """Claim what is due now, one batch; returns how many runs were taken to claim."""
+        now = self.now()
+        batch: list[DueJob] = []
+        deferred: list[DueJob] = []
+        while self._heap and self._heap[0][0] <= now and len(batch) < self.batch_size:
+            _, _, item = heapq.heappop(self._heap)
+            if self._versions.get(item.job_id) != item.version or item.partition not in owned:
+                continue
+            if now - item.next_fire_at > self.catchup_after and not self._paced(item.tenant_id):
+                deferred.append(item)  # catch-up beyond the tenant's rate: a little later
+                continue
+            batch.append(item)
+        for item in deferred:
+            heapq.heappush(self._heap, (item.next_fire_at, next(self._seq), item))
+        self._deferring = bool(deferred)
+        if not batch:
             return 0
-        result = self.claimer.claim(due, owned, now)
+        result = self.claimer.claim(batch, owned, now)
+        self._account(result, batch, now)
+        if result.aborted:
+            for item in batch:  # nothing committed: try again
+                heapq.heappush(self._heap, (item.next_fire_at, next(self._seq), item))
+            return len(batch)
+        for item in batch:
+            self._versions.pop(item.job_id, None)
+        for item in result.advanced:
+            if item.next_fire_at <= self._horizon:
+                self._push(item)
+        if result.dispatched and self.on_claimed is not None:
+            self.on_claimed(result)
+        return len(batch)
+
+    def _paced(self, tenant_id: str) -> bool:
+        bucket = self._buckets.get(tenant_id)
+        if bucket is None:
+            bucket = self._buckets[tenant_id] = TokenBucket(self._rates.get(tenant_id, 1000.0))
+        return bucket.take()
+
+    def _account(self, result: ClaimResult, batch: list[DueJob], now: datetime) -> None:
         self.stats.claimed += len(result.dispatched)
         self.stats.skipped += result.skipped
         self.stats.stale += result.stale
-        if result.fenced:
-            self.stats.fenced_batches += 1
-            log.warning(
-                "fenced off partitions %s: another dispatcher owns them", sorted(result.fenced)
-            )
         if result.aborted:
             self.stats.aborted_batches += 1
-        if result.dispatched and self.on_claimed is not None:
-            self.on_claimed(result)
-        return len(due)
+        if result.fenced:
+            self.stats.fenced_batches += 1
+            log.warning("fenced off partitions %s: another owner has them", sorted(result.fenced))
+        fire_at = {d.job_id: d.next_fire_at for d in batch}
+        for job_id, _scheduled_at in result.dispatched:
+            if job_id in fire_at:
+                self.stats.lateness.append((now - fire_at[job_id]).total_seconds())
+
+    # -- loop ----------------------------------------------------------------------------
+
+    def _sleep_seconds(self) -> float:
+        timeout = self.poll_seconds
+        if self._deferring:
+            return min(timeout, 0.05)  # paced catch-up: tokens come back continuously
+        if self._heap:
+            until_next = (self._heap[0][0] - self.now()).total_seconds()
+            timeout = min(timeout, max(until_next, 0.0))
+        return max(timeout, 0.0)
+
+    def run_once(self, feed: ChangeFeed) -> int:
+        owned = self.coordinator.owned()
+        if not owned:
+            self._heap, self._versions, self._loaded_for = [], {}, {}
+            self._wake.wait(self.poll_seconds)
+            self._wake.clear()
+            return 0
+        if (
+            owned != self._loaded_for
+            or time.monotonic() >= self._reload_at
+            or (self._reload_when_drained and not self._heap)
+        ):
+            self.reload(owned)
+        fired = self.fire_due(owned)
+        if fired >= self.batch_size:
+            return fired  # more is due: no waiting
+        if self._wake.is_set():
+            self._wake.clear()
+            return fired
+        changes = feed.wait(self._sleep_seconds())
+        if changes.reload:
+            self._reload_at = float("-inf")
+        elif changes.job_ids:
+            self.add_changed(changes.job_ids, owned)
+        return fired
 
     def run(self, stop: threading.Event) -> None:
+        feed = self._feed or open_change_feed(self.store, self.poll_seconds)
         log.info("dispatcher started")
-        while not stop.is_set():
-            try:
-                claimed = self.tick()
-            except errors.StoreUnavailable as exc:
-                log.warning("database unavailable, retrying: %s", exc)
-                stop.wait(1.0)
-                continue
-            if claimed >= self.batch_size:
-                continue  # more is due: no sleep
-            self.wake_event.wait(self.poll_seconds)
-            self.wake_event.clear()
+        try:
+            while not stop.is_set():
+                try:
+                    self.run_once(feed)
+                except errors.StoreUnavailable as exc:
+                    log.warning("database unavailable, retrying: %s", exc)
+                    self._reload_at = float("-inf")
+                    stop.wait(1.0)
+        finally:
+            feed.close()
         log.info("dispatcher stopped (claimed %d runs)", self.stats.claimed)

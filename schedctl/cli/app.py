@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from schedctl import __version__
-from schedctl.cli import cron_cmd, db, jobs, runs, tenants
+from schedctl.cli import audit, cron_cmd, db, jobs, runs, tenants
 from schedctl.cli.common import (
     EXIT_CODES_HELP,
     CliState,
@@ -32,7 +32,9 @@ app = typer.Typer(
     help=(
         "schedctl: operate the scheduled-d job scheduler (jobs, runs, tenants, migrations).\n\n"
         "The database comes from --db, then $SCHEDULED_DATABASE_URL, then the config file, "
-        "then the embedded SQLite default (created on first use).\n\n" + EXIT_CODES_HELP
+        "then the embedded SQLite default (created on first use). With --api URL and "
+        "--token, job and runs commands go through a remote scheduled-d API instead.\n\n"
+        + EXIT_CODES_HELP
     ),
     no_args_is_help=True,
     add_completion=False,
@@ -68,6 +70,27 @@ def root(
             show_envvar=True,
         ),
     ] = None,
+    api: Annotated[
+        str | None,
+        typer.Option(
+            "--api",
+            envvar="SCHEDULED_API_URL",
+            help=(
+                "Work against this scheduled-d API (http://host:port) instead of the "
+                "database: job and runs commands only."
+            ),
+            show_envvar=True,
+        ),
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token",
+            envvar="SCHEDULED_API_TOKEN",
+            help="The tenant's API token, with --api (prefer the environment variable).",
+            show_envvar=True,
+        ),
+    ] = None,
     output: Annotated[
         OutputFormat,
         typer.Option(
@@ -91,7 +114,9 @@ def root(
         # piped or captured: rich would squeeze tables into 80 columns and cut job ids
         # short with an ellipsis; a line per row is what grep and people both want
         console.width = PIPE_WIDTH
-    state = CliState(db=db_url, config_path=config, output=output, debug=debug)
+    state = CliState(
+        db=db_url, config_path=config, output=output, debug=debug, api_url=api, api_token=token
+    )
     ctx.obj = state
     ctx.call_on_close(state.close)
 
@@ -101,6 +126,7 @@ app.add_typer(tenants.app, name="tenant")
 app.add_typer(jobs.app, name="job")
 app.command("runs")(runs.runs)
 app.add_typer(cron_cmd.app, name="cron")
+app.command("audit")(audit.audit)
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
-"""Owns what every schedctl command shares: the root options' state (database, config,
-output format), opening the store, the actor name, and mapping errors to exit codes.
+"""Owns what every schedctl command shares: the root options' state (database or remote API,
+config, output format), opening the store, the actor name, and mapping errors to exit codes.
 
 Exit codes (documented in `schedctl --help`): 0 ok, 1 internal error, 2 invalid input or
 usage, 3 not found, 4 conflict, 5 quota exceeded, 6 unauthorized, 7 database unavailable.
@@ -7,7 +7,12 @@ usage, 3 not found, 4 conflict, 5 quota exceeded, 6 unauthorized, 7 database una
 Command groups added later (dlq, status, bench, audit) get all of this for free: errors
 are mapped by `SchedGroup`, the root app's group class, around every subcommand; a leaf
 command takes `output: OutputOption = None` and calls `output_format(ctx, output)`, and
-`cli_state(ctx).scheduler()` / `.store()` for the database.
+`cli_state(ctx).scheduler()` for jobs and runs, `.database()` / `.store()` for everything
+else.
+
+With `--api URL` (and `--token`), `scheduler()` is a `schedctl.client.ApiClient`: the job
+and runs commands work against a remote API with the same methods. Commands that need the
+database itself (tenants, db, audit, ...) call `database()`, which refuses --api clearly.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typer.core import TyperGroup
 
 from schedctl import errors
 from schedctl.cli.output import OutputFormat, console, err_console
+from schedctl.client import ApiClient
 from schedctl.config import Config, default_database_url, load_config
 from schedctl.service import Scheduler
 from schedctl.storage.engine import make_engine, normalize_url
@@ -63,8 +69,11 @@ class CliState:
     config_path: str | None = None
     output: OutputFormat = OutputFormat.table
     debug: bool = False
+    api_url: str | None = None
+    api_token: str | None = field(default=None, repr=False)
     _config: Config | None = field(default=None, repr=False)
     _scheduler: Scheduler | None = field(default=None, repr=False)
+    _client: ApiClient | None = field(default=None, repr=False)
 
     def config(self) -> Config:
         if self._config is None:
@@ -72,9 +81,20 @@ class CliState:
         return self._config
 
     def database_url(self) -> str:
+        self._refuse_api()
         return normalize_url(self.config().database_url)
 
-    def scheduler(self) -> Scheduler:
+    def scheduler(self) -> Scheduler | ApiClient:
+        """Jobs and runs: the remote API with --api, else the database."""
+        if self.api_url:
+            if self._client is None:
+                self._client = ApiClient(self.api_url, self.api_token or "")
+            return self._client
+        return self.database()
+
+    def database(self) -> Scheduler:
+        """The database's library API; refused with --api (the command needs the database)."""
+        self._refuse_api()
         if self._scheduler is None:
             config = self.config()
             self._scheduler = Scheduler(
@@ -83,12 +103,23 @@ class CliState:
         return self._scheduler
 
     def store(self) -> Store:
-        return self.scheduler().store
+        return self.database().store
+
+    def _refuse_api(self) -> None:
+        if self.api_url:
+            raise errors.ValidationError(
+                "this command works on the database directly and cannot go through the API: "
+                "drop --api (and SCHEDULED_API_URL) and give --db",
+                field="--api",
+            )
 
     def close(self) -> None:
         if self._scheduler is not None:
             self._scheduler.close()
             self._scheduler = None
+        if self._client is not None:
+            self._client.close()
+            self._client = None
 
 
 def is_embedded_default(url: str) -> bool:

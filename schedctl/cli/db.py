@@ -1,4 +1,5 @@
-"""Owns `schedctl db`: schema migrations (upgrade, idempotent) and the schema status."""
+"""Owns `schedctl db`: schema migrations (upgrade, idempotent), the schema status, and payload
+encryption keys (make a new key, re-encrypt every payload after a rotation)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,17 @@ import typer
 
 from schedctl.cli.common import OutputOption, cli_state, output_format, say
 from schedctl.cli.output import OutputFormat, emit
+from schedctl.crypto import PayloadCipher
 from schedctl.storage.engine import check_connection, make_engine, redact
 from schedctl.storage.migrate import current_revision, head_revision, upgrade_engine
+from schedctl.storage.payloads import payload_cipher, rotate_payloads
 from schedctl.storage.store import Store
 
 app = typer.Typer(
-    help="Database schema: upgrade to this version's schema, or show its status.",
+    help=(
+        "Database schema: upgrade to this version's schema, or show its status; payload "
+        "encryption keys."
+    ),
     no_args_is_help=True,
 )
 
@@ -75,3 +81,38 @@ def status(ctx: typer.Context, output: OutputOption = None) -> None:
     emit(result, fmt, title="schema")
     if current != head:
         say("run `schedctl db upgrade` to bring it up to date")
+
+
+@app.command("new-payload-key")
+def new_payload_key() -> None:
+    """Print a new payload encryption key (for SCHEDULED_PAYLOAD_KEYS_FILE; keep it secret).
+
+    To rotate: put the new key FIRST in the key file and keep the old ones after it; restart
+    the daemons and API servers; run `schedctl db rotate-payload-key`; then remove the old
+    keys and restart again."""
+    say(PayloadCipher.generate_key())
+
+
+@app.command("rotate-payload-key")
+def rotate_payload_key(ctx: typer.Context, output: OutputOption = None) -> None:
+    """Re-encrypt every stored job payload with the current (first) key; plaintext payloads
+    written before encryption was enabled get encrypted too. Safe to run again, and while
+    the scheduler runs."""
+    cipher = payload_cipher()
+    result = rotate_payloads(cli_state(ctx).store(), cipher)
+    data = {
+        "examined": result.examined,
+        "rewritten": result.rewritten,
+        "already_current": result.already_current,
+        "keys": cipher.key_count if cipher is not None else 0,
+    }
+    fmt = output_format(ctx, output)
+    if fmt is OutputFormat.json:
+        emit(data, fmt)
+        return
+    say(
+        f"{result.examined} payload(s): {result.rewritten} re-encrypted with the current key, "
+        f"{result.already_current} already under it"
+    )
+    if data["keys"] and int(data["keys"]) > 1:
+        say("the older keys can now be removed from the key file (then restart the daemons)")

@@ -1,4 +1,5 @@
-"""Owns `schedctl tenant`: create (prints the API token once), list, show."""
+"""Owns `schedctl tenant`: create (prints the API token once), list, show, quota, and
+`tenant token create|list|revoke` (API tokens: issued once, stored hashed, revocable)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,26 @@ import typer
 
 from schedctl.cli.common import OutputOption, actor, cli_state, output_format, say
 from schedctl.cli.output import OutputFormat, emit
-from schedctl.views import tenant_to_dict
+from schedctl.views import tenant_to_dict, token_to_dict
 
 app = typer.Typer(
     help="Tenants: who owns jobs, with their API tokens and quotas.", no_args_is_help=True
 )
 
-TENANT_COLUMNS = ("name", "tenant_id", "max_jobs", "dispatch_rate_per_second", "created_at")
+TENANT_COLUMNS = (
+    "name",
+    "tenant_id",
+    "max_jobs",
+    "create_rate_per_minute",
+    "dispatch_rate_per_second",
+    "created_at",
+)
+TOKEN_COLUMNS = ("token_id", "created_at", "revoked_at", "active")
+
+token_app = typer.Typer(
+    help="API tokens of a tenant: create another, list, revoke.", no_args_is_help=True
+)
+app.add_typer(token_app, name="token")
 
 
 @app.command()
@@ -24,7 +38,7 @@ def create(
     output: OutputOption = None,
 ) -> None:
     """Create a tenant and print its API token (shown this once only)."""
-    tenant, token = cli_state(ctx).scheduler().create_tenant(name, actor())
+    tenant, token = cli_state(ctx).database().create_tenant(name, actor())
     fmt = output_format(ctx, output)
     if fmt is OutputFormat.json:
         emit({**tenant_to_dict(tenant), "token": token}, fmt)
@@ -38,7 +52,7 @@ def create(
 @app.command("list")
 def list_(ctx: typer.Context, output: OutputOption = None) -> None:
     """All tenants."""
-    tenants = [tenant_to_dict(t) for t in cli_state(ctx).scheduler().list_tenants()]
+    tenants = [tenant_to_dict(t) for t in cli_state(ctx).database().list_tenants()]
     fmt = output_format(ctx, output)
     if fmt is OutputFormat.json:
         emit(tenants, fmt)
@@ -55,5 +69,80 @@ def show(
     output: OutputOption = None,
 ) -> None:
     """One tenant: id, quotas, HTTP allow-list."""
-    found = cli_state(ctx).scheduler().get_tenant(tenant)
+    found = cli_state(ctx).database().get_tenant(tenant)
     emit(tenant_to_dict(found), output_format(ctx, output), title=f"tenant {found.name}")
+
+
+@app.command()
+def quota(
+    ctx: typer.Context,
+    tenant: Annotated[str, typer.Argument(help="Tenant name or id.")],
+    max_jobs: Annotated[
+        int | None,
+        typer.Option("--max-jobs", min=0, help="Active (and paused) jobs the tenant may have."),
+    ] = None,
+    create_rate: Annotated[
+        int | None,
+        typer.Option("--create-rate", min=0, help="Jobs the tenant may create per minute."),
+    ] = None,
+    output: OutputOption = None,
+) -> None:
+    """Change a tenant's quotas; over them the API answers 429 with Retry-After."""
+    found = (
+        cli_state(ctx)
+        .database()
+        .set_quotas(tenant, max_jobs=max_jobs, create_rate_per_minute=create_rate, actor=actor())
+    )
+    emit(tenant_to_dict(found), output_format(ctx, output), title=f"tenant {found.name}")
+
+
+@token_app.command("create")
+def token_create(
+    ctx: typer.Context,
+    tenant: Annotated[str, typer.Argument(help="Tenant name or id.")],
+    output: OutputOption = None,
+) -> None:
+    """Issue another API token (e.g. to rotate one); it is shown this once only."""
+    token = cli_state(ctx).database().new_token(tenant, actor=actor())
+    fmt = output_format(ctx, output)
+    token_id = token.split("_")[1]
+    if fmt is OutputFormat.json:
+        emit({"tenant": tenant, "token_id": token_id, "token": token}, fmt)
+        return
+    say(f"token {token_id} created for tenant {tenant}")
+    say("API token (it will not be shown again; store it now):")
+    say(token)
+
+
+@token_app.command("list")
+def token_list(
+    ctx: typer.Context,
+    tenant: Annotated[str, typer.Argument(help="Tenant name or id.")],
+    output: OutputOption = None,
+) -> None:
+    """The tenant's tokens: ids and dates (a token itself is never stored)."""
+    tokens = [token_to_dict(t) for t in cli_state(ctx).database().list_tokens(tenant)]
+    fmt = output_format(ctx, output)
+    if fmt is OutputFormat.json:
+        emit(tokens, fmt)
+    elif not tokens:
+        say(f"tenant {tenant} has no API tokens")
+    else:
+        emit(tokens, fmt, columns=TOKEN_COLUMNS)
+
+
+@token_app.command("revoke")
+def token_revoke(
+    ctx: typer.Context,
+    token: Annotated[
+        str, typer.Argument(help="The token id (from `token list`) or the whole token.")
+    ],
+    output: OutputOption = None,
+) -> None:
+    """Revoke an API token: the API refuses it (401) from its next request on."""
+    token_id = cli_state(ctx).database().revoke_token(token, actor=actor())
+    fmt = output_format(ctx, output)
+    if fmt is OutputFormat.json:
+        emit({"token_id": token_id, "revoked": True}, fmt)
+        return
+    say(f"token {token_id} revoked")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -59,6 +59,8 @@ class ClaimResult:
     stale: int = 0  # jobs whose version moved on (claimed elsewhere, cancelled, changed)
     fenced: set[int] = field(default_factory=set)  # partitions whose epoch is not ours
     aborted: bool = False  # lost a lock race; nothing committed
+    # the claimed recurring jobs as they are now, so a dispatcher can keep them in memory
+    advanced: list[DueJob] = field(default_factory=list)
 
 
 _DUE_COLUMNS = [
@@ -94,6 +96,24 @@ def due_query(partitions: Collection[int], before: datetime, limit: int) -> Any:
     )
 
 
+def _due_from_row(r: Any) -> DueJob:
+    return DueJob(
+        job_id=r["job_id"],
+        tenant_id=r["tenant_id"],
+        partition=r["partition"],
+        version=r["version"],
+        schedule=schedule_from_dict(json.loads(r["schedule"])),
+        next_run_at=r["next_run_at"],
+        next_fire_at=r["next_fire_at"],
+        misfire_policy=MisfirePolicy(r["misfire_policy"]),
+        grace_seconds=r["grace_seconds"],
+        window_seconds=r["window_seconds"],
+        end_at=r["end_at"],
+        target_type=r["target_type"],
+        target=r["target"],
+    )
+
+
 class Claimer:
     def __init__(self, store: Store, owner: str) -> None:
         self.store = store
@@ -107,24 +127,20 @@ class Claimer:
             return []
         with self.store.read() as connection:
             rows = connection.execute(due_query(partitions, before, limit)).mappings().all()
-        return [
-            DueJob(
-                job_id=r["job_id"],
-                tenant_id=r["tenant_id"],
-                partition=r["partition"],
-                version=r["version"],
-                schedule=schedule_from_dict(json.loads(r["schedule"])),
-                next_run_at=r["next_run_at"],
-                next_fire_at=r["next_fire_at"],
-                misfire_policy=MisfirePolicy(r["misfire_policy"]),
-                grace_seconds=r["grace_seconds"],
-                window_seconds=r["window_seconds"],
-                end_at=r["end_at"],
-                target_type=r["target_type"],
-                target=r["target"],
-            )
-            for r in rows
-        ]
+        return [_due_from_row(r) for r in rows]
+
+    def load_jobs(
+        self, job_ids: Collection[str], partitions: Collection[int], before: datetime
+    ) -> list[DueJob]:
+        """These jobs, if they are in `partitions` and due before `before` (notifications)."""
+        if not job_ids or not partitions:
+            return []
+        query = due_query(partitions, before, len(job_ids)).where(
+            schema.jobs.c.job_id.in_(sorted(set(job_ids)))
+        )
+        with self.store.read() as connection:
+            rows = connection.execute(query).mappings().all()
+        return [_due_from_row(r) for r in rows]
 
     def claim(self, due: Sequence[DueJob], epochs: Mapping[int, int], now: datetime) -> ClaimResult:
         """Claim one batch; `epochs` maps each owned partition to the epoch it was won with."""
@@ -192,6 +208,15 @@ class Claimer:
             plan = plans[d.job_id]
             if plan.next_run_at is None:
                 result.completed += 1
+            else:
+                result.advanced.append(
+                    replace(
+                        d,
+                        version=d.version + 1,
+                        next_run_at=plan.next_run_at,
+                        next_fire_at=fire_time(d.job_id, plan.next_run_at, d.window_seconds),
+                    )
+                )
             epoch = epochs[d.partition]
             for nominal in plan.skipped:
                 run_rows.append(self._run_row(d, nominal, now, epoch, RunStatus.skipped))

@@ -26,6 +26,7 @@ from schedctl.scheduling.schedules import (
 )
 from schedctl.scheduling.windows import fire_time
 from schedctl.storage import schema
+from schedctl.storage.changes import notify_job_change
 from schedctl.storage.rows import job_from_row, run_from_row
 from schedctl.storage.store import Store
 
@@ -159,6 +160,7 @@ class JobRepo:
         now = db_now(connection)
         next_run_at = self._first_run(spec.schedule, now, spec)
         job_id = new_job_id()
+        partition = partition_of(job_id, partition_count)
         connection.execute(
             schema.jobs.insert().values(
                 job_id=job_id,
@@ -181,7 +183,7 @@ class JobRepo:
                 status=JobStatus.active.value,
                 next_run_at=next_run_at,
                 next_fire_at=fire_time(job_id, next_run_at, spec.window_seconds),
-                partition=partition_of(job_id, partition_count),
+                partition=partition,
                 version=1,
                 idempotency_key=spec.idempotency_key,
                 request_hash=spec.request_hash,
@@ -190,6 +192,7 @@ class JobRepo:
             )
         )
         audit(connection, at=now, tenant_id=tenant_id, actor=actor, action="create", job_id=job_id)
+        notify_job_change(connection, job_id, partition)
         return job_id
 
     @staticmethod
@@ -375,6 +378,8 @@ class JobRepo:
                 raise errors.Conflict(
                     f"job {job_id} changed while being updated; try again", field="version"
                 )
+            if changes.get("next_fire_at") is not None:
+                notify_job_change(connection, job_id, job.partition)
             audit(
                 connection,
                 at=now,

@@ -1,4 +1,7 @@
-"""Owns tenants and their API tokens in the database: create, look up, authenticate, revoke.
+"""Owns tenants, their quotas and their API tokens in the database.
+
+Tenants are created, looked up and given quotas; tokens are issued, authenticated, listed
+and revoked.
 
 A token is `st_<token_id>_<secret>`. Only its sha256 is stored, so a database dump does not
 hand out credentials; the token itself is returned once, at creation. The token_id part
@@ -7,11 +10,14 @@ names the token (for revocation and audit) without revealing it.
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import json
 import re
 import secrets
 import uuid
+from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import or_, select, update
 from sqlalchemy.engine import Connection
@@ -30,6 +36,31 @@ DEFAULT_CREATE_RATE_PER_MINUTE = 600
 DEFAULT_DISPATCH_RATE_PER_SECOND = 1000
 TENANT_NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
 _TOKEN = re.compile(r"st_([0-9a-f]{12})_[A-Za-z0-9_-]{20,100}")
+_TOKEN_ID = re.compile(r"[0-9a-f]{12}")
+MAX_QUOTA = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """What may be shown about an API token: never the token or its hash."""
+
+    token_id: str
+    tenant_id: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+def token_id_of(token_or_id: str) -> str:
+    """The token id from a token id or a whole token (`st_<token_id>_<secret>`)."""
+    value = token_or_id.strip()
+    match = _TOKEN.fullmatch(value)
+    if match:
+        return match.group(1)
+    if _TOKEN_ID.fullmatch(value):
+        return value
+    raise errors.ValidationError(
+        "expected a token id (12 hex digits) or a whole API token", field="token_id"
+    )
 
 
 def hash_token(token: str) -> str:
@@ -148,6 +179,89 @@ class TenantRepo:
         if row is None or row.revoked_at is not None:
             raise errors.Unauthorized("invalid API token", field="token")
         return str(row.tenant_id), str(row.token_id)
+
+    def authenticate_tenant(self, token: str) -> tuple[Tenant, str]:
+        """(tenant, token_id) for a valid, unrevoked token, in one query; Unauthorized
+        otherwise. The API calls this on every request, so a revocation takes effect at once."""
+        if not isinstance(token, str) or not _TOKEN.fullmatch(token):
+            raise errors.Unauthorized("invalid API token", field="token")
+        tokens = schema.api_tokens
+        with self.store.read() as connection:
+            row = (
+                connection.execute(
+                    select(schema.tenants, tokens.c.token_id, tokens.c.revoked_at)
+                    .join(tokens, tokens.c.tenant_id == schema.tenants.c.tenant_id)
+                    .where(tokens.c.token_hash == hash_token(token))
+                )
+                .mappings()
+                .first()
+            )
+        if row is None or row["revoked_at"] is not None:
+            raise errors.Unauthorized("invalid API token", field="token")
+        return tenant_from_row(row), str(row["token_id"])
+
+    def list_tokens(self, tenant: str) -> builtins.list[TokenInfo]:
+        """The tenant's API tokens (ids and dates only), oldest first."""
+        tokens = schema.api_tokens
+        with self.store.read() as connection:
+            found = self._get(connection, tenant)
+            rows = connection.execute(
+                select(tokens.c.token_id, tokens.c.created_at, tokens.c.revoked_at)
+                .where(tokens.c.tenant_id == found.tenant_id)
+                .order_by(tokens.c.created_at, tokens.c.token_id)
+            ).all()
+        return [
+            TokenInfo(
+                token_id=str(r.token_id),
+                tenant_id=found.tenant_id,
+                created_at=r.created_at,
+                revoked_at=r.revoked_at,
+            )
+            for r in rows
+        ]
+
+    def set_quotas(
+        self,
+        tenant: str,
+        *,
+        max_jobs: int | None = None,
+        create_rate_per_minute: int | None = None,
+        actor: str = "system",
+    ) -> Tenant:
+        """Change the tenant's quotas; None leaves one as it is. Lowering max_jobs below the
+        active count cancels nothing: it only refuses new jobs until enough have ended."""
+        changes: dict[str, int] = {}
+        for field, value in (
+            ("max_jobs", max_jobs),
+            ("create_rate_per_minute", create_rate_per_minute),
+        ):
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_QUOTA:
+                raise errors.ValidationError(
+                    f"must be an integer from 0 to {MAX_QUOTA}, got {value!r}", field=field
+                )
+            changes[field] = value
+        if not changes:
+            raise errors.ValidationError(
+                "give at least one quota to change", field="max_jobs, create_rate_per_minute"
+            )
+        with self.store.tx() as connection:
+            found = self._get(connection, tenant)
+            connection.execute(
+                update(schema.tenants)
+                .where(schema.tenants.c.tenant_id == found.tenant_id)
+                .values(**changes)
+            )
+            audit(
+                connection,
+                at=db_now(connection),
+                tenant_id=found.tenant_id,
+                actor=actor,
+                action="tenant_quota",
+                detail=dict(changes),
+            )
+            return self._get(connection, found.tenant_id)
 
     def new_token(self, tenant: str, *, actor: str = "system") -> str:
         """Another API token for the tenant (name or id), e.g. to rotate the first one."""

@@ -1,0 +1,62 @@
+"""Owns `schedctl audit`: the audit log (who created, changed, cancelled, paused, resumed or
+triggered which job, and when), newest first, one page at a time."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+
+from schedctl.cli.common import OutputOption, TenantOption, cli_state, output_format, say
+from schedctl.cli.output import OutputFormat, emit
+from schedctl.views import audit_to_dict
+
+AUDIT_COLUMNS = ("at", "tenant", "actor", "action", "job_id", "detail")
+
+
+def audit(
+    ctx: typer.Context,
+    tenant: TenantOption = None,
+    job: Annotated[str | None, typer.Option("--job", "-j", help="Only this job's entries.")] = None,
+    action: Annotated[
+        str | None,
+        typer.Option(
+            "--action",
+            help="Only this action: create, reschedule, cancel, pause, resume, trigger, "
+            "tenant_create, token_create, token_revoke, tenant_quota.",
+        ),
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", "-n", help="Entries per page (1-1000).")] = 50,
+    cursor: Annotated[
+        str | None, typer.Option("--cursor", help="Continue after a previous page.")
+    ] = None,
+    output: OutputOption = None,
+) -> None:
+    """The audit log, newest first. The actor is `token:ID` for API calls (the token id, see
+    `schedctl tenant token list`) and `cli:USER` for schedctl."""
+    page = (
+        cli_state(ctx)
+        .database()
+        .audit(tenant, job_id=job, action=action, limit=limit, cursor=cursor)
+    )
+    items = [audit_to_dict(e) for e in page.items]
+    fmt = output_format(ctx, output)
+    if fmt is OutputFormat.json:
+        emit({"items": items, "next_cursor": page.next_cursor}, fmt)
+        return
+    if items:
+        emit([_row(i) for i in items], fmt, columns=AUDIT_COLUMNS, title="audit log")
+    else:
+        say("no audit entries")
+    if page.next_cursor:
+        say(f"more: --cursor {page.next_cursor}")
+
+
+def _row(item: dict[str, Any]) -> dict[str, Any]:
+    detail = item["detail"]
+    return {
+        **item,
+        "tenant": item["tenant"] or item["tenant_id"],
+        "detail": json.dumps(detail, sort_keys=True) if detail else None,
+    }

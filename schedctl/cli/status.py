@@ -1,0 +1,120 @@
+"""Owns `schedctl status`: the cluster at a glance (members, partitions per member and their
+epochs, lag, outbox, queue and dead-letter depths) as rich tables or --output json."""
+
+from __future__ import annotations
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from schedctl.cli.common import OutputOption, cli_state, output_format, say
+from schedctl.cli.output import OutputFormat, console, emit_json, format_time
+from schedctl.cluster_status import ClusterStatus, MemberStatus, gather_status
+
+
+def status(ctx: typer.Context, output: OutputOption = None) -> None:
+    """Cluster status: members, partitions per member with their fencing epochs, lag (the
+    oldest due and unclaimed run), outbox, queue and dead-letter depths.
+
+    Members come from ZooKeeper when it is configured ($SCHEDULED_ZOOKEEPER or the config
+    file), else from the partitions table. A ZooKeeper that does not answer within a few
+    seconds is reported, not fatal."""
+    state = cli_state(ctx)
+    snapshot = gather_status(state.store(), state.config())
+    if output_format(ctx, output) is OutputFormat.json:
+        emit_json(snapshot.to_dict())
+        return
+    _render(snapshot)
+
+
+def _render(snapshot: ClusterStatus) -> None:
+    if snapshot.coordinator == "zookeeper":
+        where = f"zookeeper {snapshot.zookeeper} (root {snapshot.zookeeper_root})"
+    else:
+        where = "local coordinator (embedded)"
+    say(f"cluster: {where}, {snapshot.partition_count} partitions, at {format_time(snapshot.at)}")
+    console.print(_members_table(snapshot))
+    console.print(_summary_table(snapshot))
+    if snapshot.queues:
+        queues = Table(title="queues")
+        for column in ("queue", "ready", "delayed", "leased", "total"):
+            queues.add_column(column, justify="left" if column == "queue" else "right")
+        for name, depth in sorted(snapshot.queues.items()):
+            queues.add_row(
+                Text(name),
+                str(depth.ready),
+                str(depth.delayed),
+                str(depth.leased),
+                str(depth.total),
+            )
+        console.print(queues)
+    for note in snapshot.notes:
+        say(f"note: {note}")
+
+
+def _live(member: MemberStatus) -> Text:
+    if member.live is None:
+        return Text("?", style="dim")
+    return Text("yes", style="green") if member.live else Text("no", style="red")
+
+
+def _epochs(member: MemberStatus) -> str:
+    if member.epoch_min is None or member.epoch_max is None:
+        return ""
+    if member.epoch_min == member.epoch_max:
+        return str(member.epoch_min)
+    return f"{member.epoch_min}..{member.epoch_max}"
+
+
+def _members_table(snapshot: ClusterStatus) -> Table:
+    table = Table(title="members")
+    for column in ("member", "live", "host", "pid", "partitions", "epochs"):
+        table.add_column(column, justify="right" if column == "partitions" else "left")
+    for member in snapshot.members:
+        table.add_row(
+            Text(member.name),
+            _live(member),
+            Text(member.host or ""),
+            "" if member.pid is None else str(member.pid),
+            str(len(member.partitions)),
+            _epochs(member),
+        )
+    if not snapshot.members:
+        table.add_row(Text("(none)", style="dim"), "", "", "", "0", "")
+    return table
+
+
+def _summary_table(snapshot: ClusterStatus) -> Table:
+    table = Table(show_header=False, title="work")
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    owned = snapshot.partition_count - len(snapshot.unowned)
+    partitions = f"{owned}/{snapshot.partition_count} owned"
+    if snapshot.moving:
+        partitions += f", {snapshot.moving} moving to their assigned member"
+    lag = snapshot.lag
+    if lag.oldest_due_at is None:
+        lag_text = "0 s (nothing due)"
+    else:
+        lag_text = (
+            f"{lag.seconds:.3f} s (oldest due {format_time(lag.oldest_due_at)}, "
+            f"{lag.due} due and unclaimed)"
+        )
+    outbox = snapshot.outbox
+    outbox_text = f"{outbox.depth} rows"
+    if outbox.depth:
+        outbox_text += f" ({outbox.ready} ready, oldest {outbox.age_seconds:.3f} s)"
+    rows = [
+        ("partitions", partitions),
+        ("lag", lag_text),
+        ("outbox", outbox_text),
+        (
+            "dead letters",
+            f"{snapshot.dead_letters} pending ({snapshot.dead_letters_total} in all)",
+        ),
+    ]
+    if snapshot.zookeeper_error:
+        rows.append(("zookeeper", snapshot.zookeeper_error))
+    for key, value in rows:
+        table.add_row(Text(key), Text(value))
+    return table

@@ -1,0 +1,256 @@
+"""Owns `ApiClient`, the Python client of the tenant REST API (`scheduled-d api`).
+
+It has the job and run methods of `schedctl.service.Scheduler` with the same names, arguments
+and return types, and raises the same SchedError subclasses (rebuilt from the JSON error
+bodies), so `schedctl --api URL` runs the job commands against a remote API unchanged.
+
+Differences that follow from HTTP: the token decides the tenant (a `tenant` argument must
+name the token's own tenant), the audit log records the token id rather than `actor`, and
+an unreachable API is StoreUnavailable (exit code 7), like an unreachable database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import requests
+
+from schedctl import __version__, errors
+from schedctl.models import Job, JobStatus, Page, Run
+from schedctl.service import MAX_JOBS_RETRY_AFTER_SECONDS, OverQuota
+from schedctl.views import job_from_dict, run_from_dict
+
+DEFAULT_TIMEOUT_SECONDS = 30.0
+
+_BY_CODE: dict[str, type[errors.SchedError]] = {
+    "invalid": errors.ValidationError,
+    "malformed": errors.ValidationError,
+    "unsupported_media_type": errors.ValidationError,
+    "payload_too_large": errors.PayloadTooLarge,
+    "request_too_large": errors.PayloadTooLarge,
+    "not_found": errors.NotFound,
+    "conflict": errors.Conflict,
+    "fenced": errors.FencingError,
+    "quota_exceeded": errors.QuotaExceeded,
+    "unauthorized": errors.Unauthorized,
+    "unavailable": errors.StoreUnavailable,
+    "config": errors.ConfigError,
+}
+_BY_STATUS: dict[int, type[errors.SchedError]] = {
+    400: errors.ValidationError,
+    401: errors.Unauthorized,
+    404: errors.NotFound,
+    405: errors.ValidationError,
+    409: errors.Conflict,
+    413: errors.PayloadTooLarge,
+    415: errors.ValidationError,
+    422: errors.ValidationError,
+    429: errors.QuotaExceeded,
+    503: errors.StoreUnavailable,
+}
+
+
+class ApiClient:
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        session: requests.Session | None = None,
+    ) -> None:
+        if not base_url.startswith(("http://", "https://")):
+            raise errors.ValidationError(
+                f"the API URL must start with http:// or https://, got {base_url!r}", field="api"
+            )
+        if not token:
+            raise errors.Unauthorized(
+                "an API token is needed: --token or SCHEDULED_API_TOKEN", field="token"
+            )
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.session = session or requests.Session()
+        self.session.headers.update(
+            {"Authorization": f"Bearer {token}", "User-Agent": f"schedctl/{__version__}"}
+        )
+        self._tenant: dict[str, Any] | None = None
+
+    def close(self) -> None:
+        self.session.close()
+
+    def __enter__(self) -> ApiClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- the caller --------------------------------------------------------------------
+
+    def whoami(self) -> dict[str, Any]:
+        """The token's tenant (GET /v1/tenant): id, name, quotas and the token id."""
+        if self._tenant is None:
+            self._tenant = self._json("GET", "/v1/tenant")
+        return self._tenant
+
+    def _check_tenant(self, tenant: str | None) -> None:
+        if tenant is None:
+            return
+        mine = self.whoami()
+        if tenant not in (mine.get("name"), mine.get("tenant_id")):
+            raise errors.ValidationError(
+                f"the API token belongs to tenant {mine.get('name')!r}, not {tenant!r}: "
+                "with --api the token decides the tenant",
+                field="tenant",
+            )
+
+    # -- jobs (the Scheduler's names and types) ----------------------------------------
+
+    def create_job(
+        self, tenant: str | None, body: Mapping[str, Any], *, actor: str = ""
+    ) -> tuple[Job, bool]:
+        """(job, created); the body's idempotency_key travels as the Idempotency-Key header."""
+        del actor  # the server records the token id
+        self._check_tenant(tenant)
+        headers = {}
+        data = dict(body)
+        key = data.pop("idempotency_key", None)
+        if isinstance(key, str):
+            headers["Idempotency-Key"] = key
+        elif key is not None:
+            data["idempotency_key"] = key  # not a string: let the server refuse it
+        response = self._request("POST", "/v1/jobs", json=data, headers=headers)
+        return job_from_dict(_body(response)), response.status_code == 201
+
+    def get_job(self, job_id: str, tenant: str | None = None) -> Job:
+        self._check_tenant(tenant)
+        return job_from_dict(self._json("GET", _job_path(job_id)))
+
+    def list_jobs(
+        self,
+        tenant: str | None = None,
+        status: str | JobStatus | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Page:
+        self._check_tenant(tenant)
+        params: dict[str, Any] = {"limit": limit}
+        if status is not None:
+            params["status"] = status.value if isinstance(status, JobStatus) else status
+        if cursor:
+            params["cursor"] = cursor
+        data = self._json("GET", "/v1/jobs", params=params)
+        return Page(tuple(job_from_dict(j) for j in data["items"]), data.get("next_cursor"))
+
+    def cancel_job(self, job_id: str, tenant: str | None = None, *, actor: str = "") -> Job:
+        """DELETE answers 204 without a body; the job is read back to return it."""
+        del actor
+        self._check_tenant(tenant)
+        self._request("DELETE", _job_path(job_id))
+        return self.get_job(job_id)
+
+    def pause_job(self, job_id: str, tenant: str | None = None, *, actor: str = "") -> Job:
+        del actor
+        self._check_tenant(tenant)
+        return job_from_dict(self._json("POST", _job_path(job_id, "pause")))
+
+    def resume_job(self, job_id: str, tenant: str | None = None, *, actor: str = "") -> Job:
+        del actor
+        self._check_tenant(tenant)
+        return job_from_dict(self._json("POST", _job_path(job_id, "resume")))
+
+    def trigger_job(self, job_id: str, tenant: str | None = None, *, actor: str = "") -> Run:
+        del actor
+        self._check_tenant(tenant)
+        return run_from_dict(self._json("POST", _job_path(job_id, "trigger")))
+
+    def reschedule_job(
+        self,
+        job_id: str,
+        schedule_body: Mapping[str, Any],
+        tenant: str | None = None,
+        *,
+        actor: str = "",
+    ) -> Job:
+        del actor
+        self._check_tenant(tenant)
+        data = self._json("PATCH", _job_path(job_id), json={"schedule": dict(schedule_body)})
+        return job_from_dict(data)
+
+    def runs(
+        self,
+        job_id: str,
+        tenant: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Page:
+        """Run history, newest first."""
+        self._check_tenant(tenant)
+        params: dict[str, Any] = {"limit": limit}
+        if cursor:
+            params["cursor"] = cursor
+        data = self._json("GET", _job_path(job_id, "runs"), params=params)
+        return Page(tuple(run_from_dict(r) for r in data["items"]), data.get("next_cursor"))
+
+    # -- HTTP --------------------------------------------------------------------------
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        return _body(self._request(method, path, **kwargs))
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        url = self.base_url + path
+        try:
+            response = self.session.request(method, url, timeout=self.timeout, **kwargs)
+        except requests.Timeout as exc:
+            raise errors.StoreUnavailable(
+                f"the API at {self.base_url} did not answer within {self.timeout:.0f} s"
+            ) from exc
+        except requests.RequestException as exc:
+            raise errors.StoreUnavailable(
+                f"cannot reach the API at {self.base_url}: {type(exc).__name__}"
+            ) from exc
+        if response.status_code >= 400:
+            raise _error(response)
+        return response
+
+
+def _job_path(job_id: str, action: str | None = None) -> str:
+    path = f"/v1/jobs/{quote(job_id, safe='')}"
+    return f"{path}/{action}" if action else path
+
+
+def _body(response: requests.Response) -> dict[str, Any]:
+    try:
+        data = response.json()
+    except ValueError as exc:
+        raise errors.SchedError(
+            f"the API answered {response.status_code} without a JSON body ({response.url})"
+        ) from exc
+    if not isinstance(data, dict):
+        raise errors.SchedError(f"the API answered with unexpected JSON ({response.url})")
+    return data
+
+
+def _error(response: requests.Response) -> errors.SchedError:
+    """The SchedError a JSON error body describes."""
+    try:
+        detail = response.json()["error"]
+        code, message = str(detail["code"]), str(detail["message"])
+        field = detail.get("field")
+    except (ValueError, KeyError, TypeError):
+        kind = _BY_STATUS.get(response.status_code, errors.SchedError)
+        return kind(f"the API answered {response.status_code} {response.reason} ({response.url})")
+    kind = _BY_CODE.get(code) or _BY_STATUS.get(response.status_code, errors.SchedError)
+    field = field if isinstance(field, str) else None
+    if issubclass(kind, errors.QuotaExceeded):
+        retry = response.headers.get("Retry-After", "")
+        seconds = int(retry) if retry.isdigit() else MAX_JOBS_RETRY_AFTER_SECONDS
+        return OverQuota(message, field=field, retry_after=seconds)
+    return kind(message, field=field)

@@ -1,0 +1,422 @@
+"""Owns gathering `schedctl status`: members, partitions per owner and their epochs, lag, and
+the outbox, queue and dead-letter depths, as one read-only snapshot of the cluster.
+
+Members come from ZooKeeper when it is configured (the ephemeral nodes under
+`{zookeeper_root}/members`, read by a short-lived client with timeouts: the status of a
+cluster whose ZooKeeper is down must still print), else from the owners recorded in the
+partitions table. Ownership and epochs always come from the partitions table: that is
+what claims are fenced against. An owner that is not a live member (a dispatcher killed a
+moment ago, whose partitions are not owned again yet) is shown as such.
+
+Lag is the age of the oldest due and unclaimed run: min(next_fire_at) of active jobs that
+is at or before the database's now. On Postgres it is read per partition from the due
+index (one index probe each), never by scanning the jobs table.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select, text
+from sqlalchemy.engine import Connection
+
+from schedctl import errors
+from schedctl.config import Config
+from schedctl.coordination.assignment import assignment
+from schedctl.scheduling.timeparse import format_instant
+from schedctl.storage import schema
+from schedctl.storage.jobs import db_now
+from schedctl.storage.queue import QueueDepth, QueueRepo
+from schedctl.storage.store import Store
+
+# One bound for the whole ZooKeeper read (connect, list, read each member).
+ZOOKEEPER_TIMEOUT_SECONDS = 5.0
+
+# kazoo logs every failed connection attempt; a CLI must print one line, not a stream
+_quiet = logging.getLogger("schedctl.cluster_status.kazoo")
+_quiet.addHandler(logging.NullHandler())
+_quiet.propagate = False
+
+
+@dataclass(frozen=True)
+class MemberInfo:
+    """What a dispatcher wrote into its ZooKeeper member node."""
+
+    name: str
+    host: str | None = None
+    pid: int | None = None
+
+
+@dataclass(frozen=True)
+class MemberStatus:
+    name: str
+    # True: registered in ZooKeeper; False: owns partitions in the table but is no member
+    # (dead or paused, not replaced yet); None: unknown (no ZooKeeper, or it did not answer)
+    live: bool | None
+    host: str | None
+    pid: int | None
+    partitions: tuple[int, ...]
+    epoch_min: int | None
+    epoch_max: int | None
+
+
+@dataclass(frozen=True)
+class PartitionStatus:
+    partition: int
+    owner: str | None
+    epoch: int
+    updated_at: datetime | None
+
+
+@dataclass(frozen=True)
+class LagStatus:
+    oldest_due_at: datetime | None  # the oldest due, unclaimed run's fire time
+    seconds: float  # now - oldest_due_at; 0 when nothing is due
+    due: int  # active jobs due now and not claimed yet
+
+
+@dataclass(frozen=True)
+class OutboxStatus:
+    depth: int  # rows still to deliver
+    ready: int  # of those, deliverable now (the rest wait for a retry backoff)
+    oldest_ready_at: datetime | None
+    age_seconds: float  # now - oldest_ready_at; 0 when empty
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    at: datetime  # the database's clock
+    coordinator: str  # "zookeeper" or "local"
+    zookeeper: str | None
+    zookeeper_root: str | None
+    zookeeper_error: str | None  # why members could not be read
+    partition_count: int
+    members: tuple[MemberStatus, ...]
+    partitions: tuple[PartitionStatus, ...]
+    unowned: tuple[int, ...]
+    # owned partitions whose owner is not the one the live members' assignment names
+    # (a rebalance in progress); None when the live members are unknown
+    moving: int | None
+    lag: LagStatus
+    outbox: OutboxStatus
+    queues: Mapping[str, QueueDepth]
+    dead_letters: int  # not replayed
+    dead_letters_total: int
+    notes: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (`schedctl status --output json`); instants in RFC 3339 UTC."""
+        return {
+            "at": format_instant(self.at),
+            "coordinator": {
+                "kind": self.coordinator,
+                "zookeeper": self.zookeeper,
+                "root": self.zookeeper_root,
+                "error": self.zookeeper_error,
+            },
+            "members": [
+                {
+                    "name": m.name,
+                    "live": m.live,
+                    "host": m.host,
+                    "pid": m.pid,
+                    "partition_count": len(m.partitions),
+                    "partitions": list(m.partitions),
+                    "epoch_min": m.epoch_min,
+                    "epoch_max": m.epoch_max,
+                }
+                for m in self.members
+            ],
+            "partitions": {
+                "count": self.partition_count,
+                "owned": self.partition_count - len(self.unowned),
+                "unowned": list(self.unowned),
+                "moving": self.moving,
+                "table": [
+                    {
+                        "partition": p.partition,
+                        "owner": p.owner,
+                        "epoch": p.epoch,
+                        "updated_at": _instant(p.updated_at),
+                    }
+                    for p in self.partitions
+                ],
+            },
+            "lag": {
+                "oldest_due_at": _instant(self.lag.oldest_due_at),
+                "seconds": round(self.lag.seconds, 3),
+                "due": self.lag.due,
+            },
+            "outbox": {
+                "depth": self.outbox.depth,
+                "ready": self.outbox.ready,
+                "oldest_ready_at": _instant(self.outbox.oldest_ready_at),
+                "age_seconds": round(self.outbox.age_seconds, 3),
+            },
+            "queues": [
+                {
+                    "queue": name,
+                    "ready": depth.ready,
+                    "delayed": depth.delayed,
+                    "leased": depth.leased,
+                    "total": depth.total,
+                }
+                for name, depth in sorted(self.queues.items())
+            ],
+            "dead_letters": {"pending": self.dead_letters, "total": self.dead_letters_total},
+            "notes": list(self.notes),
+        }
+
+
+def _instant(value: datetime | None) -> str | None:
+    return format_instant(value) if value is not None else None
+
+
+# -- ZooKeeper -------------------------------------------------------------------------------
+
+
+def read_members(
+    hosts: str, root: str, *, timeout: float = ZOOKEEPER_TIMEOUT_SECONDS
+) -> dict[str, MemberInfo]:
+    """The registered members under `{root}/members`, read by a client that lives for this
+    call only; every step bounded by `timeout` in all. SchedError when ZooKeeper does not
+    answer in time (kazoo's plain calls would block forever without a quorum)."""
+    from kazoo.client import KazooClient
+    from kazoo.exceptions import NoNodeError
+    from kazoo.handlers.threading import KazooTimeoutError
+    from kazoo.retry import KazooRetry
+
+    from schedctl.coordination.zookeeper import check_hosts
+
+    check_hosts(hosts)
+    client = KazooClient(
+        hosts=hosts,
+        timeout=max(timeout, 1.0),
+        connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0),
+        command_retry=KazooRetry(max_tries=0),
+        logger=_quiet,
+    )
+    path = f"{root}/members"
+    try:
+        client.start_async().wait(timeout)
+        if not client.connected:
+            raise errors.SchedError(
+                f"ZooKeeper at {hosts} did not answer within {timeout:g} s", field="zookeeper"
+            )
+        try:
+            children = client.get_children_async(path).get(timeout=timeout)
+        except NoNodeError:
+            return {}
+        pending = {str(name): client.get_async(f"{path}/{name}") for name in children}
+        members: dict[str, MemberInfo] = {}
+        for name, result in pending.items():
+            try:
+                data, _stat = result.get(timeout=timeout)
+            except NoNodeError:
+                continue  # left between the listing and the read
+            members[name] = _member_info(name, data)
+        return members
+    except KazooTimeoutError as exc:
+        raise errors.SchedError(
+            f"ZooKeeper at {hosts} did not answer within {timeout:g} s", field="zookeeper"
+        ) from exc
+    finally:
+        try:
+            client.stop()
+        finally:
+            client.close()
+
+
+def _member_info(name: str, data: bytes | None) -> MemberInfo:
+    """Parse a member node's JSON {"host", "pid"}; anything else is shown as unknown."""
+    try:
+        parsed = json.loads(data or b"{}")
+    except ValueError:
+        return MemberInfo(name)
+    if not isinstance(parsed, dict):
+        return MemberInfo(name)
+    host, pid = parsed.get("host"), parsed.get("pid")
+    return MemberInfo(
+        name,
+        host=host if isinstance(host, str) else None,
+        pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+    )
+
+
+# -- the database ----------------------------------------------------------------------------
+
+
+def _partitions(connection: Connection) -> list[PartitionStatus]:
+    t = schema.partitions
+    rows = connection.execute(
+        select(t.c.partition, t.c.owner, t.c.epoch, t.c.updated_at).order_by(t.c.partition)
+    ).all()
+    return [
+        PartitionStatus(int(p), owner, int(epoch), updated) for p, owner, epoch, updated in rows
+    ]
+
+
+def _lag(connection: Connection, now: datetime, partition_count: int) -> LagStatus:
+    if connection.dialect.name == "postgresql":
+        # one probe of the (partition, next_fire_at) index per partition
+        row = connection.execute(
+            text(
+                """
+                SELECT min(d.oldest), coalesce(sum(d.due), 0)
+                  FROM generate_series(0, :last) AS p(partition)
+                 CROSS JOIN LATERAL (
+                       SELECT min(j.next_fire_at) AS oldest, count(*) AS due
+                         FROM jobs AS j
+                        WHERE j.partition = p.partition
+                          AND j.next_fire_at <= :now
+                          AND j.status = 'active'
+                       ) AS d
+                """
+            ),
+            {"last": partition_count - 1, "now": now},
+        ).one()
+        oldest, due = row[0], int(row[1])
+    else:
+        j = schema.jobs
+        oldest, due = connection.execute(
+            select(func.min(j.c.next_fire_at), func.count()).where(
+                j.c.next_fire_at <= now, j.c.status == "active"
+            )
+        ).one()
+        due = int(due)
+    if oldest is None:
+        return LagStatus(None, 0.0, due)
+    return LagStatus(oldest, max(0.0, (now - oldest).total_seconds()), due)
+
+
+def _outbox(connection: Connection, now: datetime) -> OutboxStatus:
+    o = schema.outbox
+    ready_now = o.c.available_at <= now
+    depth, ready, oldest = connection.execute(
+        select(
+            func.count(),
+            func.count().filter(ready_now),
+            func.min(o.c.available_at).filter(ready_now),
+        )
+    ).one()
+    age = max(0.0, (now - oldest).total_seconds()) if oldest is not None else 0.0
+    return OutboxStatus(int(depth), int(ready or 0), oldest, age)
+
+
+def _dead_letters(connection: Connection) -> tuple[int, int]:
+    d = schema.dead_letters
+    pending, total = connection.execute(
+        select(func.count().filter(d.c.replayed_at.is_(None)), func.count())
+    ).one()
+    return int(pending or 0), int(total)
+
+
+# -- putting it together ---------------------------------------------------------------------
+
+
+MembersReader = Callable[[str, str], Mapping[str, MemberInfo]]
+
+
+def gather_status(
+    store: Store,
+    config: Config,
+    *,
+    zookeeper_timeout: float = ZOOKEEPER_TIMEOUT_SECONDS,
+    members_reader: MembersReader | None = None,
+) -> ClusterStatus:
+    """One snapshot of the cluster. Raises StoreUnavailable when the database is away; a
+    ZooKeeper that does not answer is reported in `zookeeper_error`, not raised."""
+    partition_count = store.partition_count
+    with store.read() as connection:
+        now = db_now(connection)
+        partitions = _partitions(connection)
+        lag = _lag(connection, now, partition_count)
+        outbox = _outbox(connection, now)
+        dead_pending, dead_total = _dead_letters(connection)
+    queues = QueueRepo(store).stats()
+
+    live: Mapping[str, MemberInfo] | None = None
+    zookeeper_error: str | None = None
+    if config.zookeeper:
+        reader = members_reader or (
+            lambda hosts, root: read_members(hosts, root, timeout=zookeeper_timeout)
+        )
+        try:
+            live = reader(config.zookeeper, config.zookeeper_root)
+        except errors.SchedError as exc:
+            zookeeper_error = exc.message
+    members, moving, notes = _members(partitions, partition_count, live)
+    if zookeeper_error is not None:
+        notes = (f"members unknown: {zookeeper_error}", *notes)
+    by_number = {p.partition: p for p in partitions}
+    unowned = tuple(
+        p for p in range(partition_count) if p not in by_number or by_number[p].owner is None
+    )
+    return ClusterStatus(
+        at=now,
+        coordinator="zookeeper" if config.zookeeper else "local",
+        zookeeper=config.zookeeper,
+        zookeeper_root=config.zookeeper_root if config.zookeeper else None,
+        zookeeper_error=zookeeper_error,
+        partition_count=partition_count,
+        members=members,
+        partitions=tuple(partitions),
+        unowned=unowned,
+        moving=moving,
+        lag=lag,
+        outbox=outbox,
+        queues=queues,
+        dead_letters=dead_pending,
+        dead_letters_total=dead_total,
+        notes=notes,
+    )
+
+
+def _members(
+    partitions: list[PartitionStatus],
+    partition_count: int,
+    live: Mapping[str, MemberInfo] | None,
+) -> tuple[tuple[MemberStatus, ...], int | None, tuple[str, ...]]:
+    """Members (live ones first, then owners that are no members), how many partitions are
+    not (yet) with the owner the live members' assignment names, and notes for people."""
+    owned: dict[str, list[PartitionStatus]] = {}
+    for p in partitions:
+        if p.owner is not None and p.partition < partition_count:
+            owned.setdefault(p.owner, []).append(p)
+    names = sorted(live or {}) + sorted(set(owned) - set(live or {}))
+    members = []
+    for name in names:
+        held = owned.get(name, [])
+        info = (live or {}).get(name, MemberInfo(name))
+        epochs = [p.epoch for p in held]
+        members.append(
+            MemberStatus(
+                name=name,
+                live=None if live is None else name in live,
+                host=info.host,
+                pid=info.pid,
+                partitions=tuple(p.partition for p in held),
+                epoch_min=min(epochs) if epochs else None,
+                epoch_max=max(epochs) if epochs else None,
+            )
+        )
+    notes: list[str] = []
+    moving: int | None = None
+    if live is not None:
+        wanted = assignment(live, partition_count)
+        current = {p.partition: p.owner for p in partitions}
+        moving = sum(1 for p, member in wanted.items() if current.get(p) != member)
+        if not live:
+            notes.append("no dispatcher is registered in ZooKeeper: nothing is being claimed")
+        stale = [m.name for m in members if m.live is False]
+        if stale:
+            notes.append(
+                "owners that are no members (dead or paused; their partitions move once "
+                f"their session expires): {', '.join(stale)}"
+            )
+    return tuple(members), moving, tuple(notes)

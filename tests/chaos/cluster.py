@@ -1,0 +1,267 @@
+"""Owns the chaos harness: real `scheduled-d dispatcher` and `scheduled-d relay` processes
+(started, stopped with SIGTERM, killed with SIGKILL, paused with SIGSTOP and continued), each
+logging to its own file, and the outside views the tests poll: who owns which partition
+under which epoch, and who is a member in ZooKeeper.
+
+Every daemon is configured through the environment only (SCHEDULED_DATABASE_URL,
+SCHEDULED_ZOOKEEPER, SCHEDULED_ZOOKEEPER_ROOT, SCHEDULED_NODE_NAME,
+SCHEDULED_SESSION_TIMEOUT_SECONDS, SCHEDULED_POLL_INTERVAL_SECONDS) plus an empty config file,
+so nothing from the machine's /etc leaks in. `close()` continues and kills every process it
+started, by PID; every wait here is bounded in both count and time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TypeVar
+
+from schedctl import errors
+from schedctl.cluster_status import read_members
+from schedctl.coordination.assignment import assignment
+from schedctl.storage.partitions import PartitionRepo
+from schedctl.storage.store import Store
+from tests.services.ports import tail
+
+SCHEDULED_D = Path(sys.executable).parent / "scheduled-d"
+STOP_TIMEOUT_SECONDS = 30.0
+POLL_SECONDS = 0.05
+
+T = TypeVar("T")
+
+
+@dataclass
+class Daemon:
+    """One daemon name; a restart is a new process under the same name (and log file)."""
+
+    name: str
+    mode: str  # "dispatcher" or "relay"
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    log_file: IO[bytes] | None = None
+    paused: bool = False
+    starts: int = 0
+    exits: list[int] = field(default_factory=list)  # exit codes of processes that ended
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+def wait_until(
+    condition: Callable[[], T | None], timeout: float, interval: float = POLL_SECONDS
+) -> tuple[T | None, float]:
+    """Poll `condition` until it returns something truthy or `timeout` passes; returns
+    (that value or None, seconds waited). Database and ZooKeeper hiccups count as "not
+    yet" (the tests poll straight through restarts)."""
+    start = time.monotonic()
+    for _ in range(int(timeout / interval) + 2):
+        with contextlib.suppress(errors.SchedError):
+            value = condition()
+            if value:
+                return value, time.monotonic() - start
+        if time.monotonic() - start >= timeout:
+            break
+        time.sleep(interval)
+    return None, time.monotonic() - start
+
+
+class Cluster:
+    """Dispatchers and relays as child processes of the test, all on loopback."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        db_url: str,
+        zookeeper: str,
+        zookeeper_root: str,
+        partition_count: int,
+        session_timeout: float = 4.0,
+        poll_interval: float = 0.1,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.workdir = workdir
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.db_url = db_url
+        self.zookeeper = zookeeper
+        self.zookeeper_root = zookeeper_root
+        self.partition_count = partition_count
+        self.session_timeout = session_timeout
+        self.daemons: dict[str, Daemon] = {}
+        self.config_path = self.workdir / "scheduled.toml"
+        self.config_path.write_text("# the chaos harness configures daemons by environment\n")
+        self._env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("SCHEDULED_")},
+            "SCHEDULED_CONFIG": str(self.config_path),
+            "SCHEDULED_DATABASE_URL": db_url,
+            "SCHEDULED_ZOOKEEPER": zookeeper,
+            "SCHEDULED_ZOOKEEPER_ROOT": zookeeper_root,
+            "SCHEDULED_SESSION_TIMEOUT_SECONDS": str(session_timeout),
+            "SCHEDULED_POLL_INTERVAL_SECONDS": str(poll_interval),
+            "SCHEDULED_LOG_LEVEL": "INFO",
+            **(extra_env or {}),
+        }
+        self.store = Store.open(db_url)
+
+    # -- processes -----------------------------------------------------------------------
+
+    def start(self, name: str, mode: str = "dispatcher") -> Daemon:
+        """Start (or restart) daemon `name` in `mode`; returns at once."""
+        daemon = self.daemons.get(name)
+        if daemon is None:
+            daemon = Daemon(name, mode, self.workdir / f"{name}.log")
+            self.daemons[name] = daemon
+        if daemon.running():
+            raise RuntimeError(f"{name} is already running (pid {daemon.pid})")
+        if daemon.log_file is None:
+            daemon.log_file = daemon.log_path.open("ab")
+        daemon.log_file.write(f"\n===== start {daemon.starts + 1} of {name} =====\n".encode())
+        daemon.log_file.flush()
+        daemon.process = subprocess.Popen(
+            [str(SCHEDULED_D), mode],
+            env={**self._env, "SCHEDULED_NODE_NAME": name},
+            stdin=subprocess.DEVNULL,
+            stdout=daemon.log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a Ctrl-C of the test run is not delivered to it
+        )
+        daemon.paused = False
+        daemon.starts += 1
+        return daemon
+
+    def kill(self, name: str) -> None:
+        """kill -9, and reap it."""
+        daemon = self.daemons[name]
+        if daemon.running():
+            assert daemon.process is not None
+            daemon.process.send_signal(signal.SIGKILL)
+            daemon.exits.append(daemon.process.wait(STOP_TIMEOUT_SECONDS))
+        daemon.paused = False
+
+    def pause(self, name: str) -> None:
+        """SIGSTOP: the process and its ZooKeeper heartbeats freeze; its session expires."""
+        daemon = self.daemons[name]
+        assert daemon.process is not None and daemon.running()
+        daemon.process.send_signal(signal.SIGSTOP)
+        daemon.paused = True
+
+    def resume(self, name: str) -> None:
+        daemon = self.daemons[name]
+        assert daemon.process is not None
+        daemon.process.send_signal(signal.SIGCONT)
+        daemon.paused = False
+
+    def terminate(self, name: str, timeout: float = STOP_TIMEOUT_SECONDS) -> int | None:
+        """SIGTERM and wait for a clean exit; returns its exit code (None: it had to be
+        killed after `timeout`)."""
+        daemon = self.daemons[name]
+        if not daemon.running():
+            return None
+        assert daemon.process is not None
+        if daemon.paused:
+            self.resume(name)
+        daemon.process.send_signal(signal.SIGTERM)
+        try:
+            code = daemon.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            daemon.process.kill()
+            daemon.exits.append(daemon.process.wait(STOP_TIMEOUT_SECONDS))
+            return None
+        daemon.exits.append(code)
+        return code
+
+    def dead(self) -> dict[str, int]:
+        """Daemons that ended by themselves (none should: they must ride out every fault):
+        name -> exit code. Processes the harness killed or stopped are not listed."""
+        found = {}
+        for name, daemon in self.daemons.items():
+            if daemon.process is not None and not daemon.paused:
+                code = daemon.process.poll()
+                if code is not None and len(daemon.exits) < daemon.starts:
+                    found[name] = code
+        return found
+
+    def running_dispatchers(self) -> list[str]:
+        """Dispatchers whose process exists (paused ones included)."""
+        return sorted(n for n, d in self.daemons.items() if d.mode == "dispatcher" and d.running())
+
+    def close(self) -> None:
+        """Continue, then kill every process started here, by PID; close the log files."""
+        for daemon in self.daemons.values():
+            if daemon.process is not None and daemon.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    daemon.process.send_signal(signal.SIGCONT)
+                    daemon.process.send_signal(signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    daemon.process.wait(STOP_TIMEOUT_SECONDS)
+            if daemon.log_file is not None:
+                daemon.log_file.close()
+                daemon.log_file = None
+        self.store.close()
+
+    def log_tails(self, lines: int = 60) -> dict[str, str]:
+        for daemon in self.daemons.values():
+            if daemon.log_file is not None:
+                daemon.log_file.flush()
+        return {name: tail(d.log_path, lines) for name, d in self.daemons.items()}
+
+    def count_in_logs(self, needle: str) -> dict[str, int]:
+        """How many log lines of each daemon contain `needle` (e.g. fenced claims)."""
+        counts = {}
+        for name, daemon in self.daemons.items():
+            try:
+                content = daemon.log_path.read_text(errors="replace")
+            except OSError:
+                continue
+            counts[name] = sum(1 for line in content.splitlines() if needle in line)
+        return counts
+
+    # -- outside views ---------------------------------------------------------------------
+
+    def ownership(self) -> dict[int, tuple[int, str | None]]:
+        """partition -> (epoch, owner) as the partitions table says now."""
+        return PartitionRepo(self.store).epochs()
+
+    def members(self, timeout: float = 3.0) -> list[str]:
+        """The dispatchers registered in ZooKeeper now."""
+        return sorted(read_members(self.zookeeper, self.zookeeper_root, timeout=timeout))
+
+    def owned_by(self, name: str) -> dict[int, int]:
+        """partition -> epoch of the partitions the table says `name` owns."""
+        return {p: e for p, (e, owner) in self.ownership().items() if owner == name}
+
+    def balanced(self, expected: list[str]) -> bool:
+        """ZooKeeper lists exactly `expected`, and every partition is owned, in the table,
+        by the member the assignment of `expected` names."""
+        if self.members() != sorted(expected):
+            return False
+        wanted = assignment(expected, self.partition_count)
+        table = self.ownership()
+        return all(table.get(p, (0, None))[1] == owner for p, owner in wanted.items())
+
+    def wait_balanced(self, expected: list[str], timeout: float = 60.0) -> float | None:
+        """Seconds until `balanced(expected)`, or None if it did not happen in `timeout`."""
+        done, took = wait_until(lambda: self.balanced(expected), timeout, interval=0.1)
+        return took if done else None
+
+    def wait_reowned(self, before: Mapping[int, int], timeout: float = 60.0) -> float | None:
+        """Seconds until every partition in `before` (partition -> epoch) is recorded under
+        a higher epoch, i.e. owned again by someone; None if not within `timeout`."""
+
+        def reowned() -> bool:
+            table = self.ownership()
+            return all(table.get(p, (0, None))[0] > e for p, e in before.items())
+
+        done, took = wait_until(reowned, timeout)
+        return took if done else None
