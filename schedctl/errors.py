@@ -95,3 +95,15 @@ class ConfigError(SchedError):
     exit_code = 2
     http_status = 500
     code = "config"
+
+
+class SignatureError(Unauthorized):
+    """The delivery's signature is missing, malformed, wrong or too old."""
+
+    code = "bad_signature"
+
+
+class ForbiddenDestination(ValidationError):
+    """The HTTP destination is not allowed for this tenant (SSRF guard)."""
+
+    code = "forbidden_destination"

@@ -376,6 +376,11 @@ def _parse_name(value: Any, *, schedule_kind: str, target: Target) -> str:
 def _duration(value: Any, field: str) -> timedelta:
     """A duration string ("30s", "1h30m", "PT10M", "90") or a JSON number of seconds."""
     if _is_int(value) or (isinstance(value, float) and math.isfinite(value)):
+        if abs(value) > MAX_DURATION.total_seconds():
+            # checked before timedelta(), which overflows on huge numbers
+            raise errors.ValidationError(
+                f"must be at most {MAX_DURATION.days} days, got {value!r}", field=field
+            )
         result = timedelta(seconds=value)
     elif isinstance(value, str):
         result = parse_duration(value, field)

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from schedctl.bench.load import insert_once_jobs
 from schedctl.models import JobSpec, RetryPolicy, Target, TargetType
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import IntervalSchedule, OnceSchedule, Schedule
 from schedctl.storage import schema
-from schedctl.storage.jobs import JobRepo, new_job_id, partition_of
+from schedctl.storage.jobs import JobRepo
 from schedctl.storage.store import Store
 
 
@@ -82,46 +82,7 @@ def bulk_once_jobs(
     store: Store, tenant_id: str, times: list[datetime], *, queue: str = "q"
 ) -> list[str]:
     """Insert many one-time jobs in few statements (for index and batch tests)."""
-    now = datetime.now(UTC)
-    rows = []
-    ids = []
-    for at in times:
-        job_id = new_job_id()
-        ids.append(job_id)
-        rows.append(
-            {
-                "job_id": job_id,
-                "tenant_id": tenant_id,
-                "name": "bulk",
-                "schedule": json.dumps({"kind": "once", "run_at": at.isoformat()}),
-                "target_type": "queue",
-                "target": queue,
-                "payload": "{}",
-                "max_attempts": 3,
-                "retry_base_seconds": 1.0,
-                "retry_max_seconds": 60.0,
-                "misfire_policy": "run_once",
-                "grace_seconds": 3600,
-                "window_seconds": 0,
-                "max_concurrency": 1,
-                "timeout_seconds": 0,
-                "start_at": None,
-                "end_at": None,
-                "status": "active",
-                "next_run_at": at,
-                "next_fire_at": at,
-                "partition": partition_of(job_id, store.partition_count),
-                "version": 1,
-                "idempotency_key": None,
-                "request_hash": "bulk",
-                "created_at": now,
-                "updated_at": now,
-            }
-        )
-    with store.tx() as connection:
-        for start in range(0, len(rows), 2000):
-            connection.execute(schema.jobs.insert(), rows[start : start + 2000])
-    return ids
+    return insert_once_jobs(store, tenant_id, times, queue=queue)
 
 
 def ago(seconds: float) -> datetime:

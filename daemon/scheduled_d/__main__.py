@@ -133,11 +133,8 @@ def api(
 
     _setup_logging()
     try:
-        config = _config(config_path, db)
-        if listen is not None:
-            config = load_config(
-                config_path, overrides={"database_url": db, "api_listen": listen}
-            )
+        # flag > environment > file, like every other setting
+        config = load_config(config_path, overrides={"database_url": db, "api_listen": listen})
         store = _open_store(config, upgrade=False)
         run_api(store, config)
     except errors.SchedError as error:

@@ -11,6 +11,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -78,6 +79,7 @@ class Dispatcher:
         window_seconds: float = 60.0,
         preload_limit: int = 200_000,
         catchup_after_seconds: float = 2.0,
+        claim_threads: int = 2,
         on_claimed: Callable[[ClaimResult], None] | None = None,
         change_feed: ChangeFeed | None = None,
     ) -> None:
@@ -90,6 +92,9 @@ class Dispatcher:
         self.preload_limit = preload_limit
         self.catchup_after = timedelta(seconds=catchup_after_seconds)
         self.on_claimed = on_claimed
+        # SQLite has one writer: parallel claims would only queue for its lock
+        self.claim_threads = claim_threads if store.is_postgres else 1
+        self._pool = ThreadPoolExecutor(self.claim_threads, thread_name_prefix="claim")
         self.stats = DispatcherStats()
         self._feed = change_feed
         self._wake = threading.Event()
@@ -157,11 +162,13 @@ class Dispatcher:
     # -- firing --------------------------------------------------------------------------
 
     def fire_due(self, owned: Mapping[int, int]) -> int:
-        """Claim what is due now, one batch; returns how many runs were taken to claim."""
+        """Claim what is due now: up to one batch per claim thread, the batches in parallel
+        (disjoint jobs, so they never wait for each other); returns how many were taken."""
         now = self.now()
         batch: list[DueJob] = []
         deferred: list[DueJob] = []
-        while self._heap and self._heap[0][0] <= now and len(batch) < self.batch_size:
+        limit = self.batch_size * self.claim_threads
+        while self._heap and self._heap[0][0] <= now and len(batch) < limit:
             _, _, item = heapq.heappop(self._heap)
             if self._versions.get(item.job_id) != item.version or item.partition not in owned:
                 continue
@@ -174,20 +181,29 @@ class Dispatcher:
         self._deferring = bool(deferred)
         if not batch:
             return 0
-        result = self.claimer.claim(batch, owned, now)
-        self._account(result, batch, now)
+        size = -(-len(batch) // self.claim_threads)
+        chunks = [batch[i : i + size] for i in range(0, len(batch), size)]
+        if len(chunks) == 1:
+            results = [self.claimer.claim(batch, owned, now)]
+        else:
+            results = list(self._pool.map(lambda c: self.claimer.claim(c, owned, now), chunks))
+        for chunk, result in zip(chunks, results, strict=True):
+            self._settle(chunk, result, now)
+        return len(batch)
+
+    def _settle(self, chunk: list[DueJob], result: ClaimResult, now: datetime) -> None:
+        self._account(result, chunk, now)
         if result.aborted:
-            for item in batch:  # nothing committed: try again
+            for item in chunk:  # nothing committed: try again
                 heapq.heappush(self._heap, (item.next_fire_at, next(self._seq), item))
-            return len(batch)
-        for item in batch:
+            return
+        for item in chunk:
             self._versions.pop(item.job_id, None)
         for item in result.advanced:
             if item.next_fire_at <= self._horizon:
                 self._push(item)
         if result.dispatched and self.on_claimed is not None:
             self.on_claimed(result)
-        return len(batch)
 
     def _paced(self, tenant_id: str) -> bool:
         bucket = self._buckets.get(tenant_id)
@@ -234,7 +250,7 @@ class Dispatcher:
         ):
             self.reload(owned)
         fired = self.fire_due(owned)
-        if fired >= self.batch_size:
+        if fired >= self.batch_size * self.claim_threads:
             return fired  # more is due: no waiting
         if self._wake.is_set():
             self._wake.clear()
@@ -259,4 +275,5 @@ class Dispatcher:
                     stop.wait(1.0)
         finally:
             feed.close()
+            self._pool.shutdown(wait=True)
         log.info("dispatcher stopped (claimed %d runs)", self.stats.claimed)

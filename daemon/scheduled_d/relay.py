@@ -1,13 +1,51 @@
-"""The outbox relay: moves claimed runs from the outbox to their targets (today the built-in
-queue) and settles queue leases whose worker died."""
+"""The outbox relay: moves claimed runs from the outbox to their targets -- the built-in queue
+(a move inside the database), HTTP endpoints and RabbitMQ brokers (deliveries with retries
+and dead letters) -- and settles queue leases whose worker died.
+
+Isolation: HTTP and RabbitMQ deliveries run in lanes, one per tenant and kind, each with
+its own concurrency (tenants.delivery_concurrency) and the tenant's rate
+(tenants.dispatch_rate_per_second). A lane claims only as many outbox rows as it can start
+at once, so a tenant whose endpoint hangs holds at most its own slots while the rest of
+its backlog waits in the outbox, and every other lane keeps claiming and delivering. The
+calls themselves run on a thread pool outside any transaction; outcomes are written in
+batches by one settler thread.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
+import queue
+import socket
 import threading
 import time
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from prometheus_client import Counter, Histogram
 
 from schedctl import errors
+from schedctl.delivery.http import (
+    DEFAULT_TIMEOUT_SECONDS,
+    DeliveryResult,
+    HttpDelivery,
+    Verdict,
+)
+from schedctl.delivery.limits import DeliveryLimits, Lane
+from schedctl.delivery.rabbitmq import BrokerPool, Message
+from schedctl.delivery.ssrf import Resolver
+from schedctl.storage.outbox import (
+    HTTP,
+    RABBITMQ,
+    Delivery,
+    OutboxRepo,
+    Outcome,
+    TenantSettings,
+)
+from schedctl.storage.payloads import decode_payload
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
 
@@ -16,12 +54,51 @@ log = logging.getLogger(__name__)
 # Backoff while the database is away: short at first, never long enough to matter after.
 STORE_RETRY_MIN_SECONDS = 0.5
 STORE_RETRY_MAX_SECONDS = 5.0
+# RabbitMQ publishes are quick: one slot publishes up to this many runs in a row.
+RABBITMQ_PER_SLOT = 50
+# After a slot frees, wait this long for others before claiming again: one claim
+# transaction then refills several slots instead of one each.
+REFILL_PAUSE_SECONDS = 0.002
+SETTLE_BATCH = 500
+
+DELIVERIES = Counter(
+    "scheduled_relay_deliveries",
+    "HTTP and RabbitMQ delivery attempts by tenant, kind and verdict",
+    ["tenant", "kind", "verdict"],
+)
+DELIVERY_SECONDS = Histogram(
+    "scheduled_relay_delivery_seconds",
+    "Duration of one delivery attempt (HTTP call or broker publish with confirm)",
+    ["kind"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+
+
+@dataclass
+class RelayStats:
+    delivered: int = 0  # attempts that succeeded
+    retried: int = 0  # attempts that failed and will be tried again
+    dead: int = 0  # runs dead-lettered
+    skipped: int = 0  # runs of cancelled jobs, not delivered
+    lost: int = 0  # leases of a stopped relay, delivered again
+    stale: int = 0  # outcomes whose lease had moved on (another relay took over)
+    routed: int = 0  # queue rows routed to a tenant's RabbitMQ lane
 
 
 class Relay:
-    """Polls the outbox every `poll_seconds` (or at once after `wake()`), moving up to
-    `batch_size` rows per transaction; reaps expired queue leases every `reap_seconds`.
-    Several relays may run at once: the outbox is read with SKIP LOCKED on Postgres."""
+    """Polls the outbox every `poll_seconds` (or at once after `wake()`).
+
+    - batch_size: built-in queue rows moved per transaction.
+    - reap_seconds: how often expired built-in queue leases are settled.
+    - http_timeout: seconds per HTTP call (each read); broker operations use it too.
+    - max_in_flight: deliveries running at once in this relay, all tenants together.
+    - default_concurrency: slots of a lane whose tenant setting is not loaded yet.
+    - lease_seconds: how long a claimed row is this relay's (default: comfortably more
+      than a call can take); after that another relay may deliver it again.
+    - settings_seconds: how often tenant limits, brokers and allow-lists are re-read.
+    - resolver / ca_bundle: for HTTP delivery (tests inject a resolver).
+    Several relays may run at once: every claim is SKIP LOCKED (Postgres) and leased.
+    """
 
     def __init__(
         self,
@@ -30,26 +107,145 @@ class Relay:
         batch_size: int = 500,
         poll_seconds: float = 0.2,
         reap_seconds: float = 1.0,
+        http_timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        max_in_flight: int = 256,
+        default_concurrency: int = 16,
+        lease_seconds: float | None = None,
+        settings_seconds: float = 2.0,
+        owner: str | None = None,
+        resolver: Resolver | None = None,
+        ca_bundle: str | None = None,
+        http: HttpDelivery | None = None,
     ) -> None:
         self.store = store
         self.repo = QueueRepo(store)
+        self.outbox = OutboxRepo(store)
         self.batch_size = batch_size
         self.poll_seconds = poll_seconds
         self.reap_seconds = reap_seconds
+        self.settings_seconds = settings_seconds
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.http = http or HttpDelivery(
+            timeout=http_timeout, resolver=resolver, ca_bundle=ca_bundle
+        )
+        # a call can take connect + read time; the rest is margin for settling
+        self.lease_seconds = lease_seconds or (
+            2 * (self.http.timeout + self.http.connect_timeout) + 30.0
+        )
+        self.brokers = BrokerPool(timeout=self.http.timeout)
+        self.limits = DeliveryLimits(
+            max_in_flight=max_in_flight, default_concurrency=default_concurrency
+        )
         self.moved = 0
         self.reaped = 0
         self.store_errors = 0  # passes that found the database unavailable
+        self.stats = RelayStats()
         self._wake = threading.Event()
+        self._freed = threading.Event()
         self._next_reap = 0.0
+        self._next_settings = 0.0
+        self._tenants: dict[str, TenantSettings] = {}
+        self._rotation = 0
+        self._pool = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="deliver")
+        self._outcomes: queue.Queue[Outcome] = queue.Queue()
+        self._unsettled = 0  # outcomes produced and not recorded yet
+        self._unsettled_lock = threading.Lock()
+        self._settler: threading.Thread | None = None
+        self._settler_stop = threading.Event()
+        self._closed = False
+
+    # -- control -----------------------------------------------------------------------------
 
     def wake(self) -> None:
         """New outbox rows were committed: relay them now instead of at the next poll."""
         self._wake.set()
 
+    def run(self, stop: threading.Event) -> None:
+        """Relay until `stop` is set, then finish the deliveries in flight (each is bounded
+        by the HTTP timeout) and record them; database outages are waited out."""
+        self._start_settler()
+        retry = STORE_RETRY_MIN_SECONDS
+        unavailable = False
+        try:
+            last_full = float("-inf")
+            while not stop.is_set():
+                # a freed slot alone only refills lanes; the rest runs on wake() and at
+                # least once per poll interval, however busy the lanes are
+                full = (
+                    self._wake.is_set()
+                    or not self._freed.is_set()
+                    or time.monotonic() - last_full >= self.poll_seconds
+                )
+                if full:
+                    last_full = time.monotonic()
+                # cleared before the pass: a wake() during it makes the next wait return
+                self._wake.clear()
+                self._freed.clear()
+                try:
+                    moved = self.run_once() if full else self.pump()
+                except errors.StoreUnavailable as exc:
+                    self.store_errors += 1
+                    if not unavailable:
+                        log.warning("relay: database unavailable: %s; retrying", exc)
+                    unavailable = True
+                    stop.wait(retry)
+                    retry = min(retry * 2, STORE_RETRY_MAX_SECONDS)
+                    continue
+                if unavailable:
+                    log.info("relay: database reachable again")
+                    unavailable = False
+                    retry = STORE_RETRY_MIN_SECONDS
+                if moved >= self.batch_size:
+                    continue  # a full batch: more are probably waiting
+                self._sleep(stop)
+        finally:
+            self.close()
+
+    def _sleep(self, stop: threading.Event) -> None:
+        """Until the poll interval passes, wake() is called, or a delivery slot frees up
+        (then a short pause, so one claim refills several slots)."""
+        deadline = time.monotonic() + self.poll_seconds
+        while not stop.is_set() and not self._wake.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self._freed.wait(min(left, 0.05)):
+                time.sleep(REFILL_PAUSE_SECONDS)
+                return
+
+    def close(self) -> None:
+        """Stop taking work, wait for the deliveries in flight, record their outcomes."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pool.shutdown(wait=True)
+        self._settler_stop.set()
+        if self._settler is not None:
+            self._settler.join()
+        self._settle_pending()  # anything the settler did not get to
+        self.brokers.close()
+        self.http.close()
+        log.info(
+            "relay %s: stopped (%d moved, %d delivered, %d retried, %d dead)",
+            self.owner,
+            self.moved,
+            self.stats.delivered,
+            self.stats.retried,
+            self.stats.dead,
+        )
+
+    # -- one pass ----------------------------------------------------------------------------
+
     def run_once(self) -> int:
-        """One pass: a batch of outbox rows, and the lease reaper when it is due. Returns
-        the number of rows moved."""
-        moved = self.repo.move_outbox(self.batch_size)
+        """One full pass: refresh tenant settings when due, route broker tenants' queue
+        rows, move a batch of built-in queue rows, reap expired queue leases when due, and
+        start the deliveries that have a free slot. Returns the queue rows moved."""
+        self._refresh_settings()
+        brokers = [t.tenant_id for t in self._tenants.values() if t.broker_url]
+        if brokers:
+            routed = self.outbox.route_broker_rows(brokers)
+            self.stats.routed += routed
+        moved = self.repo.move_outbox(self.batch_size, exclude_tenants=brokers)
         self.moved += moved
         if time.monotonic() >= self._next_reap:
             reaped = self.repo.expire_leases(self.batch_size)
@@ -57,29 +253,261 @@ class Relay:
             if reaped:
                 log.info("relay: settled %d expired queue lease(s)", reaped)
             self._next_reap = time.monotonic() + self.reap_seconds
+        self.pump()
         return moved
 
-    def run(self, stop: threading.Event) -> None:
-        """Relay until `stop` is set; database outages are logged and waited out."""
+    def _refresh_settings(self, force: bool = False) -> None:
+        if not force and time.monotonic() < self._next_settings:
+            return
+        tenants = {t.tenant_id: t for t in self.outbox.tenant_settings()}
+        for tenant in tenants.values():
+            self.limits.configure(
+                tenant.tenant_id,
+                rate_per_second=tenant.rate_per_second,
+                concurrency=tenant.concurrency,
+            )
+        self._tenants = tenants
+        self._next_settings = time.monotonic() + self.settings_seconds
+
+    def _lanes(self) -> list[Lane]:
+        lanes = []
+        for tenant in self._tenants.values():
+            lanes.append(Lane(tenant.tenant_id, HTTP))
+            if tenant.broker_url:
+                lanes.append(Lane(tenant.tenant_id, RABBITMQ))
+        # a different lane goes first each pass: when the whole relay is at max_in_flight,
+        # the slots that free up are shared round-robin, not always won by the first tenant
+        if lanes:
+            self._rotation = (self._rotation + 1) % len(lanes)
+            lanes = lanes[self._rotation :] + lanes[: self._rotation]
+        return lanes
+
+    def pump(self) -> int:
+        """Claim and start what the lanes can start now; returns the number started."""
+        if self._closed:
+            return 0
+        self._start_settler()
+        if not self._tenants:
+            self._refresh_settings(force=True)
+        free = self.limits.max_in_flight - self.limits.in_flight
+        caps: dict[Lane, int] = {}
+        for lane in self._lanes():
+            if free <= 0:
+                break
+            per_slot = RABBITMQ_PER_SLOT if lane.kind == RABBITMQ else 1
+            rows = min(self.limits.capacity(lane, per_slot), free * per_slot)
+            if rows > 0:
+                caps[lane] = rows
+                free -= -(-rows // per_slot)
+        if not caps:
+            return 0
+        claimed = self.outbox.claim(caps, self.owner, self.lease_seconds)
+        self.stats.skipped += claimed.cancelled
+        self.stats.lost += claimed.lost
+        if claimed.lost:
+            log.warning(
+                "relay: %d delivery lease(s) of a stopped relay expired; delivering again",
+                claimed.lost,
+            )
+        by_lane: dict[Lane, list[Delivery]] = {}
+        for delivery in claimed.deliveries:
+            by_lane.setdefault(delivery.lane, []).append(delivery)
+        for lane, deliveries in by_lane.items():
+            if lane.kind == RABBITMQ:
+                chunks = [
+                    deliveries[i : i + RABBITMQ_PER_SLOT]
+                    for i in range(0, len(deliveries), RABBITMQ_PER_SLOT)
+                ]
+            else:
+                chunks = [[d] for d in deliveries]
+            self.limits.acquire(lane, len(deliveries), len(chunks))
+            for chunk in chunks:
+                self._pool.submit(self._deliver, lane, chunk)
+        return len(claimed.deliveries)
+
+    # -- delivering (pool threads) ---------------------------------------------------------
+
+    def _deliver(self, lane: Lane, deliveries: Sequence[Delivery]) -> None:
+        try:
+            if lane.kind == RABBITMQ:
+                self._publish(deliveries)
+            else:
+                for delivery in deliveries:
+                    self._call(delivery)
+        except Exception:
+            # the leases expire and another pass delivers again: nothing is lost
+            log.exception("relay: delivery to %s failed unexpectedly", lane)
+        finally:
+            self.limits.release(lane)
+            self._freed.set()
+
+    def _call(self, delivery: Delivery) -> None:
+        started = datetime.now(UTC)
+        try:
+            payload = decode_payload(delivery.stored_payload)
+        except errors.SchedError as exc:
+            self._record(delivery, DeliveryResult(Verdict.retry, error=str(exc)), started)
+            return
+        result = self.http.deliver(
+            url=delivery.target,
+            allow_list=delivery.allow_list,
+            secret=delivery.secret,
+            job_id=delivery.job_id,
+            scheduled_at=delivery.scheduled_at,
+            attempt=delivery.attempt,
+            payload=payload,
+        )
+        self._record(delivery, result, started)
+
+    def _publish(self, deliveries: Sequence[Delivery]) -> None:
+        url = deliveries[0].broker_url
+        if not url:
+            for delivery in deliveries:
+                self._record(
+                    delivery,
+                    DeliveryResult(Verdict.retry, error="the tenant has no broker any more"),
+                    datetime.now(UTC),
+                )
+            return
+        try:
+            with self.brokers.publisher(url) as publisher:
+                broken: str | None = None
+                for delivery in deliveries:
+                    started = datetime.now(UTC)
+                    if broken is not None:
+                        # the broker just failed: do not spend a whole timeout per message
+                        result = DeliveryResult(Verdict.retry, error=broken)
+                    else:
+                        try:
+                            payload = decode_payload(delivery.stored_payload)
+                        except errors.SchedError as exc:
+                            result = DeliveryResult(Verdict.retry, error=str(exc))
+                        else:
+                            result = publisher.publish(
+                                Message(
+                                    queue=delivery.target,
+                                    job_id=delivery.job_id,
+                                    scheduled_at=delivery.scheduled_at,
+                                    attempt=delivery.attempt,
+                                    payload=payload,
+                                    secret=delivery.secret,
+                                )
+                            )
+                            if result.verdict is Verdict.retry and "broker error" in (
+                                result.error or ""
+                            ):
+                                broken = f"not tried: {result.error}"
+                    self._record(delivery, result, started)
+        except errors.SchedError as exc:
+            for delivery in deliveries:
+                self._record(
+                    delivery, DeliveryResult(Verdict.retry, error=str(exc)), datetime.now(UTC)
+                )
+
+    def _record(self, delivery: Delivery, result: DeliveryResult, started: datetime) -> None:
+        DELIVERIES.labels(delivery.tenant_id, delivery.kind, result.verdict.value).inc()
+        DELIVERY_SECONDS.labels(delivery.kind).observe(result.seconds)
+        if result.verdict is not Verdict.succeeded:
+            log.info(
+                "run %s attempt %d to %s: %s: %s",
+                delivery.idempotency_key,
+                delivery.attempt,
+                delivery.kind,
+                result.verdict.value,
+                result.error,
+            )
+        with self._unsettled_lock:
+            self._unsettled += 1
+        self._outcomes.put(
+            Outcome(
+                delivery=delivery,
+                verdict=result.verdict,
+                started_at=started,
+                finished_at=datetime.now(UTC),
+                error=result.error,
+                detail=result.detail,
+                retry_after=result.retry_after,
+            )
+        )
+
+    # -- settling (one thread) ---------------------------------------------------------------
+
+    def _start_settler(self) -> None:
+        if self._settler is None:
+            self._settler = threading.Thread(
+                target=self._settle_loop, name="relay-settle", daemon=True
+            )
+            self._settler.start()
+
+    def _settle_loop(self) -> None:
         retry = STORE_RETRY_MIN_SECONDS
-        unavailable = False
-        while not stop.is_set():
-            # cleared before the pass: a wake() during it makes the next wait return at once
-            self._wake.clear()
+        pending: list[Outcome] = []
+        while True:
+            if not pending:
+                try:
+                    pending.append(self._outcomes.get(timeout=0.05))
+                except queue.Empty:
+                    if self._settler_stop.is_set():
+                        return
+                    continue
+            while len(pending) < SETTLE_BATCH:
+                try:
+                    pending.append(self._outcomes.get_nowait())
+                except queue.Empty:
+                    break
             try:
-                moved = self.run_once()
+                self._settle(pending)
             except errors.StoreUnavailable as exc:
-                self.store_errors += 1
-                if not unavailable:
-                    log.warning("relay: database unavailable: %s; retrying", exc)
-                unavailable = True
-                stop.wait(retry)
+                # kept in memory and tried again; if this process stops meanwhile, the
+                # leases expire and the runs are delivered again: at least once
+                log.warning("relay: cannot record %d outcome(s): %s", len(pending), exc)
+                if self._settler_stop.is_set():
+                    self._forget(len(pending))
+                    return
+                self._settler_stop.wait(retry)
                 retry = min(retry * 2, STORE_RETRY_MAX_SECONDS)
                 continue
-            if unavailable:
-                log.info("relay: database reachable again")
-                unavailable = False
-                retry = STORE_RETRY_MIN_SECONDS
-            if moved >= self.batch_size:
-                continue  # a full batch: more are probably waiting
-            self._wake.wait(self.poll_seconds)
+            pending = []
+            retry = STORE_RETRY_MIN_SECONDS
+
+    def _settle(self, outcomes: Sequence[Outcome]) -> None:
+        result = self.outbox.settle(outcomes)
+        self._forget(len(outcomes))
+        self.stats.delivered += result.succeeded
+        self.stats.retried += result.retried
+        self.stats.dead += result.dead
+        self.stats.stale += result.stale
+        if result.dead:
+            log.warning("relay: %d run(s) dead-lettered", result.dead)
+
+    def _settle_pending(self) -> None:
+        pending: list[Outcome] = []
+        while True:
+            try:
+                pending.append(self._outcomes.get_nowait())
+            except queue.Empty:
+                break
+        for start in range(0, len(pending), SETTLE_BATCH):
+            try:
+                self._settle(pending[start : start + SETTLE_BATCH])
+            except errors.StoreUnavailable as exc:
+                log.error(
+                    "relay: could not record %d outcome(s) at shutdown: %s; they will be "
+                    "delivered again when their leases expire",
+                    len(pending) - start,
+                    exc,
+                )
+                self._forget(len(pending) - start)
+                return
+
+    def _forget(self, count: int) -> None:
+        with self._unsettled_lock:
+            self._unsettled -= count
+
+    # -- tests and benchmarks ----------------------------------------------------------------
+
+    def idle(self) -> bool:
+        """Nothing in flight and every outcome recorded."""
+        with self._unsettled_lock:
+            unsettled = self._unsettled
+        return self.limits.in_flight == 0 and unsettled == 0

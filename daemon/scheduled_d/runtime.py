@@ -58,6 +58,17 @@ def run_all(store: Store, config: Config, *, stop: threading.Event | None = None
     the relay drains, then workers finish what they hold."""
     with stop_on_signals() as (signal_stop, force):
         stop = stop or signal_stop
+        api_server = None
+        if config.api_enabled:
+            # imported here: the dispatcher-only modes need no web stack
+            from schedctl.service import Scheduler
+            from scheduled_d.api import ApiServer
+
+            api_server = ApiServer(
+                Scheduler(store, max_payload_bytes=config.max_payload_bytes), config.api_listen
+            )
+            # first, and binding at once: a taken port fails the start before anything runs
+            api_server.start()
         coordinator = make_coordinator(store, config)
         coordinator.start()
         relay = Relay(store)
@@ -97,6 +108,8 @@ def run_all(store: Store, config: Config, *, stop: threading.Event | None = None
             store.engine.url.render_as_string(hide_password=True),
         )
         _wait(stop, force)
+        if api_server is not None:
+            api_server.stop()  # first: no new jobs while the rest winds down
         dispatcher_stop.set()
         _join([dispatch_thread])
         coordinator.stop()

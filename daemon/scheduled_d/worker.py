@@ -1,5 +1,6 @@
 """The queue worker (the cron replacement): leases runs from one built-in queue and runs the
-worker's own command once per run, with heartbeats, timeouts, output tails and retries.
+worker's own command once per run, with heartbeats, timeouts, output tails and retries; a
+heartbeat that finds the job cancelled stops the command (SIGTERM, SIGKILL after a grace).
 
 The command is always the one the worker was started with, never anything taken from a
 message: a message only selects *when* the command runs and what it reads on stdin.
@@ -23,7 +24,7 @@ from datetime import UTC, datetime
 
 from schedctl import errors
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.storage.queue import Lease, QueueRepo
+from schedctl.storage.queue import CANCELLED_RUNNING_ERROR, Beat, Lease, QueueRepo
 from schedctl.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ class _Outcome:
     timed_out: bool = False
     lease_lost: bool = False
     forced: bool = False
+    cancelled: bool = False  # the job was cancelled while the command ran
 
 
 class Worker:
@@ -299,6 +301,9 @@ class Worker:
         )
         finished_at = datetime.now(UTC)
         tail = _combine_tails(stdout.text(), stderr.text())
+        if outcome.cancelled and not outcome.lease_lost:
+            self._settle_cancelled(lease, outcome, tail, started_at, finished_at)
+            return
         if outcome.lease_lost:
             log.warning(
                 "run %s attempt %d: lease lost; the command was stopped and the run is "
@@ -373,7 +378,7 @@ class Worker:
                     exited_at = exited_at or now
                     if not sinks or now - exited_at >= DRAIN_SECONDS:
                         break
-                    if outcome.timed_out or outcome.lease_lost:
+                    if outcome.timed_out or outcome.lease_lost or outcome.cancelled:
                         # nothing of a killed command may outlive it
                         _kill_group(process, signal.SIGKILL)
                 elif self._force.is_set() and not outcome.forced:
@@ -396,12 +401,23 @@ class Worker:
                 # recorded yet, and the lease must still be ours when it is
                 if now >= next_heartbeat and not outcome.lease_lost:
                     next_heartbeat = now + self.heartbeat_seconds
-                    extended = self._heartbeat(lease)
-                    if extended:
+                    beat = self._heartbeat(lease)
+                    if beat is Beat.extended or beat is Beat.cancelled:
                         last_confirmed = now
+                    if beat is Beat.cancelled and not outcome.cancelled and exited_at is None:
+                        # the cancel reaches running work: SIGTERM now, SIGKILL after the
+                        # grace period if the command is still there
+                        outcome.cancelled = True
+                        log.warning(
+                            "run %s attempt %d: job cancelled; terminating the command",
+                            lease.idempotency_key,
+                            lease.attempt,
+                        )
+                        _kill_group(process, signal.SIGTERM)
+                        kill_at = time.monotonic() + self.kill_grace_seconds
                     # unconfirmed for a whole lease: the reaper may have handed the run to
                     # another worker, and two copies must not run at once
-                    if extended is False or now - last_confirmed >= self.lease_seconds:
+                    if beat is Beat.lost or now - last_confirmed >= self.lease_seconds:
                         outcome.lease_lost = True
                         _kill_group(process, signal.SIGTERM)
                         kill_at = time.monotonic() + self.kill_grace_seconds
@@ -434,11 +450,11 @@ class Worker:
             outcome.returncode = process.wait()
         return outcome
 
-    def _heartbeat(self, lease: Lease) -> bool | None:
-        """Extend the lease: True when extended, False when it is definitely lost, None
-        when the database could not say."""
+    def _heartbeat(self, lease: Lease) -> Beat | None:
+        """Extend the lease and learn whether the job was cancelled; None when the
+        database could not say."""
         try:
-            return self.repo.heartbeat(lease, self.lease_seconds)
+            return self.repo.beat(lease, self.lease_seconds)
         except errors.StoreUnavailable as exc:
             log.warning("run %s: heartbeat failed: %s", lease.idempotency_key, exc)
             return None
@@ -516,6 +532,35 @@ class Worker:
             )
 
         self._record(lease, fail)
+
+    def _settle_cancelled(
+        self,
+        lease: Lease,
+        outcome: _Outcome,
+        tail: str,
+        started_at: datetime,
+        finished_at: datetime,
+    ) -> None:
+        code = outcome.returncode
+        how = (
+            f"killed by {_signal_name(-code)}"
+            if code is not None and code < 0
+            else (f"exit code {code}")
+        )
+        error = f"{CANCELLED_RUNNING_ERROR} ({how})"
+
+        def stop() -> bool:
+            return self.repo.stop_cancelled(
+                lease,
+                exit_code=code if code is not None and code >= 0 else None,
+                output_tail=tail,
+                started_at=started_at,
+                finished_at=finished_at,
+                error=error,
+            )
+
+        if self._record(lease, stop):
+            log.info("run %s attempt %d: %s", lease.idempotency_key, lease.attempt, error)
 
     def _record(self, lease: Lease, action: Callable[[], bool]) -> bool:
         """Store an outcome, retrying while the database is away; after a whole lease of

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, text, update
+from sqlalchemy import select, update
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
@@ -94,6 +94,16 @@ def due_query(partitions: Collection[int], before: datetime, limit: int) -> Any:
         .order_by(schema.jobs.c.next_fire_at)
         .limit(limit)
     )
+
+
+def _pg_binary(connection: Connection, sql: str, params: dict[str, Any]) -> list[Any]:
+    """Run one statement on the transaction's own psycopg connection with parameters in
+    binary format: big arrays dump about 7 times faster than as text."""
+    driver = connection.connection.driver_connection
+    assert driver is not None
+    with driver.cursor() as cursor:
+        cursor.execute(sql, params)
+        return list(cursor.fetchall()) if cursor.description else []
 
 
 def _due_from_row(r: Any) -> DueJob:
@@ -222,29 +232,11 @@ class Claimer:
                 run_rows.append(self._run_row(d, nominal, now, epoch, RunStatus.skipped))
             for nominal in plan.dispatch:
                 run_rows.append(self._run_row(d, nominal, now, epoch, RunStatus.dispatched))
-        inserted = self._insert_runs(connection, run_rows)
-        by_job = {d.job_id: d for d in batch}
-        outbox_rows = []
-        for job_id, scheduled_at, status in inserted:
+        for job_id, scheduled_at, status in self._insert_runs(connection, run_rows, now):
             if status == RunStatus.skipped.value:
                 result.skipped += 1
-                continue
-            d = by_job[job_id]
-            result.dispatched.append((job_id, scheduled_at))
-            outbox_rows.append(
-                {
-                    "job_id": job_id,
-                    "scheduled_at": scheduled_at,
-                    "tenant_id": d.tenant_id,
-                    "target_type": d.target_type,
-                    "target": d.target,
-                    "attempt": 1,
-                    "available_at": now,
-                    "created_at": now,
-                }
-            )
-        if outbox_rows:
-            connection.execute(schema.outbox.insert(), outbox_rows)
+            else:
+                result.dispatched.append((job_id, scheduled_at))
 
     @staticmethod
     def _run_row(
@@ -264,6 +256,8 @@ class Claimer:
             "finished_at": None if dispatched else now,
             "epoch": epoch,
             "job_version": d.version,
+            "target_type": d.target_type,
+            "target": d.target,
         }
 
     def _check_epochs(
@@ -283,23 +277,23 @@ class Claimer:
         self, connection: Connection, updates: list[dict[str, Any]], now: datetime
     ) -> set[str]:
         if self.store.is_postgres:
-            statement = text(
-                """
+            statement = """
                 UPDATE jobs AS j
                    SET next_run_at = v.next_run_at,
                        next_fire_at = v.next_fire_at,
                        status = v.status,
                        version = j.version + 1,
-                       updated_at = :now
-                  FROM unnest(CAST(:job_ids AS text[]), CAST(:versions AS bigint[]),
-                              CAST(:next_run_ats AS timestamptz[]),
-                              CAST(:next_fire_ats AS timestamptz[]), CAST(:statuses AS text[]))
+                       updated_at = %(now)b
+                  FROM unnest(CAST(%(job_ids)b AS text[]), CAST(%(versions)b AS bigint[]),
+                              CAST(%(next_run_ats)b AS timestamptz[]),
+                              CAST(%(next_fire_ats)b AS timestamptz[]),
+                              CAST(%(statuses)b AS text[]))
                        AS v(job_id, version, next_run_at, next_fire_at, status)
                  WHERE j.job_id = v.job_id AND j.version = v.version AND j.status = 'active'
              RETURNING j.job_id
                 """
-            )
-            rows = connection.execute(
+            rows = _pg_binary(
+                connection,
                 statement,
                 {
                     "now": now,
@@ -334,40 +328,100 @@ class Claimer:
         return advanced
 
     def _insert_runs(
-        self, connection: Connection, rows: list[dict[str, Any]]
+        self, connection: Connection, rows: list[dict[str, Any]], now: datetime
     ) -> list[tuple[str, datetime, str]]:
-        """Insert run rows, skipping any (job_id, scheduled_at) that exists; returns those
-        inserted."""
+        """Insert run rows, skipping any (job_id, scheduled_at) that exists, and an outbox
+        row for each dispatched one inserted; returns the runs inserted."""
         if not rows:
             return []
         if self.store.is_postgres:
-            columns = list(rows[0].keys())
-            casts = {
-                "job_id": "text",
-                "scheduled_at": "timestamptz",
-                "tenant_id": "text",
-                "partition": "integer",
-                "trigger": "text",
-                "status": "text",
-                "attempt": "integer",
-                "fire_at": "timestamptz",
-                "dispatched_at": "timestamptz",
-                "finished_at": "timestamptz",
-                "epoch": "bigint",
-                "job_version": "bigint",
-            }
-            arrays = ", ".join(f"CAST(:{c} AS {casts[c]}[])" for c in columns)
-            statement = text(
-                f"INSERT INTO runs ({', '.join(columns)}) SELECT * FROM unnest({arrays}) "
-                "ON CONFLICT DO NOTHING RETURNING job_id, scheduled_at, status"
-            )
-            result = connection.execute(statement, {c: [r[c] for r in rows] for c in columns})
-            return [(r[0], r[1], r[2]) for r in result]
+            return self._insert_runs_postgres(connection, rows, now)
         inserted = []
+        outbox_rows = []
         for row in rows:
+            run = {k: v for k, v in row.items() if k not in ("target_type", "target")}
             outcome = connection.execute(
-                sqlite.insert(schema.runs).values(**row).on_conflict_do_nothing()
+                sqlite.insert(schema.runs).values(**run).on_conflict_do_nothing()
             )
-            if outcome.rowcount == 1:
-                inserted.append((row["job_id"], row["scheduled_at"], row["status"]))
+            if outcome.rowcount != 1:
+                continue
+            inserted.append((row["job_id"], row["scheduled_at"], row["status"]))
+            if row["status"] != RunStatus.dispatched.value:
+                continue
+            outbox_rows.append(
+                {
+                    "job_id": row["job_id"],
+                    "scheduled_at": row["scheduled_at"],
+                    "tenant_id": row["tenant_id"],
+                    "target_type": row["target_type"],
+                    "target": row["target"],
+                    "attempt": 1,
+                    "available_at": now,
+                    "created_at": now,
+                }
+            )
+        if outbox_rows:
+            connection.execute(schema.outbox.insert(), outbox_rows)
         return inserted
+
+    def _insert_runs_postgres(
+        self, connection: Connection, rows: list[dict[str, Any]], now: datetime
+    ) -> list[tuple[str, datetime, str]]:
+        # one statement for runs and outbox rows, one round trip; everything comes in
+        # arrays (a join to jobs would hang on the planner's row estimates)
+        statement = """
+            WITH v AS (
+                SELECT * FROM unnest(
+                    CAST(%(job_ids)b AS text[]), CAST(%(scheduled_ats)b AS timestamptz[]),
+                    CAST(%(statuses)b AS text[]), CAST(%(fire_ats)b AS timestamptz[]),
+                    CAST(%(epochs)b AS bigint[]), CAST(%(versions)b AS bigint[]),
+                    CAST(%(tenant_ids)b AS text[]), CAST(%(partitions)b AS integer[]),
+                    CAST(%(target_types)b AS text[]), CAST(%(targets)b AS text[]))
+                AS v(job_id, scheduled_at, status, fire_at, epoch, job_version, tenant_id,
+                     partition, target_type, target)
+            ), ins AS (
+                INSERT INTO runs (job_id, scheduled_at, tenant_id, partition, trigger, status,
+                                  attempt, fire_at, dispatched_at, finished_at, epoch,
+                                  job_version)
+                SELECT v.job_id, v.scheduled_at, v.tenant_id, v.partition, 'schedule', v.status,
+                       CASE WHEN v.status = 'dispatched' THEN 1 ELSE 0 END, v.fire_at,
+                       CASE WHEN v.status = 'dispatched' THEN CAST(%(now)b AS timestamptz) END,
+                       CASE WHEN v.status = 'dispatched' THEN NULL
+                            ELSE CAST(%(now)b AS timestamptz) END,
+                       v.epoch, v.job_version
+                  FROM v
+                ON CONFLICT DO NOTHING
+                RETURNING job_id, scheduled_at, status
+            ), ob AS (
+                INSERT INTO outbox (job_id, scheduled_at, tenant_id, target_type, target,
+                                    attempt, available_at, created_at)
+                SELECT v.job_id, v.scheduled_at, v.tenant_id, v.target_type, v.target, 1,
+                       CAST(%(now)b AS timestamptz), CAST(%(now)b AS timestamptz)
+                  FROM ins JOIN v ON v.job_id = ins.job_id AND v.scheduled_at = ins.scheduled_at
+                 WHERE ins.status = 'dispatched'
+            )
+            SELECT job_id, scheduled_at, status FROM ins
+            """
+        result = _pg_binary(
+            connection,
+            statement,
+            {
+                "now": now,
+                **{
+                    name: [r[column] for r in rows]
+                    for name, column in (
+                        ("job_ids", "job_id"),
+                        ("scheduled_ats", "scheduled_at"),
+                        ("statuses", "status"),
+                        ("fire_ats", "fire_at"),
+                        ("epochs", "epoch"),
+                        ("versions", "job_version"),
+                        ("tenant_ids", "tenant_id"),
+                        ("partitions", "partition"),
+                        ("target_types", "target_type"),
+                        ("targets", "target"),
+                    )
+                },
+            },
+        )
+        return [(r[0], r[1], r[2]) for r in result]

@@ -11,14 +11,14 @@ nothing and changes nothing.
 
 from __future__ import annotations
 
-import json
+import enum
 import random
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, case, delete, func, select, update
+from sqlalchemy import and_, case, delete, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, RowMapping
 
@@ -28,10 +28,12 @@ from schedctl.models import JobStatus, RunStatus, TargetType
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
 from schedctl.storage.jobs import db_now
+from schedctl.storage.payloads import decode_payload
 from schedctl.storage.store import Store
 
 LOST_ERROR = "lease expired: worker lost"
 CANCELLED_ERROR = "job cancelled before delivery"
+CANCELLED_RUNNING_ERROR = "job cancelled while the command ran: stopped"
 # Postgres deadlock / serialization failure: nothing committed, the caller just tries again
 _RETRYABLE_PGCODES = {"40P01", "40001"}
 # Kept in the database no longer than a run history column should hold.
@@ -80,6 +82,14 @@ class QueueDepth:
         return self.ready + self.delayed + self.leased
 
 
+class Beat(enum.StrEnum):
+    """What a heartbeat found."""
+
+    extended = "extended"  # the lease is ours for another lease period
+    lost = "lost"  # expired and reaped, or taken: the run is someone else's now
+    cancelled = "cancelled"  # extended, but the job was cancelled: stop the command
+
+
 @dataclass(frozen=True)
 class _Held:
     """A message with its job's retry policy, read inside a settling transaction."""
@@ -106,9 +116,10 @@ class QueueRepo:
 
     # -- relay: outbox -> queue ----------------------------------------------------------
 
-    def move_outbox(self, limit: int = 500) -> int:
+    def move_outbox(self, limit: int = 500, *, exclude_tenants: Collection[str] = ()) -> int:
         """Move due outbox rows of queue targets into queue messages; returns how many
-        were delivered to a queue. Runs of jobs cancelled meanwhile are skipped instead."""
+        were delivered to a queue. Runs of jobs cancelled meanwhile are skipped instead.
+        Rows of `exclude_tenants` (tenants whose queue is a RabbitMQ broker) stay."""
         o = schema.outbox
         with self.store.tx() as connection:
             now = db_now(connection)
@@ -122,9 +133,12 @@ class QueueRepo:
                     o.c.attempt,
                 )
                 .where(o.c.target_type == TargetType.queue.value, o.c.available_at <= now)
-                .order_by(o.c.id)
+                # due order is the order of ix_outbox_type_available: no sort of the backlog
+                .order_by(o.c.available_at)
                 .limit(limit)
             )
+            if exclude_tenants:
+                query = query.where(o.c.tenant_id.not_in(sorted(exclude_tenants)))
             if self.store.is_postgres:
                 query = query.with_for_update(skip_locked=True)
             rows = connection.execute(query).mappings().all()
@@ -220,13 +234,15 @@ class QueueRepo:
                 j.c.retry_max_seconds,
                 j.c.timeout_seconds,
                 j.c.payload,
+                j.c.status,
             )
             .join(j, j.c.job_id == m.c.job_id)
             .where(
                 m.c.queue == queue,
                 m.c.available_at <= now,
                 m.c.leased_until.is_(None),
-                in_use < j.c.max_concurrency,
+                # max_concurrency 0 is "no limit" (null in the API)
+                or_(j.c.max_concurrency <= 0, in_use < j.c.max_concurrency),
             )
             .order_by(m.c.available_at, m.c.id)
             # a few more than asked: several may belong to one job with a single slot left
@@ -234,7 +250,12 @@ class QueueRepo:
         )
         if self.store.is_postgres:
             query = query.with_for_update(skip_locked=True, of=m)
-        candidates = connection.execute(query).mappings().all()
+        found = connection.execute(query).mappings().all()
+        cancelled = [c for c in found if c["status"] == JobStatus.cancelled.value]
+        if cancelled:
+            # queued but not started: a cancelled job's runs are not run
+            self._skip_cancelled(connection, cancelled, now)
+        candidates = [c for c in found if c["status"] != JobStatus.cancelled.value]
         if not candidates:
             return []
         job_ids = sorted({c["job_id"] for c in candidates})
@@ -257,7 +278,7 @@ class QueueRepo:
         for c in candidates:
             if len(leases) >= limit:
                 break
-            if counts[c["job_id"]] >= c["max_concurrency"]:
+            if 0 < c["max_concurrency"] <= counts[c["job_id"]]:
                 continue
             counts[c["job_id"]] += 1
             connection.execute(
@@ -294,15 +315,42 @@ class QueueRepo:
                     retry_base_seconds=c["retry_base_seconds"],
                     retry_max_seconds=c["retry_max_seconds"],
                     timeout_seconds=c["timeout_seconds"],
-                    payload=json.loads(c["payload"]),
+                    payload=decode_payload(c["payload"]),
                     owner=owner,
                     leased_until=leased_until,
                 )
             )
         return leases
 
+    def _skip_cancelled(
+        self, connection: Connection, messages: Sequence[RowMapping], now: datetime
+    ) -> None:
+        m = schema.queue_messages
+        connection.execute(delete(m).where(m.c.id.in_([r["id"] for r in messages])))
+        for r in messages:
+            connection.execute(
+                update(schema.runs)
+                .where(
+                    schema.runs.c.job_id == r["job_id"],
+                    schema.runs.c.scheduled_at == r["scheduled_at"],
+                    schema.runs.c.status.in_(
+                        [
+                            RunStatus.dispatched.value,
+                            RunStatus.failed.value,
+                            RunStatus.lost.value,
+                        ]
+                    ),
+                )
+                .values(status=RunStatus.skipped.value, error=CANCELLED_ERROR, finished_at=now)
+            )
+
     def heartbeat(self, lease: Lease, lease_seconds: float) -> bool:
         """Extend the lease; False when it is no longer ours (expired and reaped or taken)."""
+        return self.beat(lease, lease_seconds) is not Beat.lost
+
+    def beat(self, lease: Lease, lease_seconds: float) -> Beat:
+        """Extend the lease and look at the job: lost, cancelled (stop the command) or
+        extended. One short transaction; the worker calls it every few seconds."""
         m = schema.queue_messages
         with self.store.tx() as connection:
             now = db_now(connection)
@@ -311,7 +359,61 @@ class QueueRepo:
                 .where(_ours(lease))
                 .values(leased_until=now + timedelta(seconds=lease_seconds))
             )
-            return result.rowcount == 1
+            if result.rowcount != 1:
+                return Beat.lost
+            status = connection.execute(
+                select(schema.jobs.c.status).where(schema.jobs.c.job_id == lease.job_id)
+            ).scalar_one_or_none()
+            return Beat.cancelled if status == JobStatus.cancelled.value else Beat.extended
+
+    def stop_cancelled(
+        self,
+        lease: Lease,
+        *,
+        exit_code: int | None,
+        output_tail: str | None,
+        started_at: datetime,
+        finished_at: datetime,
+        error: str = CANCELLED_RUNNING_ERROR,
+    ) -> bool:
+        """The job was cancelled and its running command stopped: record the attempt as
+        failed, retry nothing, dead-letter nothing (the cancel asked for exactly this).
+        False (and nothing changed) when the lease is no longer ours."""
+        output_tail = _clip(output_tail)
+        with self.store.tx() as connection:
+            result = connection.execute(delete(schema.queue_messages).where(_ours(lease)))
+            if result.rowcount != 1:
+                return False
+            connection.execute(
+                update(schema.runs)
+                .where(
+                    schema.runs.c.job_id == lease.job_id,
+                    schema.runs.c.scheduled_at == lease.scheduled_at,
+                )
+                .values(
+                    status=RunStatus.failed.value,
+                    attempt=lease.attempt,
+                    started_at=started_at,
+                    finished_at=finished_at,
+                    exit_code=exit_code,
+                    error=error,
+                    output_tail=output_tail,
+                )
+            )
+            _record_attempt(
+                connection,
+                job_id=lease.job_id,
+                scheduled_at=lease.scheduled_at,
+                attempt=lease.attempt,
+                status=RunStatus.failed,
+                started_at=started_at,
+                finished_at=finished_at,
+                exit_code=exit_code,
+                error=error,
+                output_tail=output_tail,
+                worker=lease.owner,
+            )
+            return True
 
     def ack(
         self,

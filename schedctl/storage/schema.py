@@ -42,6 +42,10 @@ tenants = Table(
     Column("dispatch_rate_per_second", Integer, nullable=False),
     Column("allow_list", Text, nullable=False),  # JSON list of host names and CIDRs
     Column("created_at", UTCDateTime, nullable=False),
+    # deliveries of this tenant in flight at once, per kind (HTTP, RabbitMQ), per relay
+    Column("delivery_concurrency", Integer, nullable=False, server_default="16"),
+    # amqp:// URL of the tenant's RabbitMQ; NULL: its queue targets are the built-in queue
+    Column("broker_url", Text, nullable=True),
 )
 
 api_tokens = Table(
@@ -142,9 +146,15 @@ outbox = Table(
     Column("target_type", String(16), nullable=False),
     Column("target", Text, nullable=False),
     Column("attempt", Integer, nullable=False),
+    # due time; while a relay delivers the row, the end of its lease
     Column("available_at", UTCDateTime, nullable=False),
     Column("created_at", UTCDateTime, nullable=False),
-    Index("ix_outbox_available", "available_at"),
+    Column("lease_owner", String(200), nullable=True),  # the relay delivering it, if any
+    Column("last_error", Text, nullable=True),  # why the previous attempt failed
+    # the built-in queue relay reads one target type in due order
+    Index("ix_outbox_type_available", "target_type", "available_at"),
+    # HTTP/RabbitMQ delivery reads each tenant's lane in due order
+    Index("ix_outbox_lane", "tenant_id", "target_type", "available_at"),
 )
 
 queue_messages = Table(

@@ -30,6 +30,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import literal_column, select
 
@@ -319,7 +320,7 @@ def load_history(store: Store, cutoff: datetime, faults: Sequence[str] = ()) -> 
     if not store.is_postgres:
         raise ValueError("the chaos checker reads transaction ids: Postgres only")
     j, r, o, m = schema.jobs, schema.runs, schema.outbox, schema.queue_messages
-    xmin = literal_column("runs.xmin::text::bigint").label("claim_order")
+    xmin: Any = literal_column("runs.xmin::text::bigint").label("claim_order")
     with store.read() as connection:
         job_rows = connection.execute(
             select(

@@ -37,6 +37,10 @@ POLL_SECONDS = 0.05
 T = TypeVar("T")
 
 
+class DaemonDied(RuntimeError):
+    """A daemon the test is waiting for exited by itself (its log says why)."""
+
+
 @dataclass
 class Daemon:
     """One daemon name; a restart is a new process under the same name (and log file)."""
@@ -241,14 +245,23 @@ class Cluster:
         """partition -> epoch of the partitions the table says `name` owns."""
         return {p: e for p, (e, owner) in self.ownership().items() if owner == name}
 
+    def check_alive(self, names: list[str]) -> None:
+        """DaemonDied if one of `names` exited by itself (waiting for it is pointless)."""
+        dead = {name: code for name, code in self.dead().items() if name in names}
+        if dead:
+            tails = "\n".join(f"--- {n} ---\n{self.log_tails(15)[n]}" for n in dead)
+            raise DaemonDied(f"exited by themselves: {dead}\n{tails}")
+
     def balanced(self, expected: list[str]) -> bool:
-        """ZooKeeper lists exactly `expected`, and every partition is owned, in the table,
-        by the member the assignment of `expected` names."""
-        if self.members() != sorted(expected):
-            return False
+        """Every partition is owned, in the table, by the member the assignment of
+        `expected` names, and ZooKeeper lists exactly `expected` (read second: the table is
+        the cheap check)."""
+        self.check_alive(expected)
         wanted = assignment(expected, self.partition_count)
         table = self.ownership()
-        return all(table.get(p, (0, None))[1] == owner for p, owner in wanted.items())
+        if any(table.get(p, (0, None))[1] != owner for p, owner in wanted.items()):
+            return False
+        return self.members() == sorted(expected)
 
     def wait_balanced(self, expected: list[str], timeout: float = 60.0) -> float | None:
         """Seconds until `balanced(expected)`, or None if it did not happen in `timeout`."""

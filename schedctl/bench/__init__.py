@@ -1,0 +1,1 @@
+"""Benchmarks shipped with schedctl (`schedctl bench ...`): measured, never asserted."""

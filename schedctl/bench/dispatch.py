@@ -1,0 +1,228 @@
+"""Dispatch benchmarks against real `scheduled-d dispatcher` processes: a burst of runs
+due at one instant, and a steady stream, measured from the run history's timestamps."""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select, text, update
+
+from schedctl import errors
+from schedctl.bench.load import insert_once_jobs
+from schedctl.storage import schema
+from schedctl.storage.store import Store
+from schedctl.storage.tenants import TenantRepo
+
+SCHEDULED_D = Path(sys.executable).parent / "scheduled-d"
+
+
+@dataclass
+class Dispatchers:
+    """N dispatcher processes on one database (N > 1 needs ZooKeeper)."""
+
+    url: str
+    count: int = 1
+    zookeeper: str | None = None
+    batch_size: int = 5000
+
+    def __post_init__(self) -> None:
+        if self.count > 1 and not self.zookeeper:
+            raise errors.ValidationError(
+                "more than one dispatcher needs --zookeeper", field="dispatchers"
+            )
+        self.logdir = Path(tempfile.mkdtemp(prefix="schedctl-bench-"))
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> None:
+        for i in range(self.count):
+            env = {
+                **os.environ,
+                "SCHEDULED_DATABASE_URL": self.url,
+                "SCHEDULED_NODE_NAME": f"bench-{i}",
+                "SCHEDULED_CLAIM_BATCH_SIZE": str(self.batch_size),
+                "SCHEDULED_LOG_LEVEL": "WARNING",
+            }
+            if self.zookeeper:
+                env["SCHEDULED_ZOOKEEPER"] = self.zookeeper
+            with (self.logdir / f"dispatcher-{i}.log").open("w") as log:
+                self.processes.append(
+                    subprocess.Popen(
+                        [str(SCHEDULED_D), "dispatcher"],
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                    )
+                )
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
+
+
+def _bench_tenant(store: Store) -> str:
+    tenant, _token = TenantRepo(store).create(f"bench-{uuid.uuid4().hex[:8]}", actor="bench")
+    with store.tx() as connection:
+        # no pacing in a benchmark of raw claim speed
+        connection.execute(
+            update(schema.tenants)
+            .where(schema.tenants.c.tenant_id == tenant.tenant_id)
+            .values(dispatch_rate_per_second=10_000_000)
+        )
+    return tenant.tenant_id
+
+
+def _claimed(store: Store, tenant_id: str) -> int:
+    with store.read() as connection:
+        return int(
+            connection.execute(
+                select(func.count())
+                .select_from(schema.runs)
+                .where(schema.runs.c.tenant_id == tenant_id)
+            ).scalar_one()
+        )
+
+
+def _lateness(store: Store, tenant_id: str) -> list[float]:
+    with store.read() as connection:
+        rows = connection.execute(
+            select(schema.runs.c.fire_at, schema.runs.c.dispatched_at).where(
+                schema.runs.c.tenant_id == tenant_id
+            )
+        ).all()
+    return sorted((d - f).total_seconds() for f, d in rows if f is not None and d is not None)
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def _settings(store: Store) -> str:
+    if not store.is_postgres:
+        return "sqlite (WAL, synchronous=NORMAL)"
+    with store.read() as connection:
+        fsync = connection.execute(text("SHOW fsync")).scalar_one()
+        sync = connection.execute(text("SHOW synchronous_commit")).scalar_one()
+    return f"postgres (fsync={fsync}, synchronous_commit={sync})"
+
+
+def _wait_claimed(store: Store, tenant_id: str, total: int, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    claimed = 0
+    while time.monotonic() < deadline:
+        claimed = _claimed(store, tenant_id)
+        if claimed >= total:
+            break
+        time.sleep(0.2)
+    return claimed
+
+
+def burst(
+    store: Store,
+    *,
+    jobs: int,
+    lead_seconds: float,
+    dispatchers: Dispatchers,
+    timeout: float,
+) -> dict[str, Any]:
+    """`jobs` one-time runs all due at one instant `lead_seconds` after the dispatchers
+    start; the figure is how long after that instant the last one was claimed."""
+    tenant_id = _bench_tenant(store)
+    due_at = datetime.now(UTC) + timedelta(seconds=lead_seconds + 30)
+    load_started = time.monotonic()
+    insert_once_jobs(store, tenant_id, [due_at] * jobs, name="bench-burst")
+    load_seconds = time.monotonic() - load_started
+    # the instant is set once loading is done, so it is the same lead for any size
+    due_at = datetime.now(UTC) + timedelta(seconds=lead_seconds)
+    with store.tx() as connection:
+        connection.execute(
+            update(schema.jobs)
+            .where(schema.jobs.c.tenant_id == tenant_id)
+            .values(next_run_at=due_at, next_fire_at=due_at)
+        )
+    dispatchers.start()
+    try:
+        claimed = _wait_claimed(store, tenant_id, jobs, timeout + lead_seconds)
+    finally:
+        dispatchers.stop()
+    with store.read() as connection:
+        last = connection.execute(
+            select(func.max(schema.runs.c.dispatched_at)).where(
+                schema.runs.c.tenant_id == tenant_id
+            )
+        ).scalar_one()
+    late = _lateness(store, tenant_id)
+    return {
+        "benchmark": "burst",
+        "database": _settings(store),
+        "dispatchers": dispatchers.count,
+        "batch_size": dispatchers.batch_size,
+        "jobs": jobs,
+        "claimed": claimed,
+        "load_seconds": round(load_seconds, 2),
+        "all_claimed_after_due_seconds": round((last - due_at).total_seconds(), 3)
+        if last
+        else None,
+        "claims_per_second": round(claimed / max((last - due_at).total_seconds(), 1e-3), 1)
+        if last
+        else None,
+        "lateness_p50_seconds": round(_pct(late, 0.50), 3),
+        "lateness_p99_seconds": round(_pct(late, 0.99), 3),
+        "logs": str(dispatchers.logdir),
+    }
+
+
+def steady(
+    store: Store,
+    *,
+    rate: int,
+    duration: float,
+    dispatchers: Dispatchers,
+) -> dict[str, Any]:
+    """`rate` runs a second, each due at its own instant, for `duration` seconds; reports
+    the lateness (claim time minus fire time) distribution."""
+    tenant_id = _bench_tenant(store)
+    start = datetime.now(UTC) + timedelta(seconds=5)
+    total = int(rate * duration)
+    times = [start + timedelta(seconds=i / rate) for i in range(total)]
+    insert_once_jobs(store, tenant_id, times, name="bench-steady")
+    dispatchers.start()
+    try:
+        claimed = _wait_claimed(store, tenant_id, total, duration + 60)
+    finally:
+        dispatchers.stop()
+    late = _lateness(store, tenant_id)
+    return {
+        "benchmark": "steady",
+        "database": _settings(store),
+        "dispatchers": dispatchers.count,
+        "rate_per_second": rate,
+        "duration_seconds": duration,
+        "runs": total,
+        "claimed": claimed,
+        "lateness_p50_seconds": round(_pct(late, 0.50), 3),
+        "lateness_p95_seconds": round(_pct(late, 0.95), 3),
+        "lateness_p99_seconds": round(_pct(late, 0.99), 3),
+        "lateness_max_seconds": round(late[-1], 3) if late else None,
+        "lateness_mean_seconds": round(statistics.fmean(late), 3) if late else None,
+        "logs": str(dispatchers.logdir),
+    }

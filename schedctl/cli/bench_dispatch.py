@@ -1,0 +1,82 @@
+"""`schedctl bench burst` and `bench steady`: dispatch benchmarks against real dispatcher
+processes (schedctl.bench.dispatch); registered on the `bench` group in app.py."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from schedctl.bench import dispatch
+from schedctl.cli.common import OutputOption, cli_state, output_format
+from schedctl.cli.output import emit
+
+DispatchersOption = Annotated[
+    int,
+    typer.Option(
+        "--dispatchers", min=1, max=16, help="Dispatcher processes (>1 needs --zookeeper)."
+    ),
+]
+ZooKeeperOption = Annotated[
+    str | None, typer.Option("--zookeeper", help="ZooKeeper hosts for several dispatchers.")
+]
+BatchOption = Annotated[
+    int, typer.Option("--batch-size", min=1, max=100_000, help="Runs per claim.")
+]
+
+
+def _url(ctx: typer.Context) -> str:
+    return cli_state(ctx).store().engine.url.render_as_string(hide_password=False)
+
+
+def burst(
+    ctx: typer.Context,
+    jobs: Annotated[
+        int, typer.Option("--jobs", min=1, max=1_000_000, help="Runs due at once.")
+    ] = 100_000,
+    lead: Annotated[
+        float,
+        typer.Option("--lead", min=1.0, help="Seconds from dispatcher start to the due instant."),
+    ] = 10.0,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=1.0, help="Give up after this.")
+    ] = 300.0,
+    dispatchers: DispatchersOption = 1,
+    zookeeper: ZooKeeperOption = None,
+    batch_size: BatchOption = 5000,
+    output: OutputOption = None,
+) -> None:
+    """Runs all due at one instant: how soon after it the last one is claimed. Use a
+    scratch database: it adds a tenant and its jobs."""
+    result = dispatch.burst(
+        cli_state(ctx).store(),
+        jobs=jobs,
+        lead_seconds=lead,
+        timeout=timeout,
+        dispatchers=dispatch.Dispatchers(_url(ctx), dispatchers, zookeeper, batch_size),
+    )
+    emit(result, output_format(ctx, output), title="burst")
+
+
+def steady(
+    ctx: typer.Context,
+    rate: Annotated[
+        int, typer.Option("--rate", min=1, max=100_000, help="Runs due a second.")
+    ] = 500,
+    duration: Annotated[
+        float, typer.Option("--duration", min=1.0, max=3600.0, help="Seconds of load.")
+    ] = 30.0,
+    dispatchers: DispatchersOption = 1,
+    zookeeper: ZooKeeperOption = None,
+    batch_size: BatchOption = 1000,
+    output: OutputOption = None,
+) -> None:
+    """A steady stream of due runs: the dispatch lateness distribution. Use a scratch
+    database: it adds a tenant and its jobs."""
+    result = dispatch.steady(
+        cli_state(ctx).store(),
+        rate=rate,
+        duration=duration,
+        dispatchers=dispatch.Dispatchers(_url(ctx), dispatchers, zookeeper, batch_size),
+    )
+    emit(result, output_format(ctx, output), title="steady")

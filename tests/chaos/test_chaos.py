@@ -1,0 +1,538 @@
+"""Owns the chaos tests: 3 dispatchers, a relay, Postgres and ZooKeeper (standalone, and a
+3-server ensemble) under a steady load of one-time and every-second recurring jobs, some of
+them cancelled along the way, through a sequence of faults:
+
+    kill -9 of a dispatcher (then restarted)      SIGSTOP of one until its session expires
+    restart of a ZooKeeper server (the leader)    restart of Postgres (stop -m fast, start)
+    a dispatcher added                            a dispatcher removed (SIGTERM)
+
+The invariant checker (checker.py) then proves over the run history, the outbox and the
+queue that no run was claimed twice, no due run was lost and nothing was claimed after its
+cancel; it prints its counts. Times (re-own after kill -9 and SIGSTOP, rebalances, claim
+lateness) are measured and printed, never asserted: the invariants are.
+
+The workload's recurring jobs use misfire policy run_all, so no occurrence may be legitimately
+skipped however long a fault lasts: every occurrence up to the cutoff must have its run.
+"""
+
+from __future__ import annotations
+
+import bisect
+import random
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import func, select, update
+
+from schedctl import errors
+from schedctl.scheduling.misfire import MisfirePolicy
+from schedctl.storage import schema
+from schedctl.storage.jobs import JobRepo
+from schedctl.storage.store import Store
+from tests.chaos.checker import (
+    History,
+    JobRecord,
+    Report,
+    RunRecord,
+    check,
+    load_history,
+)
+from tests.chaos.cluster import Cluster, DaemonDied, wait_until
+from tests.factories import bulk_once_jobs, create_job, every, make_tenant, once_at
+from tests.services.postgres import PostgresServer
+from tests.services.zookeeper import ZooKeeperEnsemble
+
+DISPATCHERS = ["d1", "d2", "d3"]
+TENANTS = ["alpha", "bravo", "charlie"]
+# Catch-up is paced per tenant at its dispatch rate: low enough to engage after a fault.
+TENANT_DISPATCH_RATE = 200
+RECURRING_JOBS = 120  # every second each, from a few seconds after the start
+ONCE_JOBS_UPFRONT = 3000  # spread over the expected length of the run
+ONCE_HORIZON_SECONDS = 60.0
+LIVE_CREATES_PER_TICK = 6  # one-time jobs created while the faults happen, due soon
+TICK_SECONDS = 0.5
+MAX_RECURRING_CANCELS = 12
+PAUSE_SECONDS = 5.0  # quiet time between faults
+WAIT_SECONDS = 60.0  # the bound of every wait for the cluster to recover (real times printed)
+SETTLE_SECONDS = 90.0  # the bound of the final wait for every due run to be claimed
+MAX_WORKLOAD_TICKS = 1200
+
+
+# -- the workload ---------------------------------------------------------------------------
+
+
+@dataclass
+class Workload:
+    """Jobs created up front and while the faults happen, and cancels, from a thread of the
+    test process (through the job repository, as the API does, so dispatchers hear of them
+    by notification)."""
+
+    store: Store
+    rng: random.Random = field(default_factory=lambda: random.Random(20240601))
+    tenants: list[str] = field(default_factory=list)
+    recurring: list[str] = field(default_factory=list)
+    once: list[tuple[datetime, str]] = field(default_factory=list)  # (run_at, job_id) sorted
+    cancelled: dict[str, int] = field(default_factory=dict)  # job_id -> version the cancel wrote
+    created_live: int = 0
+    store_errors: int = 0
+    other_errors: list[str] = field(default_factory=list)
+    ticks: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def setup(self) -> None:
+        for name in TENANTS:
+            self.tenants.append(make_tenant(self.store, name))
+        with self.store.tx() as connection:
+            connection.execute(
+                update(schema.tenants).values(dispatch_rate_per_second=TENANT_DISPATCH_RATE)
+            )
+        now = self.store.now()
+        anchor = now.replace(microsecond=0) + timedelta(seconds=4)
+        for i in range(RECURRING_JOBS):
+            self.recurring.append(
+                create_job(
+                    self.store,
+                    self.tenants[i % len(self.tenants)],
+                    every(
+                        1,
+                        anchor,
+                        queue="chaos-recurring",
+                        misfire=MisfirePolicy.run_all,
+                        name=f"recurring-{i}",
+                    ),
+                )
+            )
+        span = ONCE_HORIZON_SECONDS - 3.0
+        times = sorted(
+            now + timedelta(seconds=3.0 + self.rng.random() * span)
+            for _ in range(ONCE_JOBS_UPFRONT)
+        )
+        per_tenant: dict[str, list[datetime]] = {t: [] for t in self.tenants}
+        for i, at in enumerate(times):
+            per_tenant[self.tenants[i % len(self.tenants)]].append(at)
+        for tenant, tenant_times in per_tenant.items():
+            ids = bulk_once_jobs(self.store, tenant, tenant_times, queue="chaos-once")
+            self.once.extend(zip(tenant_times, ids, strict=True))
+        self.once.sort()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="chaos-workload", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+
+    def _run(self) -> None:
+        repo = JobRepo(self.store)
+        for _ in range(MAX_WORKLOAD_TICKS):
+            if self._stop.wait(TICK_SECONDS):
+                return
+            self.ticks += 1
+            try:
+                self._tick(repo)
+            except errors.StoreUnavailable:
+                self.store_errors += 1  # Postgres is restarting: try again next tick
+            except Exception as exc:  # reported at the end; the load must go on
+                self.other_errors.append(f"{type(exc).__name__}: {exc}")
+
+    def _tick(self, repo: JobRepo) -> None:
+        now = datetime.now(UTC)
+        for _ in range(LIVE_CREATES_PER_TICK):
+            at = now + timedelta(seconds=0.5 + self.rng.random() * 15)
+            tenant = self.rng.choice(self.tenants)
+            job, _ = repo.create(
+                tenant, once_at(at, queue="chaos-live", name="live"), actor="chaos"
+            )
+            bisect.insort(self.once, (at, job.job_id))
+            self.created_live += 1
+        # one-time jobs about to fire (a race with their claim) and some later ones
+        soon = bisect.bisect_left(self.once, (now, ""))
+        later = bisect.bisect_left(self.once, (now + timedelta(seconds=1), ""))
+        victims = [self.once[i][1] for i in range(soon, min(later, soon + 2))]
+        if later < len(self.once):
+            victims.append(self.once[self.rng.randrange(later, len(self.once))][1])
+        if self.ticks % 4 == 0:
+            recurring = [j for j in self.recurring if j not in self.cancelled]
+            if len(self.recurring) - len(recurring) < MAX_RECURRING_CANCELS:
+                victims.append(self.rng.choice(recurring))
+        for job_id in victims:
+            if job_id in self.cancelled:
+                continue
+            try:
+                job = repo.cancel(job_id, actor="chaos")
+            except errors.Conflict:
+                continue  # already cancelled
+            self.cancelled[job_id] = job.version
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+@dataclass
+class Figures:
+    """What the run measured, printed at the end (never asserted)."""
+
+    lines: list[str] = field(default_factory=list)
+    faults: list[str] = field(default_factory=list)
+
+    def note(self, line: str) -> None:
+        self.lines.append(line)
+        print(line, flush=True)
+
+    def seconds(self, what: str, took: float | None) -> None:
+        """Print a measured time; Unrecovered if the wait for it ran out."""
+        if took is None:
+            raise Unrecovered(f"{what}: NOT within {WAIT_SECONDS:.0f} s")
+        self.note(f"{what}: {took:.3f} s")
+
+
+class Unrecovered(AssertionError):
+    """The cluster did not come back from a fault within WAIT_SECONDS."""
+
+
+def runs_count(store: Store) -> int:
+    with store.read() as connection:
+        return int(connection.execute(select(func.count()).select_from(schema.runs)).scalar_one())
+
+
+def settled(store: Store, cutoff: datetime) -> bool:
+    """Every run due by `cutoff` claimed, and the outbox drained."""
+    with store.read() as connection:
+        due = connection.execute(
+            select(func.count())
+            .select_from(schema.jobs)
+            .where(schema.jobs.c.status == "active", schema.jobs.c.next_fire_at <= cutoff)
+        ).scalar_one()
+        outbox = connection.execute(select(func.count()).select_from(schema.outbox)).scalar_one()
+    return due == 0 and outbox == 0
+
+
+def lateness(history: History) -> str:
+    """Claim lateness (dispatched_at - fire_at) of the runs, over the whole run with faults."""
+    values = sorted(
+        (r.dispatched_at - r.fire_at).total_seconds()
+        for r in history.runs
+        if r.dispatched_at is not None and r.fire_at is not None
+    )
+    if not values:
+        return "no runs"
+    quantiles = statistics.quantiles(values, n=100, method="inclusive")
+    return (
+        f"p50 {quantiles[49]:.3f} s, p99 {quantiles[98]:.3f} s, max {values[-1]:.3f} s "
+        f"over {len(values)} runs (faults included)"
+    )
+
+
+def restart_zookeeper(zk: ZooKeeperEnsemble, figures: Figures) -> None:
+    """Standalone: stop and start the server. Ensemble: kill -9 the leader, wait for a new
+    one, start the old leader again."""
+    if zk.size == 1:
+        started = time.monotonic()
+        zk.restart_server(0, timeout=WAIT_SECONDS)
+        figures.note(f"zookeeper standalone restarted (serving again after {time_since(started)})")
+        figures.faults.append("zookeeper restart")
+        return
+    leader = zk.leader()
+    assert leader is not None, "the ensemble has no leader"
+    started = time.monotonic()
+    zk.kill_server(leader)
+    others = [i for i in range(zk.size) if i != leader]
+    elected, took = wait_until(
+        lambda: next((i for i in others if zk.mode(i) == "leader"), None) is not None,
+        WAIT_SECONDS,
+        interval=0.1,
+    )
+    figures.seconds(
+        f"zookeeper leader {leader} killed: new leader elected after",
+        took if elected else None,
+    )
+    zk.start_server(leader)
+    zk.wait_server_ready(leader, WAIT_SECONDS)
+    figures.note(f"zookeeper server {leader} back as {zk.mode(leader)} ({time_since(started)})")
+    figures.faults.append("zookeeper leader kill -9 + restart")
+
+
+def new_epochs(cluster: Cluster, before: dict[int, int]) -> str:
+    """How many partitions are owned under a new epoch (a new ZooKeeper session) now."""
+    now = cluster.ownership()
+    moved = sum(1 for p, e in before.items() if now.get(p, (e, None))[0] != e)
+    return f"{moved} of {len(before)} partitions under a new epoch (sessions that expired)"
+
+
+def time_since(started: float) -> str:
+    return f"{time.monotonic() - started:.3f} s"
+
+
+# -- the chaos test -------------------------------------------------------------------------
+
+
+def inject_faults(
+    cluster: Cluster, pg: PostgresServer, zk: ZooKeeperEnsemble, figures: Figures
+) -> list[str]:
+    """The fault sequence, with quiet pauses between faults; returns the dispatchers that are
+    members at the end. Raises Unrecovered (or DaemonDied) when the cluster does not come
+    back from a fault: the faults after it would prove nothing."""
+    members = list(DISPATCHERS)
+    time.sleep(PAUSE_SECONDS)
+
+    # 1. kill -9 of a dispatcher, then a new process of it
+    before = cluster.owned_by("d1")
+    cluster.kill("d1")
+    figures.faults.append("kill -9 d1")
+    figures.seconds(
+        f"kill -9 d1: its {len(before)} partitions owned again after",
+        cluster.wait_reowned(before),
+    )
+    cluster.start("d1")
+    figures.seconds("d1 restarted: balanced again after", cluster.wait_balanced(members))
+    time.sleep(PAUSE_SECONDS)
+
+    # 2. SIGSTOP until the session expires and the partitions move, then SIGCONT
+    before = cluster.owned_by("d2")
+    cluster.pause("d2")
+    figures.faults.append("SIGSTOP d2")
+    figures.seconds(
+        f"SIGSTOP d2: its {len(before)} partitions owned again after",
+        cluster.wait_reowned(before),
+    )
+    fenced_before = cluster.count_in_logs("fenced off").get("d2", 0)
+    cluster.resume("d2")
+    figures.seconds("d2 continued: balanced again after", cluster.wait_balanced(members))
+    fenced = cluster.count_in_logs("fenced off").get("d2", 0) - fenced_before
+    figures.note(f"claims of the woken d2 refused by the epoch check: {fenced} batch(es)")
+    time.sleep(PAUSE_SECONDS)
+
+    # 3. a ZooKeeper server restarts
+    epochs = {p: e for p, (e, _) in cluster.ownership().items()}
+    restart_zookeeper(zk, figures)
+    figures.seconds("after ZooKeeper: balanced again after", cluster.wait_balanced(members))
+    figures.note(f"after ZooKeeper: {new_epochs(cluster, epochs)}")
+    time.sleep(PAUSE_SECONDS)
+
+    # 4. Postgres restarts (stop -m fast, start)
+    count = runs_count(cluster.store)
+    epochs = {p: e for p, (e, _) in cluster.ownership().items()}
+    started = time.monotonic()
+    pg.restart("fast")
+    figures.faults.append("postgres restart")
+    figures.note(f"postgres restarted in {time_since(started)}")
+    resumed, took = wait_until(lambda: runs_count(cluster.store) > count, WAIT_SECONDS)
+    figures.seconds("after Postgres: claims resumed after", took if resumed else None)
+    figures.seconds("after Postgres: balanced after", cluster.wait_balanced(members))
+    figures.note(f"after Postgres: {new_epochs(cluster, epochs)}")
+    time.sleep(PAUSE_SECONDS)
+
+    # 5. a dispatcher added, 6. one removed
+    cluster.start("d4")
+    members.append("d4")
+    figures.faults.append("d4 added")
+    figures.seconds("d4 added: balanced after", cluster.wait_balanced(members))
+    time.sleep(PAUSE_SECONDS)
+    started = time.monotonic()
+    code = cluster.terminate("d3")
+    members.remove("d3")
+    figures.faults.append("d3 removed (SIGTERM)")
+    figures.note(f"d3 SIGTERM: exited with {code} after {time_since(started)}")
+    figures.seconds("d3 removed: balanced after", cluster.wait_balanced(members))
+    time.sleep(PAUSE_SECONDS)
+    return members
+
+
+@pytest.mark.chaos
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.zookeeper
+@pytest.mark.timeout(600)
+def test_no_run_claimed_twice_lost_or_claimed_after_cancel_under_faults(
+    cluster: Cluster, chaos_pg: PostgresServer, chaos_zk: ZooKeeperEnsemble
+) -> None:
+    began = time.monotonic()
+    store = cluster.store
+    figures = Figures()
+    workload = Workload(store)
+    workload.setup()
+    figures.note(
+        f"\n== chaos with ZooKeeper {'standalone' if chaos_zk.size == 1 else '3-server ensemble'}"
+        f": {RECURRING_JOBS} jobs every second (run_all), {ONCE_JOBS_UPFRONT} one-time jobs up "
+        f"front, {cluster.partition_count} partitions, session {cluster.session_timeout:g} s"
+    )
+    cluster.start("relay", "relay")
+    for name in DISPATCHERS:
+        cluster.start(name)
+    members = list(DISPATCHERS)
+    workload.start()
+    aborted: str | None = None
+    try:
+        figures.seconds("3 dispatchers started and balanced", cluster.wait_balanced(members))
+        members = inject_faults(cluster, chaos_pg, chaos_zk, figures)
+    except (Unrecovered, DaemonDied) as exc:
+        aborted = str(exc)
+        figures.note(f"fault sequence stopped: {aborted}")
+        members = cluster.running_dispatchers()
+    finally:
+        workload.stop()
+    if not chaos_pg.is_running():
+        chaos_pg.start()  # the checker needs it whatever happened
+
+    # settle: everything due by the cutoff claimed and relayed
+    cutoff = store.now()
+    done, took = wait_until(lambda: settled(store, cutoff), SETTLE_SECONDS, interval=0.2)
+    figures.note(
+        "settled (all due by the cutoff claimed, outbox empty) after "
+        + (f"{took:.3f} s" if done else f"NOT within {SETTLE_SECONDS:.0f} s")
+    )
+    dead = cluster.dead()
+    exits = {name: cluster.terminate(name) for name in [*members, "relay"]}
+    figures.note(f"daemons stopped with SIGTERM, exit codes: {exits}")
+
+    history = load_history(store, cutoff, figures.faults)
+    report = check(history)
+    figures.note(
+        f"workload: {len(workload.recurring)} recurring and {len(workload.once)} one-time jobs "
+        f"({workload.created_live} created during the faults); {len(workload.cancelled)} "
+        f"cancelled ({sum(1 for j in workload.cancelled if j in workload.recurring)} recurring); "
+        f"{workload.store_errors} workload ticks hit the database restart"
+    )
+    figures.note(f"claim lateness: {lateness(history)}")
+    figures.note("checker:\n" + report.summary())
+    figures.note(f"chaos run took {time_since(began)}")
+
+    # the workload's own record agrees with the database
+    for job_id, version in workload.cancelled.items():
+        job = history.jobs[job_id]
+        assert job.cancelled and job.version == version, f"cancel of {job_id} not as recorded"
+    assert not workload.other_errors, workload.other_errors[:5]
+    assert report.runs_checked > 0 and report.occurrences_expected > 0
+    assert report.ok, report.summary()
+    assert not dead, f"daemons exited by themselves: {dead}"
+    assert aborted is None, f"the cluster did not recover: {aborted}"
+    assert exits == dict.fromkeys(exits, 0), f"a daemon did not stop cleanly: {exits}"
+
+
+# -- the checker can fail ---------------------------------------------------------------------
+
+
+T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def _clean_history() -> History:
+    """Two partitions; a job every second (5 runs by the cutoff), a one-time job, and a
+    cancelled recurring job with 2 runs, all delivered once, epochs growing in claim order."""
+    jobs = {
+        "rec": JobRecord("rec", 0, T0, 1, "active", 6),
+        "once": JobRecord("once", 1, T0 + timedelta(seconds=2), None, "completed", 2),
+        "gone": JobRecord("gone", 1, T0, 1, "cancelled", 4),  # 2 claims (-> v3), cancel -> v4
+    }
+    runs = []
+    for i in range(5):
+        epoch = 10 if i < 3 else 20  # partition 0 moved to a new owner after 3 runs
+        runs.append(
+            RunRecord(
+                "rec", T0 + timedelta(seconds=i), 0, "dispatched", None, epoch, 1 + i, 100 + i
+            )
+        )
+    runs.append(RunRecord("once", T0 + timedelta(seconds=2), 1, "dispatched", None, 11, 1, 102))
+    runs.append(RunRecord("gone", T0, 1, "dispatched", None, 11, 1, 100))
+    runs.append(RunRecord("gone", T0 + timedelta(seconds=1), 1, "dispatched", None, 11, 2, 101))
+    return History(
+        jobs=jobs,
+        runs=runs,
+        deliveries=[r.key for r in runs],
+        cutoff=T0 + timedelta(seconds=4, milliseconds=500),
+        faults=["doctored"],
+    )
+
+
+def _checked(history: History) -> Report:
+    report = check(history)
+    print(report.summary())
+    return report
+
+
+def test_the_checker_passes_a_clean_history() -> None:
+    report = _checked(_clean_history())
+    assert report.ok
+    assert (report.runs_checked, report.occurrences_expected, report.cancelled_jobs) == (8, 6, 1)
+
+
+def test_the_checker_reports_a_duplicate_delivery() -> None:
+    history = _clean_history()
+    key = history.runs[1].key
+    history.deliveries.append(key)
+    report = _checked(history)
+    assert report.duplicate_deliveries == [key] and report.duplicates == 1 and not report.ok
+
+
+def test_the_checker_reports_a_duplicate_claim() -> None:
+    history = _clean_history()
+    history.runs.append(history.runs[0])  # what the runs primary key forbids
+    report = _checked(history)
+    assert history.runs[0].key in report.duplicate_runs and not report.ok
+
+
+def test_the_checker_reports_a_gap() -> None:
+    history = _clean_history()
+    gap = history.runs.pop(2)
+    history.deliveries.remove(gap.key)
+    report = _checked(history)
+    assert report.missing == [gap.key] and not report.ok
+
+
+def test_the_checker_reports_an_undelivered_run_and_a_delivery_without_run() -> None:
+    history = _clean_history()
+    lost = history.runs[3].key
+    history.deliveries.remove(lost)
+    stray = ("nobody", T0)
+    history.deliveries.append(stray)
+    report = _checked(history)
+    assert report.undelivered == [lost] and report.orphan_deliveries == [stray]
+
+
+def test_the_checker_reports_a_run_claimed_after_cancel() -> None:
+    history = _clean_history()
+    late = RunRecord("gone", T0 + timedelta(seconds=2), 1, "dispatched", None, 11, 3, 103)
+    history.runs.append(late)
+    history.deliveries.append(late.key)
+    report = _checked(history)
+    assert report.after_cancel == [late.key] and not report.ok
+
+
+def test_the_checker_reports_a_stale_claim_after_cancel_by_its_reused_version() -> None:
+    # a claim that skipped the version condition: it read version 2 before the cancel,
+    # committed after it; its job_version is older than the cancel, but version 2 was
+    # already claimed
+    history = _clean_history()
+    stale = RunRecord("gone", T0 + timedelta(seconds=2), 1, "dispatched", None, 11, 2, 104)
+    history.runs.append(stale)
+    history.deliveries.append(stale.key)
+    report = _checked(history)
+    assert report.version_reuse == [("gone", 2)] and not report.ok
+
+
+def test_the_checker_reports_an_epoch_going_backwards() -> None:
+    history = _clean_history()
+    # the last run of partition 0 claimed by the former owner (epoch 10) after the new
+    # owner's claims under epoch 20: a paused dispatcher that was not fenced
+    last = history.runs[4]
+    history.runs[4] = RunRecord(
+        last.job_id, last.scheduled_at, 0, "dispatched", None, 10, last.job_version, 200
+    )
+    report = _checked(history)
+    assert len(report.epoch_regressions) == 1 and "epoch 10" in report.epoch_regressions[0]
+    assert not report.ok
+
+
+def test_the_checker_reports_runs_at_no_occurrence() -> None:
+    history = _clean_history()
+    odd = RunRecord("rec", T0 + timedelta(milliseconds=1500), 0, "dispatched", None, 20, 9, 300)
+    history.runs.append(odd)
+    history.deliveries.append(odd.key)
+    report = _checked(history)
+    assert report.unexpected == [odd.key] and not report.ok
