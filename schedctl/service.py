@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from schedctl import errors
+from schedctl.delivery.ssrf import check_at_creation
 from schedctl.jobspec import DEFAULT_MAX_PAYLOAD_BYTES, parse_job_request, parse_schedule
 from schedctl.models import Job, JobStatus, Page, Run, Tenant
 from schedctl.storage import schema
@@ -165,6 +166,9 @@ class Scheduler:
         spec = parse_job_request(
             body, now=self.store.now(), max_payload_bytes=self.max_payload_bytes
         )
+        if spec.target.url is not None:
+            # the SSRF guard at creation; every delivery checks again
+            check_at_creation(spec.target.url, found.allow_list)
         # JobRepo._insert reads store.partition_count inside the write transaction; on
         # SQLite a first (uncached) read there opens a second connection that waits for the
         # first one's write lock until the busy timeout. Reading it here first caches it.

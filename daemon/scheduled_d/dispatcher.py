@@ -27,6 +27,8 @@ from schedctl.storage.store import Store
 log = logging.getLogger(__name__)
 
 CLOCK_RESYNC_SECONDS = 30.0
+# the memory is rebuilt from the database this often even when nothing seems to change
+FULL_RELOAD_SECONDS = 300.0
 LATENESS_SAMPLES = 100_000
 
 
@@ -89,6 +91,7 @@ class Dispatcher:
         self.batch_size = batch_size
         self.poll_seconds = poll_seconds
         self.window = timedelta(seconds=window_seconds)
+        self.extend_seconds = max(0.5, window_seconds / 12)
         self.preload_limit = preload_limit
         self.catchup_after = timedelta(seconds=catchup_after_seconds)
         self.on_claimed = on_claimed
@@ -105,8 +108,8 @@ class Dispatcher:
         self._versions: dict[str, int] = {}  # the newest version seen per job in the heap
         self._loaded_for: Mapping[int, int] = {}
         self._horizon = datetime.min.replace(tzinfo=UTC)
-        self._reload_at = float("-inf")
-        self._reload_when_drained = False
+        self._full_reload_at = float("-inf")
+        self._extend_at = float("-inf")
         self._deferring = False
         self._buckets: dict[str, TokenBucket] = {}
         self._rates: dict[str, float] = {}
@@ -132,21 +135,27 @@ class Dispatcher:
         heapq.heappush(self._heap, (due.next_fire_at, next(self._seq), due))
 
     def reload(self, owned: Mapping[int, int]) -> None:
-        """Load every run due within the window for the owned partitions."""
-        now = self.now()
-        horizon = now + self.window
-        due = self.claimer.load_due(owned.keys(), horizon, self.preload_limit)
+        """Forget the memory and load every run due within the window (start, ownership
+        change, a missed notification, and now and then as a safety net)."""
         self._heap, self._versions = [], {}
-        for item in due:
-            self._push(item)
-        # a full page means there may be more before the horizon: load again when it drains
-        truncated = len(due) >= self.preload_limit
-        self._horizon = due[-1].next_fire_at if truncated else horizon
+        self._horizon = datetime.min.replace(tzinfo=UTC)
         self._loaded_for = dict(owned)
-        self._reload_at = time.monotonic() + self.window.total_seconds() / 2
-        self._reload_when_drained = truncated
+        self._full_reload_at = time.monotonic() + FULL_RELOAD_SECONDS
         self._load_rates()
         self.stats.reloads += 1
+        self.extend(owned)
+
+    def extend(self, owned: Mapping[int, int]) -> None:
+        """Load what entered the window since the last load: small, frequent reads keep
+        the firing loop from stalling behind one big load."""
+        horizon = self.now() + self.window
+        due = self.claimer.load_due(owned.keys(), horizon, self.preload_limit, after=self._horizon)
+        for item in due:
+            self._push(item)
+        # a full page means there may be more before the horizon: load on from its end
+        truncated = len(due) >= self.preload_limit
+        self._horizon = due[-1].next_fire_at if truncated else horizon
+        self._extend_at = time.monotonic() + (0.0 if truncated else self.extend_seconds)
 
     def _load_rates(self) -> None:
         with self.store.read() as connection:
@@ -243,12 +252,10 @@ class Dispatcher:
             self._wake.wait(self.poll_seconds)
             self._wake.clear()
             return 0
-        if (
-            owned != self._loaded_for
-            or time.monotonic() >= self._reload_at
-            or (self._reload_when_drained and not self._heap)
-        ):
+        if owned != self._loaded_for or time.monotonic() >= self._full_reload_at:
             self.reload(owned)
+        elif time.monotonic() >= self._extend_at:
+            self.extend(owned)
         fired = self.fire_due(owned)
         if fired >= self.batch_size * self.claim_threads:
             return fired  # more is due: no waiting
@@ -257,7 +264,7 @@ class Dispatcher:
             return fired
         changes = feed.wait(self._sleep_seconds())
         if changes.reload:
-            self._reload_at = float("-inf")
+            self._full_reload_at = float("-inf")
         elif changes.job_ids:
             self.add_changed(changes.job_ids, owned)
         return fired
@@ -271,7 +278,7 @@ class Dispatcher:
                     self.run_once(feed)
                 except errors.StoreUnavailable as exc:
                     log.warning("database unavailable, retrying: %s", exc)
-                    self._reload_at = float("-inf")
+                    self._full_reload_at = float("-inf")
                     stop.wait(1.0)
         finally:
             feed.close()

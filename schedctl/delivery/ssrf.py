@@ -28,6 +28,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -81,6 +82,35 @@ def system_resolver(host: str, port: int) -> list[str]:
     if not addresses:
         raise UnresolvableHost(f"{host} does not resolve to any address")
     return addresses
+
+
+def timed_resolver(seconds: float) -> Resolver:
+    """system_resolver giving up after `seconds` (getaddrinfo itself has no timeout): an
+    API request must not hang on a slow DNS server."""
+
+    def resolve(host: str, port: int) -> list[str]:
+        answer: list[list[str] | BaseException] = []
+
+        def work() -> None:
+            try:
+                answer.append(system_resolver(host, port))
+            except BaseException as exc:
+                answer.append(exc)
+
+        thread = threading.Thread(target=work, name="ssrf-resolve", daemon=True)
+        thread.start()
+        thread.join(seconds)
+        if not answer:
+            raise UnresolvableHost(f"{host} did not resolve within {seconds:g} s")
+        result = answer[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    return resolve
+
+
+CREATION_RESOLVE_SECONDS = 2.0
 
 
 # -- the allow-list ---------------------------------------------------------------------------
@@ -340,7 +370,12 @@ def check_at_creation(
     """The creation-time check: like check_destination, but a name that does not resolve
     now is accepted (DNS may not exist yet; every delivery checks again)."""
     try:
-        check_destination(url, allow_list, resolver=resolver, field="target.url")
+        check_destination(
+            url,
+            allow_list,
+            resolver=resolver or timed_resolver(CREATION_RESOLVE_SECONDS),
+            field="target.url",
+        )
     except UnresolvableHost:
         return
 

@@ -80,11 +80,13 @@ _DUE_COLUMNS = [
 ]
 
 
-def due_query(partitions: Collection[int], before: datetime, limit: int) -> Any:
-    """Jobs due before `before` in `partitions`: a range read per partition of the
-    (partition, next_fire_at) index. Always filtered by partition, even when one process
-    owns them all, so that there is one plan and it never scans the table."""
-    return (
+def due_query(
+    partitions: Collection[int], before: datetime, limit: int, after: datetime | None = None
+) -> Any:
+    """Jobs due before `before` (and after `after`) in `partitions`: a range read per
+    partition of the (partition, next_fire_at) index. Always filtered by partition, even
+    when one process owns them all, so that there is one plan and it never scans."""
+    query = (
         select(*_DUE_COLUMNS)
         .where(
             schema.jobs.c.partition.in_(sorted(partitions)),
@@ -94,6 +96,9 @@ def due_query(partitions: Collection[int], before: datetime, limit: int) -> Any:
         .order_by(schema.jobs.c.next_fire_at)
         .limit(limit)
     )
+    if after is not None:
+        query = query.where(schema.jobs.c.next_fire_at > after)
+    return query
 
 
 def _pg_binary(connection: Connection, sql: str, params: dict[str, Any]) -> list[Any]:
@@ -130,13 +135,18 @@ class Claimer:
         self.owner = owner
 
     def load_due(
-        self, partitions: Collection[int], before: datetime, limit: int = 1000
+        self,
+        partitions: Collection[int],
+        before: datetime,
+        limit: int = 1000,
+        after: datetime | None = None,
     ) -> list[DueJob]:
         """Due jobs of these partitions, earliest first."""
         if not partitions:
             return []
+        query = due_query(partitions, before, limit, after)
         with self.store.read() as connection:
-            rows = connection.execute(due_query(partitions, before, limit)).mappings().all()
+            rows = connection.execute(query).mappings().all()
         return [_due_from_row(r) for r in rows]
 
     def load_jobs(

@@ -208,7 +208,9 @@ def test_reschedule(acme: Api) -> None:
     assert changed["schedule"] == {"kind": "cron", "cron": "30 9 * * *", "timezone": "Europe/Paris"}
     assert changed["version"] == job["version"] + 1
     assert changed["next_run_at"] != job["next_run_at"]
-    assert_error(acme.request("PATCH", path, json={"schedule": {"cron": "99 * * * *"}}), 422, "invalid")
+    assert_error(
+        acme.request("PATCH", path, json={"schedule": {"cron": "99 * * * *"}}), 422, "invalid"
+    )
     error = assert_error(acme.request("PATCH", path, json={"name": "x"}), 422, "invalid")
     assert error["field"] == "name"
     error = assert_error(acme.request("PATCH", path, json={}), 422, "invalid")
@@ -424,7 +426,10 @@ def test_every_error_has_the_json_shape(acme: Api) -> None:
 
 
 BAD_BODIES = {
-    "unknown time zone": (job_body(schedule={"cron": "0 8 * * *", "timezone": "Nowhere/X"}), "timezone"),
+    "unknown time zone": (
+        job_body(schedule={"cron": "0 8 * * *", "timezone": "Nowhere/X"}),
+        "timezone",
+    ),
     "run_at in the past": (job_body(schedule={"run_at": "2001-01-01T00:00:00Z"}), "run_at"),
     "huge number duration": (job_body(schedule={"every": 1e300}), "interval"),
     "NUL in the name": (job_body(name="a\x00b"), "name"),
@@ -606,16 +611,16 @@ def test_audit_records_every_change_with_tenant_and_token(
     assert {(e.tenant_id, e.actor) for e in entries} == {(tenant_id, f"token:{acme.token_id}")}
     result = runner.invoke(
         cli_app,
-        ["--db", db_url, "audit", "--tenant", "acme", "--job", job["job_id"], "-n", "4", "-o", "json"],
+        ["--db", db_url, *"audit --tenant acme -n 4 -o json --job".split(), job["job_id"]],
     )
     assert result.exit_code == 0, result.output
     page = json.loads(result.stdout)
     assert [i["action"] for i in page["items"]] == ["cancel", "trigger", "resume", "pause"]
     assert page["items"][0]["tenant"] == "acme"
     assert page["items"][0]["actor"] == f"token:{acme.token_id}"
+    cursor = page["next_cursor"]
     rest = runner.invoke(
-        cli_app,
-        ["--db", db_url, "audit", "--job", job["job_id"], "--cursor", page["next_cursor"], "-o", "json"],
+        cli_app, ["--db", db_url, "audit", "--job", job["job_id"], "--cursor", cursor, "-ojson"]
     )
     assert [i["action"] for i in json.loads(rest.stdout)["items"]] == ["reschedule", "create"]
     table = runner.invoke(cli_app, ["--db", db_url, "audit", "--tenant", "acme"])
@@ -669,17 +674,13 @@ def keys(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str]]:
         reset_payload_cipher()
 
 
-def test_payloads_are_encrypted_at_rest(
-    sched: Scheduler, acme: Api, keys: tuple[str, str]
-) -> None:
+def test_payloads_are_encrypted_at_rest(sched: Scheduler, acme: Api, keys: tuple[str, str]) -> None:
     key, _ = keys
     configure_payload_cipher(PayloadCipher([key]))
     job = acme.new_job(job_body(payload={"secret": MARKER}))
     stored = stored_payload(sched.store, job["job_id"])
     assert is_encrypted(stored) and MARKER not in stored
-    assert acme.request("GET", f"/v1/jobs/{job['job_id']}").json()["payload"] == {
-        "secret": MARKER
-    }
+    assert acme.request("GET", f"/v1/jobs/{job['job_id']}").json()["payload"] == {"secret": MARKER}
     # the run's payload reaches a queue consumer in plaintext
     assert acme.request("POST", f"/v1/jobs/{job['job_id']}/trigger").status_code == 202
     queue = QueueRepo(sched.store)

@@ -27,7 +27,7 @@ from schemathesis.specs.openapi import checks as openapi_checks
 from schedctl.service import Scheduler
 from scheduled_d.api import ApiServer
 
-MAX_EXAMPLES = 60  # per operation, per generation mode
+MAX_EXAMPLES = 100  # per operation, per generation mode
 CHECKS = [
     not_a_server_error,
     openapi_checks.status_code_conformance,

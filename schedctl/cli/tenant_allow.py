@@ -1,0 +1,137 @@
+"""Owns the delivery commands of `schedctl tenant`: `allow` / `disallow` (the HTTP destination
+allow-list of the SSRF guard), `delivery` (concurrency and rate at delivery), `broker` (the
+tenant's RabbitMQ) and `signing-secret` (the key a tenant verifies deliveries with).
+
+They are defined on this module's own `app`; the tenant group attaches the functions.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from schedctl import errors
+from schedctl.cli.common import OutputOption, actor, cli_state, output_format, say
+from schedctl.cli.output import OutputFormat, emit
+from schedctl.storage.allowlist import TenantDeliveryRepo
+from schedctl.storage.tenants import TenantRepo
+
+app = typer.Typer(help="Tenant delivery settings: allow-list, limits, broker, signing secret.")
+
+TenantArgument = Annotated[str, typer.Argument(help="Tenant name or id.")]
+EntryArgument = Annotated[
+    str,
+    typer.Argument(
+        help="A host name (exact, e.g. hooks.internal) or a CIDR (10.0.0.0/8, fd00::/8, "
+        "or one address)."
+    ),
+]
+
+
+def _repo(ctx: typer.Context) -> TenantDeliveryRepo:
+    return TenantDeliveryRepo(cli_state(ctx).store())
+
+
+@app.command()
+def allow(
+    ctx: typer.Context,
+    tenant: TenantArgument,
+    entry: EntryArgument,
+    output: OutputOption = None,
+) -> None:
+    """Let TENANT's HTTP jobs call HOST or CIDR even where the SSRF guard refuses by default
+    (loopback, private, link-local, CGNAT, ...). Public destinations need no entry."""
+    entries, changed = _repo(ctx).allow(tenant, entry, actor=actor())
+    fmt = output_format(ctx, output)
+    if fmt is OutputFormat.json:
+        emit({"tenant": tenant, "allow_list": entries, "changed": changed}, fmt)
+        return
+    say(f"{'allowed' if changed else 'already allowed'}: {entries[-1] if changed else entry}")
+    say(f"allow-list of {tenant}: {', '.join(entries)}")
+
+
+@app.command()
+def disallow(
+    ctx: typer.Context,
+    tenant: TenantArgument,
+    entry: EntryArgument,
+    output: OutputOption = None,
+) -> None:
+    """Remove HOST or CIDR from TENANT's allow-list; deliveries check it at once, so runs
+    already scheduled to that destination are refused from now on."""
+    entries = _repo(ctx).disallow(tenant, entry, actor=actor())
+    fmt = output_format(ctx, output)
+    if fmt is OutputFormat.json:
+        emit({"tenant": tenant, "allow_list": entries, "changed": True}, fmt)
+        return
+    say(f"disallowed: {entry}")
+    say(f"allow-list of {tenant}: {', '.join(entries) or '(empty)'}")
+
+
+@app.command()
+def delivery(
+    ctx: typer.Context,
+    tenant: TenantArgument,
+    concurrency: Annotated[
+        int | None,
+        typer.Option(
+            "--concurrency", help="Deliveries in flight at once per kind (HTTP, RabbitMQ)."
+        ),
+    ] = None,
+    rate: Annotated[
+        int | None, typer.Option("--rate", help="Runs dispatched and delivered per second.")
+    ] = None,
+    output: OutputOption = None,
+) -> None:
+    """Show TENANT's delivery settings, or change its concurrency and rate limits."""
+    repo = _repo(ctx)
+    if concurrency is None and rate is None:
+        settings = repo.settings(tenant)
+    else:
+        settings = repo.set_delivery(
+            tenant, concurrency=concurrency, rate_per_second=rate, actor=actor()
+        )
+    emit(settings.to_dict(), output_format(ctx, output), title=f"delivery of {settings.name}")
+
+
+@app.command()
+def broker(
+    ctx: typer.Context,
+    tenant: TenantArgument,
+    url: Annotated[
+        str | None,
+        typer.Argument(help="amqp://user:password@host:5672/vhost of the tenant's RabbitMQ."),
+    ] = None,
+    builtin: Annotated[
+        bool, typer.Option("--builtin", help="Use the built-in queue again.")
+    ] = False,
+    output: OutputOption = None,
+) -> None:
+    """Publish TENANT's queue targets to its RabbitMQ broker (URL), or back to the built-in
+    queue (--builtin). Messages are persistent and published with confirms."""
+    if (url is None) == (not builtin):
+        raise errors.ValidationError("give a broker URL or --builtin", field="broker_url")
+    settings = _repo(ctx).set_broker(tenant, None if builtin else url, actor=actor())
+    fmt = output_format(ctx, output)
+    if fmt is OutputFormat.json:
+        emit(settings.to_dict(), fmt)
+        return
+    where = settings.broker_url or "the built-in queue"
+    say(f"queue targets of {settings.name} now go to {where}")
+
+
+@app.command("signing-secret")
+def signing_secret(
+    ctx: typer.Context,
+    tenant: TenantArgument,
+    output: OutputOption = None,
+) -> None:
+    """Print the secret TENANT verifies its deliveries' signatures with (see
+    schedctl.signing.verify); hand it over like a password."""
+    repo = TenantRepo(cli_state(ctx).store())
+    secret = repo.signing_secret(tenant)
+    if output_format(ctx, output) is OutputFormat.json:
+        emit({"tenant": tenant, "signing_secret": secret}, OutputFormat.json)
+        return
+    say(secret)

@@ -1,0 +1,262 @@
+"""Owns one throwaway RabbitMQ broker for tests: its own epmd, node name, ports, data and
+log directory, started from nothing and stopped by PID.
+
+Debian's rabbitmq-server package (3.10) is used without its service: the node runs from
+``/usr/lib/rabbitmq/bin/rabbitmq-server`` with ``RABBITMQ_*`` variables pointing at a fresh
+directory under /var/tmp, listens on 127.0.0.1 on a free non-default port, and talks to a
+private epmd on another free port (``-start_epmd false``), so nothing is shared with, or
+left behind for, a system broker. The default ``guest`` user works from loopback.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+from tests.services.ports import ServiceError, child_pids, free_port, pid_alive, tail
+
+_START_TIMEOUT_S = 90
+_STOP_TIMEOUT_S = 30
+_INSTALL_HINT = (
+    "RabbitMQ not found (looked for /usr/lib/rabbitmq/bin/rabbitmq-server). `make deps` "
+    "installs it with `apt-get install -y rabbitmq-server`."
+)
+
+
+def find_server() -> Path:
+    candidates = [
+        Path("/usr/lib/rabbitmq/bin/rabbitmq-server"),
+        *(Path(p) for p in sorted(glob.glob("/usr/lib/rabbitmq/lib/rabbitmq_server-*/sbin/rabbitmq-server"))),
+    ]
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    raise ServiceError(_INSTALL_HINT)
+
+
+class RabbitMQServer:
+    """One RabbitMQ node on 127.0.0.1; ``start()`` returns once it accepts AMQP connections.
+
+    ``stop()`` (SIGTERM, then SIGKILL) and ``kill()`` keep the data directory, so a restarted
+    broker still has its durable queues and persistent messages. ``cleanup()`` also deletes
+    the directory.
+    """
+
+    def __init__(self, base_dir: Path | None = None) -> None:
+        self.server = find_server()
+        self.epmd = shutil.which("epmd") or "/usr/bin/epmd"
+        self.base_dir = base_dir or Path("/var/tmp") / f"schedctl-rmq-{uuid.uuid4().hex[:12]}"
+        self.port = free_port()
+        self.dist_port = free_port()
+        self.epmd_port = free_port()
+        self.node = f"schedtest{uuid.uuid4().hex[:8]}@localhost"
+        self.log_path = self.base_dir / "rabbit.log"
+        self.stdout_path = self.base_dir / "stdout.log"
+        self._process: subprocess.Popen[bytes] | None = None
+        self._epmd: subprocess.Popen[bytes] | None = None
+        self._atexit = False
+
+    def __enter__(self) -> RabbitMQServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.cleanup()
+
+    def __repr__(self) -> str:
+        return f"RabbitMQServer(port={self.port}, base_dir={str(self.base_dir)!r})"
+
+    # -- use ---------------------------------------------------------------------------
+
+    def url(self, vhost: str = "%2F") -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}/{vhost}"
+
+    def log_tail(self, lines: int = 40) -> str:
+        return tail(self.log_path, lines) + "\n--- stdout ---\n" + tail(self.stdout_path, lines)
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def _env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RABBITMQ_", "ERL_"))}
+        env.update(
+            HOME=str(self.base_dir),  # the Erlang cookie lives here
+            ERL_EPMD_PORT=str(self.epmd_port),
+            ERL_EPMD_ADDRESS="127.0.0.1",
+            RABBITMQ_NODENAME=self.node,
+            RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
+            RABBITMQ_NODE_PORT=str(self.port),
+            RABBITMQ_DIST_PORT=str(self.dist_port),
+            RABBITMQ_MNESIA_BASE=str(self.base_dir / "mnesia"),
+            RABBITMQ_LOG_BASE=str(self.base_dir / "log"),
+            RABBITMQ_LOGS=str(self.log_path),
+            RABBITMQ_CONF_ENV_FILE=str(self.base_dir / "rabbitmq-env.conf"),
+            RABBITMQ_CONFIG_FILE=str(self.base_dir / "rabbitmq"),
+            RABBITMQ_ENABLED_PLUGINS_FILE=str(self.base_dir / "enabled_plugins"),
+            RABBITMQ_PID_FILE=str(self.base_dir / "rabbit.pid"),
+            RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-start_epmd false",
+            LC_ALL="C.UTF-8",
+            LANG="C.UTF-8",
+        )
+        return env
+
+    def _prepare(self) -> None:
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        (self.base_dir / "rabbitmq-env.conf").write_text("")
+        (self.base_dir / "enabled_plugins").write_text("[].\n")
+        (self.base_dir / "rabbitmq.conf").write_text(
+            f"listeners.tcp.1 = 127.0.0.1:{self.port}\n"
+            # small test machines: never block publishers on a disk alarm
+            "disk_free_limit.absolute = 10MB\n"
+            "log.file.level = info\n"
+        )
+
+    def is_running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def start(self) -> None:
+        if self.is_running():
+            return
+        self._prepare()
+        if not self._atexit:
+            atexit.register(self._at_exit)
+            self._atexit = True
+        if self._epmd is None or self._epmd.poll() is not None:
+            self._epmd = subprocess.Popen(
+                [self.epmd, "-port", str(self.epmd_port), "-address", "127.0.0.1"],
+                cwd="/",
+                env=self._env(),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        with self.stdout_path.open("ab") as out:
+            self._process = subprocess.Popen(
+                [str(self.server)],
+                cwd="/",
+                env=self._env(),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        import pika  # type: ignore[import-untyped]
+        import pika.exceptions  # type: ignore[import-untyped]
+
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        parameters = pika.URLParameters(self.url())
+        parameters.connection_attempts = 1
+        parameters.socket_timeout = 2
+        parameters.stack_timeout = 5
+        while True:
+            if not self.is_running():
+                raise ServiceError(f"rabbitmq-server exited while starting\n{self.log_tail()}")
+            try:
+                connection = pika.BlockingConnection(parameters)
+            except pika.exceptions.AMQPError:
+                if time.monotonic() > deadline:
+                    self.kill()
+                    raise ServiceError(
+                        f"rabbitmq-server did not accept connections within "
+                        f"{_START_TIMEOUT_S} s\n{self.log_tail()}"
+                    ) from None
+                time.sleep(0.25)
+                continue
+            connection.close()
+            return
+
+    def _group_pids(self) -> list[int]:
+        if self._process is None:
+            return []
+        pids = [self._process.pid]
+        # beam's helpers (erl_child_setup, inet_gethost) are its children
+        frontier = [self._process.pid]
+        for _ in range(4):
+            frontier = [c for p in frontier for c in child_pids(p)]
+            pids.extend(frontier)
+        return pids
+
+    def stop(self) -> None:
+        """SIGTERM (a clean broker stop), SIGKILL after a grace period; epmd too."""
+        if self._process is not None and self._process.poll() is None:
+            pids = self._group_pids()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._process.pid, signal.SIGTERM)
+            try:
+                self._process.wait(_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                pass
+            self._kill_pids(pids)
+        self._stop_epmd()
+
+    def kill(self) -> None:
+        """SIGKILL the node and its helpers (a crash)."""
+        if self._process is not None:
+            self._kill_pids(self._group_pids())
+        self._stop_epmd()
+
+    def _kill_pids(self, pids: Sequence[int]) -> None:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if self._process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._process.wait(15)
+        deadline = time.monotonic() + 15
+        for _ in range(1500):
+            if not any(pid_alive(p) for p in pids) or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+
+    def _stop_epmd(self) -> None:
+        if self._epmd is not None and self._epmd.poll() is None:
+            self._epmd.terminate()
+            try:
+                self._epmd.wait(10)
+            except subprocess.TimeoutExpired:
+                self._epmd.kill()
+                self._epmd.wait(10)
+
+    def cleanup(self) -> None:
+        try:
+            self.stop()
+        finally:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def _at_exit(self) -> None:
+        with contextlib.suppress(Exception):
+            self.kill()
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+
+def _main(argv: Sequence[str]) -> int:
+    """``python -m tests.services.rabbitmq``: run a throwaway broker until Enter is pressed."""
+    del argv
+    with RabbitMQServer() as server:
+        print(f"rabbitmq running: {server.url()}  (dir {server.base_dir})", flush=True)
+        with contextlib.suppress(EOFError, KeyboardInterrupt):
+            input("press Enter to stop and delete it ")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main(sys.argv[1:]))
