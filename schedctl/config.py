@@ -39,7 +39,7 @@ class Config:
     session_timeout_seconds: float = 10.0
     partition_count: int = 1024
     node_name: str = field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}")
-    claim_batch_size: int = 1000
+    claim_batch_size: int = 5000
     poll_interval_seconds: float = 0.25
     preload_window_seconds: float = 60.0
     max_payload_bytes: int = 64 * 1024

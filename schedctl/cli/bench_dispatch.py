@@ -43,7 +43,7 @@ def burst(
     ] = 300.0,
     dispatchers: DispatchersOption = 1,
     zookeeper: ZooKeeperOption = None,
-    batch_size: BatchOption = 5000,
+    batch_size: BatchOption = 10_000,
     output: OutputOption = None,
 ) -> None:
     """Runs all due at one instant: how soon after it the last one is claimed. Use a

@@ -60,6 +60,10 @@ _BROADCAST = ipaddress.IPv4Address("255.255.255.255")
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 _NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")
 _IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")
+_UNIQUE_LOCAL = ipaddress.IPv6Network("fc00::/7")
+_RFC1918 = tuple(
+    ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")
+)
 
 
 class UnresolvableHost(errors.SchedError):
@@ -125,7 +129,7 @@ def normalize_entry(entry: str) -> str:
     if len(text) > MAX_ENTRY_LENGTH or any(c.isspace() for c in text):
         raise errors.ValidationError(f"{entry!r} is not a host name or a CIDR", field="allow_list")
     try:
-        network = ipaddress.ip_network(text.strip("[]"), strict=False)
+        network = ipaddress.ip_network(text.replace("[", "").replace("]", ""), strict=False)
     except ValueError:
         pass
     else:
@@ -215,16 +219,12 @@ def forbidden_reason(address: IPAddress) -> str | None:
         return "site-local"
     if address in _NAT64_LOCAL:
         return "local-use NAT64"
-    if address.is_private:
-        return (
-            "private (unique local)"
-            if address in ipaddress.IPv6Network("fc00::/7")
-            else ("private")
-        )
+    if address in _UNIQUE_LOCAL:
+        return "private (unique local)"
     if address.is_reserved:
         return "reserved"
     if not address.is_global:
-        return "non-global"
+        return "non-global (special-purpose)"
     return None
 
 
@@ -241,12 +241,12 @@ def _ipv4_reason(address: ipaddress.IPv4Address) -> str | None:
         return "multicast"
     if address == _BROADCAST:
         return "broadcast"
-    if address.is_private:
+    if any(address in network for network in _RFC1918):
         return "private"
     if address.is_reserved:
         return "reserved"
     if not address.is_global:
-        return "non-global"
+        return "non-global (special-purpose)"
     return None
 
 

@@ -138,12 +138,15 @@ def test_the_environment_gives_url_and_token(remote: Remote) -> None:
 ERRORS = {
     "unknown job": (["job", "show", "0123456789abcdef"], 3, "no job"),
     "invalid cron": (
-        ["job", "create", "--cron", "0 25 * * *", "--queue", "q"],
+        ["job", "create", "-t", "acme", "--cron", "0 25 * * *", "--queue", "q"],
         2,
         "cron",
     ),
     "oversized payload": (
-        [*"job create --in 1m --queue q --payload".split(), json.dumps({"x": "y" * 70_000})],
+        [
+            *"job create -t acme --in 1m --queue q --payload".split(),
+            json.dumps({"x": "y" * 70_000}),
+        ],
         2,
         "payload",
     ),
@@ -164,15 +167,13 @@ def test_errors_keep_their_exit_codes(
 
 
 def test_conflicts_quotas_and_tokens(remote: Remote) -> None:
-    job = ok_json(remote, "job", "create", "--in", "1h", "--queue", "q", "--idempotency-key", "k")
-    other_body = invoke(
-        remote, "job", "create", "--in", "2h", "--queue", "q", "--idempotency-key", "k"
-    )
+    job = ok_json(remote, *"job create -t acme --in 1h --queue q --idempotency-key k".split())
+    other_body = invoke(remote, *"job create -t acme --in 2h --queue q --idempotency-key k".split())
     assert other_body.exit_code == 4 and "idempotency" in other_body.stderr
     ok_json(remote, "job", "pause", job["job_id"])
     assert invoke(remote, "job", "pause", job["job_id"]).exit_code == 4
     remote.sched.set_quotas("acme", max_jobs=1, actor="test")
-    over = invoke(remote, "job", "create", "--in", "1h", "--queue", "q")
+    over = invoke(remote, *"job create -t acme --in 1h --queue q".split())
     assert over.exit_code == 5 and "limit of 1 active jobs" in over.stderr
     bad = runner.invoke(
         app, ["--api", remote.url, "--token", remote.token[:-3] + "xyz", "job", "list"]
@@ -195,7 +196,7 @@ def test_the_console_script_against_the_api(remote: Remote) -> None:
         "SCHEDULED_API_TOKEN": remote.token,
     }
     made = subprocess.run(
-        [BIN / "schedctl", "job", "create", "--in", "10m", "--queue", "q", "-o", "json"],
+        [BIN / "schedctl", *"job create -t acme --in 10m --queue q -o json".split()],
         capture_output=True,
         text=True,
         env=env,
@@ -266,7 +267,13 @@ def test_scheduled_d_api_serves_the_cli_and_stops_on_sigterm(
     with _run_daemon(tmp_path, args, url) as process:
         made = runner.invoke(
             app,
-            ["--api", url, "--token", token, *"job create --in 1h --queue q -o json".split()],
+            [
+                "--api",
+                url,
+                "--token",
+                token,
+                *"job create -t acme --in 1h --queue q -o json".split(),
+            ],
         )
         assert made.exit_code == 0, made.output
         job_id = json.loads(made.stdout)["job_id"]

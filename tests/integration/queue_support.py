@@ -1,29 +1,38 @@
-"""Test support for the built-in queue and the worker: jobs with queue targets, manual runs,
-row readers, bounded waits, and a worker child process (``python -m`` this module) that
-tests can kill -9.
+"""Test support for the built-in queue, the worker and the relay: jobs with queue and HTTP
+targets, manual runs, row readers, bounded waits, a loopback HTTP endpoint that records and
+answers deliveries (`HookServer`), a relay running in a thread (`running_relay`), and worker
+and relay child processes (``python -m`` this module) that tests can kill -9.
 
 As a program: ``python -m tests.integration.queue_support DB_URL QUEUE OWNER LEASE HEARTBEAT
--- COMMAND...`` runs one Worker until it is killed or receives SIGTERM.
+-- COMMAND...`` runs one Worker, and ``python -m tests.integration.queue_support relay DB_URL
+LEASE`` one Relay, until killed or sent SIGTERM.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
-from schedctl.models import RetryPolicy
+from schedctl.models import RetryPolicy, Target, TargetType
 from schedctl.storage import schema
 from schedctl.storage.jobs import JobRepo
 from schedctl.storage.store import Store
 from tests.factories import ahead, create_job, make_tenant, once_at
+
+if TYPE_CHECKING:
+    from scheduled_d.relay import Relay
 
 WAIT_SECONDS = 60.0
 
@@ -122,6 +131,178 @@ def outbox_count(store: Store) -> int:
         return len(connection.execute(select(schema.outbox.c.id)).all())
 
 
+def http_job(
+    store: Store,
+    url: str,
+    *,
+    tenant: str | None = None,
+    max_attempts: int = 3,
+    base: float = 0.0,
+    cap: float = 0.0,
+    payload: Any = None,
+) -> str:
+    """A job POSTing to `url` (created past the SSRF check at creation, like a job created
+    before its destination was disallowed); its runs come from trigger()."""
+    if tenant is None:
+        tenant = existing_tenant(store)
+    job_spec = dataclasses.replace(
+        once_at(ahead(86_400), payload=payload),
+        target=Target(TargetType.http, url=url),
+        retry=RetryPolicy(
+            max_attempts=max_attempts, base_delay_seconds=base, max_delay_seconds=cap
+        ),
+    )
+    return create_job(store, tenant, job_spec)
+
+
+def set_allow_list(store: Store, tenant_id: str, entries: list[str]) -> None:
+    with store.tx() as connection:
+        connection.execute(
+            update(schema.tenants)
+            .where(schema.tenants.c.tenant_id == tenant_id)
+            .values(allow_list=json.dumps(entries))
+        )
+
+
+def set_tenant(store: Store, tenant_id: str, **values: Any) -> None:
+    with store.tx() as connection:
+        connection.execute(
+            update(schema.tenants).where(schema.tenants.c.tenant_id == tenant_id).values(**values)
+        )
+
+
+def outbox_rows(store: Store) -> list[dict[str, Any]]:
+    with store.read() as connection:
+        rows = connection.execute(select(schema.outbox).order_by(schema.outbox.c.id)).mappings()
+        return [dict(r) for r in rows.all()]
+
+
+# -- a loopback HTTP endpoint ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    at: float  # time.time() when the request was read
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+# (received, number of this request) -> (status, headers, body)
+Responder = Callable[[Received, int], tuple[int, dict[str, str], bytes]]
+
+
+def answer(status: int = 200, headers: dict[str, str] | None = None, body: bytes = b"ok"):  # type: ignore[no-untyped-def]
+    def respond(_received: Received, _number: int) -> tuple[int, dict[str, str], bytes]:
+        return status, dict(headers or {}), body
+
+    return respond
+
+
+@dataclass
+class HookServer:
+    """A ThreadingHTTPServer on 127.0.0.1 that records every POST and answers with
+    `responder`; `hang` makes it hold requests until `release` is set (or the hang
+    passes), like an endpoint that stopped answering."""
+
+    responder: Responder = field(default_factory=answer)
+    hang: float = 0.0
+    received: list[Received] = field(default_factory=list)
+    release: threading.Event = field(default_factory=threading.Event)
+    connections: int = 0
+
+    def __post_init__(self) -> None:
+        hook = self
+        self._lock = threading.Lock()
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:
+                super().setup()
+                with hook._lock:
+                    hook.connections += 1
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length)
+                received = Received(self.path, dict(self.headers.items()), body, time.time())
+                with hook._lock:
+                    hook.received.append(received)
+                    number = len(hook.received)
+                if hook.hang:
+                    hook.release.wait(hook.hang)
+                    if hook.release.is_set():
+                        self.close_connection = True
+                        return
+                status, headers, answer_body = hook.responder(received, number)
+                try:
+                    self.send_response(status)
+                    for name, value in headers.items():
+                        self.send_header(name, value)
+                    self.send_header("Content-Length", str(len(answer_body)))
+                    self.end_headers()
+                    self.wfile.write(answer_body)
+                except OSError:
+                    self.close_connection = True
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_address[1])
+
+    def url(self, path: str = "/hook") -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.received)
+
+    def requests(self) -> list[Received]:
+        with self._lock:
+            return list(self.received)
+
+    def close(self) -> None:
+        self.release.set()  # hanging handlers return at once
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(10)
+
+
+@contextlib.contextmanager
+def hook_server(responder: Responder | None = None, *, hang: float = 0.0) -> Iterator[HookServer]:
+    server = HookServer(responder or answer(), hang=hang)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@contextlib.contextmanager
+def running_relay(relay: Relay) -> Iterator[Relay]:
+    """The relay's loop in a thread until the block ends (then stopped and joined)."""
+    stop = threading.Event()
+    thread = threading.Thread(target=relay.run, args=(stop,), daemon=True, name="relay")
+    thread.start()
+    try:
+        yield relay
+    finally:
+        stop.set()
+        thread.join(120)
+        assert not thread.is_alive(), "the relay did not stop"
+
+
 def wait_for(predicate: Callable[[], bool], what: str, seconds: float = WAIT_SECONDS) -> None:
     """Poll until `predicate` holds; the deadline is generous, only there to end a hang."""
     deadline = time.monotonic() + seconds
@@ -131,7 +312,22 @@ def wait_for(predicate: Callable[[], bool], what: str, seconds: float = WAIT_SEC
         time.sleep(0.05)
 
 
+def relay_main(argv: list[str]) -> int:
+    from scheduled_d.relay import Relay
+
+    url, lease = argv
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
+    store = Store.open(url)
+    relay = Relay(store, poll_seconds=0.05, lease_seconds=float(lease), settings_seconds=0.5)
+    relay.run(stop)
+    store.close()
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "relay":
+        return relay_main(argv[1:])
     from scheduled_d.worker import Worker
 
     separator = argv.index("--")
