@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, text
+from sqlalchemy import and_, func, select, text
 from sqlalchemy.engine import Connection
 
 from schedctl import errors
@@ -83,9 +83,11 @@ class LagStatus:
 @dataclass(frozen=True)
 class OutboxStatus:
     depth: int  # rows still to deliver
-    ready: int  # of those, deliverable now (the rest wait for a retry backoff)
+    ready: int  # of those, deliverable now (including leases of relays that went away)
+    delivering: int  # held by a relay under a lease that has not run out
+    waiting: int  # waiting for a retry backoff to pass
     oldest_ready_at: datetime | None
-    age_seconds: float  # now - oldest_ready_at; 0 when empty
+    age_seconds: float  # now - oldest_ready_at; 0 when nothing is ready
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,8 @@ class ClusterStatus:
             "outbox": {
                 "depth": self.outbox.depth,
                 "ready": self.outbox.ready,
+                "delivering": self.outbox.delivering,
+                "waiting": self.outbox.waiting,
                 "oldest_ready_at": _instant(self.outbox.oldest_ready_at),
                 "age_seconds": round(self.outbox.age_seconds, 3),
             },
@@ -205,9 +209,7 @@ def read_members(
     try:
         client.start_async().wait(timeout)
         if not client.connected:
-            raise errors.SchedError(
-                f"ZooKeeper at {hosts} did not answer within {timeout:g} s", field="zookeeper"
-            )
+            raise errors.SchedError(f"ZooKeeper at {hosts} did not answer within {timeout:g} s")
         try:
             children = client.get_children_async(path).get(timeout=timeout)
         except NoNodeError:
@@ -223,7 +225,7 @@ def read_members(
         return members
     except KazooTimeoutError as exc:
         raise errors.SchedError(
-            f"ZooKeeper at {hosts} did not answer within {timeout:g} s", field="zookeeper"
+            f"ZooKeeper at {hosts} did not answer within {timeout:g} s"
         ) from exc
     finally:
         try:
@@ -296,16 +298,20 @@ def _lag(connection: Connection, now: datetime, partition_count: int) -> LagStat
 
 def _outbox(connection: Connection, now: datetime) -> OutboxStatus:
     o = schema.outbox
+    # available_at is the due time, or the end of the lease while a relay delivers the row
     ready_now = o.c.available_at <= now
-    depth, ready, oldest = connection.execute(
+    leased = and_(o.c.available_at > now, o.c.lease_owner.is_not(None))
+    depth, ready, delivering, oldest = connection.execute(
         select(
             func.count(),
             func.count().filter(ready_now),
+            func.count().filter(leased),
             func.min(o.c.available_at).filter(ready_now),
         )
     ).one()
+    depth, ready, delivering = int(depth), int(ready or 0), int(delivering or 0)
     age = max(0.0, (now - oldest).total_seconds()) if oldest is not None else 0.0
-    return OutboxStatus(int(depth), int(ready or 0), oldest, age)
+    return OutboxStatus(depth, ready, delivering, depth - ready - delivering, oldest, age)
 
 
 def _dead_letters(connection: Connection) -> tuple[int, int]:

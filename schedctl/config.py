@@ -43,7 +43,8 @@ class Config:
     poll_interval_seconds: float = 0.25
     preload_window_seconds: float = 60.0
     max_payload_bytes: int = 64 * 1024
-    metrics_port: int | None = None
+    retention_days: int = 90
+    metrics_listen: str | None = None  # "host:port" for /metrics and /healthz
     api_listen: str = "127.0.0.1:8080"
     api_enabled: bool = False
     workers: tuple[WorkerConfig, ...] = ()
@@ -61,7 +62,8 @@ _SCALARS: dict[str, type] = {
     "poll_interval_seconds": float,
     "preload_window_seconds": float,
     "max_payload_bytes": int,
-    "metrics_port": int,
+    "retention_days": int,
+    "metrics_listen": str,
     "api_listen": str,
     "api_enabled": bool,
 }

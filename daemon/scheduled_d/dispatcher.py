@@ -23,6 +23,7 @@ from schedctl.storage import schema
 from schedctl.storage.changes import ChangeFeed, open_change_feed
 from schedctl.storage.claim import Claimer, ClaimResult, DueJob
 from schedctl.storage.store import Store
+from scheduled_d import metrics
 
 log = logging.getLogger(__name__)
 
@@ -224,6 +225,10 @@ class Dispatcher:
         self.stats.claimed += len(result.dispatched)
         self.stats.skipped += result.skipped
         self.stats.stale += result.stale
+        metrics.CLAIMS.inc(len(result.dispatched))
+        metrics.SKIPPED.inc(result.skipped)
+        metrics.STALE.inc(result.stale)
+        metrics.FENCED.inc(1 if result.fenced else 0)
         if result.aborted:
             self.stats.aborted_batches += 1
         if result.fenced:
@@ -232,7 +237,9 @@ class Dispatcher:
         fire_at = {d.job_id: d.next_fire_at for d in batch}
         for job_id, _scheduled_at in result.dispatched:
             if job_id in fire_at:
-                self.stats.lateness.append((now - fire_at[job_id]).total_seconds())
+                lateness = (now - fire_at[job_id]).total_seconds()
+                self.stats.lateness.append(lateness)
+                metrics.DISPATCH_LATENESS.observe(max(lateness, 0.0))
 
     # -- loop ----------------------------------------------------------------------------
 
@@ -247,6 +254,9 @@ class Dispatcher:
 
     def run_once(self, feed: ChangeFeed) -> int:
         owned = self.coordinator.owned()
+        metrics.OWNED_PARTITIONS.set(len(owned))
+        metrics.MAX_EPOCH.set(max(owned.values(), default=0))
+        metrics.PRELOADED.set(len(self._heap))
         if not owned:
             self._heap, self._versions, self._loaded_for = [], {}, {}
             self._wake.wait(self.poll_seconds)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from schedctl.config import Config
 from schedctl.coordination.base import Coordinator
@@ -13,6 +13,8 @@ from schedctl.coordination.zookeeper import ZooKeeperCoordinator
 from schedctl.storage.claim import ClaimResult
 from schedctl.storage.store import Store
 from scheduled_d.dispatcher import Dispatcher
+from scheduled_d.maintenance import run_maintenance
+from scheduled_d.metrics import serve_metrics
 from scheduled_d.relay import Relay
 from scheduled_d.signals import stop_on_signals
 from scheduled_d.worker import Worker
@@ -35,9 +37,33 @@ def make_coordinator(store: Store, config: Config) -> Coordinator:
     return LocalCoordinator(store, config.node_name)
 
 
-def _wake_on_ownership_change(coordinator: Coordinator, dispatcher: Dispatcher) -> None:
+def make_dispatcher(
+    store: Store,
+    config: Config,
+    coordinator: Coordinator,
+    *,
+    on_claimed: Callable[[ClaimResult], None] | None = None,
+) -> Dispatcher:
+    dispatcher = Dispatcher(
+        store,
+        coordinator,
+        owner=config.node_name,
+        batch_size=config.claim_batch_size,
+        poll_seconds=config.poll_interval_seconds,
+        window_seconds=config.preload_window_seconds,
+        on_claimed=on_claimed,
+    )
     if isinstance(coordinator, ZooKeeperCoordinator):
-        coordinator.on_change = dispatcher.wake
+        coordinator.on_change = dispatcher.wake  # ownership changed: look again now
+    return dispatcher
+
+
+def _serve_metrics(
+    config: Config, threads: Sequence[threading.Thread], stop: threading.Event
+) -> None:
+    """/metrics and /healthz (healthy while every component thread runs), if configured."""
+    if config.metrics_listen:
+        serve_metrics(config.metrics_listen, lambda: all(t.is_alive() for t in threads), stop)
 
 
 def _start(name: str, target: object) -> threading.Thread:
@@ -76,18 +102,11 @@ def run_all(store: Store, config: Config, *, stop: threading.Event | None = None
         def claimed(_result: ClaimResult) -> None:
             relay.wake()
 
-        dispatcher = Dispatcher(
-            store,
-            coordinator,
-            owner=config.node_name,
-            batch_size=config.claim_batch_size,
-            poll_seconds=config.poll_interval_seconds,
-            on_claimed=claimed,
-        )
-        _wake_on_ownership_change(coordinator, dispatcher)
+        dispatcher = make_dispatcher(store, config, coordinator, on_claimed=claimed)
         dispatcher_stop, relay_stop, worker_stop = (threading.Event() for _ in range(3))
         dispatch_thread = _start("dispatcher", lambda: dispatcher.run(dispatcher_stop))
         relay_thread = _start("relay", lambda: relay.run(relay_stop))
+        _start("maintenance", lambda: run_maintenance(store, config.retention_days, stop))
         worker_threads = []
         for spec in config.workers:
             worker = Worker(
@@ -101,6 +120,7 @@ def run_all(store: Store, config: Config, *, stop: threading.Event | None = None
             worker_threads.append(
                 _start(f"worker-{spec.queue}", lambda w=worker: w.run(worker_stop, force=force))
             )
+        _serve_metrics(config, [dispatch_thread, relay_thread, *worker_threads], stop)
         log.info(
             "scheduled-d all: %d partitions, %d worker(s), database %s",
             store.partition_count,
@@ -138,16 +158,11 @@ def run_dispatcher(store: Store, config: Config) -> None:
     with stop_on_signals() as (stop, force):
         coordinator = make_coordinator(store, config)
         coordinator.start()
-        dispatcher = Dispatcher(
-            store,
-            coordinator,
-            owner=config.node_name,
-            batch_size=config.claim_batch_size,
-            poll_seconds=config.poll_interval_seconds,
-        )
-        _wake_on_ownership_change(coordinator, dispatcher)
+        dispatcher = make_dispatcher(store, config, coordinator)
         inner = threading.Event()
         thread = _start("dispatcher", lambda: dispatcher.run(inner))
+        _start("maintenance", lambda: run_maintenance(store, config.retention_days, stop))
+        _serve_metrics(config, [thread], stop)
         _wait(stop, force)
         inner.set()
         _join([thread])
@@ -159,6 +174,7 @@ def run_relay(store: Store, config: Config) -> None:
         relay = Relay(store)
         inner = threading.Event()
         thread = _start("relay", lambda: relay.run(inner))
+        _serve_metrics(config, [thread], stop)
         _wait(stop, force)
         inner.set()
         _join([thread])

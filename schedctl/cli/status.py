@@ -101,9 +101,12 @@ def _summary_table(snapshot: ClusterStatus) -> Table:
             f"{lag.due} due and unclaimed)"
         )
     outbox = snapshot.outbox
-    outbox_text = f"{outbox.depth} rows"
+    outbox_text = f"{outbox.depth} row{'' if outbox.depth == 1 else 's'}"
     if outbox.depth:
-        outbox_text += f" ({outbox.ready} ready, oldest {outbox.age_seconds:.3f} s)"
+        outbox_text += (
+            f" ({outbox.ready} ready, oldest {outbox.age_seconds:.3f} s; "
+            f"{outbox.delivering} being delivered; {outbox.waiting} waiting to retry)"
+        )
     rows = [
         ("partitions", partitions),
         ("lag", lag_text),
@@ -113,8 +116,6 @@ def _summary_table(snapshot: ClusterStatus) -> Table:
             f"{snapshot.dead_letters} pending ({snapshot.dead_letters_total} in all)",
         ),
     ]
-    if snapshot.zookeeper_error:
-        rows.append(("zookeeper", snapshot.zookeeper_error))
     for key, value in rows:
         table.add_row(Text(key), Text(value))
     return table

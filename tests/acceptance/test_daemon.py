@@ -15,12 +15,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+import requests
 from sqlalchemy import select
 
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.storage import schema
 from schedctl.storage.store import Store
 from tests.factories import bulk_once_jobs, create_job, every, make_tenant, once_at
+from tests.services.ports import free_port
 
 BIN = Path(sys.executable).parent
 WAIT_SECONDS = 120.0
@@ -37,8 +39,10 @@ class Daemon:
         script = (
             f'echo "$SCHED_IDEMPOTENCY_KEY $SCHED_ATTEMPT" >> {self.executions}; cat >/dev/null'
         )
+        self.metrics_port = free_port()
         self.config.write_text(
             "poll_interval_seconds = 0.1\n"
+            f'metrics_listen = "127.0.0.1:{self.metrics_port}"\n'
             "[[worker]]\n"
             'queue = "q"\n'
             f"command = {json.dumps(['/bin/sh', '-c', script])}\n"
@@ -99,6 +103,11 @@ def test_all_runs_jobs_and_stops_cleanly_on_sigterm(daemon: Daemon) -> None:
         create_job(store, tenant, every(1, datetime.now(UTC)))
         daemon.start()
         assert wait_for(lambda: runs_by_status(store)["succeeded"] >= 3), daemon.log.read_text()
+        base = f"http://127.0.0.1:{daemon.metrics_port}"
+        assert requests.get(f"{base}/healthz", timeout=10).status_code == 200
+        scrape = requests.get(f"{base}/metrics", timeout=10).text
+        assert "scheduled_claims_total" in scrape
+        assert "scheduled_owned_partitions 1024.0" in scrape
         daemon.signal(signal.SIGTERM)
         assert daemon.wait(60) == 0
         assert "stopped" in daemon.log.read_text()

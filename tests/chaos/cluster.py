@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TypeVar
 
+from sqlalchemy import text
+
 from schedctl import errors
 from schedctl.cluster_status import read_members
 from schedctl.coordination.assignment import assignment
@@ -267,6 +269,27 @@ class Cluster:
         """Seconds until `balanced(expected)`, or None if it did not happen in `timeout`."""
         done, took = wait_until(lambda: self.balanced(expected), timeout, interval=0.1)
         return took if done else None
+
+    def sessions_report(self) -> str:
+        """The database sessions that are not idle, with whom they wait for: what to look
+        at when a takeover hangs (an epoch write waiting for a claim left open)."""
+        with self.store.read() as connection:
+            rows = connection.execute(
+                text(
+                    "SELECT pid, state, wait_event_type, pg_blocking_pids(pid)::text, "
+                    "round(extract(epoch FROM clock_timestamp() - xact_start)::numeric, 1), "
+                    "left(regexp_replace(query, '\\s+', ' ', 'g'), 90) "
+                    "FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND pid <> pg_backend_pid() AND state <> 'idle'"
+                )
+            ).all()
+        return (
+            "\n".join(
+                f"  pid {pid} {state} wait={wait} blocked_by={blockers} tx_age={age}s: {query}"
+                for pid, state, wait, blockers, age, query in rows
+            )
+            or "  (no busy session)"
+        )
 
     def wait_reowned(self, before: Mapping[int, int], timeout: float = 60.0) -> float | None:
         """Seconds until every partition in `before` (partition -> epoch) is recorded under

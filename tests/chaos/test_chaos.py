@@ -18,10 +18,13 @@ skipped however long a fault lasts: every occurrence up to the cutoff must have 
 from __future__ import annotations
 
 import bisect
+import contextlib
+import itertools
 import random
 import statistics
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -181,6 +184,12 @@ class Figures:
 
     lines: list[str] = field(default_factory=list)
     faults: list[str] = field(default_factory=list)
+    marks: list[tuple[str, datetime]] = field(default_factory=list)  # phase starts
+
+    def fault(self, name: str) -> None:
+        """A fault is injected now (this machine's clock is the database's: one host)."""
+        self.faults.append(name)
+        self.marks.append((name, datetime.now(UTC)))
 
     def note(self, line: str) -> None:
         self.lines.append(line)
@@ -202,32 +211,55 @@ def runs_count(store: Store) -> int:
         return int(connection.execute(select(func.count()).select_from(schema.runs)).scalar_one())
 
 
-def settled(store: Store, cutoff: datetime) -> bool:
-    """Every run due by `cutoff` claimed, and the outbox drained."""
+@dataclass(frozen=True)
+class Pending:
+    """What is left to settle: active jobs due by the cutoff, and outbox rows."""
+
+    due: int
+    oldest_due: datetime | None
+    outbox: int
+
+    @property
+    def settled(self) -> bool:
+        return self.due == 0 and self.outbox == 0
+
+
+def pending(store: Store, cutoff: datetime) -> Pending:
+    j = schema.jobs
     with store.read() as connection:
-        due = connection.execute(
-            select(func.count())
-            .select_from(schema.jobs)
-            .where(schema.jobs.c.status == "active", schema.jobs.c.next_fire_at <= cutoff)
-        ).scalar_one()
+        due, oldest = connection.execute(
+            select(func.count(), func.min(j.c.next_fire_at)).where(
+                j.c.status == "active", j.c.next_fire_at <= cutoff
+            )
+        ).one()
         outbox = connection.execute(select(func.count()).select_from(schema.outbox)).scalar_one()
-    return due == 0 and outbox == 0
+    return Pending(int(due), oldest, int(outbox))
 
 
-def lateness(history: History) -> str:
-    """Claim lateness (dispatched_at - fire_at) of the runs, over the whole run with faults."""
+def lateness(runs: Iterable[RunRecord]) -> str:
+    """Claim lateness (dispatched_at - fire_at) of `runs`: p50, p99, max."""
     values = sorted(
         (r.dispatched_at - r.fire_at).total_seconds()
-        for r in history.runs
+        for r in runs
         if r.dispatched_at is not None and r.fire_at is not None
     )
-    if not values:
-        return "no runs"
+    if len(values) < 2:
+        return f"{len(values)} runs"
     quantiles = statistics.quantiles(values, n=100, method="inclusive")
     return (
         f"p50 {quantiles[49]:.3f} s, p99 {quantiles[98]:.3f} s, max {values[-1]:.3f} s "
-        f"over {len(values)} runs (faults included)"
+        f"({len(values)} runs)"
     )
+
+
+def lateness_by_phase(history: History, marks: list[tuple[str, datetime]]) -> str:
+    """Lateness of the runs due in each phase: from one fault to the next, then the end."""
+    bounds = [*marks, ("end", history.cutoff)]
+    lines = []
+    for (name, start), (_, end) in itertools.pairwise(bounds):
+        due = [r for r in history.runs if r.fire_at is not None and start <= r.fire_at < end]
+        lines.append(f"  due after {name} ({(end - start).total_seconds():.0f} s): {lateness(due)}")
+    return "\n".join(lines)
 
 
 def restart_zookeeper(zk: ZooKeeperEnsemble, figures: Figures) -> None:
@@ -235,13 +267,14 @@ def restart_zookeeper(zk: ZooKeeperEnsemble, figures: Figures) -> None:
     one, start the old leader again."""
     if zk.size == 1:
         started = time.monotonic()
+        figures.fault("zookeeper restart")
         zk.restart_server(0, timeout=WAIT_SECONDS)
         figures.note(f"zookeeper standalone restarted (serving again after {time_since(started)})")
-        figures.faults.append("zookeeper restart")
         return
     leader = zk.leader()
     assert leader is not None, "the ensemble has no leader"
     started = time.monotonic()
+    figures.fault("zookeeper leader kill -9 + restart")
     zk.kill_server(leader)
     others = [i for i in range(zk.size) if i != leader]
     elected, took = wait_until(
@@ -256,7 +289,6 @@ def restart_zookeeper(zk: ZooKeeperEnsemble, figures: Figures) -> None:
     zk.start_server(leader)
     zk.wait_server_ready(leader, WAIT_SECONDS)
     figures.note(f"zookeeper server {leader} back as {zk.mode(leader)} ({time_since(started)})")
-    figures.faults.append("zookeeper leader kill -9 + restart")
 
 
 def new_epochs(cluster: Cluster, before: dict[int, int]) -> str:
@@ -284,8 +316,8 @@ def inject_faults(
 
     # 1. kill -9 of a dispatcher, then a new process of it
     before = cluster.owned_by("d1")
+    figures.fault("kill -9 d1")
     cluster.kill("d1")
-    figures.faults.append("kill -9 d1")
     figures.seconds(
         f"kill -9 d1: its {len(before)} partitions owned again after",
         cluster.wait_reowned(before),
@@ -296,8 +328,8 @@ def inject_faults(
 
     # 2. SIGSTOP until the session expires and the partitions move, then SIGCONT
     before = cluster.owned_by("d2")
+    figures.fault("SIGSTOP d2")
     cluster.pause("d2")
-    figures.faults.append("SIGSTOP d2")
     figures.seconds(
         f"SIGSTOP d2: its {len(before)} partitions owned again after",
         cluster.wait_reowned(before),
@@ -320,8 +352,8 @@ def inject_faults(
     count = runs_count(cluster.store)
     epochs = {p: e for p, (e, _) in cluster.ownership().items()}
     started = time.monotonic()
+    figures.fault("postgres restart")
     pg.restart("fast")
-    figures.faults.append("postgres restart")
     figures.note(f"postgres restarted in {time_since(started)}")
     resumed, took = wait_until(lambda: runs_count(cluster.store) > count, WAIT_SECONDS)
     figures.seconds("after Postgres: claims resumed after", took if resumed else None)
@@ -330,15 +362,15 @@ def inject_faults(
     time.sleep(PAUSE_SECONDS)
 
     # 5. a dispatcher added, 6. one removed
+    figures.fault("d4 added")
     cluster.start("d4")
     members.append("d4")
-    figures.faults.append("d4 added")
     figures.seconds("d4 added: balanced after", cluster.wait_balanced(members))
     time.sleep(PAUSE_SECONDS)
     started = time.monotonic()
+    figures.fault("d3 removed (SIGTERM)")
     code = cluster.terminate("d3")
     members.remove("d3")
-    figures.faults.append("d3 removed (SIGTERM)")
     figures.note(f"d3 SIGTERM: exited with {code} after {time_since(started)}")
     figures.seconds("d3 removed: balanced after", cluster.wait_balanced(members))
     time.sleep(PAUSE_SECONDS)
@@ -368,6 +400,7 @@ def test_no_run_claimed_twice_lost_or_claimed_after_cancel_under_faults(
         cluster.start(name)
     members = list(DISPATCHERS)
     workload.start()
+    figures.marks.append(("start", datetime.now(UTC)))
     aborted: str | None = None
     try:
         figures.seconds("3 dispatchers started and balanced", cluster.wait_balanced(members))
@@ -375,6 +408,8 @@ def test_no_run_claimed_twice_lost_or_claimed_after_cancel_under_faults(
     except (Unrecovered, DaemonDied) as exc:
         aborted = str(exc)
         figures.note(f"fault sequence stopped: {aborted}")
+        with contextlib.suppress(errors.SchedError):
+            figures.note("database sessions now:\n" + cluster.sessions_report())
         members = cluster.running_dispatchers()
     finally:
         workload.stop()
@@ -383,10 +418,17 @@ def test_no_run_claimed_twice_lost_or_claimed_after_cancel_under_faults(
 
     # settle: everything due by the cutoff claimed and relayed
     cutoff = store.now()
-    done, took = wait_until(lambda: settled(store, cutoff), SETTLE_SECONDS, interval=0.2)
+    seen: list[Pending] = []
+
+    def settle() -> bool:
+        seen.append(pending(store, cutoff))
+        return seen[-1].settled
+
+    done, took = wait_until(settle, SETTLE_SECONDS, interval=0.2)
     figures.note(
         "settled (all due by the cutoff claimed, outbox empty) after "
         + (f"{took:.3f} s" if done else f"NOT within {SETTLE_SECONDS:.0f} s")
+        + (f"; at the cutoff: {seen[0]}" if seen else "")
     )
     dead = cluster.dead()
     exits = {name: cluster.terminate(name) for name in [*members, "relay"]}
@@ -400,7 +442,8 @@ def test_no_run_claimed_twice_lost_or_claimed_after_cancel_under_faults(
         f"cancelled ({sum(1 for j in workload.cancelled if j in workload.recurring)} recurring); "
         f"{workload.store_errors} workload ticks hit the database restart"
     )
-    figures.note(f"claim lateness: {lateness(history)}")
+    figures.note(f"claim lateness, faults included: {lateness(history.runs)}")
+    figures.note("claim lateness by phase:\n" + lateness_by_phase(history, figures.marks))
     figures.note("checker:\n" + report.summary())
     figures.note(f"chaos run took {time_since(began)}")
 

@@ -214,6 +214,8 @@ class HookServer:
     received: list[Received] = field(default_factory=list)
     release: threading.Event = field(default_factory=threading.Event)
     connections: int = 0
+    in_flight: int = 0  # requests being answered (or held) right now
+    max_in_flight: int = 0
 
     def __post_init__(self) -> None:
         hook = self
@@ -234,6 +236,15 @@ class HookServer:
                 with hook._lock:
                     hook.received.append(received)
                     number = len(hook.received)
+                    hook.in_flight += 1
+                    hook.max_in_flight = max(hook.max_in_flight, hook.in_flight)
+                try:
+                    self._answer(received, number)
+                finally:
+                    with hook._lock:
+                        hook.in_flight -= 1
+
+            def _answer(self, received: Received, number: int) -> None:
                 if hook.hang:
                     hook.release.wait(hook.hang)
                     if hook.release.is_set():
