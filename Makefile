@@ -1,6 +1,7 @@
 # The two documented commands are `make demo` and `make test`; the rest are their parts.
-# `deps` is idempotent: on a fresh Debian 12 machine (as root) it installs PostgreSQL and
-# ZooKeeper from apt, creates .venv and installs the project; on later runs it does nothing.
+# `deps` is idempotent: on a fresh Debian 12 machine (as root) it installs PostgreSQL,
+# ZooKeeper and RabbitMQ from apt, creates .venv and installs the project; on later runs it
+# does nothing.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
@@ -12,6 +13,9 @@ BIN := $(VENV)/bin
 # Inside .venv, so deleting the venv also forgets that it was installed.
 STAMP := $(VENV)/.schedctl-deps.stamp
 ZOOKEEPER_JAR := /usr/share/java/zookeeper.jar
+# Tests start their own broker (tests/services/rabbitmq.py); the package's service, if apt
+# started one, is stopped again right after the install.
+RABBITMQ_SERVER := /usr/lib/rabbitmq/bin/rabbitmq-server
 
 .PHONY: deps system-deps lint test demo clean distclean
 
@@ -28,6 +32,9 @@ system-deps:
 	if [ ! -f "$(ZOOKEEPER_JAR)" ] || ! command -v java >/dev/null 2>&1; then \
 		packages="$$packages zookeeper"; \
 	fi; \
+	if [ ! -x "$(RABBITMQ_SERVER)" ]; then \
+		packages="$$packages rabbitmq-server"; \
+	fi; \
 	if [ ! -x "$(BIN)/python" ] && ! $(PYTHON) -c 'import ensurepip, venv' >/dev/null 2>&1; then \
 		packages="$$packages python3-venv"; \
 	fi; \
@@ -39,6 +46,11 @@ system-deps:
 		echo "installing system packages:$$packages"; \
 		apt-get update; \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y $$packages; \
+		case "$$packages" in *rabbitmq-server*) \
+			if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then \
+				systemctl stop rabbitmq-server.service epmd.socket epmd.service || true; \
+			fi;; \
+		esac; \
 	fi
 
 $(BIN)/python:

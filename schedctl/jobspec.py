@@ -12,7 +12,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -27,9 +27,14 @@ DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
 MAX_NAME_LENGTH = 200
 MAX_IDEMPOTENCY_KEY_LENGTH = 200
 MAX_URL_LENGTH = 2048
+MAX_CRON_LENGTH = 200
+MAX_TIMEZONE_LENGTH = 100
 MAX_ATTEMPTS_LIMIT = 100
+# JSON nested deeper than this is a mistake or an attack; serializers give up near 255
+MAX_PAYLOAD_DEPTH = 64
 # a grace, window or timeout of years is a typo, and would overflow datetime arithmetic
 MAX_DURATION = timedelta(days=366)
+MAX_INSTANT = datetime(9000, 1, 1, tzinfo=UTC)
 
 TOP_LEVEL_KEYS = frozenset(
     {
@@ -136,7 +141,7 @@ def parse_schedule(obj: Any, now: datetime) -> Schedule:
     if "anchor" in obj and kind != "every":
         raise errors.ValidationError("anchor applies only to every schedules", field="anchor")
     if kind == "run_at":
-        run_at = parse_instant(_string(obj["run_at"], "run_at"), "run_at")
+        run_at = _instant(obj["run_at"], "run_at")
         if run_at <= now:
             raise errors.ValidationError(
                 f"run_at {obj['run_at']} is in the past (now is {_iso(now)})", field="run_at"
@@ -150,8 +155,18 @@ def parse_schedule(obj: Any, now: datetime) -> Schedule:
             )
         return OnceSchedule(now + delay)
     if kind == "cron":
-        timezone = obj.get("timezone", "UTC")
-        return CronSchedule.parse(_string(obj["cron"], "cron"), _string(timezone, "timezone"))
+        expr = _string(obj["cron"], "cron")
+        timezone = _string(obj.get("timezone", "UTC"), "timezone")
+        # bounded before the cron parser sees them (it chokes on absurd numbers)
+        if len(expr) > MAX_CRON_LENGTH:
+            raise errors.ValidationError(
+                f"is longer than {MAX_CRON_LENGTH} characters", field="cron"
+            )
+        if len(timezone) > MAX_TIMEZONE_LENGTH:
+            raise errors.ValidationError(
+                f"is longer than {MAX_TIMEZONE_LENGTH} characters", field="timezone"
+            )
+        return CronSchedule.parse(expr, timezone)
     every = _duration(obj["every"], "interval")
     if every <= timedelta(0):
         raise errors.ValidationError(
@@ -162,11 +177,7 @@ def parse_schedule(obj: Any, now: datetime) -> Schedule:
             f"interval (schedule.every) must be whole seconds, got {obj['every']!r}",
             field="interval",
         )
-    anchor = (
-        parse_instant(_string(obj["anchor"], "anchor"), "anchor")
-        if obj.get("anchor") is not None
-        else now
-    )
+    anchor = _instant(obj["anchor"], "anchor") if obj.get("anchor") is not None else now
     return IntervalSchedule(int(every.total_seconds()), anchor)
 
 
@@ -250,16 +261,43 @@ def _check_url(url: str) -> None:
 
 
 def _check_payload(payload: Any, limit: int) -> None:
+    _check_depth(payload)
     try:
         encoded = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise errors.ValidationError(f"is not a JSON value: {exc}", field="payload") from exc
-    size = len(encoded.encode(errors="surrogatepass"))
+    try:
+        size = len(encoded.encode())
+    except UnicodeEncodeError:
+        # JSON can spell one ("\ud800"), but no UTF-8 consumer can read it back
+        raise errors.ValidationError(
+            "contains an unpaired surrogate (\\ud800-\\udfff): not valid Unicode text",
+            field="payload",
+        ) from None
     if size > limit:
         # its own class: the REST API answers 413 for it, the CLI still exits 2
         raise errors.PayloadTooLarge(
             f"payload is {size} bytes, over the limit of {limit} bytes", field="payload"
         )
+
+
+def _check_depth(payload: Any) -> None:
+    """Iteratively, so a deep payload is refused rather than a RecursionError in whatever
+    serializes it next (the API's response, the worker's stdin)."""
+    stack: list[tuple[Any, int]] = [(payload, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, Mapping):
+            children: Any = value.values()
+        elif isinstance(value, list | tuple):
+            children = value
+        else:
+            continue
+        if depth > MAX_PAYLOAD_DEPTH:
+            raise errors.ValidationError(
+                f"is nested deeper than {MAX_PAYLOAD_DEPTH} levels", field="payload"
+            )
+        stack.extend((child, depth + 1) for child in children)
 
 
 def _parse_retry(obj: Any) -> RetryPolicy:
@@ -340,7 +378,15 @@ def _seconds(body: Mapping[str, Any], key: str, *, default: int, allow_zero: boo
 def _optional_instant(body: Mapping[str, Any], key: str) -> datetime | None:
     if body.get(key) is None:
         return None
-    return parse_instant(_string(body[key], key), key)
+    return _instant(body[key], key)
+
+
+def _instant(value: Any, field: str) -> datetime:
+    instant = parse_instant(_string(value, field), field)
+    if instant >= MAX_INSTANT:
+        # the scheduler adds windows and intervals to it: keep clear of datetime's year 9999
+        raise errors.ValidationError(f"must be before {_iso(MAX_INSTANT)}", field=field)
+    return instant
 
 
 def _parse_idempotency_key(value: Any) -> str | None:

@@ -7,6 +7,11 @@ included, is `{"error": {"code", "message", "field"}}`. Payloads are never logge
 request line reaches the access log, and internal errors are logged without their SQL
 parameters. Endpoints are plain `def`s: FastAPI runs them in its thread pool, which suits the
 synchronous store.
+
+Idempotency keys (the Idempotency-Key header, or `idempotency_key` in the body) are stored on
+their job's row, unique per tenant, and job rows are never deleted: a key is honoured for as
+long as its job exists, which is at least the 24 hours promised (a replay of a cancelled
+job's key returns that cancelled job). See schedctl.service.IDEMPOTENCY_KEY_RETENTION.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -28,6 +33,7 @@ from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Request, R
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import Counter, Histogram
 from pydantic import BaseModel, Field
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
@@ -43,6 +49,7 @@ from schedctl.storage.jobs import MAX_PAGE
 from schedctl.storage.payloads import payload_cipher
 from schedctl.storage.store import Store
 from schedctl.views import job_to_dict, run_to_dict, tenant_to_dict
+from scheduled_d.metrics import serve_metrics
 from scheduled_d.signals import stop_on_signals
 
 log = logging.getLogger(__name__)
@@ -54,6 +61,24 @@ MIN_REQUEST_BYTES = 1024 * 1024
 REQUEST_TO_PAYLOAD_RATIO = 8
 START_TIMEOUT_SECONDS = 10.0
 _JOB_ID = re.compile(r"[0-9a-f]{1,40}")
+
+# by route template, never by raw path (ids) or tenant on the request metrics: bounded labels
+API_REQUESTS = Counter(
+    "scheduled_api_requests_total",
+    "Tenant API requests answered, by route and status.",
+    ["method", "route", "status"],
+)
+API_LATENCY = Histogram(
+    "scheduled_api_request_seconds",
+    "Time to answer a tenant API request.",
+    ["method", "route"],
+    buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+API_QUOTA_REJECTIONS = Counter(
+    "scheduled_api_quota_rejections_total",
+    "Job creations refused by a tenant quota (429).",
+    ["tenant", "quota"],
+)
 
 
 # -- response models (the OpenAPI document; job_to_dict and friends fill them) ---------
@@ -381,7 +406,9 @@ def get_caller(
             "send the tenant's API token as 'Authorization: Bearer st_...'", field="token"
         )
     tenant, token_id = get_scheduler(request).tenants.authenticate_tenant(credentials.credentials)
-    return Caller(tenant, token_id)
+    caller = Caller(tenant, token_id)
+    request.state.caller = caller  # for the error handlers' metrics
+    return caller
 
 
 class MalformedRequest(errors.ValidationError):
@@ -427,6 +454,9 @@ async def json_body(request: Request) -> Any:
             f"the body is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})",
             field="body",
         ) from None
+    except ValueError:
+        # e.g. an integer of more digits than Python converts
+        raise MalformedRequest("the body is not valid JSON", field="body") from None
     except RecursionError:
         raise MalformedRequest("the body is nested too deeply", field="body") from None
 
@@ -656,6 +686,9 @@ def _sched_error(request: Request, exc: Exception) -> JSONResponse:
     if isinstance(exc, errors.QuotaExceeded):
         retry = exc.retry_after if isinstance(exc, OverQuota) else MAX_JOBS_RETRY_AFTER_SECONDS
         headers["Retry-After"] = str(retry)
+        caller = getattr(request.state, "caller", None)
+        if isinstance(caller, Caller):
+            API_QUOTA_REJECTIONS.labels(caller.tenant.name, exc.field or "quota").inc()
     if isinstance(exc, errors.Unauthorized):
         headers["WWW-Authenticate"] = 'Bearer realm="scheduled"'
     if exc.http_status >= 500:
@@ -716,13 +749,27 @@ class _Guard:
             await self.app(scope, receive, send)
             return
         started = False
+        status = 500
+        began = time.perf_counter()
 
         async def send_tracking(message: Message) -> None:
-            nonlocal started
+            nonlocal started, status
             if message["type"] == "http.response.start":
-                started = True
+                started, status = True, int(message["status"])
             await send(message)
 
+        try:
+            await self._guarded(scope, receive, send_tracking, lambda: started)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            method = str(scope.get("method", ""))
+            API_REQUESTS.labels(method, template, str(status)).inc()
+            API_LATENCY.labels(method, template).observe(time.perf_counter() - began)
+
+    async def _guarded(
+        self, scope: Scope, receive: Receive, send: Send, started: Callable[[], bool]
+    ) -> None:
         too_large = RequestTooLarge(
             f"the request body is over the limit of {self.limit} bytes", field="body"
         )
@@ -742,13 +789,13 @@ class _Guard:
             return message
 
         try:
-            await self.app(scope, counting_receive, send_tracking)
+            await self.app(scope, counting_receive, send)
         except RequestTooLarge as exc:
-            if not started:
+            if not started():
                 await self._send_error(send, exc, close=True)
         except Exception as exc:
             _log_internal(scope, exc)
-            if not started:
+            if not started():
                 response = error_response(500, "internal", "internal error (logged)")
                 await response(scope, receive, send)
 
@@ -925,6 +972,9 @@ class ApiServer:
             raise errors.ConfigError(f"the API server did not start on {self.url}")
         log.info("API listening on %s", self.url)
 
+    def is_serving(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self._server.started
+
     def stop(self, timeout: float = 15.0) -> None:
         self._server.should_exit = True
         if self._thread is not None:
@@ -949,12 +999,15 @@ def serve(store: Store, config: Config, stop: threading.Event) -> None:
 
 
 def run(store: Store, config: Config) -> None:
-    """The `scheduled-d api` mode: serve until SIGTERM/SIGINT."""
+    """The `scheduled-d api` mode: serve until SIGTERM/SIGINT (and /metrics on
+    config.metrics_listen, like every mode)."""
     with stop_on_signals() as (stop, force):
         server = ApiServer(
             Scheduler(store, max_payload_bytes=config.max_payload_bytes), config.api_listen
         )
         server.start()
+        if config.metrics_listen:
+            serve_metrics(config.metrics_listen, server.is_serving, stop)
         try:
             while not stop.wait(0.5) and not force.is_set():
                 pass

@@ -20,6 +20,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -72,6 +73,10 @@ DELIVERY_SECONDS = Histogram(
     ["kind"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
+
+
+def _per_slot(lane: Lane) -> int:
+    return RABBITMQ_PER_SLOT if lane.kind == RABBITMQ else 1
 
 
 @dataclass
@@ -153,6 +158,11 @@ class Relay:
         self._settler: threading.Thread | None = None
         self._settler_stop = threading.Event()
         self._closed = False
+        self._closing = threading.Event()
+        # batches claimed and waiting for a slot of their lane, and the slots running
+        self._queued: dict[Lane, deque[list[Delivery]]] = {}
+        self._running: dict[Lane, int] = {}
+        self._queue_lock = threading.Lock()
 
     # -- control -----------------------------------------------------------------------------
 
@@ -218,7 +228,16 @@ class Relay:
         if self._closed:
             return
         self._closed = True
+        # batches not started yet go back to the outbox at once; calls under way finish
+        self._closing.set()
+        with self._queue_lock:
+            waiting = [d for batches in self._queued.values() for b in batches for d in b]
+            self._queued.clear()
         self._pool.shutdown(wait=True)
+        try:
+            self.outbox.release(waiting)
+        except errors.StoreUnavailable as exc:
+            log.warning("relay: could not give back %d lease(s): %s", len(waiting), exc)
         self._settler_stop.set()
         if self._settler is not None:
             self._settler.join()
@@ -283,61 +302,81 @@ class Relay:
         return lanes
 
     def pump(self) -> int:
-        """Claim and start what the lanes can start now; returns the number started."""
+        """Claim what the lanes can start now or right after, hand it to their slots;
+        returns the number of runs claimed."""
         if self._closed:
             return 0
         self._start_settler()
         if not self._tenants:
             self._refresh_settings(force=True)
-        free = self.limits.max_in_flight - self.limits.in_flight
         caps: dict[Lane, int] = {}
         for lane in self._lanes():
-            if free <= 0:
-                break
-            per_slot = RABBITMQ_PER_SLOT if lane.kind == RABBITMQ else 1
-            rows = min(self.limits.capacity(lane, per_slot), free * per_slot)
+            per_slot = _per_slot(lane)
+            with self._queue_lock:
+                queued = len(self._queued.get(lane, ()))
+            rows = self.limits.capacity(lane, per_slot=per_slot, queued=queued)
             if rows > 0:
                 caps[lane] = rows
-                free -= -(-rows // per_slot)
-        if not caps:
-            return 0
-        claimed = self.outbox.claim(caps, self.owner, self.lease_seconds)
-        self.stats.skipped += claimed.cancelled
-        self.stats.lost += claimed.lost
-        if claimed.lost:
-            log.warning(
-                "relay: %d delivery lease(s) of a stopped relay expired; delivering again",
-                claimed.lost,
-            )
+        claimed = self.outbox.claim(caps, self.owner, self.lease_seconds) if caps else None
         by_lane: dict[Lane, list[Delivery]] = {}
-        for delivery in claimed.deliveries:
-            by_lane.setdefault(delivery.lane, []).append(delivery)
-        for lane, deliveries in by_lane.items():
-            if lane.kind == RABBITMQ:
-                chunks = [
-                    deliveries[i : i + RABBITMQ_PER_SLOT]
-                    for i in range(0, len(deliveries), RABBITMQ_PER_SLOT)
-                ]
-            else:
-                chunks = [[d] for d in deliveries]
-            self.limits.acquire(lane, len(deliveries), len(chunks))
-            for chunk in chunks:
-                self._pool.submit(self._deliver, lane, chunk)
-        return len(claimed.deliveries)
+        if claimed is not None:
+            self.stats.skipped += claimed.cancelled
+            self.stats.lost += claimed.lost
+            if claimed.lost:
+                log.warning(
+                    "relay: %d delivery lease(s) of a stopped relay expired; delivering again",
+                    claimed.lost,
+                )
+            for delivery in claimed.deliveries:
+                by_lane.setdefault(delivery.lane, []).append(delivery)
+        with self._queue_lock:
+            for lane, deliveries in by_lane.items():
+                self.limits.take_tokens(lane.tenant_id, len(deliveries))
+                waiting = self._queued.setdefault(lane, deque())
+                per_slot = _per_slot(lane)
+                for i in range(0, len(deliveries), per_slot):
+                    waiting.append(deliveries[i : i + per_slot])
+            # a slot per waiting batch, as far as the lane and the relay allow
+            for lane, waiting in list(self._queued.items()):
+                started = self._running.get(lane, 0)
+                while len(waiting) > started and self.limits.try_acquire(lane):
+                    self._pool.submit(self._slot, lane)
+                    started += 1
+                self._running[lane] = started
+                if not waiting and not started:
+                    del self._queued[lane]
+                    self._running.pop(lane, None)
+        return len(claimed.deliveries) if claimed is not None else 0
 
     # -- delivering (pool threads) ---------------------------------------------------------
 
-    def _deliver(self, lane: Lane, deliveries: Sequence[Delivery]) -> None:
+    def _slot(self, lane: Lane) -> None:
+        """One slot of a lane: deliver the lane's waiting batches until there are none."""
+        counted = True
         try:
-            if lane.kind == RABBITMQ:
-                self._publish(deliveries)
-            else:
-                for delivery in deliveries:
-                    self._call(delivery)
-        except Exception:
-            # the leases expire and another pass delivers again: nothing is lost
-            log.exception("relay: delivery to %s failed unexpectedly", lane)
+            while True:
+                with self._queue_lock:
+                    waiting = self._queued.get(lane)
+                    if self._closing.is_set() or not waiting:
+                        # in the same lock as the look: pump() never counts on a slot
+                        # that is already leaving
+                        self._running[lane] = self._running.get(lane, 1) - 1
+                        counted = False
+                        break
+                    batch = waiting.popleft()
+                try:
+                    if lane.kind == RABBITMQ:
+                        self._publish(batch)
+                    else:
+                        for delivery in batch:
+                            self._call(delivery)
+                except Exception:
+                    # the leases expire and another pass delivers again: nothing is lost
+                    log.exception("relay: delivery to %s failed unexpectedly", lane)
         finally:
+            if counted:
+                with self._queue_lock:
+                    self._running[lane] = self._running.get(lane, 1) - 1
             self.limits.release(lane)
             self._freed.set()
 
@@ -507,7 +546,9 @@ class Relay:
     # -- tests and benchmarks ----------------------------------------------------------------
 
     def idle(self) -> bool:
-        """Nothing in flight and every outcome recorded."""
+        """Nothing waiting, nothing in flight and every outcome recorded."""
         with self._unsettled_lock:
             unsettled = self._unsettled
-        return self.limits.in_flight == 0 and unsettled == 0
+        with self._queue_lock:
+            waiting = any(self._queued.values())
+        return self.limits.in_flight == 0 and unsettled == 0 and not waiting

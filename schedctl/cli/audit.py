@@ -33,8 +33,10 @@ def audit(
     ] = None,
     output: OutputOption = None,
 ) -> None:
-    """The audit log, newest first. The actor is `token:ID` for API calls (the token id, see
-    `schedctl tenant token list`) and `cli:USER` for schedctl."""
+    """The audit log, newest first: who changed which job, and when.
+
+    The actor is `token:ID` for API calls (the token id, see `schedctl tenant token list`)
+    and `cli:USER` for schedctl."""
     page = (
         cli_state(ctx)
         .database()

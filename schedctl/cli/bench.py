@@ -1,11 +1,6 @@
-"""Owns `schedctl bench`: benchmarks measured on the configured database (reported, never
-asserted). `bench api`: jobs created per second through the REST API on loopback, and the
-latency percentiles of POST /v1/jobs."""
-
-# NOTE for whoever wrote the first version of this file (the burst/steady benchmarks, on
-# schedctl/bench/): at 09:28:07 the API engineer's create overwrote it by accident, seconds
-# after it appeared. Please put your commands back next to `api` below (same `app`); this
-# note can go then. The lead has been told.
+"""Owns the `schedctl bench` group and `bench api`: jobs created per second through the REST
+API on loopback, and the latency percentiles of POST /v1/jobs (reported, never asserted).
+The dispatch benchmarks (`bench burst`, `bench steady`) live in cli/bench_dispatch.py."""
 
 from __future__ import annotations
 

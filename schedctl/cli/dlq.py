@@ -194,9 +194,9 @@ def purge(
     output: OutputOption = None,
 ) -> None:
     """Delete dead letters for good: ID, or --all [--older-than 7d] [--tenant T]."""
-    _one_or_all(letter_id, all_)
     if older_than is not None and not all_:
         raise errors.ValidationError("--older-than goes with --all", field="older_than")
+    _one_or_all(letter_id, all_)
     age: timedelta | None = None
     if older_than is not None:
         age = parse_duration(older_than, "older_than")

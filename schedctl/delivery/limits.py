@@ -1,9 +1,10 @@
 """Owns per-tenant delivery limits: a token bucket per tenant (its dispatch_rate_per_second)
 and a concurrency budget per lane (one tenant's HTTP deliveries, or its RabbitMQ publishes).
 
-The relay asks `capacity` before it claims outbox rows, so it only ever takes what it can
-start at once: a tenant whose endpoint hangs fills its own lane and nothing else, and its
-backlog stays in the outbox (leased by nobody) instead of queueing in front of others.
+The relay asks `capacity` before it claims outbox rows, so it only ever takes what its
+slots can start now or right after: a tenant whose endpoint hangs fills its own lane and
+nothing else, and its backlog stays in the outbox (leased by nobody) instead of queueing
+in front of others.
 """
 
 from __future__ import annotations
@@ -113,6 +114,10 @@ class DeliveryLimits:
             bucket = self._buckets[tenant_id] = TokenBucket(self.default_rate, clock=self._clock)
         return bucket
 
+    def concurrency(self, lane: Lane) -> int:
+        with self._lock:
+            return self._concurrency.get(lane.tenant_id, self.default_concurrency)
+
     def free_slots(self, lane: Lane) -> int:
         with self._lock:
             return self._free_slots(lane)
@@ -121,35 +126,49 @@ class DeliveryLimits:
         limit = self._concurrency.get(lane.tenant_id, self.default_concurrency)
         return max(0, min(limit - self._busy.get(lane, 0), self.max_in_flight - self._total))
 
-    def capacity(self, lane: Lane, per_slot: int = 1) -> int:
-        """How many rows this lane may claim now: free slots x rows per slot, no more than
-        the tenant's tokens allow."""
+    def capacity(self, lane: Lane, *, per_slot: int = 1, queued: int = 0) -> int:
+        """How many rows this lane may claim now: enough for every slot to be busy and to
+        have one more batch waiting (`queued` batches wait already), no more than the
+        tenant's tokens allow. The waiting batch is what keeps a fast lane busy while the
+        next claim is on its way; a slow lane's backlog still stays in the outbox."""
         with self._lock:
-            slots = self._free_slots(lane)
-            if slots <= 0:
+            limit = self._concurrency.get(lane.tenant_id, self.default_concurrency)
+            busy = self._busy.get(lane, 0)
+            batches = 2 * limit - busy - queued
+            if self._total >= self.max_in_flight:
+                # the relay is full: only this lane's own running slots will take more
+                batches = min(batches, busy - queued)
+            if batches <= 0:
                 return 0
-            return min(slots * per_slot, self._bucket(lane.tenant_id).available())
+            return min(batches * per_slot, self._bucket(lane.tenant_id).available())
 
-    def acquire(self, lane: Lane, rows: int, slots: int) -> None:
-        """Spend `rows` tokens and occupy `slots` slots (after a claim within `capacity`)."""
+    def take_tokens(self, tenant_id: str, count: int) -> None:
+        """Spend `count` tokens (for rows claimed within `capacity`)."""
         with self._lock:
-            self._bucket(lane.tenant_id).take(rows)
-            self._busy[lane] = self._busy.get(lane, 0) + slots
-            self._total += slots
+            self._bucket(tenant_id).take(count)
 
     def refund(self, lane: Lane, rows: int) -> None:
         """Give back tokens for rows that were claimed but need no delivery (cancelled)."""
         with self._lock:
             self._bucket(lane.tenant_id).put_back(rows)
 
-    def release(self, lane: Lane, slots: int = 1) -> None:
+    def try_acquire(self, lane: Lane) -> bool:
+        """Occupy one slot of the lane (and of the relay) if one is free."""
         with self._lock:
-            left = self._busy.get(lane, 0) - slots
+            if self._free_slots(lane) <= 0:
+                return False
+            self._busy[lane] = self._busy.get(lane, 0) + 1
+            self._total += 1
+            return True
+
+    def release(self, lane: Lane) -> None:
+        with self._lock:
+            left = self._busy.get(lane, 0) - 1
             if left > 0:
                 self._busy[lane] = left
             else:
                 self._busy.pop(lane, None)
-            self._total = max(0, self._total - slots)
+            self._total = max(0, self._total - 1)
 
     def busy(self, lane: Lane) -> int:
         with self._lock:

@@ -41,6 +41,9 @@ from schedctl.scheduling.timeparse import format_instant
 from schedctl.signing import signed_headers
 
 log = logging.getLogger(__name__)
+# pika logs every failed connection at ERROR with a traceback; the relay reports each failed
+# attempt itself, once, with the run it concerns
+logging.getLogger("pika").setLevel(logging.CRITICAL)
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 APP_ID = "scheduled-d"

@@ -106,6 +106,8 @@ class Report:
     runs_checked: int = 0
     jobs_checked: int = 0
     cancelled_jobs: int = 0
+    runs_before_cancel: int = 0  # runs of cancelled jobs, all claimed before the cancel
+    undelivered_after_cancel: int = 0  # of those, skipped by the relay: cancelled meanwhile
     occurrences_expected: int = 0
     deliveries_checked: int = 0
     partitions_checked: int = 0
@@ -153,7 +155,9 @@ class Report:
             f"missing: {len(self.missing)} (undelivered runs {len(self.undelivered)}, "
             f"runs at no occurrence {len(self.unexpected)}, deliveries without a run "
             f"{len(self.orphan_deliveries)})",
-            f"claimed after cancel: {len(self.after_cancel)}",
+            f"claimed after cancel: {len(self.after_cancel)} (runs of cancelled jobs claimed "
+            f"before the cancel: {self.runs_before_cancel}, of them not delivered because the "
+            f"cancel came first: {self.undelivered_after_cancel})",
         ]
         for name in (
             "duplicate_runs",
@@ -309,6 +313,9 @@ def _check_cancels(history: History, report: Report) -> None:
             continue
         if run.job_version is None or run.job_version + 1 >= job.version:
             report.after_cancel.append(run.key)
+        else:
+            report.runs_before_cancel += 1
+            report.undelivered_after_cancel += run.cancel_skipped
 
 
 # -- reading the history from the database -------------------------------------------------

@@ -264,8 +264,13 @@ class HookServer:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        class Server(ThreadingHTTPServer):
+            # several relays open dozens of connections at once: the default backlog of 5
+            # would reset some of them
+            request_queue_size = 256
+            daemon_threads = True
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 

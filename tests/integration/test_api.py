@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import requests
+from prometheus_client import REGISTRY
 from sqlalchemy import select, update
 from typer.testing import CliRunner
 
@@ -423,6 +424,11 @@ def test_every_error_has_the_json_shape(acme: Api) -> None:
     bad_limit = acme.request("GET", "/v1/jobs", params={"limit": 0})
     assert assert_error(bad_limit, 422, "invalid")["field"] == "limit"
     assert_error(acme.request("GET", "/v1/jobs", params={"limit": "x"}), 422, "invalid")
+    for raw in (b'{"payload": ' + b"9" * 5000 + b"}", b"[" * 100_000 + b"]" * 100_000):
+        unparsable = acme.request(
+            "POST", "/v1/jobs", data=raw, headers={"Content-Type": "application/json"}
+        )
+        assert_error(unparsable, 400, "malformed")
 
 
 BAD_BODIES = {
@@ -435,6 +441,13 @@ BAD_BODIES = {
     "NUL in the name": (job_body(name="a\x00b"), "name"),
     "NUL in the key": (job_body(idempotency_key="k\x00"), "idempotency_key"),
     "unpaired surrogate": (job_body(name="a\ud800"), "name"),
+    "unpaired surrogate in the payload": (job_body(payload={"k": "\ud800"}), "payload"),
+    "payload nested too deep": (job_body(payload=json.loads("[" * 100 + "]" * 100)), "payload"),
+    "run_at at the end of time": (
+        job_body(schedule={"run_at": "9999-12-31T00:00:00Z"}, window="366d"),
+        "run_at",
+    ),
+    "absurd cron": (job_body(schedule={"cron": "9" * 5000 + " * * * *"}), "cron"),
     "unknown key": (job_body(colour="blue"), "colour"),
     "no target": ({"schedule": {"delay": "1m"}}, "target"),
 }
@@ -772,3 +785,19 @@ def test_openapi_document(server: ApiServer) -> None:
         "target",
     ]
     assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+
+
+def test_request_and_quota_metrics(sched: Scheduler, acme: Api) -> None:
+    def value(name: str, labels: dict[str, str]) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    by_template = {"method": "GET", "route": "/v1/jobs/{job_id}", "status": "404"}
+    before = value("scheduled_api_requests_total", by_template)
+    acme.request("GET", "/v1/jobs/0123abcd")
+    acme.request("GET", "/v1/jobs/4567ef")
+    assert value("scheduled_api_requests_total", by_template) == before + 2
+    sched.set_quotas("acme", max_jobs=0, actor="test")
+    quota = {"tenant": "acme", "quota": "max_jobs"}
+    rejected = value("scheduled_api_quota_rejections_total", quota)
+    assert acme.create().status_code == 429
+    assert value("scheduled_api_quota_rejections_total", quota) == rejected + 1

@@ -81,9 +81,7 @@ def _jobs(store: Store, tenant_id: str, url: str, count: int) -> list[str]:
     return [r["job_id"] for r in rows]
 
 
-def _claimed_runs(
-    store: Store, tenant_id: str, url: str, runs: list[tuple[str, datetime]]
-) -> None:
+def _claimed_runs(store: Store, tenant_id: str, url: str, runs: list[tuple[str, datetime]]) -> None:
     """Runs as the dispatcher's claim leaves them: a run row and an outbox row each, due
     (available) at the scheduled time."""
     now = datetime.now(UTC)
@@ -146,8 +144,7 @@ def test_a_hanging_tenant_never_delays_another(store: Store) -> None:
         due = datetime.now(UTC) + timedelta(seconds=3)
         step = SPREAD_SECONDS / B_SPREAD
         a_runs = [
-            (a_jobs[i % A_JOBS], due - timedelta(microseconds=i // A_JOBS))
-            for i in range(A_RUNS)
+            (a_jobs[i % A_JOBS], due - timedelta(microseconds=i // A_JOBS)) for i in range(A_RUNS)
         ]
         b_runs = [(b_jobs[i % 20], due - timedelta(microseconds=i)) for i in range(B_AT_ONCE)]
         b_runs += [
@@ -165,9 +162,7 @@ def test_a_hanging_tenant_never_delays_another(store: Store) -> None:
                 a_leased = connection.execute(
                     select(func.count())
                     .select_from(schema.outbox)
-                    .where(
-                        schema.outbox.c.tenant_id == a, schema.outbox.c.lease_owner.is_not(None)
-                    )
+                    .where(schema.outbox.c.tenant_id == a, schema.outbox.c.lease_owner.is_not(None))
                 ).scalar_one()
             a_calls = hanging.count()
             a_max = hanging.max_in_flight
@@ -179,14 +174,21 @@ def test_a_hanging_tenant_never_delays_another(store: Store) -> None:
         for r in received
     ]
     keys = {(r.json["job_id"], r.json["scheduled_at"]) for r in received}
+    burst = [
+        late
+        for late, r in zip(lateness, received, strict=True)
+        if r.json["scheduled_at"] <= format_instant(due)
+    ]
     p50, p99 = statistics.median(lateness), _percentile(lateness, 0.99)
     print(
         f"\nisolation: tenant B {len(received)} runs delivered, lateness p50 {p50 * 1000:.0f} ms, "
-        f"p99 {p99 * 1000:.0f} ms, max {max(lateness) * 1000:.0f} ms; tenant A: {A_RUNS} due, "
+        f"p99 {p99 * 1000:.0f} ms, max {max(lateness) * 1000:.0f} ms (the {len(burst)} due "
+        f"with A's burst: max {max(burst) * 1000:.0f} ms); tenant A: {A_RUNS} due, "
         f"{a_calls} calls made, at most {a_max} in flight, {a_leased} rows leased; "
         f"{elapsed:.1f} s"
     )
     assert keys == {(job, format_instant(at)) for job, at in b_runs}
     assert p99 <= LATENESS_P99_BOUND
     assert a_max <= 16  # A's lane, never more
-    assert a_leased <= 16  # the rest of A's backlog waits unclaimed in the outbox
+    # its slots plus one waiting batch per slot; the rest of its backlog waits unclaimed
+    assert a_leased <= 2 * 16

@@ -35,10 +35,8 @@ _INSTALL_HINT = (
 
 
 def find_server() -> Path:
-    candidates = [
-        Path("/usr/lib/rabbitmq/bin/rabbitmq-server"),
-        *(Path(p) for p in sorted(glob.glob("/usr/lib/rabbitmq/lib/rabbitmq_server-*/sbin/rabbitmq-server"))),
-    ]
+    versioned = glob.glob("/usr/lib/rabbitmq/lib/rabbitmq_server-*/sbin/rabbitmq-server")
+    candidates = [Path("/usr/lib/rabbitmq/bin/rabbitmq-server"), *map(Path, sorted(versioned))]
     for candidate in candidates:
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return candidate

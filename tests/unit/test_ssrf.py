@@ -119,7 +119,7 @@ def test_a_name_resolving_to_a_private_address_is_refused() -> None:
 
 def test_every_resolved_address_is_checked() -> None:
     dns = resolver({"mixed.test": ["93.184.216.34", "169.254.169.254"]})
-    with pytest.raises(errors.ForbiddenDestination, match="169.254.169.254"):
+    with pytest.raises(errors.ForbiddenDestination, match=r"169\.254\.169\.254"):
         check_destination("http://mixed.test/", [], resolver=dns)
 
 

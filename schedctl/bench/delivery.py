@@ -1,0 +1,303 @@
+"""Owns `schedctl bench delivery`: how many claimed runs a relay delivers per second to a
+loopback HTTP endpoint (signed POSTs through the SSRF guard, one tenant lane) and into the
+built-in queue, on the configured database. Measured and reported, never asserted.
+
+Everything is bounded: a fixed number of runs, a deadline, an HTTP server on 127.0.0.1
+(a child process) that this command starts and stops. Use a scratch database: it adds a
+tenant, jobs and their runs (the queue messages it makes are removed at the end).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any
+
+import requests
+import typer
+from sqlalchemy import delete, func, select, text, update
+
+from schedctl import errors
+from schedctl.cli.common import OutputOption, cli_state, output_format
+from schedctl.cli.output import emit
+from schedctl.scheduling.timeparse import format_instant
+from schedctl.storage import schema
+from schedctl.storage.jobs import new_job_id, partition_of
+from schedctl.storage.store import Store
+from schedctl.storage.tenants import TenantRepo
+
+app = typer.Typer(help="Delivery benchmark (measured, not asserted).")
+
+CHUNK = 2000
+
+
+# The endpoint runs in its own process: in this one it would compete with the relay for
+# the interpreter lock, and the figure would be half the relay's.
+_ENDPOINT = r"""
+import json, sys, threading, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+times, lock = [], threading.Lock()
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(204)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+        with lock:
+            times.append(time.time())
+    def do_GET(self):
+        with lock:
+            body = json.dumps({"count": len(times), "first": times[0] if times else None,
+                               "last": times[-1] if times else None}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+ThreadingHTTPServer.request_queue_size = 128
+server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+server.daemon_threads = True
+print(server.server_address[1], flush=True)
+threading.Thread(target=lambda: (sys.stdin.read(), server.shutdown()), daemon=True).start()
+server.serve_forever()
+"""
+
+
+class _Endpoint:
+    """A keep-alive HTTP/1.1 server on 127.0.0.1 in a child process, answering 204 to every
+    POST and its counts to GET; it stops when its stdin closes."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _ENDPOINT],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline().strip()
+        if not line.isdigit():
+            self.close()
+            raise errors.SchedError("the benchmark's HTTP endpoint did not start")
+        self.port = int(line)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/bench"
+
+    def stats(self) -> dict[str, Any]:
+        response = requests.get(f"http://127.0.0.1:{self.port}/stats", timeout=10)
+        data: dict[str, Any] = response.json()
+        return data
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+
+
+def _tenant(store: Store, concurrency: int) -> str:
+    tenant, _token = TenantRepo(store).create(f"bench-{uuid.uuid4().hex[:8]}", actor="bench")
+    with store.tx() as connection:
+        connection.execute(
+            update(schema.tenants)
+            .where(schema.tenants.c.tenant_id == tenant.tenant_id)
+            .values(
+                # no pacing: this measures delivery, not the rate limit
+                dispatch_rate_per_second=10_000_000,
+                delivery_concurrency=concurrency,
+                allow_list=json.dumps(["127.0.0.1/32"]),
+            )
+        )
+    return tenant.tenant_id
+
+
+def _claimed_runs(store: Store, tenant_id: str, target_type: str, target: str, count: int) -> str:
+    """One job and `count` runs of it as a claim leaves them (run + outbox rows, due now)."""
+    now = datetime.now(UTC)
+    job_id = new_job_id()
+    # read before the write transaction: on SQLite a second connection would wait for it
+    partition = partition_of(job_id, store.partition_count)
+    with store.tx() as connection:
+        connection.execute(
+            schema.jobs.insert().values(
+                job_id=job_id,
+                tenant_id=tenant_id,
+                name="bench-delivery",
+                schedule=json.dumps({"kind": "once", "run_at": format_instant(now)}),
+                target_type=target_type,
+                target=target,
+                payload=json.dumps({"bench": True}),
+                max_attempts=3,
+                retry_base_seconds=1.0,
+                retry_max_seconds=10.0,
+                misfire_policy="run_once",
+                grace_seconds=60,
+                window_seconds=0,
+                max_concurrency=0,
+                timeout_seconds=0,
+                status="completed",
+                partition=partition,
+                version=2,
+                request_hash="bench",
+                created_at=now,
+                updated_at=now,
+            )
+        )
+        times = [now - timedelta(microseconds=i) for i in range(count)]
+        for start in range(0, count, CHUNK):
+            chunk = times[start : start + CHUNK]
+            connection.execute(
+                schema.runs.insert(),
+                [
+                    {
+                        "job_id": job_id,
+                        "scheduled_at": at,
+                        "tenant_id": tenant_id,
+                        "partition": 0,
+                        "trigger": "manual",
+                        "status": "dispatched",
+                        "attempt": 1,
+                        "fire_at": at,
+                        "dispatched_at": now,
+                    }
+                    for at in chunk
+                ],
+            )
+            connection.execute(
+                schema.outbox.insert(),
+                [
+                    {
+                        "job_id": job_id,
+                        "scheduled_at": at,
+                        "tenant_id": tenant_id,
+                        "target_type": target_type,
+                        "target": target,
+                        "attempt": 1,
+                        "available_at": now,
+                        "created_at": now,
+                    }
+                    for at in chunk
+                ],
+            )
+    return job_id
+
+
+def _outbox_left(store: Store, job_id: str) -> int:
+    with store.read() as connection:
+        return int(
+            connection.execute(
+                select(func.count())
+                .select_from(schema.outbox)
+                .where(schema.outbox.c.job_id == job_id)
+            ).scalar_one()
+        )
+
+
+def _settings(store: Store) -> str:
+    if not store.is_postgres:
+        return "sqlite (WAL, synchronous=NORMAL)"
+    with store.read() as connection:
+        fsync = connection.execute(text("SHOW fsync")).scalar_one()
+        sync = connection.execute(text("SHOW synchronous_commit")).scalar_one()
+    return f"postgres (fsync={fsync}, synchronous_commit={sync})"
+
+
+def _drain(store: Store, job_id: str, done: Any, deadline: float) -> float:
+    """Run a relay until `done()`; returns the seconds it took (raises past the deadline)."""
+    from scheduled_d.relay import Relay
+
+    relay = Relay(store, poll_seconds=0.05, settings_seconds=0.5)
+    stop = threading.Event()
+    thread = threading.Thread(target=relay.run, args=(stop,), daemon=True)
+    started = time.monotonic()
+    thread.start()
+    try:
+        while not done(relay):
+            if time.monotonic() > deadline:
+                raise errors.SchedError(
+                    f"the benchmark did not finish in time ({_outbox_left(store, job_id)} "
+                    "runs left in the outbox)"
+                )
+            time.sleep(0.02)
+        return time.monotonic() - started
+    finally:
+        stop.set()
+        thread.join(60)
+
+
+def run_delivery_bench(
+    store: Store, *, runs: int, concurrency: int, timeout: float
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    tenant_id = _tenant(store, concurrency)
+    endpoint = _Endpoint()
+    try:
+        http_job = _claimed_runs(store, tenant_id, "http", endpoint.url, runs)
+        http_seconds = _drain(
+            store,
+            http_job,
+            lambda relay: _outbox_left(store, http_job) == 0 and relay.idle(),
+            deadline,
+        )
+        received = endpoint.stats()
+    finally:
+        endpoint.close()
+    span = (received["last"] or 0.0) - (received["first"] or 0.0)
+    queue = f"bench-{uuid.uuid4().hex[:8]}"
+    queue_job = _claimed_runs(store, tenant_id, "queue", queue, runs)
+    try:
+        queue_seconds = _drain(
+            store, queue_job, lambda relay: _outbox_left(store, queue_job) == 0, deadline
+        )
+    finally:
+        with store.tx() as connection:
+            connection.execute(
+                delete(schema.queue_messages).where(schema.queue_messages.c.queue == queue)
+            )
+    return {
+        "runs": runs,
+        "tenant_delivery_concurrency": concurrency,
+        "database": _settings(store),
+        "http_seconds": round(http_seconds, 3),
+        "http_deliveries_per_second": round(runs / http_seconds, 1),
+        "http_received": received["count"],
+        "http_received_per_second": round((received["count"] - 1) / span, 1) if span else None,
+        "queue_seconds": round(queue_seconds, 3),
+        "queue_deliveries_per_second": round(runs / queue_seconds, 1),
+        "note": "relay started cold; http = signed POST + SSRF check + outcome recorded",
+    }
+
+
+@app.command("delivery")
+def delivery(
+    ctx: typer.Context,
+    runs: Annotated[
+        int, typer.Option("--runs", min=1, max=200_000, help="Runs per target kind.")
+    ] = 5000,
+    concurrency: Annotated[
+        int,
+        typer.Option("--concurrency", min=1, max=256, help="The tenant's HTTP lane width."),
+    ] = 16,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=1.0, max=3600.0, help="Give up after this.")
+    ] = 300.0,
+    output: OutputOption = None,
+) -> None:
+    """Deliveries per second from the outbox to a loopback HTTP endpoint and into the
+    built-in queue. Use a scratch database: it adds a tenant, jobs and runs."""
+    result = run_delivery_bench(
+        cli_state(ctx).store(), runs=runs, concurrency=concurrency, timeout=timeout
+    )
+    emit(result, output_format(ctx, output), title="delivery")
