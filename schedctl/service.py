@@ -1,8 +1,10 @@
-"""Owns the library API (`Scheduler`): tenants, jobs and run history over one Store.
+"""Owns the library API (`Scheduler`): tenants, tokens and quotas, jobs, run history and the
+audit log over one Store.
 
 The CLI and the REST API both call this, so validation, tenant resolution and quota checks
-happen once. Tenant arguments accept a name or an id; passing a tenant scopes the call to
-that tenant's jobs (another tenant's job is NotFound, never Forbidden: ids are no oracle).
+(max active jobs and creates per minute, atomic with the insert) happen once. Tenant
+arguments accept a name, an id or the Tenant itself; passing a tenant scopes the call to that
+tenant's jobs (another tenant's job is NotFound, never Forbidden: ids are no oracle).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from schedctl import __version__
-from schedctl.cli import audit, bench, bench_dispatch, cron_cmd, db, jobs, runs, tenants
+from schedctl.cli import audit, bench, bench_dispatch, cron_cmd, db, jobs, runs, status, tenants
 from schedctl.cli.common import (
     EXIT_CODES_HELP,
     CliState,
@@ -127,6 +127,7 @@ app.add_typer(jobs.app, name="job")
 app.command("runs")(runs.runs)
 app.add_typer(cron_cmd.app, name="cron")
 app.command("audit")(audit.audit)
+app.command("status")(status.status)
 bench.app.command("burst")(bench_dispatch.burst)
 bench.app.command("steady")(bench_dispatch.steady)
 app.add_typer(bench.app, name="bench")

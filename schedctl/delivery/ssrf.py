@@ -162,7 +162,12 @@ class AllowList:
         hosts: set[str] = set()
         networks: list[IPNetwork] = []
         for entry in entries:
-            canonical = normalize_entry(entry)
+            try:
+                canonical = normalize_entry(entry)
+            except errors.ValidationError:
+                # only a hand-edited database holds one (the CLI validates every entry);
+                # an unreadable exception grants nothing, and must not fail every job
+                continue
             if "/" in canonical:
                 networks.append(ipaddress.ip_network(canonical))
             else:

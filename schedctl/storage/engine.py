@@ -11,6 +11,8 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from schedctl import errors
 
+IDLE_IN_TRANSACTION_MS = 5000
+
 
 def normalize_url(url: str) -> str:
     """Accept postgres://, postgresql:// and plain paths; always drive Postgres with psycopg 3."""
@@ -48,7 +50,16 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     kwargs.setdefault("pool_size", 10)
     kwargs.setdefault("max_overflow", 20)
     kwargs.setdefault("pool_pre_ping", True)
-    kwargs.setdefault("connect_args", {"connect_timeout": 5})
+    kwargs.setdefault(
+        "connect_args",
+        {
+            "connect_timeout": 5,
+            # a process paused inside a transaction (SIGSTOP, a long GC) must not hold its
+            # locks forever: a claim's FOR SHARE on a partition row would block the new
+            # owner's epoch write until the paused one woke up
+            "options": f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}",
+        },
+    )
     return create_engine(url, **kwargs)
 
 

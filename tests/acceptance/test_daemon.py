@@ -190,3 +190,31 @@ def test_kill_9_and_restart_loses_no_run_and_claims_none_twice(daemon: Daemon) -
         assert len(twice) <= 4  # at most the worker's concurrency was in flight
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("mode", ["all", "dispatcher", "relay"])
+def test_an_unreachable_database_is_a_message_not_a_traceback(mode: str) -> None:
+    done = subprocess.run(
+        [BIN / "scheduled-d", mode, "--db", "postgresql://postgres@127.0.0.1:1/nowhere"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 7, done.stderr
+    assert "cannot reach the database" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_bad_config_file_is_a_message_not_a_traceback(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text('claim_batch_size = "many"\n')
+    done = subprocess.run(
+        [BIN / "scheduled-d", "all", "--config", config],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "claim_batch_size" in done.stderr and "Traceback" not in done.stderr

@@ -152,8 +152,10 @@ def test_a_hanging_tenant_never_delays_another(store: Store) -> None:
         ]
         _claimed_runs(store, a, hanging.url("/a"), a_runs)
         _claimed_runs(store, b, healthy.url("/b"), b_runs)
-        # the relay's per-call timeout stays at its default (10 s): A's calls really hang
-        relay = Relay(store, poll_seconds=0.2)
+        # no call to A times out while the test runs (a timed-out call would still hang at
+        # the server, and its count would no longer be the relay's): A's lane is full of
+        # hanging calls for the whole test; they end when the server lets them go
+        relay = Relay(store, poll_seconds=0.2, http_timeout=45)
         started = time.monotonic()
         with running_relay(relay):
             wait_for(lambda: healthy.count() >= len(b_runs), "all of B's runs", 90)
