@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import func, select
+from sqlalchemy.exc import DBAPIError
 
 from schedctl import errors
 from schedctl.coordination.local import LocalCoordinator
@@ -347,3 +348,41 @@ def test_large_batches_claim_every_run_once(store: Store) -> None:
     assert total == 5000
     assert len(outbox_keys(store)) == 5000
     assert_exactly_once(store)
+
+
+@pytest.mark.postgres
+def test_a_claimer_paused_inside_its_transaction_does_not_block_the_new_owner(
+    pg_url: str,
+) -> None:
+    """A claim holds FOR SHARE on its partition rows; if its process stops mid-transaction
+    the server ends the idle session, so the new owner's epoch write goes through and the
+    paused claim commits nothing."""
+    store = Store.open(pg_url)
+    other = Store.open(pg_url)
+    try:
+        epochs = own_all(store, "old-owner")
+        paused = store.engine.connect()
+        transaction = paused.begin()
+        paused.execute(
+            select(schema.partitions.c.epoch)
+            .where(schema.partitions.c.partition.in_([0, 1]))
+            .with_for_update(read=True)
+        )
+        done = threading.Event()
+        acquired: set[int] = set()
+
+        def take_over() -> None:
+            acquired.update(PartitionRepo(other).acquire([0, 1], epochs[0] + 1, "new-owner"))
+            done.set()
+
+        thread = threading.Thread(target=take_over)
+        thread.start()
+        assert done.wait(60), "the new owner stayed blocked behind the paused transaction"
+        assert acquired == {0, 1}
+        with pytest.raises(DBAPIError):  # the server closed the idle session
+            transaction.commit()
+        paused.close()
+        thread.join(10)
+    finally:
+        store.close()
+        other.close()

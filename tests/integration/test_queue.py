@@ -14,7 +14,14 @@ import pytest
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
 from schedctl.storage.jobs import JobRepo
-from schedctl.storage.queue import CANCELLED_ERROR, LOST_ERROR, Lease, QueueRepo
+from schedctl.storage.queue import (
+    CANCELLED_ERROR,
+    CANCELLED_RUNNING_ERROR,
+    LOST_ERROR,
+    Beat,
+    Lease,
+    QueueRepo,
+)
 from schedctl.storage.store import Store
 from tests.factories import ago, bulk_once_jobs, make_tenant
 from tests.integration.queue_support import (
@@ -139,6 +146,40 @@ def test_move_outbox_skips_runs_of_cancelled_jobs(store: Store) -> None:
     assert run["status"] == "skipped"
     assert run["error"] == CANCELLED_ERROR
     assert run["finished_at"] is not None
+
+
+def test_move_outbox_leaves_rows_of_excluded_tenants(store: Store) -> None:
+    """Queue rows of tenants with a RabbitMQ broker are the RabbitMQ relay's, not the
+    built-in queue's."""
+    make_tenant(store)
+    job = queue_job(store)
+    trigger(store, job)
+    tenant = run_row(store, job, trigger(store, job))["tenant_id"]
+    repo = QueueRepo(store)
+    assert repo.move_outbox(exclude_tenants=[tenant]) == 0
+    assert outbox_count(store) == 2
+    assert repo.move_outbox(exclude_tenants=["someone-else"]) == 2
+
+
+def test_heartbeat_sees_a_cancelled_job(store: Store) -> None:
+    make_tenant(store)
+    job = queue_job(store)
+    trigger(store, job)
+    repo = QueueRepo(store)
+    repo.move_outbox()
+    (lease,) = repo.lease("q", "w1", 30)
+    assert repo.beat(lease, 30) is Beat.extended
+    JobRepo(store).cancel(job, actor="test")
+    assert repo.beat(lease, 30) is Beat.cancelled
+    assert repo.heartbeat(lease, 30) is True  # still ours until the worker settles it
+    now = datetime.now(UTC)
+    assert repo.stop_cancelled(
+        lease, exit_code=None, output_tail="bye", started_at=now, finished_at=now
+    )
+    assert repo.beat(lease, 30) is Beat.lost
+    assert messages(store) == [] and dead_letters(store) == []
+    run = run_row(store, job, lease.scheduled_at)
+    assert (run["status"], run["error"]) == ("failed", CANCELLED_RUNNING_ERROR)
 
 
 def test_concurrent_relays_on_postgres_move_each_row_once(pg_store: Store) -> None:
@@ -392,6 +433,16 @@ def test_max_concurrency_above_one(store: Store) -> None:
     repo.move_outbox()
     assert len(repo.lease("q", "w1", 30, limit=10)) == 2
     assert repo.lease("q", "w1", 30, limit=10) == []
+
+
+def test_max_concurrency_zero_means_no_limit(store: Store) -> None:
+    make_tenant(store)
+    job = queue_job(store, max_concurrency=0)  # null in the API: overlapping runs allowed
+    for _ in range(3):
+        trigger(store, job)
+    repo = QueueRepo(store)
+    repo.move_outbox()
+    assert len(repo.lease("q", "w1", 30, limit=10)) == 3
 
 
 def test_an_expired_unreaped_lease_still_holds_its_slot(store: Store) -> None:
