@@ -4,11 +4,12 @@ and dead letters) -- and settles queue leases whose worker died.
 
 Isolation: HTTP and RabbitMQ deliveries run in lanes, one per tenant and kind, each with
 its own concurrency (tenants.delivery_concurrency) and the tenant's rate
-(tenants.dispatch_rate_per_second). A lane claims only as many outbox rows as it can start
-at once, so a tenant whose endpoint hangs holds at most its own slots while the rest of
-its backlog waits in the outbox, and every other lane keeps claiming and delivering. The
-calls themselves run on a thread pool outside any transaction; outcomes are written in
-batches by one settler thread.
+(tenants.dispatch_rate_per_second). A lane claims only what its slots can start now, plus
+one waiting batch per slot (so a fast lane never idles while its next claim is on the
+way); a tenant whose endpoint hangs holds at most that, the rest of its backlog waits in
+the outbox unclaimed, and every other lane keeps claiming and delivering. The calls run
+on a thread pool outside any transaction; outcomes are written in batches by one settler
+thread.
 """
 
 from __future__ import annotations
@@ -133,7 +134,8 @@ class Relay:
         self.http = http or HttpDelivery(
             timeout=http_timeout, resolver=resolver, ca_bundle=ca_bundle
         )
-        # a call can take connect + read time; the rest is margin for settling
+        # a claimed row may wait for one call of its lane, then take its own (connect +
+        # read time each); the rest is margin for recording the outcome
         self.lease_seconds = lease_seconds or (
             2 * (self.http.timeout + self.http.connect_timeout) + 30.0
         )

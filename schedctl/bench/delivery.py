@@ -238,7 +238,12 @@ def _drain(store: Store, job_id: str, done: Any, deadline: float) -> float:
 
 
 def run_delivery_bench(
-    store: Store, *, runs: int, concurrency: int, timeout: float
+    store: Store,
+    *,
+    runs: int,
+    concurrency: int,
+    timeout: float,
+    rabbitmq_url: str | None = None,
 ) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     tenant_id = _tenant(store, concurrency)
@@ -266,7 +271,7 @@ def run_delivery_bench(
             connection.execute(
                 delete(schema.queue_messages).where(schema.queue_messages.c.queue == queue)
             )
-    return {
+    result: dict[str, Any] = {
         "runs": runs,
         "tenant_delivery_concurrency": concurrency,
         "database": _settings(store),
@@ -278,6 +283,34 @@ def run_delivery_bench(
         "queue_deliveries_per_second": round(runs / queue_seconds, 1),
         "note": "relay started cold; http = signed POST + SSRF check + outcome recorded",
     }
+    if rabbitmq_url is not None:
+        seconds = _rabbitmq(store, tenant_id, rabbitmq_url, runs, deadline)
+        result["rabbitmq_seconds"] = round(seconds, 3)
+        result["rabbitmq_publishes_per_second"] = round(runs / seconds, 1)
+    return result
+
+
+def _rabbitmq(store: Store, tenant_id: str, url: str, runs: int, deadline: float) -> float:
+    """Persistent publishes with confirms to the broker at `url`, into a queue deleted after."""
+    import pika  # type: ignore[import-untyped]
+
+    from schedctl.storage.allowlist import TenantDeliveryRepo
+
+    TenantDeliveryRepo(store).set_broker(tenant_id, url, actor="bench")
+    queue = f"schedctl-bench-{uuid.uuid4().hex[:8]}"
+    job = _claimed_runs(store, tenant_id, "queue", queue, runs)
+    try:
+        return _drain(
+            store, job, lambda relay: _outbox_left(store, job) == 0 and relay.idle(), deadline
+        )
+    finally:
+        TenantDeliveryRepo(store).set_broker(tenant_id, None, actor="bench")
+        try:
+            connection = pika.BlockingConnection(pika.URLParameters(url))
+            connection.channel().queue_delete(queue=queue)
+            connection.close()
+        except pika.exceptions.AMQPError:
+            pass  # the queue stays; its name says where it came from
 
 
 @app.command("delivery")
@@ -293,11 +326,23 @@ def delivery(
     timeout: Annotated[
         float, typer.Option("--timeout", min=1.0, max=3600.0, help="Give up after this.")
     ] = 300.0,
+    rabbitmq: Annotated[
+        str | None,
+        typer.Option(
+            "--rabbitmq",
+            help="Also publish to this broker (amqp://...; a scratch queue, deleted after).",
+        ),
+    ] = None,
     output: OutputOption = None,
 ) -> None:
     """Deliveries per second from the outbox to a loopback HTTP endpoint and into the
-    built-in queue. Use a scratch database: it adds a tenant, jobs and runs."""
+    built-in queue (and RabbitMQ with --rabbitmq). Use a scratch database: it adds a
+    tenant, jobs and runs."""
     result = run_delivery_bench(
-        cli_state(ctx).store(), runs=runs, concurrency=concurrency, timeout=timeout
+        cli_state(ctx).store(),
+        runs=runs,
+        concurrency=concurrency,
+        timeout=timeout,
+        rabbitmq_url=rabbitmq,
     )
     emit(result, output_format(ctx, output), title="delivery")

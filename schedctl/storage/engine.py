@@ -50,6 +50,8 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     kwargs.setdefault("pool_size", 10)
     kwargs.setdefault("max_overflow", 20)
     kwargs.setdefault("pool_pre_ping", True)
+    # exception messages must never carry parameters: they hold payloads
+    kwargs.setdefault("hide_parameters", True)
     kwargs.setdefault(
         "connect_args",
         {
@@ -66,6 +68,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 def _sqlite_engine(url: str, database: str | None, **kwargs: Any) -> Engine:
     if database and database != ":memory:":
         Path(database).parent.mkdir(parents=True, exist_ok=True)
+    kwargs.setdefault("hide_parameters", True)
     engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, **kwargs)
 
     @event.listens_for(engine, "connect")

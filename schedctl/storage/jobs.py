@@ -27,6 +27,7 @@ from schedctl.scheduling.schedules import (
 from schedctl.scheduling.windows import fire_time
 from schedctl.storage import schema
 from schedctl.storage.changes import notify_job_change
+from schedctl.storage.payloads import encode_payload
 from schedctl.storage.rows import job_from_row, run_from_row
 from schedctl.storage.store import Store
 
@@ -169,7 +170,7 @@ class JobRepo:
                 schedule=json.dumps(schedule_to_dict(spec.schedule)),
                 target_type=spec.target.type.value,
                 target=spec.target.address,
-                payload=json.dumps(spec.payload),
+                payload=encode_payload(spec.payload),
                 max_attempts=spec.retry.max_attempts,
                 retry_base_seconds=spec.retry.base_delay_seconds,
                 retry_max_seconds=spec.retry.max_delay_seconds,

@@ -20,6 +20,7 @@ from schedctl.models import (
 )
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import schedule_from_dict
+from schedctl.storage.payloads import decode_payload
 
 
 def target_from_row(target_type: str, address: str) -> Target:
@@ -34,7 +35,7 @@ def job_from_row(row: RowMapping) -> Job:
         name=row["name"],
         schedule=schedule_from_dict(json.loads(row["schedule"])),
         target=target_from_row(row["target_type"], row["target"]),
-        payload=json.loads(row["payload"]),
+        payload=decode_payload(row["payload"]),
         retry=RetryPolicy(
             max_attempts=row["max_attempts"],
             base_delay_seconds=row["retry_base_seconds"],

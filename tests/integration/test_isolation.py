@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
+from schedctl.delivery.limits import DeliveryLimits, Lane, TokenBucket
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
 from schedctl.storage.jobs import new_job_id, partition_of
@@ -194,3 +195,45 @@ def test_a_hanging_tenant_never_delays_another(store: Store) -> None:
     assert a_max <= 16  # A's lane, never more
     # its slots plus one waiting batch per slot; the rest of its backlog waits unclaimed
     assert a_leased <= 2 * 16
+
+
+# -- the limits themselves (no database) ------------------------------------------------------
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_token_bucket_paces_and_bursts_one_second() -> None:
+    clock = _Clock()
+    bucket = TokenBucket(10, clock=clock)
+    assert bucket.take(25) == 10  # a full second's burst, no more
+    assert bucket.take(1) == 0
+    assert bucket.seconds_until(1) == pytest.approx(0.1)
+    clock.now += 0.5
+    assert bucket.take(10) == 5
+    bucket.put_back(3)
+    assert bucket.available() == 3
+
+
+def test_lanes_are_limited_separately_and_by_the_relay() -> None:
+    clock = _Clock()
+    limits = DeliveryLimits(max_in_flight=5, clock=clock)
+    a, b = Lane("a", "http"), Lane("b", "http")
+    limits.configure("a", rate_per_second=100, concurrency=3)
+    limits.configure("b", rate_per_second=2, concurrency=3)
+    # slots to fill plus one batch waiting per slot, within the tenant's tokens
+    assert limits.capacity(a) == 6
+    assert limits.capacity(b) == 2
+    assert [limits.try_acquire(a) for _ in range(4)] == [True, True, True, False]
+    assert limits.capacity(a, queued=2) == 1
+    # the relay's cap: b gets two slots, then nothing, however idle its own lane is
+    assert [limits.try_acquire(b) for _ in range(3)] == [True, True, False]
+    assert limits.capacity(Lane("c", "http")) == 0
+    limits.release(a)
+    assert limits.try_acquire(b)
+    assert limits.busy(a) == 2 and limits.busy(b) == 3 and limits.in_flight == 5
