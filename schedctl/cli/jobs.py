@@ -24,6 +24,7 @@ from schedctl.cli.common import (
     say,
 )
 from schedctl.cli.output import OutputFormat, emit
+from schedctl.client import ApiClient
 from schedctl.models import Job
 from schedctl.views import job_to_dict, run_to_dict, schedule_summary
 
@@ -124,7 +125,10 @@ def _show(ctx: typer.Context, job: Job, output: OutputFormat | None, *, title: s
 @app.command()
 def create(
     ctx: typer.Context,
-    tenant: Annotated[str, typer.Option("--tenant", "-t", help="Tenant name or id.")],
+    tenant: Annotated[
+        str | None,
+        typer.Option("--tenant", "-t", help="Tenant name or id (with --api: the token's)."),
+    ] = None,
     at: AtOption = None,
     in_: InOption = None,
     cron: CronOption = None,
@@ -203,7 +207,13 @@ def create(
         "name": name,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
-    job, created = cli_state(ctx).scheduler().create_job(tenant, body, actor=actor())
+    scheduler = cli_state(ctx).scheduler()
+    if isinstance(scheduler, ApiClient):
+        job, created = scheduler.create_job(tenant, body, actor=actor())
+    elif tenant is None:
+        raise errors.ValidationError("a tenant is required (--tenant)", field="tenant")
+    else:
+        job, created = scheduler.create_job(tenant, body, actor=actor())
     fmt = output_format(ctx, output)
     if fmt is OutputFormat.json:
         emit({**job_to_dict(job), "created": created}, fmt)

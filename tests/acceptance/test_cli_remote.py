@@ -84,6 +84,10 @@ def test_the_job_lifecycle_through_the_api(remote: Remote) -> None:
         "--payload", '{"report": "hourly"}', "--idempotency-key", "hourly", "--name", "hourly",
     )  # fmt: skip
     assert again["created"] is False and again["job_id"] == job_id
+    # with --api the token names the tenant, so --tenant may be left out
+    tokened = ok_json(remote, "job", "create", "--in", "1h", "--queue", "reports")
+    assert tokened["tenant_id"] == created["tenant_id"]
+    assert ok_json(remote, "job", "cancel", tokened["job_id"])["status"] == "cancelled"
     # what the API shows is what the database holds
     shown = ok_json(remote, "job", "show", job_id)
     assert shown == job_to_dict(remote.sched.get_job(job_id))
