@@ -165,6 +165,7 @@ class Relay:
         self._queued: dict[Lane, deque[list[Delivery]]] = {}
         self._running: dict[Lane, int] = {}
         self._queue_lock = threading.Lock()
+        self._drained: set[Lane] = set()  # lanes whose last claim found less than it asked
 
     # -- control -----------------------------------------------------------------------------
 
@@ -194,7 +195,7 @@ class Relay:
                 self._wake.clear()
                 self._freed.clear()
                 try:
-                    moved = self.run_once() if full else self.pump()
+                    moved = self.run_once() if full else self.pump(every_lane=False)
                 except errors.StoreUnavailable as exc:
                     self.store_errors += 1
                     if not unavailable:
@@ -303,9 +304,11 @@ class Relay:
             lanes = lanes[self._rotation :] + lanes[: self._rotation]
         return lanes
 
-    def pump(self) -> int:
+    def pump(self, *, every_lane: bool = True) -> int:
         """Claim what the lanes can start now or right after, hand it to their slots;
-        returns the number of runs claimed."""
+        returns the number of runs claimed. With every_lane=False (a slot just freed) only
+        lanes that had more than they could take last time are asked again: idle tenants
+        cost one probe per poll, not one per delivery."""
         if self._closed:
             return 0
         self._start_settler()
@@ -313,6 +316,8 @@ class Relay:
             self._refresh_settings(force=True)
         caps: dict[Lane, int] = {}
         for lane in self._lanes():
+            if not every_lane and lane in self._drained:
+                continue
             per_slot = _per_slot(lane)
             with self._queue_lock:
                 queued = len(self._queued.get(lane, ()))
@@ -331,6 +336,12 @@ class Relay:
                 )
             for delivery in claimed.deliveries:
                 by_lane.setdefault(delivery.lane, []).append(delivery)
+            for lane, cap in caps.items():
+                # fewer than asked: nothing more is due there until the next full pass
+                if len(by_lane.get(lane, ())) + claimed.cancelled < cap:
+                    self._drained.add(lane)
+                else:
+                    self._drained.discard(lane)
         with self._queue_lock:
             for lane, deliveries in by_lane.items():
                 self.limits.take_tokens(lane.tenant_id, len(deliveries))
