@@ -166,6 +166,7 @@ class Relay:
         self._running: dict[Lane, int] = {}
         self._queue_lock = threading.Lock()
         self._drained: set[Lane] = set()  # lanes whose last claim found less than it asked
+        self._last_active: dict[Lane, float] = {}  # when a slot of the lane last finished
 
     # -- control -----------------------------------------------------------------------------
 
@@ -307,16 +308,22 @@ class Relay:
     def pump(self, *, every_lane: bool = True) -> int:
         """Claim what the lanes can start now or right after, hand it to their slots;
         returns the number of runs claimed. With every_lane=False (a slot just freed) only
-        lanes that had more than they could take last time are asked again: idle tenants
-        cost one probe per poll, not one per delivery."""
+        lanes that had more than they could take last time, or delivered within the last
+        poll interval, are asked again: idle tenants cost one probe per poll, not one per
+        delivery."""
         if self._closed:
             return 0
         self._start_settler()
         if not self._tenants:
             self._refresh_settings(force=True)
         caps: dict[Lane, int] = {}
+        now = time.monotonic()
         for lane in self._lanes():
-            if not every_lane and lane in self._drained:
+            if (
+                not every_lane
+                and lane in self._drained
+                and now - self._last_active.get(lane, float("-inf")) > self.poll_seconds
+            ):
                 continue
             per_slot = _per_slot(lane)
             with self._queue_lock:
@@ -387,9 +394,10 @@ class Relay:
                     # the leases expire and another pass delivers again: nothing is lost
                     log.exception("relay: delivery to %s failed unexpectedly", lane)
         finally:
-            if counted:
-                with self._queue_lock:
+            with self._queue_lock:
+                if counted:
                     self._running[lane] = self._running.get(lane, 1) - 1
+                self._last_active[lane] = time.monotonic()
             self.limits.release(lane)
             self._freed.set()
 

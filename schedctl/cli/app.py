@@ -1,8 +1,6 @@
 """Owns the root `schedctl` typer app, its global options and the `main()` entry point.
 
 Command groups live one per module and are registered here with `app.add_typer(...)`.
-Still to come from other modules: `dlq`, `status`, `bench`, `audit`; register them
-below the existing ones, e.g. `app.add_typer(dlq.app, name="dlq")`.
 """
 
 from __future__ import annotations
@@ -14,7 +12,20 @@ from typing import Annotated
 import typer
 
 from schedctl import __version__
-from schedctl.cli import audit, bench, bench_dispatch, cron_cmd, db, jobs, runs, status, tenants
+from schedctl.bench import delivery as bench_delivery
+from schedctl.cli import (
+    audit,
+    bench,
+    bench_dispatch,
+    cron_cmd,
+    db,
+    dlq,
+    jobs,
+    runs,
+    status,
+    tenant_allow,
+    tenants,
+)
 from schedctl.cli.common import (
     EXIT_CODES_HELP,
     CliState,
@@ -128,6 +139,16 @@ app.command("runs")(runs.runs)
 app.add_typer(cron_cmd.app, name="cron")
 app.command("audit")(audit.audit)
 app.command("status")(status.status)
+app.add_typer(dlq.app, name="dlq")
+for _name, _command in (
+    ("allow", tenant_allow.allow),
+    ("disallow", tenant_allow.disallow),
+    ("delivery", tenant_allow.delivery),
+    ("broker", tenant_allow.broker),
+    ("signing-secret", tenant_allow.signing_secret),
+):
+    tenants.app.command(_name)(_command)
+bench.app.command("delivery")(bench_delivery.delivery)
 bench.app.command("burst")(bench_dispatch.burst)
 bench.app.command("steady")(bench_dispatch.steady)
 app.add_typer(bench.app, name="bench")
