@@ -93,6 +93,7 @@ jobs = Table(
     # the due index: "due before T in partitions S" is a range read per partition
     Index("ix_jobs_due", "partition", "next_fire_at"),
     Index("ix_jobs_tenant", "tenant_id", "job_id"),
+    Index("ix_jobs_tenant_status", "tenant_id", "status"),
 )
 
 runs = Table(
