@@ -379,6 +379,50 @@ class QueueRepo:
         """The job was cancelled and its running command stopped: record the attempt as
         failed, retry nothing, dead-letter nothing (the cancel asked for exactly this).
         False (and nothing changed) when the lease is no longer ours."""
+        return self._finish(
+            lease,
+            RunStatus.failed,
+            error=error,
+            exit_code=exit_code,
+            output_tail=output_tail,
+            started_at=started_at,
+            finished_at=finished_at,
+        )
+
+    def ack(
+        self,
+        lease: Lease,
+        *,
+        exit_code: int | None,
+        output_tail: str | None,
+        started_at: datetime,
+        finished_at: datetime,
+    ) -> bool:
+        """The run succeeded: drop the message, record the attempt. False (and nothing
+        changed) when the lease is no longer ours."""
+        return self._finish(
+            lease,
+            RunStatus.succeeded,
+            error=None,
+            exit_code=exit_code,
+            output_tail=output_tail,
+            started_at=started_at,
+            finished_at=finished_at,
+        )
+
+    def _finish(
+        self,
+        lease: Lease,
+        status: RunStatus,
+        *,
+        error: str | None,
+        exit_code: int | None,
+        output_tail: str | None,
+        started_at: datetime,
+        finished_at: datetime,
+    ) -> bool:
+        """Drop the message and record the run's final outcome and its attempt, if the
+        lease is still ours; False (and nothing changed) otherwise."""
         output_tail = _clip(output_tail)
         with self.store.tx() as connection:
             result = connection.execute(delete(schema.queue_messages).where(_ours(lease)))
@@ -391,7 +435,7 @@ class QueueRepo:
                     schema.runs.c.scheduled_at == lease.scheduled_at,
                 )
                 .values(
-                    status=RunStatus.failed.value,
+                    status=status.value,
                     attempt=lease.attempt,
                     started_at=started_at,
                     finished_at=finished_at,
@@ -405,58 +449,11 @@ class QueueRepo:
                 job_id=lease.job_id,
                 scheduled_at=lease.scheduled_at,
                 attempt=lease.attempt,
-                status=RunStatus.failed,
+                status=status,
                 started_at=started_at,
                 finished_at=finished_at,
                 exit_code=exit_code,
                 error=error,
-                output_tail=output_tail,
-                worker=lease.owner,
-            )
-            return True
-
-    def ack(
-        self,
-        lease: Lease,
-        *,
-        exit_code: int | None,
-        output_tail: str | None,
-        started_at: datetime,
-        finished_at: datetime,
-    ) -> bool:
-        """The run succeeded: drop the message, record the attempt. False (and nothing
-        changed) when the lease is no longer ours."""
-        output_tail = _clip(output_tail)
-        with self.store.tx() as connection:
-            result = connection.execute(delete(schema.queue_messages).where(_ours(lease)))
-            if result.rowcount != 1:
-                return False
-            connection.execute(
-                update(schema.runs)
-                .where(
-                    schema.runs.c.job_id == lease.job_id,
-                    schema.runs.c.scheduled_at == lease.scheduled_at,
-                )
-                .values(
-                    status=RunStatus.succeeded.value,
-                    attempt=lease.attempt,
-                    started_at=started_at,
-                    finished_at=finished_at,
-                    exit_code=exit_code,
-                    error=None,
-                    output_tail=output_tail,
-                )
-            )
-            _record_attempt(
-                connection,
-                job_id=lease.job_id,
-                scheduled_at=lease.scheduled_at,
-                attempt=lease.attempt,
-                status=RunStatus.succeeded,
-                started_at=started_at,
-                finished_at=finished_at,
-                exit_code=exit_code,
-                error=None,
                 output_tail=output_tail,
                 worker=lease.owner,
             )
