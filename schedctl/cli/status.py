@@ -13,8 +13,10 @@ from schedctl.cluster_status import ClusterStatus, MemberStatus, gather_status
 
 
 def status(ctx: typer.Context, output: OutputOption = None) -> None:
-    """Cluster status: members, partitions per member with their fencing epochs, lag (the
-    oldest due and unclaimed run), outbox, queue and dead-letter depths.
+    """Cluster status: members, partitions and epochs, lag, outbox and queue depths.
+
+    Lag is the age of the oldest due and unclaimed run; depths cover the outbox, the
+    built-in queues and the dead letters.
 
     Members come from ZooKeeper when it is configured ($SCHEDULED_ZOOKEEPER or the config
     file), else from the partitions table. A ZooKeeper that does not answer within a few

@@ -1,1 +1,2 @@
-"""Delivery policy shared by the relay and the workers: retry backoff and, later, HTTP targets."""
+"""Delivery to targets: retry backoff, signed HTTP calls, the SSRF guard, per-tenant limits
+and the RabbitMQ publisher, shared by the relay and the workers."""
