@@ -1,0 +1,44 @@
+"""The shipped benchmarks run end to end at tiny sizes and report their figures (the
+figures themselves are measured, never asserted)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from typer.testing import CliRunner
+
+from schedctl.cli.app import app
+
+runner = CliRunner()
+
+
+def bench(db: str, *args: str) -> Any:
+    result = runner.invoke(app, ["--db", db, "-o", "json", "bench", *args])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_burst_claims_every_run(sqlite_url: str) -> None:
+    result = bench(sqlite_url, "burst", "--jobs", "200", "--lead", "2", "--timeout", "60")
+    assert result["claimed"] == result["jobs"] == 200
+    assert result["all_claimed_after_due_seconds"] is not None
+
+
+def test_steady_reports_lateness_percentiles(sqlite_url: str) -> None:
+    result = bench(sqlite_url, "steady", "--rate", "20", "--duration", "2")
+    assert result["claimed"] == result["runs"] == 40
+    assert result["lateness_p99_seconds"] >= result["lateness_p50_seconds"]
+
+
+def test_delivery_reports_http_and_queue_rates(sqlite_url: str) -> None:
+    result = bench(sqlite_url, "delivery", "--runs", "50", "--timeout", "120")
+    assert result["http_received"] == 50
+    assert result["http_deliveries_per_second"] > 0
+    assert result["queue_deliveries_per_second"] > 0
+
+
+def test_api_reports_throughput_and_latency(sqlite_url: str) -> None:
+    result = bench(sqlite_url, "api", "-n", "30", "-c", "2")
+    assert result["jobs_per_s"] > 0
+    assert result["p99_ms"] >= result["p50_ms"] > 0
