@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ class Dispatchers:
     count: int = 1
     zookeeper: str | None = None
     batch_size: int = 5000
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.count > 1 and not self.zookeeper:
@@ -55,6 +56,7 @@ class Dispatchers:
             }
             if self.zookeeper:
                 env["SCHEDULED_ZOOKEEPER"] = self.zookeeper
+            env.update(self.extra_env)
             with (self.logdir / f"dispatcher-{i}.log").open("w") as log:
                 self.processes.append(
                     subprocess.Popen(
@@ -226,3 +228,93 @@ def steady(
         "lateness_mean_seconds": round(statistics.fmean(late), 3) if late else None,
         "logs": str(dispatchers.logdir),
     }
+
+
+def _owners(store: Store) -> dict[int, tuple[str | None, int]]:
+    with store.read() as connection:
+        rows = connection.execute(
+            select(
+                schema.partitions.c.partition, schema.partitions.c.owner, schema.partitions.c.epoch
+            )
+        ).all()
+    return {int(p): (o, int(e)) for p, o, e in rows}
+
+
+def _wait_owned(store: Store, names: set[str], partitions: int, timeout: float) -> float:
+    """Seconds until every partition is owned by one of `names`."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        owners = _owners(store)
+        if len(owners) >= partitions and all(o in names for o, _ in owners.values()):
+            return time.monotonic() - started
+        time.sleep(0.05)
+    raise errors.SchedError(f"partitions were not all owned by {sorted(names)} in {timeout:.0f} s")
+
+
+def _wait_shared(store: Store, names: set[str], timeout: float) -> None:
+    """Until each of `names` owns some partitions (the woken process has its share back)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if names <= {o for o, _ in _owners(store).values()}:
+            return
+        time.sleep(0.05)
+    raise errors.SchedError(f"{sorted(names)} did not share the partitions in {timeout:.0f} s")
+
+
+def failover(
+    store: Store, *, url: str, zookeeper: str, session_timeout: float, timeout: float
+) -> dict[str, Any]:
+    """Three dispatchers share the partitions; then one is killed with -9, one is stopped
+    with SIGSTOP past its session, and one is stopped with SIGTERM: for each, the seconds
+    until its partitions are owned again (with higher epochs) by the others."""
+    partitions = store.partition_count
+    root = f"/schedctl-bench-{uuid.uuid4().hex[:8]}"
+    group = Dispatchers(
+        url,
+        3,
+        zookeeper,
+        extra_env={
+            "SCHEDULED_SESSION_TIMEOUT_SECONDS": str(session_timeout),
+            "SCHEDULED_ZOOKEEPER_ROOT": root,
+        },
+    )
+    names = [f"bench-{i}" for i in range(3)]
+    group.start()
+    result: dict[str, Any] = {
+        "benchmark": "failover",
+        "partitions": partitions,
+        "session_timeout_seconds": session_timeout,
+    }
+    try:
+        result["all_owned_after_start_seconds"] = round(
+            _wait_owned(store, set(names), partitions, timeout), 3
+        )
+        before = _owners(store)
+        # kill -9: the session has to expire before anyone may take over
+        group.processes[0].kill()
+        group.processes[0].wait(10)
+        result["reown_after_kill9_seconds"] = round(
+            _wait_owned(store, set(names[1:]), partitions, timeout), 3
+        )
+        after_kill = _owners(store)
+        moved = [p for p, (o, _) in before.items() if o == names[0]]
+        result["epochs_increased"] = all(after_kill[p][1] > before[p][1] for p in moved)
+        # SIGSTOP past the session: the same, and the woken process is fenced
+        group.processes[1].send_signal(signal.SIGSTOP)
+        result["reown_after_sigstop_seconds"] = round(
+            _wait_owned(store, {names[2]}, partitions, timeout), 3
+        )
+        group.processes[1].send_signal(signal.SIGCONT)
+        _wait_shared(store, set(names[1:]), timeout)
+        # SIGTERM: a warm stop hands the partitions over at once
+        group.processes[1].send_signal(signal.SIGTERM)
+        result["reown_after_sigterm_seconds"] = round(
+            _wait_owned(store, {names[2]}, partitions, timeout), 3
+        )
+    finally:
+        for process in group.processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGCONT)
+        group.stop()
+    result["logs"] = str(group.logdir)
+    return result

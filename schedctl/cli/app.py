@@ -151,6 +151,7 @@ for _name, _command in (
 bench.app.command("delivery")(bench_delivery.delivery)
 bench.app.command("burst")(bench_dispatch.burst)
 bench.app.command("steady")(bench_dispatch.steady)
+bench.app.command("failover")(bench_dispatch.failover)
 app.add_typer(bench.app, name="bench")
 
 

@@ -80,3 +80,27 @@ def steady(
         dispatchers=dispatch.Dispatchers(_url(ctx), dispatchers, zookeeper, batch_size),
     )
     emit(result, output_format(ctx, output), title="steady")
+
+
+def failover(
+    ctx: typer.Context,
+    zookeeper: Annotated[str, typer.Option("--zookeeper", help="ZooKeeper hosts.")],
+    session_timeout: Annotated[
+        float, typer.Option("--session-timeout", min=1.0, max=120.0, help="Seconds.")
+    ] = 10.0,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=1.0, help="Give up after this.")
+    ] = 120.0,
+    output: OutputOption = None,
+) -> None:
+    """Recovery time: three dispatchers, then kill -9, SIGSTOP and SIGTERM of one each;
+    the seconds until its partitions are owned again. Use a scratch database."""
+    store = cli_state(ctx).store()
+    result = dispatch.failover(
+        store,
+        url=_url(ctx),
+        zookeeper=zookeeper,
+        session_timeout=session_timeout,
+        timeout=timeout,
+    )
+    emit(result, output_format(ctx, output), title="failover")

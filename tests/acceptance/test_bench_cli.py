@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from schedctl.cli.app import app
+from tests.services.zookeeper import ZooKeeperEnsemble
 
 runner = CliRunner()
 
@@ -42,3 +44,12 @@ def test_api_reports_throughput_and_latency(sqlite_url: str) -> None:
     result = bench(sqlite_url, "api", "-n", "30", "-c", "2")
     assert result["jobs_per_s"] > 0
     assert result["p99_ms"] >= result["p50_ms"] > 0
+
+
+@pytest.mark.zookeeper
+def test_failover_reports_recovery_times(pg_url: str, zk_ensemble: ZooKeeperEnsemble) -> None:
+    result = bench(pg_url, "failover", "--zookeeper", zk_ensemble.hosts, "--session-timeout", "2")
+    assert result["epochs_increased"] is True
+    for key in ("reown_after_kill9_seconds", "reown_after_sigstop_seconds"):
+        assert result[key] > 0
+    assert result["reown_after_sigterm_seconds"] >= 0
