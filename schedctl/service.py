@@ -21,7 +21,6 @@ from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import IntegrityError
 
 from schedctl import errors
 from schedctl.delivery.ssrf import check_at_creation
@@ -171,30 +170,13 @@ class Scheduler:
         if spec.target.url is not None:
             # the SSRF guard at creation; every delivery checks again
             check_at_creation(spec.target.url, found.allow_list)
-        # JobRepo._insert reads store.partition_count inside the write transaction; on
-        # SQLite a first (uncached) read there opens a second connection that waits for the
-        # first one's write lock until the busy timeout. Reading it here first caches it.
-        partition_count = self.store.partition_count
-        try:
-            with self.store.tx() as connection:
-                max_jobs, rate = self._lock_tenant(connection, found.tenant_id)
-                existing = self.jobs._by_idempotency_key(connection, found.tenant_id, spec)
-                if existing is not None:
-                    return existing, False
-                now = db_now(connection)
-                self._check_rate(connection, found, rate, now)
-                self._check_max_jobs(connection, found, max_jobs)
-                job_id = self.jobs._insert(
-                    connection, found.tenant_id, spec, actor=actor, partition_count=partition_count
-                )
-                return self.jobs._get(connection, job_id, found.tenant_id), True
-        except IntegrityError:
-            # a concurrent create with the same key won the race: answer with its job
-            with self.store.read() as connection:
-                existing = self.jobs._by_idempotency_key(connection, found.tenant_id, spec)
-            if existing is None:
-                raise
-            return existing, False
+
+        def quotas(connection: Connection) -> None:
+            max_jobs, rate = self._lock_tenant(connection, found.tenant_id)
+            self._check_rate(connection, found, rate, db_now(connection))
+            self._check_max_jobs(connection, found, max_jobs)
+
+        return self.jobs.create(found.tenant_id, spec, actor=actor, guard=quotas)
 
     @staticmethod
     def _lock_tenant(connection: Connection, tenant_id: str) -> tuple[int, int]:

@@ -749,23 +749,29 @@ class _Guard:
             await self.app(scope, receive, send)
             return
         started = False
-        status = 500
         began = time.perf_counter()
 
-        async def send_tracking(message: Message) -> None:
-            nonlocal started, status
-            if message["type"] == "http.response.start":
-                started, status = True, int(message["status"])
-            await send(message)
-
-        try:
-            await self._guarded(scope, receive, send_tracking, lambda: started)
-        finally:
+        def record(status: int) -> None:
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
             method = str(scope.get("method", ""))
             API_REQUESTS.labels(method, template, str(status)).inc()
             API_LATENCY.labels(method, template).observe(time.perf_counter() - began)
+
+        async def send_tracking(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                # counted before the client can see the answer, so a scrape right after
+                # a response always includes it
+                record(int(message["status"]))
+            await send(message)
+
+        try:
+            await self._guarded(scope, receive, send_tracking, lambda: started)
+        finally:
+            if not started:
+                record(500)
 
     async def _guarded(
         self, scope: Scope, receive: Receive, send: Send, started: Callable[[], bool]

@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -96,9 +97,17 @@ class JobRepo:
 
     # -- create ------------------------------------------------------------------------
 
-    def create(self, tenant_id: str, spec: JobSpec, *, actor: str) -> tuple[Job, bool]:
+    def create(
+        self,
+        tenant_id: str,
+        spec: JobSpec,
+        *,
+        actor: str,
+        guard: Callable[[Connection], None] | None = None,
+    ) -> tuple[Job, bool]:
         """Insert a job; with an idempotency key already used, return that job (created=False)
-        if the request was the same and raise Conflict if it was not."""
+        if the request was the same and raise Conflict if it was not. `guard` runs in the
+        same transaction just before the insert (quota checks), so it is atomic with it."""
         # read before the write transaction: on SQLite a second connection would wait
         # for this one's lock
         partition_count = self.store.partition_count
@@ -107,6 +116,8 @@ class JobRepo:
                 existing = self._by_idempotency_key(connection, tenant_id, spec)
                 if existing is not None:
                     return existing, False
+                if guard is not None:
+                    guard(connection)
                 job_id = self._insert(
                     connection, tenant_id, spec, actor=actor, partition_count=partition_count
                 )
