@@ -17,10 +17,9 @@ from schedctl.delivery.rabbitmq import check_broker_url, redact_url
 from schedctl.delivery.ssrf import MAX_ALLOW_LIST, normalize_entry
 from schedctl.models import Tenant
 from schedctl.storage import schema
-from schedctl.storage.jobs import audit, db_now
 from schedctl.storage.outbox import QUEUE, RABBITMQ
 from schedctl.storage.store import Store
-from schedctl.storage.tenants import TenantRepo
+from schedctl.storage.tenants import TenantRepo, change_tenant
 
 MAX_DELIVERY_CONCURRENCY = 1000
 MAX_RATE_PER_SECOND = 1_000_000
@@ -128,15 +127,10 @@ class TenantDeliveryRepo:
         action: str,
         entry: str,
     ) -> None:
-        connection.execute(
-            update(schema.tenants)
-            .where(schema.tenants.c.tenant_id == tenant.tenant_id)
-            .values(allow_list=json.dumps(entries))
-        )
-        audit(
+        change_tenant(
             connection,
-            at=db_now(connection),
-            tenant_id=tenant.tenant_id,
+            tenant.tenant_id,
+            {"allow_list": json.dumps(entries)},
             actor=actor,
             action=f"tenant_{action}",
             detail={"entry": entry},
@@ -169,15 +163,10 @@ class TenantDeliveryRepo:
             )
         with self.store.tx() as connection:
             found = self._lock(connection, tenant)
-            connection.execute(
-                update(schema.tenants)
-                .where(schema.tenants.c.tenant_id == found.tenant_id)
-                .values(**changes)
-            )
-            audit(
+            change_tenant(
                 connection,
-                at=db_now(connection),
-                tenant_id=found.tenant_id,
+                found.tenant_id,
+                changes,
                 actor=actor,
                 action="tenant_delivery",
                 detail=dict(changes),
@@ -191,10 +180,13 @@ class TenantDeliveryRepo:
         o = schema.outbox
         with self.store.tx() as connection:
             found = self._lock(connection, tenant)
-            connection.execute(
-                update(schema.tenants)
-                .where(schema.tenants.c.tenant_id == found.tenant_id)
-                .values(broker_url=url)
+            change_tenant(
+                connection,
+                found.tenant_id,
+                {"broker_url": url},
+                actor=actor,
+                action="tenant_broker",
+                detail={"broker_url": redact_url(url) if url else None},
             )
             if url is None:
                 connection.execute(
@@ -202,12 +194,4 @@ class TenantDeliveryRepo:
                     .where(o.c.tenant_id == found.tenant_id, o.c.target_type == RABBITMQ)
                     .values(target_type=QUEUE, lease_owner=None)
                 )
-            audit(
-                connection,
-                at=db_now(connection),
-                tenant_id=found.tenant_id,
-                actor=actor,
-                action="tenant_broker",
-                detail={"broker_url": redact_url(url) if url else None},
-            )
         return self.settings(found.tenant_id)

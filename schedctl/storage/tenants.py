@@ -18,6 +18,7 @@ import secrets
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import or_, select, update
 from sqlalchemy.engine import Connection
@@ -74,6 +75,29 @@ def validate_tenant_name(name: str) -> str:
             field="name",
         )
     return name
+
+
+def change_tenant(
+    connection: Connection,
+    tenant_id: str,
+    values: dict[str, Any],
+    *,
+    actor: str,
+    action: str,
+    detail: dict[str, Any],
+) -> None:
+    """Update a tenant's row and record who did it, in the caller's transaction."""
+    connection.execute(
+        update(schema.tenants).where(schema.tenants.c.tenant_id == tenant_id).values(**values)
+    )
+    audit(
+        connection,
+        at=db_now(connection),
+        tenant_id=tenant_id,
+        actor=actor,
+        action=action,
+        detail=detail,
+    )
 
 
 class TenantRepo:
@@ -248,15 +272,10 @@ class TenantRepo:
             )
         with self.store.tx() as connection:
             found = self._get(connection, tenant)
-            connection.execute(
-                update(schema.tenants)
-                .where(schema.tenants.c.tenant_id == found.tenant_id)
-                .values(**changes)
-            )
-            audit(
+            change_tenant(
                 connection,
-                at=db_now(connection),
-                tenant_id=found.tenant_id,
+                found.tenant_id,
+                changes,
                 actor=actor,
                 action="tenant_quota",
                 detail=dict(changes),
