@@ -1,15 +1,22 @@
 """Owns the SSRF guard: which HTTP destinations a tenant may make the scheduler call.
 
-The rule: a destination whose address is loopback, private, link-local (169.254.0.0/16,
-where cloud metadata lives), CGNAT shared space (100.64.0.0/10), multicast, unspecified,
-broadcast, reserved or otherwise not globally routable -- in IPv4 or IPv6, including IPv4
-hidden inside IPv6 (mapped ``::ffff:a.b.c.d``, compatible ``::a.b.c.d``, 6to4, Teredo,
-NAT64) -- is refused unless the tenant's allow-list names its host or holds a CIDR that
-contains the address. Public destinations need no entry.
+The rule: a destination whose address is in any block of the IANA IPv4 or IPv6
+Special-Purpose Address Registries (loopback, private, link-local 169.254.0.0/16, CGNAT
+100.64.0.0/10, documentation, benchmarking, 6to4, Teredo, NAT64, ...), multicast, reserved,
+broadcast, IPv6 outside global unicast 2000::/3, or a known cloud metadata address -- in
+IPv4 or IPv6, including IPv4 hidden inside IPv6 (mapped ``::ffff:a.b.c.d``, compatible
+``::a.b.c.d``, 6to4, Teredo, NAT64) -- is refused unless the tenant's allow-list names its
+host or holds a CIDR that contains the address (metadata addresses: only a CIDR). Public
+destinations need no entry. The project's own table decides, never the standard library's
+``is_global``/``is_private`` (which differ between Python patch releases).
+
+A refusal tells the tenant what kind of address it is, never which address a name resolved
+to; that goes to the log.
 
 How it is checked, at job creation and again at every delivery:
 
-1. the host is taken from the URL; numeric forms the C library would accept
+1. the host is taken from the URL, a non-ASCII name converted by UTS-46 (``faß.de`` is
+   ``xn--fa-hia.de``) and every label checked; numeric forms the C library would accept
    (``2130706433``, ``0x7f.1``, ``017700000001``, ``127.1``) are read as the address they
    denote, so they are checked as that address;
 2. a host name is resolved and *every* address is checked: one bad address refuses the
@@ -26,6 +33,7 @@ literal addresses and names that resolve are checked at once.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import re
 import socket
 import threading
@@ -34,6 +42,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
+import idna
 from requests import PreparedRequest
 from requests.adapters import HTTPAdapter
 
@@ -47,23 +56,15 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 # (host, port) -> the addresses the host resolves to, as text
 Resolver = Callable[[str, int], Sequence[str]]
 
+log = logging.getLogger(__name__)
+
 MAX_ENTRY_LENGTH = 253
 MAX_ALLOW_LIST = 200
-_HOST_NAME = re.compile(r"(?=.{1,253}$)([A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?\.?)+")
+MAX_LABEL_LENGTH = 63
+# one ASCII label of a host name: letters, digits, '-' inside, '_' (real DNS names have it)
+_ASCII_LABEL = re.compile(r"[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?")
 # one label of an inet_aton-style number: decimal, 0x-hex or 0-octal
 _NUMERIC_PART = re.compile(r"0[xX][0-9a-fA-F]*|[0-9]+")
-
-_CGNAT = ipaddress.IPv4Network("100.64.0.0/10")
-_LINK_LOCAL_4 = ipaddress.IPv4Network("169.254.0.0/16")
-_THIS_NETWORK = ipaddress.IPv4Network("0.0.0.0/8")
-_BROADCAST = ipaddress.IPv4Address("255.255.255.255")
-_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
-_NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")
-_IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")
-_UNIQUE_LOCAL = ipaddress.IPv6Network("fc00::/7")
-_RFC1918 = tuple(
-    ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")
-)
 
 
 class UnresolvableHost(errors.SchedError):
@@ -142,12 +143,7 @@ def normalize_entry(entry: str) -> str:
     numeric = _inet_aton(text.rstrip("."))
     if numeric is not None:
         return f"{numeric}/32"
-    if not _HOST_NAME.fullmatch(text):
-        raise errors.ValidationError(
-            f"{entry!r} is not a host name (letters, digits, '-', '.') or a CIDR",
-            field="allow_list",
-        )
-    return text.rstrip(".")
+    return host_to_ascii(text, field="allow_list").rstrip(".")
 
 
 @dataclass(frozen=True)
@@ -183,76 +179,183 @@ class AllowList:
 
 
 # -- classification ---------------------------------------------------------------------------
+#
+# The project's own table, not the standard library's is_global/is_private/is_reserved: those
+# change between Python patch releases (3.11.7 lets 192.0.0.192, 168.63.129.16 and 3fff::/20
+# through; later releases refuse them), and a guard must give the same answer everywhere.
+# Only integer arithmetic over addresses is used below.
+#
+# Every block of the IANA IPv4 and IPv6 Special-Purpose Address Registries (as of 2025) is
+# refused, including the "globally reachable" ones (AS112, AMT, PCP/TURN anycast): none is a
+# place a tenant's webhook lives. Multicast, the deprecated site-local block, and IPv6 space
+# outside global unicast (2000::/3) are refused too. Where blocks nest, the most specific one
+# names the reason.
+
+_IPV4_SPECIAL: tuple[tuple[str, str], ...] = (
+    ("0.0.0.0/8", "unspecified ('this network')"),
+    ("0.0.0.0/32", "unspecified"),
+    ("10.0.0.0/8", "private"),
+    ("100.64.0.0/10", "CGNAT shared"),
+    ("127.0.0.0/8", "loopback"),
+    ("169.254.0.0/16", "link-local"),
+    ("172.16.0.0/12", "private"),
+    ("192.0.0.0/24", "IETF protocol assignment"),
+    ("192.0.0.0/29", "IPv4 service continuity (DS-Lite)"),
+    ("192.0.0.8/32", "IPv4 dummy"),
+    ("192.0.0.9/32", "PCP anycast"),
+    ("192.0.0.10/32", "TURN anycast"),
+    ("192.0.0.170/32", "NAT64/DNS64 discovery"),
+    ("192.0.0.171/32", "NAT64/DNS64 discovery"),
+    ("192.0.2.0/24", "documentation"),
+    ("192.31.196.0/24", "AS112"),
+    ("192.52.193.0/24", "AMT"),
+    ("192.88.99.0/24", "deprecated 6to4 relay anycast"),
+    ("192.88.99.2/32", "6a44 relay anycast"),
+    ("192.168.0.0/16", "private"),
+    ("192.175.48.0/24", "AS112 direct delegation"),
+    ("198.18.0.0/15", "benchmarking"),
+    ("198.51.100.0/24", "documentation"),
+    ("203.0.113.0/24", "documentation"),
+    ("224.0.0.0/4", "multicast"),
+    ("240.0.0.0/4", "reserved"),
+    ("255.255.255.255/32", "broadcast"),
+)
+
+_IPV6_SPECIAL: tuple[tuple[str, str], ...] = (
+    ("::/128", "unspecified"),
+    ("::1/128", "loopback"),
+    ("::/96", "deprecated IPv4-compatible"),
+    ("::ffff:0:0/96", "IPv4-mapped"),
+    ("::ffff:0:0:0/96", "IPv4-translated (SIIT)"),
+    ("64:ff9b::/96", "NAT64"),
+    ("64:ff9b:1::/48", "local-use NAT64"),
+    ("100::/64", "discard-only"),
+    ("100:0:0:1::/64", "dummy"),
+    # IETF protocol assignments; every sub-block is special too, the whole /23 is refused
+    ("2001::/23", "IETF protocol assignment"),
+    ("2001::/32", "Teredo"),
+    ("2001:1::1/128", "PCP anycast"),
+    ("2001:1::2/128", "TURN anycast"),
+    ("2001:1::3/128", "DNS-SD SRP anycast"),
+    ("2001:2::/48", "benchmarking"),
+    ("2001:3::/32", "AMT"),
+    ("2001:4:112::/48", "AS112"),
+    ("2001:10::/28", "deprecated ORCHID"),
+    ("2001:20::/28", "ORCHIDv2"),
+    ("2001:30::/28", "drone remote ID (DET)"),
+    ("2001:db8::/32", "documentation"),
+    ("2002::/16", "6to4"),
+    ("2620:4f:8000::/48", "AS112 direct delegation"),
+    ("3fff::/20", "documentation"),
+    ("5f00::/16", "segment routing (SRv6) SID"),
+    ("fc00::/7", "private (unique local)"),
+    ("fe80::/10", "link-local"),
+    ("fec0::/10", "deprecated site-local"),
+    ("ff00::/8", "multicast"),
+)
+
+# Cloud instance metadata and host services, refused by name: AWS/GCP/Azure/OCI/DigitalOcean
+# (169.254.169.254), AWS ECS and EKS credentials (169.254.170.2, .23), Azure WireServer
+# (168.63.129.16: a public address!), Alibaba (100.100.100.200), OCI legacy (192.0.0.192),
+# AWS IMDS, DNS and EKS over IPv6 (fd00:ec2::254, ::253, ::23). Only an allow-list CIDR
+# containing one of them lets it through, never an allowed host name (whose DNS the tenant
+# may control).
+_METADATA_ADDRESSES: tuple[str, ...] = (
+    "169.254.169.254",
+    "169.254.170.2",
+    "169.254.170.23",
+    "168.63.129.16",
+    "100.100.100.200",
+    "192.0.0.192",
+    "fd00:ec2::254",
+    "fd00:ec2::253",
+    "fd00:ec2::23",
+)
+METADATA_REASON = "cloud metadata service"
+
+_GLOBAL_UNICAST_6 = ("2000::/3", "")  # IANA: the only IPv6 space assigned for unicast
+
+
+@dataclass(frozen=True)
+class _Block:
+    version: int
+    first: int
+    last: int
+    prefix: int
+    reason: str
+
+
+def _block(cidr: str, reason: str) -> _Block:
+    network = ipaddress.ip_network(cidr)  # parsing only: stable across versions
+    first = int(network.network_address)
+    size = (32 if network.version == 4 else 128) - network.prefixlen
+    return _Block(network.version, first, first + (1 << size) - 1, network.prefixlen, reason)
+
+
+# most specific first, so the first match names the reason
+SPECIAL_BLOCKS: tuple[_Block, ...] = tuple(
+    sorted(
+        (_block(cidr, reason) for cidr, reason in (*_IPV4_SPECIAL, *_IPV6_SPECIAL)),
+        key=lambda b: -b.prefix,
+    )
+)
+_GLOBAL_UNICAST = _block(*_GLOBAL_UNICAST_6)
+METADATA = frozenset(ipaddress.ip_address(a) for a in _METADATA_ADDRESSES)
+
+
+def special_reason(address: IPAddress) -> str | None:
+    """The registry block `address` falls in (most specific first), as a reason; None for
+    an ordinary unicast address. Embedded IPv4 is not looked at here."""
+    number = int(address)
+    for block in SPECIAL_BLOCKS:
+        if block.version == address.version and block.first <= number <= block.last:
+            return block.reason
+    if address.version == 6 and not _GLOBAL_UNICAST.first <= number <= _GLOBAL_UNICAST.last:
+        return "reserved (outside global unicast 2000::/3)"
+    return None
+
+
+def _v4(number: int) -> ipaddress.IPv4Address:
+    return ipaddress.IPv4Address(number & 0xFFFFFFFF)
 
 
 def _embedded_ipv4(address: IPAddress) -> list[ipaddress.IPv4Address]:
-    """IPv4 addresses an IPv6 address carries (mapped, compatible, 6to4, Teredo, NAT64)."""
-    if not isinstance(address, ipaddress.IPv6Address):
+    """IPv4 addresses an IPv6 address carries: mapped ``::ffff:a.b.c.d``, translated
+    ``::ffff:0:a.b.c.d``, compatible ``::a.b.c.d``, NAT64 ``64:ff9b::a.b.c.d``, 6to4
+    ``2002:AABB:CCDD::`` and Teredo (server and de-obfuscated client). Bit arithmetic only."""
+    if address.version != 6:
         return []
+    number = int(address)
+    high96 = number >> 32
     found: list[ipaddress.IPv4Address] = []
-    if address.ipv4_mapped is not None:
-        found.append(address.ipv4_mapped)
-    if address.sixtofour is not None:
-        found.append(address.sixtofour)
-    if address.teredo is not None:
-        found.extend(address.teredo)
-    if address in _NAT64 or address in _IPV4_COMPATIBLE:
-        # the low 32 bits are the IPv4 address (::/96 also holds ::1 and ::, which are
-        # classified as IPv6 loopback and unspecified before this matters)
-        found.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+    if high96 in (0xFFFF, 0xFFFF0000, 0) or high96 == 0x0064FF9B << 64:
+        if not (high96 == 0 and number <= 1):  # :: and ::1 are IPv6 themselves
+            found.append(_v4(number))
+    if number >> 112 == 0x2002:
+        found.append(_v4(number >> 80))
+    if number >> 96 == 0x20010000:
+        found.append(_v4(number >> 64))  # the Teredo server
+        found.append(_v4(~number))  # the client, stored inverted
     return found
 
 
 def forbidden_reason(address: IPAddress) -> str | None:
-    """Why the guard refuses this address (e.g. "loopback"), or None for a public one."""
-    if address.is_unspecified:
-        return "unspecified"
-    if address.is_loopback:
-        return "loopback"
-    if isinstance(address, ipaddress.IPv4Address):
-        return _ipv4_reason(address)
+    """Why the guard refuses this address (e.g. "loopback"), or None for a public one. The
+    same answer on every Python version: only the tables above decide."""
+    if address in METADATA:
+        return METADATA_REASON
     for inner in _embedded_ipv4(address):
-        reason = _ipv4_reason(inner)
-        if reason is not None:
-            kind = "IPv4-mapped" if address.ipv4_mapped is not None else "IPv4-embedding"
-            return f"{kind} IPv6 form of a {reason} address ({inner})"
-    if address.is_multicast:
-        return "multicast"
-    if address.is_link_local:
-        return "link-local"
-    if address.is_site_local:
-        return "site-local"
-    if address in _NAT64_LOCAL:
-        return "local-use NAT64"
-    if address in _UNIQUE_LOCAL:
-        return "private (unique local)"
-    if address.is_reserved:
-        return "reserved"
-    if not address.is_global:
-        return "non-global (special-purpose)"
-    return None
+        inner_reason = METADATA_REASON if inner in METADATA else special_reason(inner)
+        if inner_reason is not None:
+            mapped = int(address) >> 32 == 0xFFFF
+            kind = "IPv4-mapped" if mapped else "IPv4-embedding"
+            return f"{kind} IPv6 form of a {inner_reason}"
+    return special_reason(address)
 
 
-def _ipv4_reason(address: ipaddress.IPv4Address) -> str | None:
-    if address.is_unspecified or address in _THIS_NETWORK:
-        return "unspecified ('this network')"
-    if address.is_loopback:
-        return "loopback"
-    if address in _LINK_LOCAL_4:
-        return "link-local (cloud metadata)"
-    if address in _CGNAT:
-        return "CGNAT shared"
-    if address.is_multicast:
-        return "multicast"
-    if address == _BROADCAST:
-        return "broadcast"
-    if any(address in network for network in _RFC1918):
-        return "private"
-    if address.is_reserved:
-        return "reserved"
-    if not address.is_global:
-        return "non-global (special-purpose)"
-    return None
+def is_metadata(address: IPAddress) -> bool:
+    """A cloud metadata address, itself or inside an IPv6 form."""
+    return address in METADATA or any(a in METADATA for a in _embedded_ipv4(address))
 
 
 # -- checking a destination -------------------------------------------------------------------
@@ -308,6 +411,57 @@ def _inet_aton(text: str) -> ipaddress.IPv4Address | None:
     return ipaddress.IPv4Address(number)
 
 
+def host_to_ascii(host: str, *, field: str) -> str:
+    """The ASCII form of a host name, every label checked; ValidationError naming `field`.
+
+    Non-ASCII names follow UTS-46 (IDNA 2008, non-transitional), as browsers do: ``faß.de``
+    is ``xn--fa-hia.de``, not ``fass.de`` as the standard library's IDNA 2003 codec would
+    make it, so the scheduler calls the host the tenant meant. Full-width letters and dots
+    are mapped first (full-width digits and dots spelling 127.0.0.1 are checked as that
+    address).
+    ASCII labels are letters, digits, '-' (not first or last) and '_'; an ``xn--`` label
+    must be a valid A-label.
+    """
+
+    def invalid(why: str) -> errors.ValidationError:
+        return errors.ValidationError(f"{host!r} is not a valid host name: {why}", field=field)
+
+    try:
+        mapped = idna.uts46_remap(host, std3_rules=False, transitional=False)
+    except (idna.IDNAError, UnicodeError) as exc:
+        raise invalid(str(exc)) from None
+    trailing_dot = mapped.endswith(".")
+    labels = (mapped[:-1] if trailing_dot else mapped).split(".")
+    encoded: list[str] = []
+    for label in labels:
+        if not label:
+            raise invalid("empty label")
+        if label.isascii():
+            label = label.lower()
+            if len(label) > MAX_LABEL_LENGTH:
+                raise invalid(f"label {label[:20]!r}... is over {MAX_LABEL_LENGTH} characters")
+            if not _ASCII_LABEL.fullmatch(label):
+                raise invalid(
+                    f"label {label!r} may hold only letters, digits, '-' (not first or "
+                    "last) and '_'"
+                )
+            if label.startswith("xn--"):
+                try:
+                    idna.ulabel(label)
+                except (idna.IDNAError, UnicodeError) as exc:
+                    raise invalid(f"label {label!r} is not a valid A-label ({exc})") from None
+            encoded.append(label)
+        else:
+            try:
+                encoded.append(idna.alabel(label).decode("ascii"))
+            except (idna.IDNAError, UnicodeError) as exc:
+                raise invalid(f"label {label!r}: {exc}") from None
+    name = ".".join(encoded)
+    if len(name) > MAX_ENTRY_LENGTH:
+        raise invalid(f"longer than {MAX_ENTRY_LENGTH} characters")
+    return name + "." if trailing_dot else name
+
+
 def split_url(url: str, field: str = "target.url") -> tuple[str, str, int]:
     """(scheme, host, port) of an http(s) URL; ValidationError naming `field` otherwise."""
     try:
@@ -321,14 +475,9 @@ def split_url(url: str, field: str = "target.url") -> tuple[str, str, int]:
     host = (parts.hostname or "").lower()
     if not host:
         raise errors.ValidationError(f"{url!r} has no host", field=field)
-    if not host.isascii():
+    if ":" not in host:  # an IPv6 literal is checked as an address
         # the Host header, TLS name and resolver all want the ASCII (IDNA) form
-        try:
-            host = host.encode("idna").decode("ascii")
-        except UnicodeError as exc:
-            raise errors.ValidationError(
-                f"{url!r}: {host!r} is not a valid host name", field=field
-            ) from exc
+        host = host_to_ascii(host, field=field)
     return scheme, host, port or (443 if scheme == "https" else 80)
 
 
@@ -350,7 +499,8 @@ def check_destination(
     if _looks_numeric(host):
         # digits and dots that no C library reads as one address: refuse rather than guess
         raise errors.ForbiddenDestination(
-            f"{url!r}: {host!r} is neither a host name nor a valid IP address", field=field
+            f"{url!r} is refused: {host!r} is neither a host name nor a valid IP address",
+            field=field,
         )
     resolved = list((resolver or system_resolver)(host, port))
     if not resolved:
@@ -361,8 +511,11 @@ def check_destination(
         try:
             address = ipaddress.ip_address(text.split("%", 1)[0])
         except ValueError:
+            log.info("SSRF guard: %s:%s resolved to %r, not an IP address", host, port, text)
             raise errors.ForbiddenDestination(
-                f"{url!r}: {host} resolved to {text!r}, which is not an IP address", field=field
+                f"{url!r} is refused: the destination is not allowed: {host} did not resolve "
+                "to an IP address",
+                field=field,
             ) from None
         _check_address(url, host, address, allowed, field=field, host_allowed=host_allowed)
         addresses.append(str(address))
@@ -398,15 +551,52 @@ def _check_address(
     field: str,
     host_allowed: bool,
 ) -> None:
+    """Refuse `address` unless it is public or allowed. An allowed host name covers every
+    special address but cloud metadata (its DNS may be the tenant's); an allowed CIDR covers
+    what it contains.
+
+    The message goes to the tenant (API answer, run history): it names the kind of address
+    but never the address a name resolved to -- that would turn the guard into a probe of
+    the scheduler's internal DNS. The address goes to the log."""
     reason = forbidden_reason(address)
-    if reason is None or host_allowed or allowed.allows_address(address):
+    if reason is None or allowed.allows_address(address):
         return
-    shown = host if str(address) == host else f"{host} (resolves to {address})"
+    if host_allowed and not is_metadata(address):
+        return
+    literal = literal_address(host) is not None
+    kind = f"{'an' if reason[:1].lower() in 'aeiou' else 'a'} {reason} address"
+    log.info(
+        "SSRF guard refused %s: %s%s is %s",
+        url_origin(url),
+        host,
+        "" if literal else f" resolved to {address}, which",
+        kind,
+    )
+    what = f"{host} is" if literal else f"{host} resolves to"
+    if is_metadata(address):
+        hint = (
+            "cloud metadata is opened only by an operator's CIDR entry "
+            "(`schedctl tenant allow TENANT CIDR`), never by an allowed host name"
+        )
+    else:
+        hint = f"an operator may allow it with `schedctl tenant allow TENANT {host}` (or a CIDR)"
     raise errors.ForbiddenDestination(
-        f"{url!r} is refused: {shown} is a {reason} address; an operator may allow it "
-        f"with `schedctl tenant allow TENANT {host}` (or a CIDR)",
+        f"{url!r} is refused: the destination is not allowed: {what} {kind}; {hint}",
         field=field,
     )
+
+
+def url_origin(url: str) -> str:
+    """scheme://host:port of `url`: what a log line may show of it (the path and query may
+    carry a tenant's secrets)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return "<invalid URL>"
+    host = parts.hostname or ""
+    shown = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{shown}" + (f":{port}" if port else "")
 
 
 # -- connecting to the checked address -------------------------------------------------------
