@@ -25,6 +25,12 @@ class SchedError(Exception):
     def message(self) -> str:
         return str(self)
 
+    @property
+    def public_message(self) -> str:
+        """What an HTTP answer may say: the message itself, unless the class holds details
+        only the operator should see (then they go to the log)."""
+        return self.message
+
 
 class ValidationError(SchedError):
     """The input is invalid."""
@@ -74,11 +80,21 @@ class Unauthorized(SchedError):
 
 
 class StoreUnavailable(SchedError):
-    """The database cannot be reached."""
+    """The database cannot be reached.
+
+    The message is for the operator (the CLI prints it, the daemons log it): it may name
+    the database's host, port and the driver's words. An HTTP answer -- to anyone, token or
+    not -- says only PUBLIC_MESSAGE."""
 
     exit_code = 7
     http_status = 503
     code = "unavailable"
+
+    PUBLIC_MESSAGE = "database unavailable"
+
+    @property
+    def public_message(self) -> str:
+        return self.PUBLIC_MESSAGE
 
 
 class FencingError(SchedError):

@@ -659,9 +659,14 @@ def whoami(caller: CallerDep) -> dict[str, Any]:
 
 
 def healthz(scheduler: SchedulerDep) -> dict[str, str]:
-    """Liveness and database reachability; no token needed."""
-    with scheduler.store.read() as connection:
-        connection.execute(text("SELECT 1"))
+    """Liveness and database reachability; no token needed. A database that cannot be
+    reached is a 503 saying "database unavailable": where it is, and what the driver said,
+    go to the log only."""
+    try:
+        with scheduler.store.read() as connection:
+            connection.execute(text("SELECT 1"))
+    except SQLAlchemyError as exc:  # what Store.read does not wrap (a pool timeout, ...)
+        raise errors.StoreUnavailable(f"database error: {first_line(exc)}") from exc
     return {"status": "ok"}
 
 
@@ -692,8 +697,12 @@ def _sched_error(request: Request, exc: Exception) -> JSONResponse:
     if isinstance(exc, errors.Unauthorized):
         headers["WWW-Authenticate"] = 'Bearer realm="scheduled"'
     if exc.http_status >= 500:
+        # the details (a database's host and port, the driver's message) are the log's; the
+        # body says only the public message, whoever asks
         log.error("%s %s failed: %s: %s", request.method, request.url.path, exc.code, exc.message)
-    return error_response(exc.http_status, exc.code, exc.message, field=exc.field, headers=headers)
+    return error_response(
+        exc.http_status, exc.code, exc.public_message, field=exc.field, headers=headers
+    )
 
 
 def _validation_error(request: Request, exc: Exception) -> JSONResponse:
