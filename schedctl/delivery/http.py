@@ -33,6 +33,7 @@ from schedctl.delivery.ssrf import (
     Resolver,
     UnresolvableHost,
     check_destination,
+    hide_addresses,
     pinned_url,
 )
 from schedctl.scheduling.timeparse import format_instant
@@ -231,6 +232,12 @@ def _read_snippet(response: requests.Response) -> str:
 
 
 def _reason(exc: BaseException) -> str:
+    """_cause without the address it was connecting to: the run history is the tenant's,
+    and must not tell what a host name resolved to (the SSRF guard's rule)."""
+    return hide_addresses(_cause(exc))
+
+
+def _cause(exc: BaseException) -> str:
     """The innermost readable cause of a requests/urllib3 error, on one line."""
     current: BaseException | None = exc
     text = str(exc)

@@ -599,6 +599,29 @@ def url_origin(url: str) -> str:
     return f"{parts.scheme}://{shown}" + (f":{port}" if port else "")
 
 
+_IPV4_TEXT = re.compile(r"(?<![\w.])\d{1,3}(?:\.\d{1,3}){3}(?!\w|\.\w)")
+_IPV6_TEXT = re.compile(r"(?<![\w:.])[0-9A-Fa-f]*:[0-9A-Fa-f]*:[0-9A-Fa-f:.]*(?:%[\w.-]+)?")
+HIDDEN_ADDRESS = "<address>"
+
+
+def hide_addresses(text: str) -> str:
+    """`text` with every IPv4 and IPv6 address replaced by HIDDEN_ADDRESS: a network error
+    on the way to a pinned address names that address ("HTTPConnection(host='10.1.2.3',
+    ..."), and a tenant must not learn from the run history what its host resolved to."""
+
+    def replace(match: re.Match[str]) -> str:
+        candidate = match.group(0)
+        address = candidate.rstrip(".")  # the end of a sentence
+        try:
+            ipaddress.ip_address(address.split("%", 1)[0])
+        except ValueError:
+            return candidate
+        return HIDDEN_ADDRESS + candidate[len(address) :]
+
+    # IPv6 first: "::ffff:10.1.2.3" goes as a whole
+    return _IPV4_TEXT.sub(replace, _IPV6_TEXT.sub(replace, text))
+
+
 # -- connecting to the checked address -------------------------------------------------------
 
 

@@ -21,6 +21,7 @@ from schedctl.delivery.ssrf import (
     check_at_creation,
     check_destination,
     forbidden_reason,
+    hide_addresses,
     host_to_ascii,
     normalize_entry,
     split_url,
@@ -424,3 +425,52 @@ def test_the_run_history_error_of_a_refused_delivery_hides_the_address() -> None
     assert result.verdict is Verdict.failed
     assert result.error is not None and "not allowed" in result.error
     assert "10.66.77.88" not in result.error
+
+
+@pytest.mark.parametrize(
+    ("text", "hidden"),
+    [
+        (
+            "HTTPConnection(host='10.1.2.3', port=8080): Failed to establish a new connection",
+            "HTTPConnection(host='<address>', port=8080): Failed to establish a new connection",
+        ),
+        ("Connection to 10.0.0.1 timed out. (connect timeout=5.0)", None),
+        ("Connection to [fe80::1%eth0]:80 refused", "Connection to [<address>]:80 refused"),
+        ("via ::ffff:10.0.0.1 and 2001:db8::1.", "via <address> and <address>."),
+        ("to 10.0.0.1.", "to <address>."),
+        # not addresses: left alone
+        ("at 12:30:45, version 1.2.3, 1.2.3.4.5", "at 12:30:45, version 1.2.3, 1.2.3.4.5"),
+        ("hooks.test:443 certificate", "hooks.test:443 certificate"),
+    ],
+)
+def test_hide_addresses(text: str, hidden: str | None) -> None:
+    got = hide_addresses(text)
+    if hidden is not None:
+        assert got == hidden
+    assert "10.0.0.1" not in got and "10.1.2.3" not in got
+
+
+def test_a_network_error_in_the_run_history_hides_the_pinned_address() -> None:
+    """The connection goes to the checked address, and urllib3's message names it: the
+    error the tenant reads names the host it gave, never where that host pointed."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again below: connecting is refused
+    delivery = HttpDelivery(timeout=5, resolver=resolver({"hooks.acme.test": ["127.0.0.1"]}))
+    try:
+        result = delivery.deliver(
+            url=f"http://hooks.acme.test:{port}/run",
+            allow_list=["hooks.acme.test"],
+            secret="x" * 32,
+            job_id="0123abcd",
+            scheduled_at=datetime(2026, 1, 1, tzinfo=UTC),
+            attempt=1,
+            payload={},
+        )
+    finally:
+        delivery.close()
+    assert result.verdict is Verdict.retry
+    assert result.error is not None and "network error" in result.error
+    assert "127.0.0.1" not in result.error
