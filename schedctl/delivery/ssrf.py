@@ -349,8 +349,13 @@ def forbidden_reason(address: IPAddress) -> str | None:
         if inner_reason is not None:
             mapped = int(address) >> 32 == 0xFFFF
             kind = "IPv4-mapped" if mapped else "IPv4-embedding"
-            return f"{kind} IPv6 form of a {inner_reason}"
+            return f"{kind} IPv6 form of {_a(inner_reason)}"
     return special_reason(address)
+
+
+def _a(reason: str) -> str:
+    """ "a loopback", "an unspecified", "an IPv4-mapped"."""
+    return f"{'an' if reason[:1].lower() in 'aeiou' else 'a'} {reason}"
 
 
 def is_metadata(address: IPAddress) -> bool:
@@ -564,7 +569,7 @@ def _check_address(
     if host_allowed and not is_metadata(address):
         return
     literal = literal_address(host) is not None
-    kind = f"{'an' if reason[:1].lower() in 'aeiou' else 'a'} {reason} address"
+    kind = f"{_a(reason)} address"
     log.info(
         "SSRF guard refused %s: %s%s is %s",
         url_origin(url),
