@@ -27,7 +27,7 @@ from schedctl import errors
 from schedctl.delivery.http import HttpDelivery, Verdict, parse_retry_after
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.service import Scheduler
-from schedctl.signing import IDEMPOTENCY_HEADER, verify
+from schedctl.signing import IDEMPOTENCY_HEADER, SIGNATURE_HEADER, verify
 from schedctl.storage.jobs import JobRepo
 from schedctl.storage.queue import CANCELLED_ERROR
 from schedctl.storage.store import Store
@@ -81,7 +81,7 @@ def test_a_handler_verifies_a_real_delivery(store: Store) -> None:
     def handler(received: Received, _number: int) -> tuple[int, dict[str, str], bytes]:
         # what a tenant's endpoint does with schedctl.signing
         try:
-            verify(SECRET, received.headers, received.body)
+            verify(SECRET, received.headers, received.body, method="POST", path=received.path)
         except errors.SignatureError as exc:
             verdicts.append(str(exc))
             return 401, {}, b"bad signature"
@@ -105,13 +105,36 @@ def test_a_handler_verifies_a_real_delivery(store: Store) -> None:
     assert request.headers[IDEMPOTENCY_HEADER] == f"{job}:{format_instant(at)}"
     assert request.headers["Content-Type"] == "application/json"
     assert request.headers["Host"] == f"127.0.0.1:{server.port}"
-    # a tampered body and a replay older than five minutes are refused
+    # v2 first, v1 after it during v1's deprecation period
+    schemes = [v.strip()[:3] for v in request.headers[SIGNATURE_HEADER].split(",")]
+    assert schemes == ["v2=", "v1="]
+
+    def check(headers: dict[str, str], body: bytes, **kwargs: Any) -> None:
+        options: dict[str, Any] = {"method": "POST", "path": request.path}
+        options.update(kwargs)
+        verify(SECRET, headers, body, **options)
+
+    check(request.headers, request.body)
+    # a tampered body, Idempotency-Key, method or path, and a replay older than five
+    # minutes are refused
     tampered = request.body.replace(b'"orders"', b'"payroll"')
     with pytest.raises(errors.SignatureError, match="does not match"):
-        verify(SECRET, request.headers, tampered)
+        check(request.headers, tampered)
+    rekeyed = {**request.headers, IDEMPOTENCY_HEADER: f"{job}:2030-01-01T00:00:00Z"}
+    with pytest.raises(errors.SignatureError, match="does not match"):
+        check(rekeyed, request.body)
+    with pytest.raises(errors.SignatureError, match="does not match"):
+        check(request.headers, request.body, method="PUT")
+    with pytest.raises(errors.SignatureError, match="does not match"):
+        check(request.headers, request.body, path="/jobs/run?source=other")
+    with pytest.raises(errors.SignatureError, match="does not match"):
+        check(request.headers, request.body, path="/jobs/other?source=sched")
     with pytest.raises(errors.SignatureError, match="replay"):
-        verify(SECRET, request.headers, request.body, now=request.at + 301)
-    verify(SECRET, request.headers, request.body, now=request.at + 299)
+        check(request.headers, request.body, now=request.at + 301)
+    check(request.headers, request.body, now=request.at + 299)
+    # receivers still on v1 (the old call form) keep working during the deprecation period
+    with pytest.warns(DeprecationWarning):
+        verify(SECRET, request.headers, request.body)
     run = run_row(store, job, at)
     assert (run["status"], run["attempt"], run["error"]) == ("succeeded", 1, None)
     assert run["output_tail"] == "HTTP 200 OK: thanks"
