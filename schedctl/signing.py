@@ -31,7 +31,7 @@ values, and `verify` accepts v1 when called the old way (without method and path
 with a DeprecationWarning), in every 0.x release and at least until V1_ACCEPTED_UNTIL
 (2027-06-30); 1.0 removes v1. A caller that passes method and path gets v2 checked and v1
 refused (else an attacker would strip the v2 values to downgrade), unless it passes
-``accept_v1=True`` while relays older than 0.2 (which send v1 only) still run.
+``accept_v1=True`` while relays from before v2 (which send v1 only) still run.
 
 Rotation: while a tenant's previous secret is in its grace period the relay signs with both
 secrets: ``v2=<new>, v2=<old>, v1=<new>, v1=<old>``. A receiver holding either secret
