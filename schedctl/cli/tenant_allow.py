@@ -132,7 +132,7 @@ class _ShowByDefault(TyperGroup):
     shown with `signing-secret show NAME`."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        if args and not args[0].startswith("-") and args[0] not in self.commands:
+        if args and args[0] not in self.commands and args[0] != "--help":
             args = ["show", *args]
         return super().parse_args(ctx, args)
 
