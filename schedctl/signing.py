@@ -287,14 +287,12 @@ def verify(
         expected.append((V1, sign(secret, signed_at, body)))
     schemes = {scheme for scheme, _ in expected}
     if not any(scheme in schemes for scheme, _ in values):
-        hint = (
-            ""
-            if accept_v1 or not any(s == V1 for s, _ in values)
-            else (
+        hint = ""
+        if not accept_v1 and any(scheme == V1 for scheme, _ in values):
+            hint = (
                 " (v1 is refused when method and path are given; pass accept_v1=True while "
                 "relays that only send v1 remain)"
             )
-        )
         raise errors.SignatureError(f"{SIGNATURE_HEADER} has no {SCHEME}= signature{hint}")
     if not _any_match(values, expected):
         raise errors.SignatureError(
