@@ -49,6 +49,7 @@ from schedctl.storage.outbox import (
 )
 from schedctl.storage.payloads import decode_payload
 from schedctl.storage.queue import QueueRepo
+from schedctl.storage.signing_secrets import SigningKeyCache
 from schedctl.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,8 @@ class Relay:
         self.store = store
         self.repo = QueueRepo(store)
         self.outbox = OutboxRepo(store)
+        # the secrets deliveries are signed with (decrypted; two during a rotation's grace)
+        self.signing = SigningKeyCache(store)
         self.batch_size = batch_size
         self.poll_seconds = poll_seconds
         self.reap_seconds = reap_seconds
@@ -283,6 +286,7 @@ class Relay:
         if not force and time.monotonic() < self._next_settings:
             return
         tenants = {t.tenant_id: t for t in self.outbox.tenant_settings()}
+        self.signing.refresh()
         for tenant in tenants.values():
             self.limits.configure(
                 tenant.tenant_id,
@@ -405,13 +409,14 @@ class Relay:
         started = datetime.now(UTC)
         try:
             payload = decode_payload(delivery.stored_payload)
+            secrets = self.signing.secrets_for(delivery.tenant_id)
         except errors.SchedError as exc:
             self._record(delivery, DeliveryResult(Verdict.retry, error=str(exc)), started)
             return
         result = self.http.deliver(
             url=delivery.target,
             allow_list=delivery.allow_list,
-            secret=delivery.secret,
+            secret=secrets,
             job_id=delivery.job_id,
             scheduled_at=delivery.scheduled_at,
             attempt=delivery.attempt,
@@ -440,6 +445,7 @@ class Relay:
                     else:
                         try:
                             payload = decode_payload(delivery.stored_payload)
+                            secrets = self.signing.secrets_for(delivery.tenant_id)
                         except errors.SchedError as exc:
                             result = DeliveryResult(Verdict.retry, error=str(exc))
                         else:
@@ -450,7 +456,7 @@ class Relay:
                                     scheduled_at=delivery.scheduled_at,
                                     attempt=delivery.attempt,
                                     payload=payload,
-                                    secret=delivery.secret,
+                                    secret=secrets,
                                 )
                             )
                             if result.verdict is Verdict.retry and "broker error" in (
