@@ -87,7 +87,8 @@ class Worker:
     - poll_seconds: how long to wait between polls when the queue is empty.
     - owner: this worker's lease owner name (default: host:pid:random).
     - output_tail_bytes: how much of the end of stdout and of stderr is kept.
-    - kill_grace_seconds: after SIGTERM (timeout, lost lease), when SIGKILL follows.
+    - kill_grace_seconds: after SIGTERM (timeout, cancel, lost lease), when SIGKILL follows;
+      both go to the command's whole process group, even once the command has exited.
     - reap_seconds: how often to settle expired leases of any queue (default lease/2).
     - env: variables added to the command's environment ([worker.env], --env); the rest of
       it is PATH, LANG, TZ and HOME of the worker and the SCHED_* run variables, nothing
@@ -415,7 +416,7 @@ class Worker:
                     # after a SIGTERM the group always gets SIGKILL, whether or not its
                     # leader is still there: a child that ignores SIGTERM and outlives the
                     # leader must not overlap the next attempt. (Once nothing of the group
-                    # is left, there is nothing to kill.)
+                    # is left the SIGKILL finds nothing, and the grace is not waited out.)
                     _kill_group(process, signal.SIGKILL)
                     kill_at = None
                 if running:
