@@ -44,8 +44,9 @@ SECRETS = {
     "SCHEDULED_PAYLOAD_KEYS": PayloadCipher.generate_key(),
     "SCHEDULED_API_TOKEN": "sk-worker-secret-token",
 }
-# dash exports the working directory it starts in: the shell adds it, not the worker
-SHELL_ADDS = {"PWD"}
+# a shell exports its working directory (bash also SHLVL and _): the shell adds them, not
+# the worker
+SHELL_ADDS = {"PWD", "SHLVL", "_"}
 # the command dumps its environment (NUL-separated) and its stdin to the files $1 and $2
 DUMP = ["/bin/sh", "-c", 'env -0 > "$1"; cat > "$2"', "sh"]
 LEASE = 3.0
