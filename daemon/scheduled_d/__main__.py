@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from schedctl import errors
-from schedctl.config import Config, load_config
+from schedctl.config import Config, command_env, load_config
 from schedctl.storage.engine import normalize_url
 from schedctl.storage.store import Store
 
@@ -153,6 +153,16 @@ def worker(
         int | None,
         typer.Option(min=1, help="Exit after this many runs (for tests and cron-like use)."),
     ] = None,
+    env: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--env",
+            metavar="KEY=VALUE",
+            help="Add a variable to the command's environment (repeatable). The rest of it "
+            "is PATH, LANG, TZ, HOME and the SCHED_* run variables; no SCHEDULED_* variable "
+            "of the worker reaches the command.",
+        ),
+    ] = None,
     db: DbOption = None,
     config_path: ConfigOption = None,
 ) -> None:
@@ -161,6 +171,7 @@ def worker(
 
     _setup_logging()
     try:
+        command_vars = _env_flags(env or [])
         config = _config(config_path, db)
         store = _open_store(config, upgrade=False)
         run_worker(
@@ -170,9 +181,21 @@ def worker(
             concurrency=concurrency,
             lease_seconds=lease_seconds,
             max_runs=max_runs,
+            env=command_vars,
         )
     except errors.SchedError as error:
         _fail(error)
+
+
+def _env_flags(flags: list[str]) -> dict[str, str]:
+    """--env KEY=VALUE flags, checked like a [worker.env] table; a later one wins."""
+    pairs: dict[str, str] = {}
+    for flag in flags:
+        key, sep, value = flag.partition("=")
+        if not sep:
+            raise errors.ConfigError(f"expected KEY=VALUE, got {flag!r}", field="--env")
+        pairs[key] = value
+    return dict(command_env(pairs, "--env"))
 
 
 def main() -> None:

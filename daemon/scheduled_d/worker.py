@@ -18,11 +18,12 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from schedctl import errors
+from schedctl.config import command_env
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage.queue import CANCELLED_RUNNING_ERROR, Beat, Lease, QueueRepo
 from schedctl.storage.store import Store
@@ -36,6 +37,9 @@ DRAIN_SECONDS = 2.0
 # The longest the run loop sleeps between checks of the process, the clock and `force`.
 TICK_SECONDS = 0.25
 STORE_RETRY_SECONDS = 1.0
+# The only variables of the worker's own environment that reach a command (when set): the
+# rest -- SCHEDULED_DATABASE_URL, SCHEDULED_PAYLOAD_KEYS, SCHEDULED_API_TOKEN... -- never do.
+INHERITED_VARIABLES = ("PATH", "LANG", "TZ", "HOME")
 
 
 class TailBuffer:
@@ -83,8 +87,12 @@ class Worker:
     - poll_seconds: how long to wait between polls when the queue is empty.
     - owner: this worker's lease owner name (default: host:pid:random).
     - output_tail_bytes: how much of the end of stdout and of stderr is kept.
-    - kill_grace_seconds: after SIGTERM (timeout, lost lease), when SIGKILL follows.
+    - kill_grace_seconds: after SIGTERM (timeout, cancel, lost lease), when SIGKILL follows;
+      both go to the command's whole process group, even once the command has exited.
     - reap_seconds: how often to settle expired leases of any queue (default lease/2).
+    - env: variables added to the command's environment ([worker.env], --env); the rest of
+      it is PATH, LANG, TZ and HOME of the worker and the SCHED_* run variables, nothing
+      else of the worker's own environment.
     """
 
     def __init__(
@@ -101,6 +109,7 @@ class Worker:
         output_tail_bytes: int = 4096,
         kill_grace_seconds: float = 5.0,
         reap_seconds: float | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         if not command:
             raise errors.ConfigError("the worker needs a command to run", field="command")
@@ -127,6 +136,7 @@ class Worker:
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.output_tail_bytes = output_tail_bytes
         self.kill_grace_seconds = kill_grace_seconds
+        self.env = dict(command_env(env or {}, "env"))
         self.reap_seconds = reap_seconds if reap_seconds is not None else max(lease_seconds / 2, 1)
         self._force = threading.Event()
         self._slot_freed = threading.Event()
@@ -258,7 +268,10 @@ class Worker:
             self._slot_freed.set()
 
     def _environment(self, lease: Lease) -> dict[str, str]:
-        env = dict(os.environ)
+        """Built, not inherited: a few harmless variables of the worker, then the configured
+        ones, then the run's own."""
+        env = {name: os.environ[name] for name in INHERITED_VARIABLES if name in os.environ}
+        env.update(self.env)
         env.update(
             SCHED_JOB_ID=lease.job_id,
             SCHED_SCHEDULED_AT=format_instant(lease.scheduled_at),
@@ -369,34 +382,57 @@ class Worker:
         deadline = begun + lease.timeout_seconds if lease.timeout_seconds > 0 else None
         next_heartbeat = begun + self.heartbeat_seconds
         last_confirmed = begun  # when the lease was last known to be ours
+        # after a SIGTERM (timeout, cancel, lost lease): when the group gets SIGKILL
         kill_at: float | None = None
         exited_at: float | None = None
+
+        def terminate(now: float) -> None:
+            # SIGTERM to the whole group now, SIGKILL to it after the grace period (an
+            # earlier pending SIGKILL is not postponed)
+            nonlocal kill_at
+            _kill_group(process, signal.SIGTERM)
+            grace_end = now + self.kill_grace_seconds
+            kill_at = grace_end if kill_at is None else min(kill_at, grace_end)
+
         try:
             while True:
                 now = time.monotonic()
-                if process.poll() is not None:
-                    exited_at = exited_at or now
-                    if not sinks or now - exited_at >= DRAIN_SECONDS:
-                        break
-                    if outcome.timed_out or outcome.lease_lost or outcome.cancelled:
-                        # nothing of a killed command may outlive it
-                        _kill_group(process, signal.SIGKILL)
-                elif self._force.is_set() and not outcome.forced:
-                    outcome.forced = True
-                    _kill_group(process, signal.SIGKILL)
-                elif kill_at is not None and now >= kill_at:
+                running = process.poll() is None
+                if not running and exited_at is None:
+                    exited_at = now
+                if (
+                    exited_at is not None
+                    and kill_at is None
+                    and (not sinks or now - exited_at >= DRAIN_SECONDS)
+                ):
+                    # a background child still holding the output pipes does not hold up
+                    # the run: after DRAIN_SECONDS the worker stops listening
+                    break
+                if kill_at is not None and (
+                    now >= kill_at
+                    or self._force.is_set()
+                    or (not running and not _group_alive(process))
+                ):
+                    # after a SIGTERM the group always gets SIGKILL, whether or not its
+                    # leader is still there: a child that ignores SIGTERM and outlives the
+                    # leader must not overlap the next attempt. (Once nothing of the group
+                    # is left the SIGKILL finds nothing, and the grace is not waited out.)
                     _kill_group(process, signal.SIGKILL)
                     kill_at = None
-                elif deadline is not None and now >= deadline and not outcome.timed_out:
-                    outcome.timed_out = True
-                    log.warning(
-                        "run %s attempt %d: timed out after %ss; terminating",
-                        lease.idempotency_key,
-                        lease.attempt,
-                        lease.timeout_seconds,
-                    )
-                    _kill_group(process, signal.SIGTERM)
-                    kill_at = now + self.kill_grace_seconds
+                if running:
+                    if self._force.is_set() and not outcome.forced:
+                        outcome.forced = True
+                        _kill_group(process, signal.SIGKILL)
+                        kill_at = None
+                    elif deadline is not None and now >= deadline and not outcome.timed_out:
+                        outcome.timed_out = True
+                        log.warning(
+                            "run %s attempt %d: timed out after %ss; terminating",
+                            lease.idempotency_key,
+                            lease.attempt,
+                            lease.timeout_seconds,
+                        )
+                        terminate(now)
                 # also while draining the output of an exited command: the outcome is not
                 # recorded yet, and the lease must still be ours when it is
                 if now >= next_heartbeat and not outcome.lease_lost:
@@ -406,21 +442,20 @@ class Worker:
                         last_confirmed = now
                     if beat is Beat.cancelled and not outcome.cancelled and exited_at is None:
                         # the cancel reaches running work: SIGTERM now, SIGKILL after the
-                        # grace period if the command is still there
+                        # grace period
                         outcome.cancelled = True
                         log.warning(
                             "run %s attempt %d: job cancelled; terminating the command",
                             lease.idempotency_key,
                             lease.attempt,
                         )
-                        _kill_group(process, signal.SIGTERM)
-                        kill_at = time.monotonic() + self.kill_grace_seconds
+                        terminate(time.monotonic())
                     # unconfirmed for a whole lease: the reaper may have handed the run to
-                    # another worker, and two copies must not run at once
+                    # another worker, and two copies must not run at once (nor anything
+                    # left of this one: the group is terminated even if the leader is gone)
                     if beat is Beat.lost or now - last_confirmed >= self.lease_seconds:
                         outcome.lease_lost = True
-                        _kill_group(process, signal.SIGTERM)
-                        kill_at = time.monotonic() + self.kill_grace_seconds
+                        terminate(time.monotonic())
 
                 # only the events still ahead: a passed deadline must not make this spin
                 wake = [now + TICK_SECONDS]
@@ -434,18 +469,22 @@ class Worker:
                 if selector.get_map():
                     for key, _events in selector.select(timeout):
                         pending = self._pump(key.fd, selector, sinks, process, pending)
-                else:
+                elif exited_at is None:
                     try:
                         process.wait(timeout)
                     except subprocess.TimeoutExpired:
                         pass
+                else:
+                    # the leader is gone and the group awaits its SIGKILL
+                    self._force.wait(timeout)
         finally:
             selector.close()
             for stream in (process.stdin, process.stdout, process.stderr):
                 if stream is not None and not stream.closed:
                     stream.close()
-            if process.poll() is None:
-                # only an exception gets here with the command alive: never leave it orphaned
+            if process.poll() is None or kill_at is not None:
+                # only an exception gets here with the command alive or its SIGKILL still
+                # pending: never leave it orphaned
                 _kill_group(process, signal.SIGKILL)
             outcome.returncode = process.wait()
         return outcome
@@ -596,11 +635,25 @@ class Worker:
 
 
 def _kill_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    """Signal the command's whole process group, the leader's children included, even when
+    the leader itself has exited (the group lives on as long as any member does)."""
     try:
-        # start_new_session made the command a group leader: its pid is the group id
+        # start_new_session made the command a group leader: its pid is the group id, and
+        # the kernel does not hand that number out again while any member of the group lives
         os.killpg(process.pid, sig)
     except (ProcessLookupError, PermissionError):
-        pass  # the whole group is gone already
+        pass  # the whole group is gone already (or beyond the worker's reach)
+
+
+def _group_alive(process: subprocess.Popen[bytes]) -> bool:
+    """Whether anything of the command's process group is left (zombies included)."""
+    try:
+        os.killpg(process.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # a member the worker cannot signal: still there
+    return True
 
 
 def _signal_name(number: int) -> str:
