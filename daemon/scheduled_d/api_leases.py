@@ -198,7 +198,7 @@ def _held(scheduler: Scheduler, caller: Caller, lease_id: str) -> Lease:
     "/queues/{name:path}/leases",
     response_model=LeasePage,
     summary="Lease runs of a queue (tenant workers)",
-    responses=_errors(400, 413, 415, 422),
+    responses=_errors(400, 404, 413, 415, 422),
     openapi_extra=_schema(LeaseRequest, required=False),
 )
 def lease_runs(

@@ -47,6 +47,10 @@ OPERATIONS = [
     "GET /v1/jobs/{job_id}/runs",
     "GET /v1/tenant",
     "GET /healthz",
+    "POST /v1/queues/{name}/leases",
+    "POST /v1/leases/{lease_id}/heartbeat",
+    "POST /v1/leases/{lease_id}/ack",
+    "POST /v1/leases/{lease_id}/fail",
 ]
 
 
@@ -112,6 +116,12 @@ def test_fuzz_operation(target: Target, label: str) -> None:
                 operation.as_strategy(
                     generation_mode=mode, path_parameters={"job_id": target.job_id}
                 ),
+            )
+        if "{name}" in path:
+            # and the queue the known job targets
+            strategy = st.one_of(
+                strategy,
+                operation.as_strategy(generation_mode=mode, path_parameters={"name": "q"}),
             )
 
         @given(case=strategy)
