@@ -121,6 +121,18 @@ class SettledOut(BaseModel):
     status: Literal["succeeded", "failed", "stopped"]
 
 
+def _responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """api._errors, with 404 said of leases rather than jobs."""
+    result = _errors(*codes)
+    if 404 in result:
+        result[404] = {
+            **result[404],
+            "description": "No such lease held by the caller's token (expired and "
+            "redelivered, settled, or another tenant's); for a queue: no such route",
+        }
+    return result
+
+
 def _schema(model: type[BaseModel], *, required: bool) -> dict[str, Any]:
     schema = model.model_json_schema()
     schema.pop("title", None)
@@ -198,7 +210,7 @@ def _held(scheduler: Scheduler, caller: Caller, lease_id: str) -> Lease:
     "/queues/{name:path}/leases",
     response_model=LeasePage,
     summary="Lease runs of a queue (tenant workers)",
-    responses=_errors(400, 404, 413, 415, 422),
+    responses=_responses(400, 404, 413, 415, 422),
     openapi_extra=_schema(LeaseRequest, required=False),
 )
 def lease_runs(
@@ -228,7 +240,7 @@ def lease_runs(
     "/leases/{lease_id}/heartbeat",
     response_model=HeartbeatOut,
     summary="Extend a lease",
-    responses=_errors(400, 404, 413, 415, 422),
+    responses=_responses(400, 404, 413, 415, 422),
     openapi_extra=_schema(HeartbeatRequest, required=False),
 )
 def heartbeat(
@@ -249,7 +261,7 @@ def heartbeat(
     "/leases/{lease_id}/ack",
     response_model=SettledOut,
     summary="The run succeeded",
-    responses=_errors(400, 404, 413, 415, 422),
+    responses=_responses(400, 404, 413, 415, 422),
     openapi_extra=_schema(AckRequest, required=True),
 )
 def ack(
@@ -276,7 +288,7 @@ def ack(
     "/leases/{lease_id}/fail",
     response_model=SettledOut,
     summary="The attempt failed",
-    responses=_errors(400, 404, 413, 415, 422),
+    responses=_responses(400, 404, 413, 415, 422),
     openapi_extra=_schema(FailRequest, required=True),
 )
 def fail(

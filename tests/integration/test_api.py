@@ -769,6 +769,10 @@ def test_openapi_document(server: ApiServer) -> None:
         ("GET", "/v1/jobs/{job_id}/runs"),
         ("GET", "/v1/tenant"),
         ("GET", "/healthz"),
+        ("POST", "/v1/queues/{name}/leases"),
+        ("POST", "/v1/leases/{lease_id}/heartbeat"),
+        ("POST", "/v1/leases/{lease_id}/ack"),
+        ("POST", "/v1/leases/{lease_id}/fail"),
     }
     for path, item in doc["paths"].items():
         for operation in item.values():
