@@ -193,7 +193,7 @@ def test_the_api_worker_loads_no_database_code(env: Env) -> None:
     assert run_row(env.sched.store, job, at)["status"] == "succeeded"
 
 
-def test_missing_token_is_a_clear_error(env: Env) -> None:
+def test_a_missing_or_rejected_token_is_a_clear_error(env: Env) -> None:
     result = subprocess.run(
         [str(BIN / "scheduled-d"), "worker", "--api", env.url, "--queue", "q", "--", "true"],
         env=worker_env(),
@@ -203,6 +203,16 @@ def test_missing_token_is_a_clear_error(env: Env) -> None:
     )
     assert result.returncode == 2
     assert "SCHEDULED_API_TOKEN" in result.stderr and "Traceback" not in result.stderr
+    # a token the API rejects stops the worker: Unauthorized, exit code 6
+    result = subprocess.run(
+        [str(BIN / "scheduled-d"), "worker", "--api", env.url, "--queue", "q", "--", "true"],
+        env=worker_env(SCHEDULED_API_TOKEN="st_nope_nope"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 6, result.stderr
+    assert "401" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_an_api_worker_killed_mid_run_is_redelivered_after_its_lease(
