@@ -614,7 +614,7 @@ class DirectBackend:
     """The operator worker's backend: the database, through QueueRepo.
 
     - tenant_id: the tenant whose queue is consumed. None (until the operator worker names
-      its tenant) takes the queue of that name of every tenant in turn.
+      its tenant) takes the queue of that name of every tenant with runs ready in it.
     """
 
     def __init__(self, store: Store, tenant_id: str | None = None) -> None:
@@ -626,7 +626,7 @@ class DirectBackend:
 
     def lease(self, queue: str, owner: str, lease_seconds: float, limit: int) -> list[Lease]:
         leases: list[Lease] = []
-        for tenant_id in self._tenants():
+        for tenant_id in self._tenants(queue):
             if len(leases) >= limit:
                 break
             leases.extend(
@@ -636,19 +636,26 @@ class DirectBackend:
             )
         return leases
 
-    def _tenants(self) -> list[str]:
+    def _tenants(self, queue: str) -> list[str]:
         if self.tenant_id is not None:
             return [self.tenant_id]
         from sqlalchemy import select
 
         from schedctl.storage import schema
+        from schedctl.storage.jobs import db_now
 
-        tenants = schema.tenants
+        m = schema.queue_messages
         with self.store.read() as connection:
             found = connection.execute(
-                select(tenants.c.tenant_id).order_by(tenants.c.tenant_id)
+                select(m.c.tenant_id)
+                .where(
+                    m.c.queue == queue,
+                    m.c.available_at <= db_now(connection),
+                    m.c.leased_until.is_(None),
+                )
+                .distinct()
             ).scalars()
-            return [str(t) for t in found]
+            return sorted(str(t) for t in found)
 
     def beat(self, lease: Lease, lease_seconds: float) -> Beat:
         return self.repo.beat(_stored(lease), lease_seconds)
