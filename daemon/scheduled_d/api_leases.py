@@ -2,7 +2,8 @@
 heartbeat, ack and fail them (`scheduled-d worker --api URL`, schedctl.queue_client).
 
 A lease id is `MESSAGE_ID.SECRET`: the secret is 128 random bits the API generated when it
-leased the run, and the message's lease owner is `api:TOKEN_ID:SECRET`. A lease is looked up
+leased the run, and the message's lease owner is `api:TOKEN_ID:DIGEST` (a SHA-256 digest
+of the secret: the owner shows in the run history, the secret never does). A lease is looked up
 by message id AND the caller's tenant AND that owner, so a lease id cannot be guessed or
 forged from a message id, another tenant's lease is 404 (the same as one that does not
 exist), and a lease that expired and was handed to another worker is 404 too (a worker
@@ -16,6 +17,7 @@ malformed body is a 400) and checked by the pydantic models here (invalid input 
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 from datetime import UTC, datetime
@@ -185,7 +187,10 @@ def _lease_out(lease: Lease, secret: str) -> dict[str, Any]:
 
 
 def _owner(token_id: str, secret: str) -> str:
-    return f"api:{token_id}:{secret}"
+    """The lease owner stored for `secret`: only a digest of it, so the run history and the
+    database (which show owners) never hold what acts on a lease."""
+    digest = hashlib.sha256(secret.encode()).hexdigest()[:32]
+    return f"api:{token_id}:{digest}"
 
 
 def _held(scheduler: Scheduler, caller: Caller, lease_id: str) -> Lease:

@@ -374,6 +374,10 @@ def test_another_tenants_lease_id_is_404(env: Env) -> None:
     lease_id = lease["lease_id"]
     message_id, secret = lease_id.split(".")
     forged = f"{message_id}.{'0' * len(secret)}"
+    # the database (and so the run history) holds a digest of the secret, never the secret
+    (message,) = messages(env.sched.store)
+    assert message["lease_owner"].startswith(f"api:{env.acme.token_id}:")
+    assert secret not in message["lease_owner"]
     for tenant, lid in (
         (env.other, lease_id),
         (env.acme, forged),
