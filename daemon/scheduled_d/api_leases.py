@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, Path, Request
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
 from schedctl import errors
@@ -70,11 +70,22 @@ class HeartbeatRequest(BaseModel):
     )
 
 
+def _storable(value: str | None) -> str | None:
+    """Text the database can hold: JSON can spell NUL, which Postgres text refuses; it
+    becomes U+FFFD (pydantic already refuses unpaired surrogates: a 422)."""
+    if value is None:
+        return None
+    return value.replace("\x00", "\ufffd")
+
+
+Storable = Annotated[str, AfterValidator(_storable)]
+
+
 class AckRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     exit_code: int | None = Field(default=None, ge=0, le=255)
-    output_tail: str | None = Field(
+    output_tail: Storable | None = Field(
         default=None, max_length=MAX_OUTPUT_TAIL_CHARS, description="The end of the output."
     )
     started_at: AwareDatetime
@@ -82,7 +93,7 @@ class AckRequest(BaseModel):
 
 
 class FailRequest(AckRequest):
-    error: str = Field(min_length=1, max_length=MAX_ERROR_CHARS)
+    error: Storable = Field(min_length=1, max_length=MAX_ERROR_CHARS)
     cancelled: bool = Field(
         default=False,
         description=(

@@ -401,6 +401,37 @@ def test_another_tenants_lease_id_is_404(env: Env) -> None:
     assert outcome(env, env.acme, lease_id, "ack").status_code == 404
 
 
+def test_text_no_database_can_hold_is_replaced_or_refused(env: Env) -> None:
+    job, at = ready_run(env, env.acme, max_attempts=2)
+    (lease,) = env.post(env.acme, "/v1/queues/q/leases", {}).json()["items"]
+    now = datetime.now(UTC).isoformat()
+
+    def fail(text: str) -> requests.Response:
+        # JSON can spell NUL and unpaired surrogates; Postgres text and UTF-8 cannot hold them
+        raw = (
+            f'{{"exit_code": 1, "output_tail": "{text}", "error": "{text}", '
+            f'"started_at": "{now}", "finished_at": "{now}"}}'
+        )
+        return requests.post(
+            f"{env.url}/v1/leases/{lease['lease_id']}/fail",
+            data=raw.encode(),
+            headers={
+                "Authorization": f"Bearer {env.acme.token}",
+                "Content-Type": "application/json",
+            },
+            timeout=30,
+        )
+
+    refused = fail("a\\ud800b")
+    assert refused.status_code == 422, refused.text
+    assert attempts(env.sched.store, job, at) == []
+    response = fail("a\\u0000b")
+    assert response.json() == {"status": "failed"}, response.text
+    (attempt,) = attempts(env.sched.store, job, at)
+    assert attempt["output_tail"] == attempt["error"] == "a\ufffdb"
+    assert run_row(env.sched.store, job, at)["status"] == "failed"  # retried later
+
+
 def test_the_lease_route_returns_only_the_callers_runs(env: Env) -> None:
     mine, _ = ready_run(env, env.acme, max_concurrency=1)
     trigger(env.sched.store, mine)  # a second run of the same job: max_concurrency 1
