@@ -8,14 +8,16 @@ import os
 import sys
 import threading
 from collections.abc import Callable
-from typing import Annotated
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from schedctl import errors
 from schedctl.config import Config, command_env, load_config
-from schedctl.storage.engine import normalize_url
-from schedctl.storage.store import Store
+
+if TYPE_CHECKING:
+    from schedctl.storage.store import Store
 
 app = typer.Typer(
     help="scheduled-d: the scheduler daemon. Modes: dispatcher, relay, api, worker, all.",
@@ -47,6 +49,10 @@ def _config(config_path: str | None, db: str | None) -> Config:
 
 
 def _open_store(config: Config, *, upgrade: bool) -> Store:
+    # imported here: `worker --api` needs no database and loads no database code
+    from schedctl.storage.engine import normalize_url
+    from schedctl.storage.store import Store
+
     url = normalize_url(config.database_url)
     # the embedded SQLite default sets itself up; a shared Postgres is upgraded on purpose
     return Store.open(url, upgrade=upgrade or url.startswith("sqlite"))
@@ -163,13 +169,50 @@ def worker(
             "of the worker reaches the command.",
         ),
     ] = None,
+    api_url: Annotated[
+        str | None,
+        typer.Option(
+            "--api",
+            help="Tenant worker: lease through the REST API at URL with the tenant's token "
+            "(SCHEDULED_API_TOKEN or --token-file) instead of the database.",
+        ),
+    ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--token-file",
+            help="With --api: a file holding the tenant's API token (else SCHEDULED_API_TOKEN).",
+        ),
+    ] = None,
     db: DbOption = None,
     config_path: ConfigOption = None,
 ) -> None:
     """Run COMMAND once per message of QUEUE (payload JSON on stdin, SCHED_* in the environment)."""
+    _setup_logging()
+    if api_url is not None:
+        try:
+            command_vars = _env_flags(env or [])
+            if db is not None:
+                raise errors.ConfigError("--api and --db exclude each other", field="db")
+            from scheduled_d.worker import run_api_worker
+
+            run_api_worker(
+                api_url,
+                _api_token(token_file),
+                queue,
+                command,
+                concurrency=concurrency,
+                lease_seconds=lease_seconds,
+                max_runs=max_runs,
+                env=command_vars,
+            )
+        except errors.SchedError as error:
+            _fail(error)
+        return
+    if token_file is not None:
+        _fail(errors.ConfigError("--token-file goes with --api", field="token_file"))
     from scheduled_d.runtime import run_worker
 
-    _setup_logging()
     try:
         command_vars = _env_flags(env or [])
         config = _config(config_path, db)
@@ -196,6 +239,28 @@ def _env_flags(flags: list[str]) -> dict[str, str]:
             raise errors.ConfigError(f"expected KEY=VALUE, got {flag!r}", field="--env")
         pairs[key] = value
     return dict(command_env(pairs, "--env"))
+
+
+def _api_token(token_file: Path | None) -> str:
+    """The tenant's token: --token-file, else SCHEDULED_API_TOKEN. Taken out of the process
+    environment, so no command the worker runs can inherit it."""
+    from_env = os.environ.pop("SCHEDULED_API_TOKEN", "").strip()
+    if token_file is None:
+        token = from_env
+    else:
+        try:
+            token = token_file.read_text().strip()
+        except OSError as exc:
+            raise errors.ConfigError(
+                f"cannot read the token file {str(token_file)!r}: {exc.strerror}",
+                field="token_file",
+            ) from exc
+    if not token:
+        raise errors.ConfigError(
+            "--api needs the tenant's API token: set SCHEDULED_API_TOKEN or pass --token-file",
+            field="token",
+        )
+    return token
 
 
 def main() -> None:

@@ -4,6 +4,10 @@ heartbeat that finds the job cancelled stops the command (SIGTERM, SIGKILL after
 
 The command is always the one the worker was started with, never anything taken from a
 message: a message only selects *when* the command runs and what it reads on stdin.
+
+Where runs come from is a `schedctl.leasing.LeaseBackend`: `DirectBackend` over the database
+(the operator worker) or `schedctl.queue_client.ApiLeaseBackend` over the REST API (the tenant
+worker, `--api`, no database credentials); the supervision below is the same for both.
 """
 
 from __future__ import annotations
@@ -21,12 +25,19 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from schedctl import errors
 from schedctl.config import command_env
+from schedctl.leasing import CANCELLED_RUNNING_ERROR, Beat, LeaseBackend
+from schedctl.leasing import LeasedRun as Lease
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.storage.queue import CANCELLED_RUNNING_ERROR, Beat, Lease, QueueRepo
-from schedctl.storage.store import Store
+
+if TYPE_CHECKING:
+    # the database layer is imported only by DirectBackend: `--api` workers never load it
+    from schedctl.storage.queue import Lease as StoredLease
+    from schedctl.storage.queue import QueueRepo
+    from schedctl.storage.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +88,8 @@ class _Outcome:
 class Worker:
     """Runs `command` once per message of `queue`, up to `concurrency` at a time.
 
-    - store: the Store to lease from (Postgres or SQLite).
+    - store: the Store to lease from (Postgres or SQLite), or a LeaseBackend (e.g. the REST
+      API's, schedctl.queue_client.ApiLeaseBackend).
     - queue: the built-in queue this worker consumes.
     - command: argv of the command to run (e.g. ["/usr/local/bin/backup.sh"]); it gets
       SCHED_JOB_ID, SCHED_SCHEDULED_AT, SCHED_ATTEMPT, SCHED_IDEMPOTENCY_KEY in its
@@ -97,7 +109,7 @@ class Worker:
 
     def __init__(
         self,
-        store: Store,
+        store: Store | LeaseBackend,
         queue: str,
         command: Sequence[str],
         *,
@@ -125,8 +137,9 @@ class Worker:
             )
         if output_tail_bytes < 0:
             raise errors.ConfigError("must not be negative", field="output_tail_bytes")
-        self.store = store
-        self.repo = QueueRepo(store)
+        self.backend: LeaseBackend = (
+            store if isinstance(store, LeaseBackend) else DirectBackend(store)
+        )
         self.queue = queue
         self.command = list(command)
         self.concurrency = concurrency
@@ -144,7 +157,7 @@ class Worker:
         self._active: set[threading.Thread] = set()
         self._sequence = 0
         self._unavailable = False
-        self.store_errors = 0  # database calls of the lease loop that found it unavailable
+        self.store_errors = 0  # backend calls of the lease loop that found it unavailable
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -183,11 +196,13 @@ class Worker:
                     self._reap()
                     next_reap = time.monotonic() + self.reap_seconds
                 free = self.concurrency - self._active_count()
-                leases: list[Lease] = []
+                leases: Sequence[Lease] = ()
                 if free > 0:
                     want = free if max_runs is None else min(free, max_runs - taken)
                     try:
-                        leases = self.repo.lease(self.queue, self.owner, self.lease_seconds, want)
+                        leases = self.backend.lease(
+                            self.queue, self.owner, self.lease_seconds, want
+                        )
                     except errors.StoreUnavailable as exc:
                         self._store_down("cannot lease", exc)
                         stop.wait(STORE_RETRY_SECONDS)
@@ -216,7 +231,7 @@ class Worker:
 
     def _store_up(self) -> None:
         if self._unavailable:
-            log.info("worker %s: database reachable again", self.owner)
+            log.info("worker %s: the queue is reachable again", self.owner)
         self._unavailable = False
 
     def _active_count(self) -> int:
@@ -247,7 +262,7 @@ class Worker:
 
     def _reap(self) -> None:
         try:
-            settled = self.repo.expire_leases()
+            settled = self.backend.reap()
         except errors.StoreUnavailable as exc:
             self._store_down("cannot reap expired leases", exc)
             return
@@ -491,9 +506,9 @@ class Worker:
 
     def _heartbeat(self, lease: Lease) -> Beat | None:
         """Extend the lease and learn whether the job was cancelled; None when the
-        database could not say."""
+        backend could not say."""
         try:
-            return self.repo.beat(lease, self.lease_seconds)
+            return self.backend.beat(lease, self.lease_seconds)
         except errors.StoreUnavailable as exc:
             log.warning("run %s: heartbeat failed: %s", lease.idempotency_key, exc)
             return None
@@ -537,7 +552,7 @@ class Worker:
         self, lease: Lease, tail: str, started_at: datetime, finished_at: datetime
     ) -> None:
         def ack() -> bool:
-            return self.repo.ack(
+            return self.backend.ack(
                 lease,
                 exit_code=0,
                 output_tail=tail,
@@ -561,7 +576,7 @@ class Worker:
         finished = finished_at or datetime.now(UTC)
 
         def fail() -> bool:
-            return self.repo.fail(
+            return self.backend.fail(
                 lease,
                 error=error,
                 exit_code=exit_code,
@@ -589,7 +604,7 @@ class Worker:
         error = f"{CANCELLED_RUNNING_ERROR} ({how})"
 
         def stop() -> bool:
-            return self.repo.stop_cancelled(
+            return self.backend.stop_cancelled(
                 lease,
                 exit_code=code if code is not None and code >= 0 else None,
                 output_tail=tail,
@@ -602,7 +617,7 @@ class Worker:
             log.info("run %s attempt %d: %s", lease.idempotency_key, lease.attempt, error)
 
     def _record(self, lease: Lease, action: Callable[[], bool]) -> bool:
-        """Store an outcome, retrying while the database is away; after a whole lease of
+        """Store an outcome, retrying while the backend is away; after a whole lease of
         retries the run belongs to the reaper (it will be redelivered: at least once)."""
         give_up = time.monotonic() + max(self.lease_seconds, 10.0)
         while True:
@@ -632,6 +647,122 @@ class Worker:
                 lease.attempt,
             )
         return recorded
+
+
+class DirectBackend:
+    """The operator worker's backend: the database, through QueueRepo.
+
+    - tenant_id: the tenant whose queue is consumed. None (until the operator worker names
+      its tenant) takes the queue of that name of every tenant with runs ready in it.
+    """
+
+    def __init__(self, store: Store, tenant_id: str | None = None) -> None:
+        from schedctl.storage.queue import QueueRepo
+
+        self.store = store
+        self.repo: QueueRepo = QueueRepo(store)
+        self.tenant_id = tenant_id
+
+    def lease(self, queue: str, owner: str, lease_seconds: float, limit: int) -> list[Lease]:
+        leases: list[Lease] = []
+        for tenant_id in self._tenants(queue):
+            if len(leases) >= limit:
+                break
+            leases.extend(
+                self.repo.lease(
+                    queue, owner, lease_seconds, limit - len(leases), tenant_id=tenant_id
+                )
+            )
+        return leases
+
+    def _tenants(self, queue: str) -> list[str]:
+        if self.tenant_id is not None:
+            return [self.tenant_id]
+        from sqlalchemy import select
+
+        from schedctl.storage import schema
+        from schedctl.storage.jobs import db_now
+
+        m = schema.queue_messages
+        with self.store.read() as connection:
+            found = connection.execute(
+                select(m.c.tenant_id)
+                .where(
+                    m.c.queue == queue,
+                    m.c.available_at <= db_now(connection),
+                    m.c.leased_until.is_(None),
+                )
+                .distinct()
+            ).scalars()
+            return sorted(str(t) for t in found)
+
+    def beat(self, lease: Lease, lease_seconds: float) -> Beat:
+        return self.repo.beat(_stored(lease), lease_seconds)
+
+    def ack(
+        self,
+        lease: Lease,
+        *,
+        exit_code: int | None,
+        output_tail: str | None,
+        started_at: datetime,
+        finished_at: datetime,
+    ) -> bool:
+        return self.repo.ack(
+            _stored(lease),
+            exit_code=exit_code,
+            output_tail=output_tail,
+            started_at=started_at,
+            finished_at=finished_at,
+        )
+
+    def fail(
+        self,
+        lease: Lease,
+        *,
+        error: str,
+        exit_code: int | None,
+        output_tail: str | None,
+        started_at: datetime,
+        finished_at: datetime,
+    ) -> bool:
+        return self.repo.fail(
+            _stored(lease),
+            error=error,
+            exit_code=exit_code,
+            output_tail=output_tail,
+            started_at=started_at,
+            finished_at=finished_at,
+        )
+
+    def stop_cancelled(
+        self,
+        lease: Lease,
+        *,
+        exit_code: int | None,
+        output_tail: str | None,
+        started_at: datetime,
+        finished_at: datetime,
+        error: str,
+    ) -> bool:
+        return self.repo.stop_cancelled(
+            _stored(lease),
+            exit_code=exit_code,
+            output_tail=output_tail,
+            started_at=started_at,
+            finished_at=finished_at,
+            error=error,
+        )
+
+    def reap(self) -> int:
+        return self.repo.expire_leases()
+
+
+def _stored(lease: Lease) -> StoredLease:
+    from schedctl.storage.queue import Lease as StoredLease
+
+    assert isinstance(lease, StoredLease), "a lease is settled by the backend that leased it"
+    return lease
 
 
 def _kill_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
@@ -669,3 +800,37 @@ def _combine_tails(stdout: str, stderr: str) -> str:
     if not stdout:
         return stderr
     return f"{stdout}\n--- stderr ---\n{stderr}"
+
+
+def run_api_worker(
+    api_url: str,
+    token: str,
+    queue: str,
+    command: Sequence[str],
+    *,
+    concurrency: int,
+    lease_seconds: float,
+    max_runs: int | None,
+    env: Mapping[str, str] | None = None,
+) -> None:
+    """The tenant worker (`scheduled-d worker --api URL`): leases, heartbeats and settles
+    through the REST API with the tenant's token; no database, no database code."""
+    from schedctl.queue_client import ApiLeaseBackend
+    from scheduled_d.signals import stop_on_signals
+
+    heartbeat = min(5.0, lease_seconds / 3)
+    backend = ApiLeaseBackend(api_url, token, timeout=max(1.0, min(10.0, lease_seconds / 3)))
+    try:
+        with stop_on_signals() as (stop, force):
+            worker = Worker(
+                backend,
+                queue,
+                command,
+                concurrency=concurrency,
+                lease_seconds=lease_seconds,
+                heartbeat_seconds=heartbeat,
+                env=env,
+            )
+            worker.run(stop, max_runs=max_runs, force=force)
+    finally:
+        backend.close()

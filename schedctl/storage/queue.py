@@ -11,7 +11,6 @@ nothing and changes nothing.
 
 from __future__ import annotations
 
-import enum
 import random
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -24,6 +23,8 @@ from sqlalchemy.engine import Connection, RowMapping
 
 from schedctl import errors
 from schedctl.delivery.backoff import backoff_delay
+from schedctl.leasing import CANCELLED_RUNNING_ERROR as CANCELLED_RUNNING_ERROR  # re-exported
+from schedctl.leasing import Beat as Beat  # re-exported
 from schedctl.models import JobStatus, RunStatus, TargetType
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
@@ -33,7 +34,6 @@ from schedctl.storage.store import Store
 
 LOST_ERROR = "lease expired: worker lost"
 CANCELLED_ERROR = "job cancelled before delivery"
-CANCELLED_RUNNING_ERROR = "job cancelled while the command ran: stopped"
 # Postgres deadlock / serialization failure: nothing committed, the caller just tries again
 _RETRYABLE_PGCODES = {"40P01", "40001"}
 # Kept in the database no longer than a run history column should hold.
@@ -80,14 +80,6 @@ class QueueDepth:
     @property
     def total(self) -> int:
         return self.ready + self.delayed + self.leased
-
-
-class Beat(enum.StrEnum):
-    """What a heartbeat found."""
-
-    extended = "extended"  # the lease is ours for another lease period
-    lost = "lost"  # expired and reaped, or taken: the run is someone else's now
-    cancelled = "cancelled"  # extended, but the job was cancelled: stop the command
 
 
 @dataclass(frozen=True)
@@ -192,23 +184,32 @@ class QueueRepo:
 
     # -- workers ---------------------------------------------------------------------------
 
-    def lease(self, queue: str, owner: str, lease_seconds: float, limit: int = 1) -> list[Lease]:
-        """Lease up to `limit` ready messages of `queue`, oldest first, never more messages
-        of one job at a time than its max_concurrency; marks their runs running."""
+    def lease(
+        self, queue: str, owner: str, lease_seconds: float, limit: int = 1, *, tenant_id: str
+    ) -> list[Lease]:
+        """Lease up to `limit` ready messages of `tenant_id`'s `queue`, oldest first, never
+        more messages of one job at a time than its max_concurrency; marks their runs
+        running."""
         if lease_seconds <= 0:
             raise errors.ValidationError("must be positive", field="lease_seconds")
         if limit < 1:
             return []
         try:
             with self.store.tx() as connection:
-                return self._lease(connection, queue, owner, lease_seconds, limit)
+                return self._lease(connection, queue, owner, lease_seconds, limit, tenant_id)
         except errors.StoreUnavailable as exc:
             if _is_retryable(exc):
                 return []  # lost a lock race; nothing committed, the next poll tries again
             raise
 
     def _lease(
-        self, connection: Connection, queue: str, owner: str, lease_seconds: float, limit: int
+        self,
+        connection: Connection,
+        queue: str,
+        owner: str,
+        lease_seconds: float,
+        limit: int,
+        tenant_id: str,
     ) -> list[Lease]:
         m, j = schema.queue_messages, schema.jobs
         held = m.alias("held")
@@ -239,6 +240,7 @@ class QueueRepo:
             .join(j, j.c.job_id == m.c.job_id)
             .where(
                 m.c.queue == queue,
+                m.c.tenant_id == tenant_id,
                 m.c.available_at <= now,
                 m.c.leased_until.is_(None),
                 # max_concurrency 0 is "no limit" (null in the API)
@@ -678,6 +680,59 @@ class QueueRepo:
         )
         connection.execute(
             update(schema.runs).where(run_key).values(status=RunStatus.dead.value, **outcome)
+        )
+
+    # -- tenant workers over the REST API --------------------------------------------------
+
+    def held_lease(self, message_id: int, owner: str, tenant_id: str) -> Lease | None:
+        """The lease `owner` holds on message `message_id` of `tenant_id`, as `lease`
+        returned it (without the payload), or None: no such message, another tenant's,
+        another owner's (or the same run leased again after this lease expired and was
+        reaped). Expired leases not reaped yet are still held, as for `beat`."""
+        m, j = schema.queue_messages, schema.jobs
+        with self.store.read() as connection:
+            row = (
+                connection.execute(
+                    select(
+                        m.c.id,
+                        m.c.queue,
+                        m.c.job_id,
+                        m.c.scheduled_at,
+                        m.c.tenant_id,
+                        m.c.attempt,
+                        m.c.leased_until,
+                        j.c.max_attempts,
+                        j.c.retry_base_seconds,
+                        j.c.retry_max_seconds,
+                        j.c.timeout_seconds,
+                    )
+                    .join(j, j.c.job_id == m.c.job_id)
+                    .where(
+                        m.c.id == message_id,
+                        m.c.tenant_id == tenant_id,
+                        m.c.lease_owner == owner,
+                        m.c.leased_until.is_not(None),
+                    )
+                )
+                .mappings()
+                .one_or_none()
+            )
+        if row is None:
+            return None
+        return Lease(
+            message_id=row["id"],
+            queue=row["queue"],
+            job_id=row["job_id"],
+            scheduled_at=row["scheduled_at"],
+            tenant_id=row["tenant_id"],
+            attempt=row["attempt"],
+            max_attempts=row["max_attempts"],
+            retry_base_seconds=row["retry_base_seconds"],
+            retry_max_seconds=row["retry_max_seconds"],
+            timeout_seconds=row["timeout_seconds"],
+            payload=None,
+            owner=owner,
+            leased_until=row["leased_until"],
         )
 
 

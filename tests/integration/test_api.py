@@ -698,7 +698,7 @@ def test_payloads_are_encrypted_at_rest(sched: Scheduler, acme: Api, keys: tuple
     assert acme.request("POST", f"/v1/jobs/{job['job_id']}/trigger").status_code == 202
     queue = QueueRepo(sched.store)
     assert queue.move_outbox() == 1
-    (lease,) = queue.lease(QUEUE["name"], "test-worker", 30.0)
+    (lease,) = queue.lease(QUEUE["name"], "test-worker", 30.0, tenant_id=job["tenant_id"])
     assert lease.payload == {"secret": MARKER}
 
 
@@ -773,6 +773,10 @@ def test_openapi_document(server: ApiServer) -> None:
         ("GET", "/v1/jobs/{job_id}/runs"),
         ("GET", "/v1/tenant"),
         ("GET", "/healthz"),
+        ("POST", "/v1/queues/{name}/leases"),
+        ("POST", "/v1/leases/{lease_id}/heartbeat"),
+        ("POST", "/v1/leases/{lease_id}/ack"),
+        ("POST", "/v1/leases/{lease_id}/fail"),
     }
     for path, item in doc["paths"].items():
         for operation in item.values():

@@ -35,6 +35,8 @@ from tests.integration.queue_support import (
     wait_for,
 )
 
+TENANT = "tenant-acme"  # make_tenant's default
+
 
 @pytest.fixture
 def store(db_url: str) -> Iterator[Store]:
@@ -167,7 +169,7 @@ def test_heartbeat_sees_a_cancelled_job(store: Store) -> None:
     trigger(store, job)
     repo = QueueRepo(store)
     repo.move_outbox()
-    (lease,) = repo.lease("q", "w1", 30)
+    (lease,) = repo.lease("q", "w1", 30, tenant_id=TENANT)
     assert repo.beat(lease, 30) is Beat.extended
     JobRepo(store).cancel(job, actor="test")
     assert repo.beat(lease, 30) is Beat.cancelled
@@ -247,8 +249,8 @@ def test_lease_and_ack(store: Store) -> None:
     at = trigger(store, job)
     repo = QueueRepo(store)
     repo.move_outbox()
-    assert repo.lease("other-queue", "w1", 30) == []
-    (lease,) = repo.lease("q", "w1", 30, limit=5)
+    assert repo.lease("other-queue", "w1", 30, tenant_id=TENANT) == []
+    (lease,) = repo.lease("q", "w1", 30, limit=5, tenant_id=TENANT)
     assert (lease.job_id, lease.scheduled_at, lease.attempt) == (job, at, 1)
     assert lease.payload == {"hello": "world"}
     assert (lease.max_attempts, lease.timeout_seconds, lease.owner) == (4, 30, "w1")
@@ -257,7 +259,7 @@ def test_lease_and_ack(store: Store) -> None:
     assert "world" not in repr(lease)
     run = run_row(store, job, at)
     assert run["status"] == "running" and run["started_at"] is not None
-    assert repo.lease("q", "w2", 30) == []  # leased: invisible to others
+    assert repo.lease("q", "w2", 30, tenant_id=TENANT) == []  # leased: invisible to others
     assert repo.heartbeat(lease, 30)
     assert done(repo, lease, tail="all good")
     assert not done(repo, lease), "a second ack changes nothing"
@@ -277,7 +279,7 @@ def test_failures_retry_then_dead_letter(store: Store) -> None:
     repo = QueueRepo(store)
     repo.move_outbox()
     for attempt in (1, 2, 3):
-        (lease,) = repo.lease("q", "w1", 30)
+        (lease,) = repo.lease("q", "w1", 30, tenant_id=TENANT)
         assert lease.attempt == attempt
         run = run_row(store, job, at)
         assert (run["status"], run["attempt"]) == ("running", attempt)
@@ -304,7 +306,7 @@ def test_failures_retry_then_dead_letter(store: Store) -> None:
         (2, "failed"),
         (3, "failed"),
     ]
-    assert repo.lease("q", "w1", 30) == []
+    assert repo.lease("q", "w1", 30, tenant_id=TENANT) == []
 
 
 def test_failure_backs_off_with_jitter_within_the_policy(store: Store) -> None:
@@ -313,7 +315,7 @@ def test_failure_backs_off_with_jitter_within_the_policy(store: Store) -> None:
     trigger(store, job)
     repo = QueueRepo(store, rng=random.Random(1))
     repo.move_outbox()
-    (lease,) = repo.lease("q", "w1", 30)
+    (lease,) = repo.lease("q", "w1", 30, tenant_id=TENANT)
     before = store.now()
     assert failed(repo, lease)
     after = store.now()
@@ -322,7 +324,7 @@ def test_failure_backs_off_with_jitter_within_the_policy(store: Store) -> None:
     # drawn from the same seeded generator
     delay = timedelta(seconds=random.Random(1).uniform(0, 100))
     assert before + delay <= message["available_at"] <= after + delay
-    assert repo.lease("q", "w1", 30) == []  # not before its time
+    assert repo.lease("q", "w1", 30, tenant_id=TENANT) == []  # not before its time
 
 
 def test_fail_or_ack_of_a_lost_lease_changes_nothing(store: Store) -> None:
@@ -331,7 +333,7 @@ def test_fail_or_ack_of_a_lost_lease_changes_nothing(store: Store) -> None:
     at = trigger(store, job)
     repo = QueueRepo(store)
     repo.move_outbox()
-    (lease,) = repo.lease("q", "w1", 30)
+    (lease,) = repo.lease("q", "w1", 30, tenant_id=TENANT)
     forged = Lease(**{**lease.__dict__, "owner": "w2"})
     assert not failed(repo, forged)
     assert not done(repo, forged)
@@ -359,7 +361,7 @@ def test_expired_lease_marks_the_run_lost_and_redelivers(store: Store) -> None:
     at = trigger(store, job)
     repo = QueueRepo(store)
     repo.move_outbox()
-    (lease,) = repo.lease("q", "dead-worker", 0.2)
+    (lease,) = repo.lease("q", "dead-worker", 0.2, tenant_id=TENANT)
     expire(repo)
     run = run_row(store, job, at)
     assert (run["status"], run["error"]) == ("lost", LOST_ERROR)
@@ -368,7 +370,7 @@ def test_expired_lease_marks_the_run_lost_and_redelivers(store: Store) -> None:
     # the former holder can neither extend nor settle it any more
     assert not repo.heartbeat(lease, 30)
     assert not done(repo, lease)
-    (again,) = repo.lease("q", "w2", 30)
+    (again,) = repo.lease("q", "w2", 30, tenant_id=TENANT)
     assert again.attempt == 2
     assert done(repo, again)
     assert run_row(store, job, at)["status"] == "succeeded"
@@ -381,7 +383,7 @@ def test_expired_lease_of_the_last_attempt_is_dead_lettered(store: Store) -> Non
     at = trigger(store, job)
     repo = QueueRepo(store)
     repo.move_outbox()
-    repo.lease("q", "dead-worker", 0.2)
+    repo.lease("q", "dead-worker", 0.2, tenant_id=TENANT)
     expire(repo)
     assert run_row(store, job, at)["status"] == "dead"
     (letter,) = dead_letters(store)
@@ -395,7 +397,7 @@ def test_heartbeat_keeps_a_lease_from_expiring(store: Store) -> None:
     trigger(store, job)
     repo = QueueRepo(store)
     repo.move_outbox()
-    (lease,) = repo.lease("q", "w1", 0.2)
+    (lease,) = repo.lease("q", "w1", 0.2, tenant_id=TENANT)
     assert repo.heartbeat(lease, 3600)
     (message,) = messages(store)
     assert message["leased_until"] > store.now() + timedelta(seconds=3000)
@@ -413,14 +415,14 @@ def test_max_concurrency_one_holds_back_the_second_run(store: Store) -> None:
     third = trigger(store, other)
     repo = QueueRepo(store)
     repo.move_outbox()
-    leases = repo.lease("q", "w1", 30, limit=10)
+    leases = repo.lease("q", "w1", 30, limit=10, tenant_id=TENANT)
     # one of each job: the second run of `job` waits although the limit allows ten
     assert sorted((le.job_id, le.scheduled_at) for le in leases) == sorted(
         [(job, first), (other, third)]
     )
-    assert repo.lease("q", "w2", 30, limit=10) == []
+    assert repo.lease("q", "w2", 30, limit=10, tenant_id=TENANT) == []
     assert done(repo, next(le for le in leases if le.job_id == job))
-    (next_lease,) = repo.lease("q", "w2", 30, limit=10)
+    (next_lease,) = repo.lease("q", "w2", 30, limit=10, tenant_id=TENANT)
     assert (next_lease.job_id, next_lease.scheduled_at) == (job, second)
 
 
@@ -431,8 +433,8 @@ def test_max_concurrency_above_one(store: Store) -> None:
         trigger(store, job)
     repo = QueueRepo(store)
     repo.move_outbox()
-    assert len(repo.lease("q", "w1", 30, limit=10)) == 2
-    assert repo.lease("q", "w1", 30, limit=10) == []
+    assert len(repo.lease("q", "w1", 30, limit=10, tenant_id=TENANT)) == 2
+    assert repo.lease("q", "w1", 30, limit=10, tenant_id=TENANT) == []
 
 
 def test_max_concurrency_zero_means_no_limit(store: Store) -> None:
@@ -442,7 +444,7 @@ def test_max_concurrency_zero_means_no_limit(store: Store) -> None:
         trigger(store, job)
     repo = QueueRepo(store)
     repo.move_outbox()
-    assert len(repo.lease("q", "w1", 30, limit=10)) == 3
+    assert len(repo.lease("q", "w1", 30, limit=10, tenant_id=TENANT)) == 3
 
 
 def test_an_expired_unreaped_lease_still_holds_its_slot(store: Store) -> None:
@@ -452,12 +454,12 @@ def test_an_expired_unreaped_lease_still_holds_its_slot(store: Store) -> None:
     trigger(store, job)
     repo = QueueRepo(store)
     repo.move_outbox()
-    assert len(repo.lease("q", "w1", 0.05)) == 1
+    assert len(repo.lease("q", "w1", 0.05, tenant_id=TENANT)) == 1
     wait_for(lambda: messages(store)[0]["leased_until"] < store.now(), "the lease to run out")
     # its command may still be running until the reaper settles it: no overlap meanwhile
-    assert repo.lease("q", "w2", 30) == []
+    assert repo.lease("q", "w2", 30, tenant_id=TENANT) == []
     expire(repo)
-    (taken,) = repo.lease("q", "w2", 30, limit=10)
+    (taken,) = repo.lease("q", "w2", 30, limit=10, tenant_id=TENANT)
     assert taken.job_id == job
 
 
@@ -481,7 +483,7 @@ def test_racing_workers_on_postgres_never_exceed_max_concurrency(pg_store: Store
             lock: threading.Lock = lock,
         ) -> None:
             barrier.wait(30)
-            got = repo.lease("q", name, 30, limit=1)
+            got = repo.lease("q", name, 30, limit=1, tenant_id=TENANT)
             with lock:
                 taken.extend(got)
 
@@ -512,7 +514,7 @@ def test_depths_and_stats(store: Store) -> None:
     trigger(store, b)
     repo = QueueRepo(store)
     repo.move_outbox()
-    leases = repo.lease("q1", "w1", 30, limit=10)
+    leases = repo.lease("q1", "w1", 30, limit=10, tenant_id=TENANT)
     assert len(leases) == 4
     failed(repo, next(le for le in leases if le.job_id == slow))  # delayed by the backoff
     stats = repo.stats()
