@@ -29,6 +29,7 @@ class WorkerConfig:
     command: tuple[str, ...]
     concurrency: int = 1
     lease_seconds: float = 30.0
+    tenant: str | None = None  # name or id; may be left out while one tenant exists
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,11 @@ def _workers(raw: Any, origin: str) -> tuple[WorkerConfig, ...]:
             raise errors.ConfigError(
                 f"{origin}: [[worker]] needs a command (a list of strings)", field="worker.command"
             )
+        tenant = item.get("tenant")
+        if tenant is not None and (not isinstance(tenant, str) or not tenant):
+            raise errors.ConfigError(
+                f"{origin}: [[worker]] tenant must be a tenant name or id", field="worker.tenant"
+            )
         concurrency = item.get("concurrency", 1)
         if not isinstance(concurrency, int) or concurrency < 1:
             raise errors.ConfigError(
@@ -123,6 +129,7 @@ def _workers(raw: Any, origin: str) -> tuple[WorkerConfig, ...]:
                 command=tuple(command),
                 concurrency=concurrency,
                 lease_seconds=float(lease),
+                tenant=tenant,
             )
         )
     return tuple(result)

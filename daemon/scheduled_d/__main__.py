@@ -147,6 +147,14 @@ def worker(
     command: Annotated[
         list[str], typer.Argument(help="The command to run for each message, after --.")
     ],
+    tenant: Annotated[
+        str | None,
+        typer.Option(
+            "--tenant",
+            "-t",
+            help="The queue's tenant (name or id); may be left out while only one tenant exists.",
+        ),
+    ] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Commands run at once.")] = 1,
     lease_seconds: Annotated[float, typer.Option(min=1.0, help="Visibility timeout.")] = 30.0,
     max_runs: Annotated[
@@ -156,7 +164,8 @@ def worker(
     db: DbOption = None,
     config_path: ConfigOption = None,
 ) -> None:
-    """Run COMMAND once per message of QUEUE (payload JSON on stdin, SCHED_* in the environment)."""
+    """Run COMMAND once per message of the tenant's QUEUE (payload JSON on stdin, SCHED_* in
+    the environment)."""
     from scheduled_d.runtime import run_worker
 
     _setup_logging()
@@ -170,6 +179,7 @@ def worker(
             concurrency=concurrency,
             lease_seconds=lease_seconds,
             max_runs=max_runs,
+            tenant=tenant,
         )
     except errors.SchedError as error:
         _fail(error)

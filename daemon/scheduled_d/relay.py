@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -49,6 +49,7 @@ from schedctl.storage.outbox import (
 )
 from schedctl.storage.payloads import decode_payload
 from schedctl.storage.queue import QueueRepo
+from schedctl.storage.settle import unexpected_error
 from schedctl.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -389,9 +390,9 @@ class Relay:
                         self._publish(batch)
                     else:
                         for delivery in batch:
-                            self._call(delivery)
+                            self._guarded(self._call, delivery)
                 except Exception:
-                    # the leases expire and another pass delivers again: nothing is lost
+                    # the leases expire and the next claim records a lost attempt each
                     log.exception("relay: delivery to %s failed unexpectedly", lane)
         finally:
             with self._queue_lock:
@@ -400,6 +401,19 @@ class Relay:
                 self._last_active[lane] = time.monotonic()
             self.limits.release(lane)
             self._freed.set()
+
+    def _guarded(self, deliver: Callable[[Delivery], None], delivery: Delivery) -> None:
+        """deliver(delivery), with any exception escaping it recorded as a retryable
+        failed attempt naming its class: a bug in a delivery path costs attempts and ends
+        in the dead letters, instead of sending the run again forever."""
+        started = datetime.now(UTC)
+        try:
+            deliver(delivery)
+        except Exception as exc:
+            log.exception("relay: delivery of %s failed unexpectedly", delivery.idempotency_key)
+            self._record(
+                delivery, DeliveryResult(Verdict.retry, error=unexpected_error(exc)), started
+            )
 
     def _call(self, delivery: Delivery) -> None:
         started = datetime.now(UTC)
@@ -462,6 +476,15 @@ class Relay:
             for delivery in deliveries:
                 self._record(
                     delivery, DeliveryResult(Verdict.retry, error=str(exc)), datetime.now(UTC)
+                )
+        except Exception as exc:
+            # like _guarded (outcomes recorded already stay: settling keeps one per lease)
+            log.exception("relay: publishing to %s failed unexpectedly", deliveries[0].lane)
+            for delivery in deliveries:
+                self._record(
+                    delivery,
+                    DeliveryResult(Verdict.retry, error=unexpected_error(exc)),
+                    datetime.now(UTC),
                 )
 
     def _record(self, delivery: Delivery, result: DeliveryResult, started: datetime) -> None:

@@ -116,6 +116,7 @@ def run_all(store: Store, config: Config, *, stop: threading.Event | None = None
                 concurrency=spec.concurrency,
                 lease_seconds=spec.lease_seconds,
                 heartbeat_seconds=min(5.0, spec.lease_seconds / 3),
+                tenant=spec.tenant,
             )
             worker_threads.append(
                 _start(f"worker-{spec.queue}", lambda w=worker: w.run(worker_stop, force=force))
@@ -188,7 +189,15 @@ def run_worker(
     concurrency: int,
     lease_seconds: float,
     max_runs: int | None,
+    tenant: str | None = None,
 ) -> None:
     with stop_on_signals() as (stop, force):
-        worker = Worker(store, queue, command, concurrency=concurrency, lease_seconds=lease_seconds)
+        worker = Worker(
+            store,
+            queue,
+            command,
+            concurrency=concurrency,
+            lease_seconds=lease_seconds,
+            tenant=tenant,
+        )
         worker.run(stop, max_runs=max_runs, force=force)

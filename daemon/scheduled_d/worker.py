@@ -24,7 +24,13 @@ from datetime import UTC, datetime
 
 from schedctl import errors
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.storage.queue import CANCELLED_RUNNING_ERROR, Beat, Lease, QueueRepo
+from schedctl.storage.queue import (
+    CANCELLED_RUNNING_ERROR,
+    Beat,
+    Lease,
+    QueueRepo,
+    worker_tenant,
+)
 from schedctl.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -74,7 +80,9 @@ class Worker:
     """Runs `command` once per message of `queue`, up to `concurrency` at a time.
 
     - store: the Store to lease from (Postgres or SQLite).
-    - queue: the built-in queue this worker consumes.
+    - queue: the built-in queue this worker consumes, of tenant `tenant`.
+    - tenant: the queue's tenant (name or id); may be left out while only one tenant
+      exists (ConfigError otherwise).
     - command: argv of the command to run (e.g. ["/usr/local/bin/backup.sh"]); it gets
       SCHED_JOB_ID, SCHED_SCHEDULED_AT, SCHED_ATTEMPT, SCHED_IDEMPOTENCY_KEY in its
       environment and the job's payload JSON on stdin.
@@ -101,6 +109,7 @@ class Worker:
         output_tail_bytes: int = 4096,
         kill_grace_seconds: float = 5.0,
         reap_seconds: float | None = None,
+        tenant: str | None = None,
     ) -> None:
         if not command:
             raise errors.ConfigError("the worker needs a command to run", field="command")
@@ -118,6 +127,7 @@ class Worker:
             raise errors.ConfigError("must not be negative", field="output_tail_bytes")
         self.store = store
         self.repo = QueueRepo(store)
+        self.tenant_id = worker_tenant(store, tenant)
         self.queue = queue
         self.command = list(command)
         self.concurrency = concurrency
@@ -158,8 +168,9 @@ class Worker:
         taken = 0
         next_reap = 0.0
         log.info(
-            "worker %s: queue %r, concurrency %d, command %s",
+            "worker %s: tenant %s, queue %r, concurrency %d, command %s",
             self.owner,
+            self.tenant_id,
             self.queue,
             self.concurrency,
             self.command[0],
@@ -177,7 +188,13 @@ class Worker:
                 if free > 0:
                     want = free if max_runs is None else min(free, max_runs - taken)
                     try:
-                        leases = self.repo.lease(self.queue, self.owner, self.lease_seconds, want)
+                        leases = self.repo.lease(
+                            self.queue,
+                            self.owner,
+                            self.lease_seconds,
+                            want,
+                            tenant_id=self.tenant_id,
+                        )
                     except errors.StoreUnavailable as exc:
                         self._store_down("cannot lease", exc)
                         stop.wait(STORE_RETRY_SECONDS)

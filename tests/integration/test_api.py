@@ -698,7 +698,7 @@ def test_payloads_are_encrypted_at_rest(sched: Scheduler, acme: Api, keys: tuple
     assert acme.request("POST", f"/v1/jobs/{job['job_id']}/trigger").status_code == 202
     queue = QueueRepo(sched.store)
     assert queue.move_outbox() == 1
-    (lease,) = queue.lease(QUEUE["name"], "test-worker", 30.0)
+    (lease,) = queue.lease(QUEUE["name"], "test-worker", 30.0, tenant_id=job["tenant_id"])
     assert lease.payload == {"secret": MARKER}
 
 
