@@ -172,15 +172,18 @@ def worker(
     try:
         config = _config(config_path, db)
         store = _open_store(config, upgrade=False)
-        run_worker(
-            store,
-            queue,
-            command,
-            concurrency=concurrency,
-            lease_seconds=lease_seconds,
-            max_runs=max_runs,
-            tenant=tenant,
-        )
+        try:
+            run_worker(
+                store,
+                queue,
+                command,
+                concurrency=concurrency,
+                lease_seconds=lease_seconds,
+                max_runs=max_runs,
+                tenant=tenant,
+            )
+        finally:
+            store.close()
     except errors.SchedError as error:
         _fail(error)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Table, bindparam, delete, insert, update
+from sqlalchemy import Table, bindparam, delete, insert, or_, update
 from sqlalchemy.engine import Connection
 
 from schedctl.delivery.backoff import backoff_delay
@@ -205,7 +205,8 @@ def skip_cancelled(
         .where(
             r.c.job_id == bindparam("b_job_id"),
             r.c.scheduled_at == bindparam("b_scheduled_at", type_=r.c.scheduled_at.type),
-            r.c.status.in_([s.value for s in SKIPPABLE_STATUSES]),
+            # not in_(): an expanding list cannot take part in an executemany
+            or_(*(r.c.status == s.value for s in SKIPPABLE_STATUSES)),
         )
         .values(status=RunStatus.skipped.value, error=CANCELLED_ERROR, finished_at=now),
         [{"b_job_id": job_id, "b_scheduled_at": at} for _, job_id, at in rows],
