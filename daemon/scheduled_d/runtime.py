@@ -11,10 +11,11 @@ from schedctl.coordination.base import Coordinator
 from schedctl.coordination.local import LocalCoordinator
 from schedctl.coordination.zookeeper import ZooKeeperCoordinator
 from schedctl.storage.claim import ClaimResult
+from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
 from scheduled_d.dispatcher import Dispatcher
 from scheduled_d.maintenance import run_maintenance
-from scheduled_d.metrics import serve_metrics
+from scheduled_d.metrics import export_queue_depths, serve_metrics
 from scheduled_d.relay import Relay
 from scheduled_d.signals import stop_on_signals
 from scheduled_d.worker import Worker
@@ -121,6 +122,7 @@ def run_all(store: Store, config: Config, *, stop: threading.Event | None = None
             worker_threads.append(
                 _start(f"worker-{spec.queue}", lambda w=worker: w.run(worker_stop, force=force))
             )
+        export_queue_depths(QueueRepo(store).stats)
         _serve_metrics(config, [dispatch_thread, relay_thread, *worker_threads], stop)
         log.info(
             "scheduled-d all: %d partitions, %d worker(s), database %s",
@@ -175,6 +177,7 @@ def run_relay(store: Store, config: Config) -> None:
         relay = Relay(store)
         inner = threading.Event()
         thread = _start("relay", lambda: relay.run(inner))
+        export_queue_depths(QueueRepo(store).stats)
         _serve_metrics(config, [thread], stop)
         _wait(stop, force)
         inner.set()

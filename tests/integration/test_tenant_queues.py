@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 from sqlalchemy import inspect
 from typer.testing import CliRunner
 
@@ -24,6 +25,7 @@ from schedctl.storage.migrate import head_revision, upgrade
 from schedctl.storage.queue import QueueRepo, worker_tenant
 from schedctl.storage.store import Store
 from scheduled_d.__main__ import app
+from scheduled_d.metrics import export_queue_depths
 from scheduled_d.worker import Worker
 from tests.factories import make_tenant
 from tests.integration.queue_support import (
@@ -135,6 +137,18 @@ def test_depths_are_per_tenant_and_queue(store: Store) -> None:
         ("globex", "backups", 1),
     ]
     assert QueueRepo(store).depths() == {("acme", "backups"): 1, ("globex", "backups"): 1}
+
+
+def test_queue_depth_metrics_are_per_tenant(store: Store) -> None:
+    two_tenants_one_queue(store)
+    export_queue_depths(QueueRepo(store).stats)
+    try:
+        scraped = generate_latest().decode()
+    finally:
+        export_queue_depths(None)
+    for tenant in ("acme", "globex"):
+        line = f'scheduled_queue_messages{{queue="backups",state="ready",tenant="{tenant}"}} 1.0'
+        assert line in scraped
 
 
 def test_worker_tables_take_a_tenant(tmp_path: Path) -> None:
