@@ -491,8 +491,10 @@ class QueueRepo:
             started = {
                 (row.job_id, row.scheduled_at): row.started_at
                 for row in connection.execute(
+                    # both keys: a recurring job's whole history is not read for one run
                     select(r.c.job_id, r.c.scheduled_at, r.c.started_at).where(
-                        r.c.job_id.in_({h.job_id for h, _ in expired})
+                        r.c.job_id.in_({h.job_id for h, _ in expired}),
+                        r.c.scheduled_at.in_({h.scheduled_at for h, _ in expired}),
                     )
                 )
             }
