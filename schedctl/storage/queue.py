@@ -615,8 +615,9 @@ def worker_tenant(store: Store, tenant: str | None, *, field: str = "tenant") ->
         found = connection.execute(select(t.c.tenant_id).limit(2)).scalars().all()
     if len(found) != 1:
         raise errors.ConfigError(
-            "a worker serves one tenant's queue: name it with --tenant (or tenant = "
-            f"in its [[worker]] table); there are {'no' if not found else 'several'} tenants",
+            "a worker serves one tenant's queue: name the tenant with --tenant NAME (or "
+            f'tenant = "NAME" in its [[worker]] table); there are '
+            f"{'no' if not found else 'several'} tenants",
             field=field,
         )
     return str(found[0])
