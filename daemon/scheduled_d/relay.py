@@ -87,7 +87,7 @@ class RelayStats:
     retried: int = 0  # attempts that failed and will be tried again
     dead: int = 0  # runs dead-lettered
     skipped: int = 0  # runs of cancelled jobs, not delivered
-    lost: int = 0  # leases of a stopped relay, delivered again
+    lost: int = 0  # leases of a stopped relay: lost attempts, retried per policy
     stale: int = 0  # outcomes whose lease had moved on (another relay took over)
     routed: int = 0  # queue rows routed to a tenant's RabbitMQ lane
 
@@ -339,7 +339,7 @@ class Relay:
             self.stats.lost += claimed.lost
             if claimed.lost:
                 log.warning(
-                    "relay: %d delivery lease(s) of a stopped relay expired; delivering again",
+                    "relay: %d delivery lease(s) of a stopped relay expired: lost attempts",
                     claimed.lost,
                 )
             for delivery in claimed.deliveries:
