@@ -38,6 +38,7 @@ class WorkerConfig:
     concurrency: int = 1
     lease_seconds: float = 30.0
     env: tuple[tuple[str, str], ...] = ()  # [worker.env]: added to the command's environment
+    tenant: str | None = None  # name or id; may be left out while one tenant exists
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,11 @@ def _workers(raw: Any, origin: str) -> tuple[WorkerConfig, ...]:
             raise errors.ConfigError(
                 f"{origin}: [[worker]] needs a command (a list of strings)", field="worker.command"
             )
+        tenant = item.get("tenant")
+        if tenant is not None and (not isinstance(tenant, str) or not tenant):
+            raise errors.ConfigError(
+                f"{origin}: [[worker]] tenant must be a tenant name or id", field="worker.tenant"
+            )
         concurrency = item.get("concurrency", 1)
         if not isinstance(concurrency, int) or concurrency < 1:
             raise errors.ConfigError(
@@ -173,6 +179,7 @@ def _workers(raw: Any, origin: str) -> tuple[WorkerConfig, ...]:
                 concurrency=concurrency,
                 lease_seconds=float(lease),
                 env=env_pairs,
+                tenant=tenant,
             )
         )
     return tuple(result)

@@ -153,6 +153,14 @@ def worker(
     command: Annotated[
         list[str], typer.Argument(help="The command to run for each message, after --.")
     ],
+    tenant: Annotated[
+        str | None,
+        typer.Option(
+            "--tenant",
+            "-t",
+            help="The queue's tenant (name or id); may be left out while only one tenant exists.",
+        ),
+    ] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Commands run at once.")] = 1,
     lease_seconds: Annotated[float, typer.Option(min=1.0, help="Visibility timeout.")] = 30.0,
     max_runs: Annotated[
@@ -187,13 +195,18 @@ def worker(
     db: DbOption = None,
     config_path: ConfigOption = None,
 ) -> None:
-    """Run COMMAND once per message of QUEUE (payload JSON on stdin, SCHED_* in the environment)."""
+    """Run COMMAND once per message of the tenant's QUEUE (payload JSON on stdin, SCHED_* in
+    the environment)."""
     _setup_logging()
     if api_url is not None:
         try:
             command_vars = _env_flags(env or [])
             if db is not None:
                 raise errors.ConfigError("--api and --db exclude each other", field="db")
+            if tenant is not None:
+                raise errors.ConfigError(
+                    "with --api the token names the tenant: leave out --tenant", field="tenant"
+                )
             from scheduled_d.worker import run_api_worker
 
             run_api_worker(
@@ -217,15 +230,19 @@ def worker(
         command_vars = _env_flags(env or [])
         config = _config(config_path, db)
         store = _open_store(config, upgrade=False)
-        run_worker(
-            store,
-            queue,
-            command,
-            concurrency=concurrency,
-            lease_seconds=lease_seconds,
-            max_runs=max_runs,
-            env=command_vars,
-        )
+        try:
+            run_worker(
+                store,
+                queue,
+                command,
+                concurrency=concurrency,
+                lease_seconds=lease_seconds,
+                max_runs=max_runs,
+                tenant=tenant,
+                env=command_vars,
+            )
+        finally:
+            store.close()
     except errors.SchedError as error:
         _fail(error)
 

@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -49,6 +49,7 @@ from schedctl.storage.outbox import (
 )
 from schedctl.storage.payloads import decode_payload
 from schedctl.storage.queue import QueueRepo
+from schedctl.storage.settle import unexpected_error
 from schedctl.storage.signing_secrets import SigningKeyCache
 from schedctl.storage.store import Store
 
@@ -87,7 +88,7 @@ class RelayStats:
     retried: int = 0  # attempts that failed and will be tried again
     dead: int = 0  # runs dead-lettered
     skipped: int = 0  # runs of cancelled jobs, not delivered
-    lost: int = 0  # leases of a stopped relay, delivered again
+    lost: int = 0  # leases of a stopped relay: lost attempts, retried per policy
     stale: int = 0  # outcomes whose lease had moved on (another relay took over)
     routed: int = 0  # queue rows routed to a tenant's RabbitMQ lane
 
@@ -342,7 +343,7 @@ class Relay:
             self.stats.lost += claimed.lost
             if claimed.lost:
                 log.warning(
-                    "relay: %d delivery lease(s) of a stopped relay expired; delivering again",
+                    "relay: %d delivery lease(s) of a stopped relay expired: lost attempts",
                     claimed.lost,
                 )
             for delivery in claimed.deliveries:
@@ -393,9 +394,9 @@ class Relay:
                         self._publish(batch)
                     else:
                         for delivery in batch:
-                            self._call(delivery)
+                            self._guarded(self._call, delivery)
                 except Exception:
-                    # the leases expire and another pass delivers again: nothing is lost
+                    # the leases expire and the next claim records a lost attempt each
                     log.exception("relay: delivery to %s failed unexpectedly", lane)
         finally:
             with self._queue_lock:
@@ -404,6 +405,19 @@ class Relay:
                 self._last_active[lane] = time.monotonic()
             self.limits.release(lane)
             self._freed.set()
+
+    def _guarded(self, deliver: Callable[[Delivery], None], delivery: Delivery) -> None:
+        """deliver(delivery), with any exception escaping it recorded as a retryable
+        failed attempt naming its class: a bug in a delivery path costs attempts and ends
+        in the dead letters, instead of sending the run again forever."""
+        started = datetime.now(UTC)
+        try:
+            deliver(delivery)
+        except Exception as exc:
+            log.exception("relay: delivery of %s failed unexpectedly", delivery.idempotency_key)
+            self._record(
+                delivery, DeliveryResult(Verdict.retry, error=unexpected_error(exc)), started
+            )
 
     def _call(self, delivery: Delivery) -> None:
         started = datetime.now(UTC)
@@ -468,6 +482,15 @@ class Relay:
             for delivery in deliveries:
                 self._record(
                     delivery, DeliveryResult(Verdict.retry, error=str(exc)), datetime.now(UTC)
+                )
+        except Exception as exc:
+            # like _guarded (outcomes recorded already stay: settling keeps one per lease)
+            log.exception("relay: publishing to %s failed unexpectedly", deliveries[0].lane)
+            for delivery in deliveries:
+                self._record(
+                    delivery,
+                    DeliveryResult(Verdict.retry, error=unexpected_error(exc)),
+                    datetime.now(UTC),
                 )
 
     def _record(self, delivery: Delivery, result: DeliveryResult, started: datetime) -> None:

@@ -11,10 +11,11 @@ from schedctl.coordination.base import Coordinator
 from schedctl.coordination.local import LocalCoordinator
 from schedctl.coordination.zookeeper import ZooKeeperCoordinator
 from schedctl.storage.claim import ClaimResult
+from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
 from scheduled_d.dispatcher import Dispatcher
 from scheduled_d.maintenance import run_maintenance
-from scheduled_d.metrics import serve_metrics
+from scheduled_d.metrics import export_queue_depths, serve_metrics
 from scheduled_d.relay import Relay
 from scheduled_d.signals import stop_on_signals
 from scheduled_d.worker import Worker
@@ -117,10 +118,12 @@ def run_all(store: Store, config: Config, *, stop: threading.Event | None = None
                 lease_seconds=spec.lease_seconds,
                 heartbeat_seconds=min(5.0, spec.lease_seconds / 3),
                 env=dict(spec.env),
+                tenant=spec.tenant,
             )
             worker_threads.append(
                 _start(f"worker-{spec.queue}", lambda w=worker: w.run(worker_stop, force=force))
             )
+        export_queue_depths(QueueRepo(store).stats)
         _serve_metrics(config, [dispatch_thread, relay_thread, *worker_threads], stop)
         log.info(
             "scheduled-d all: %d partitions, %d worker(s), database %s",
@@ -175,6 +178,7 @@ def run_relay(store: Store, config: Config) -> None:
         relay = Relay(store)
         inner = threading.Event()
         thread = _start("relay", lambda: relay.run(inner))
+        export_queue_depths(QueueRepo(store).stats)
         _serve_metrics(config, [thread], stop)
         _wait(stop, force)
         inner.set()
@@ -190,6 +194,7 @@ def run_worker(
     lease_seconds: float,
     max_runs: int | None,
     env: Mapping[str, str] | None = None,
+    tenant: str | None = None,
 ) -> None:
     with stop_on_signals() as (stop, force):
         worker = Worker(
@@ -199,5 +204,6 @@ def run_worker(
             concurrency=concurrency,
             lease_seconds=lease_seconds,
             env=env,
+            tenant=tenant,
         )
         worker.run(stop, max_runs=max_runs, force=force)

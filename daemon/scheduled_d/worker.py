@@ -89,8 +89,10 @@ class Worker:
     """Runs `command` once per message of `queue`, up to `concurrency` at a time.
 
     - store: the Store to lease from (Postgres or SQLite), or a LeaseBackend (e.g. the REST
-      API's, schedctl.queue_client.ApiLeaseBackend).
-    - queue: the built-in queue this worker consumes.
+      API's, schedctl.queue_client.ApiLeaseBackend, whose token names the tenant).
+    - queue: the built-in queue this worker consumes, of tenant `tenant`.
+    - tenant: with a Store, the queue's tenant (name or id); may be left out while only one
+      tenant exists (ConfigError otherwise).
     - command: argv of the command to run (e.g. ["/usr/local/bin/backup.sh"]); it gets
       SCHED_JOB_ID, SCHED_SCHEDULED_AT, SCHED_ATTEMPT, SCHED_IDEMPOTENCY_KEY in its
       environment and the job's payload JSON on stdin.
@@ -122,6 +124,7 @@ class Worker:
         kill_grace_seconds: float = 5.0,
         reap_seconds: float | None = None,
         env: Mapping[str, str] | None = None,
+        tenant: str | None = None,
     ) -> None:
         if not command:
             raise errors.ConfigError("the worker needs a command to run", field="command")
@@ -138,7 +141,7 @@ class Worker:
         if output_tail_bytes < 0:
             raise errors.ConfigError("must not be negative", field="output_tail_bytes")
         self.backend: LeaseBackend = (
-            store if isinstance(store, LeaseBackend) else DirectBackend(store)
+            store if isinstance(store, LeaseBackend) else DirectBackend(store, tenant)
         )
         self.queue = queue
         self.command = list(command)
@@ -181,8 +184,9 @@ class Worker:
         taken = 0
         next_reap = 0.0
         log.info(
-            "worker %s: queue %r, concurrency %d, command %s",
+            "worker %s: tenant %s, queue %r, concurrency %d, command %s",
             self.owner,
+            getattr(self.backend, "tenant_id", "of the token"),
             self.queue,
             self.concurrency,
             self.command[0],
@@ -650,51 +654,23 @@ class Worker:
 
 
 class DirectBackend:
-    """The operator worker's backend: the database, through QueueRepo.
+    """The operator worker's backend: the database, through QueueRepo, for one tenant's
+    queue.
 
-    - tenant_id: the tenant whose queue is consumed. None (until the operator worker names
-      its tenant) takes the queue of that name of every tenant with runs ready in it.
+    - tenant: the tenant's name or id; may be left out while exactly one tenant exists
+      (ConfigError otherwise: a worker guessing could run one tenant's runs with a command
+      meant for another's).
     """
 
-    def __init__(self, store: Store, tenant_id: str | None = None) -> None:
-        from schedctl.storage.queue import QueueRepo
+    def __init__(self, store: Store, tenant: str | None = None) -> None:
+        from schedctl.storage.queue import QueueRepo, worker_tenant
 
         self.store = store
         self.repo: QueueRepo = QueueRepo(store)
-        self.tenant_id = tenant_id
+        self.tenant_id = worker_tenant(store, tenant)
 
     def lease(self, queue: str, owner: str, lease_seconds: float, limit: int) -> list[Lease]:
-        leases: list[Lease] = []
-        for tenant_id in self._tenants(queue):
-            if len(leases) >= limit:
-                break
-            leases.extend(
-                self.repo.lease(
-                    queue, owner, lease_seconds, limit - len(leases), tenant_id=tenant_id
-                )
-            )
-        return leases
-
-    def _tenants(self, queue: str) -> list[str]:
-        if self.tenant_id is not None:
-            return [self.tenant_id]
-        from sqlalchemy import select
-
-        from schedctl.storage import schema
-        from schedctl.storage.jobs import db_now
-
-        m = schema.queue_messages
-        with self.store.read() as connection:
-            found = connection.execute(
-                select(m.c.tenant_id)
-                .where(
-                    m.c.queue == queue,
-                    m.c.available_at <= db_now(connection),
-                    m.c.leased_until.is_(None),
-                )
-                .distinct()
-            ).scalars()
-            return sorted(str(t) for t in found)
+        return list(self.repo.lease(queue, owner, lease_seconds, limit, tenant_id=self.tenant_id))
 
     def beat(self, lease: Lease, lease_seconds: float) -> Beat:
         return self.repo.beat(_stored(lease), lease_seconds)

@@ -83,7 +83,8 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
     if not value:
         return None
     text = value.strip()
-    if text.isdigit():
+    # ASCII only: str.isdigit() is also true for "²", which float() refuses
+    if text.isascii() and text.isdigit():
         seconds = float(text)
     else:
         try:

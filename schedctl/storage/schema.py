@@ -178,7 +178,8 @@ queue_messages = Table(
     Column("lease_owner", String(200), nullable=True),
     Column("created_at", UTCDateTime, nullable=False),
     UniqueConstraint("job_id", "scheduled_at", name="uq_queue_messages_run"),
-    Index("ix_queue_messages_ready", "queue", "available_at"),
+    # a queue is (tenant, name): a worker reads its tenant's queue in due order
+    Index("ix_queue_messages_ready", "tenant_id", "queue", "available_at"),
     Index("ix_queue_messages_job", "job_id"),
 )
 
