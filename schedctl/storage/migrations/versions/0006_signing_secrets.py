@@ -20,7 +20,7 @@ from schedctl.storage.payloads import payload_cipher
 from schedctl.storage.types import UTCDateTime
 
 revision = "0006"
-down_revision = "0004"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 
