@@ -164,6 +164,12 @@ class Worker:
 
     # -- the loop ----------------------------------------------------------------------------
 
+    @property
+    def tenant_id(self) -> str | None:
+        """The tenant whose queue this worker serves (None over the API: the token names it)."""
+        tenant_id = getattr(self.backend, "tenant_id", None)
+        return tenant_id if isinstance(tenant_id, str) else None
+
     def run(
         self,
         stop: threading.Event,
@@ -186,7 +192,7 @@ class Worker:
         log.info(
             "worker %s: tenant %s, queue %r, concurrency %d, command %s",
             self.owner,
-            getattr(self.backend, "tenant_id", "of the token"),
+            self.tenant_id or "of the API token",
             self.queue,
             self.concurrency,
             self.command[0],
