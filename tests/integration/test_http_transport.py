@@ -388,15 +388,14 @@ def test_https_refuses_a_certificate_for_another_name(tmp_path: Path) -> None:
         finally:
             delivery.close()
         assert server.seen == []
-    _assert_tls_refused(result, NAME)
+    _assert_tls_refused(result, f"hostname '{NAME}' doesn't match 'other-test.localhost'")
 
 
 def _assert_tls_refused(result: DeliveryResult, fragment: str) -> None:
     assert result.verdict is Verdict.retry, result
     assert result.status is None
     error = result.error or ""
-    assert error.startswith("network error") and "certificate" in error.lower(), error
-    assert fragment in error, error
+    assert error.startswith("network error") and fragment in error, error
 
 
 def test_a_relay_delivers_over_https_with_the_configured_ca_bundle(
@@ -431,7 +430,9 @@ def test_a_relay_delivers_over_https_with_the_configured_ca_bundle(
         store.close()
 
 
-def test_the_deadline_and_lease_settings_are_read_from_the_configuration(tmp_path: Path) -> None:
+def test_the_deadline_and_lease_settings_are_read_from_the_configuration(
+    sqlite_url: str, tmp_path: Path
+) -> None:
     config_file = tmp_path / "scheduled.toml"
     config_file.write_text(
         "relay_lease_seconds = 6\nhttp_timeout_seconds = 3.5\nrelay_max_in_flight = 40\n"
@@ -439,7 +440,7 @@ def test_the_deadline_and_lease_settings_are_read_from_the_configuration(tmp_pat
     config = load_config(config_file, environ={"SCHEDULED_RELAY_LEASE_SECONDS": "7"})
     assert (config.relay_lease_seconds, config.http_timeout_seconds) == (7.0, 3.5)
     assert config.relay_max_in_flight == 40
-    store = Store.open(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    store = Store.open(sqlite_url)
     try:
         relay = Relay.from_config(store, config)
         try:
@@ -455,7 +456,7 @@ def test_the_deadline_and_lease_settings_are_read_from_the_configuration(tmp_pat
 
 def test_a_deadline_is_measured_not_slept() -> None:
     """A quick answer does not wait for the deadline (the watchdog only acts when due)."""
-    head = b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n"
+    head = b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
     with trickler(head, b"") as server:
         delivery = HttpDelivery(timeout=30.0)
         try:
@@ -468,4 +469,4 @@ def test_a_deadline_is_measured_not_slept() -> None:
         finally:
             delivery.close()
     print(f"\n20 quick calls with a 30 s deadline each: {took:.2f} s")
-    assert all(r.verdict is Verdict.succeeded for r in results)
+    assert all(r.verdict is Verdict.succeeded for r in results), results
