@@ -47,8 +47,8 @@ class Config:
     metrics_listen: str | None = None  # "host:port" for /metrics and /healthz
     api_listen: str = "127.0.0.1:8080"
     api_enabled: bool = False
-    # the relay: lease of a claimed run without a heartbeat (unset: 10 s, or more when the
-    # HTTP deadline needs it), the wall-clock deadline of one HTTP call (unset: 8 s, or
+    # the relay: lease of a claimed run without a heartbeat (unset: 9 s, or more when the
+    # HTTP deadline needs it), the wall-clock deadline of one HTTP call (unset: 7 s, or
     # shorter than a configured lease by its margin), deliveries at once, and a PEM file of
     # the CAs HTTPS endpoints are checked against (unset: the bundled public CAs)
     relay_lease_seconds: float | None = None

@@ -11,7 +11,7 @@ the outbox unclaimed, and every other lane keeps claiming and delivering. The ca
 on a thread pool outside any transaction; outcomes are written in batches by one settler
 thread.
 
-Leases and heartbeat: a claim leases its rows for `lease_seconds` (10 s by default); a
+Leases and heartbeat: a claim leases its rows for `lease_seconds` (9 s by default); a
 heartbeat thread extends, every lease/3, the leases of every row this relay holds -- waiting
 for a slot, in flight, or delivered and not recorded yet -- in one statement. A relay that
 dies (kill -9, a lost machine) stops extending, and another relay delivers its runs again
@@ -72,7 +72,7 @@ REFILL_PAUSE_SECONDS = 0.002
 SETTLE_BATCH = 500
 # How long a claimed row is this relay's without a heartbeat; the heartbeat runs every third
 # of it. A stopped relay's runs are delivered again about this long after it stopped.
-DEFAULT_LEASE_SECONDS = 10.0
+DEFAULT_LEASE_SECONDS = 9.0
 HEARTBEAT_FRACTION = 1 / 3
 # leases extended per statement
 EXTEND_BATCH = 5000
@@ -119,11 +119,11 @@ class Relay:
     - batch_size: built-in queue rows moved per transaction.
     - reap_seconds: how often expired built-in queue leases are settled.
     - http_timeout: the wall-clock deadline of one HTTP call; broker operations use it too
-      (default: 8 s, or less than lease_seconds by lease_margin when only that is given).
+      (default: 7 s, or less than lease_seconds by lease_margin when only that is given).
     - max_in_flight: deliveries running at once in this relay, all tenants together.
     - default_concurrency: slots of a lane whose tenant setting is not loaded yet.
     - lease_seconds: how long a claimed row is this relay's without a heartbeat (default
-      10 s, at least the deadline plus lease_margin); after that another relay may deliver
+      9 s, at least the deadline plus lease_margin); after that another relay may deliver
       it again. heartbeat_seconds: how often the leases held are extended (lease/3).
     - settings_seconds: how often tenant limits, brokers and allow-lists are re-read.
     - resolver / ca_bundle: for HTTP delivery (tests inject a resolver).

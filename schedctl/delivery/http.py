@@ -52,8 +52,8 @@ from schedctl.scheduling.timeparse import format_instant
 from schedctl.signing import signed_headers
 
 # one deadline per call, connect to the end of the body snippet; shorter than the relay's
-# default lease (10 s) by a margin
-DEFAULT_TIMEOUT_SECONDS = 8.0
+# default lease (9 s) by a margin
+DEFAULT_TIMEOUT_SECONDS = 7.0
 DEFAULT_CONNECT_TIMEOUT_SECONDS = 5.0
 MAX_RETRY_AFTER_SECONDS = 3600.0
 # what is kept of a response body for the run history (error answers, mostly)

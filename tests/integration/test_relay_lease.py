@@ -161,9 +161,9 @@ def test_a_relay_keeps_the_leases_of_calls_that_outlast_them(store: Store) -> No
 def test_defaults_lease_heartbeat_and_deadline(store: Store) -> None:
     relay = Relay(store)
     try:
-        assert relay.lease_seconds == DEFAULT_LEASE_SECONDS == 10.0
-        assert relay.heartbeat_seconds == pytest.approx(10.0 / 3)
-        assert relay.http.timeout == 8.0  # shorter than the lease by a margin
+        assert relay.lease_seconds == DEFAULT_LEASE_SECONDS == 9.0
+        assert relay.heartbeat_seconds == pytest.approx(9.0 / 3)
+        assert relay.http.timeout == 7.0  # shorter than the lease by a margin
     finally:
         relay.close()
     # a long deadline makes the default lease longer; a short lease, the deadline shorter
