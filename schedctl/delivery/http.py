@@ -123,10 +123,12 @@ class HttpDelivery:
     """Delivers runs over HTTP; one instance is shared by all delivery threads (the
     connection pools are thread-safe and keep connections to each checked address alive).
 
-    - timeout: the wall-clock deadline of one call, from the first connection attempt to
-      the end of the body snippet; connect_timeout: at most this for the TCP connect.
+    - timeout: the wall-clock deadline of one call, from its start (the guard's name
+      resolution counts against it, though a resolver that hangs is not cut short) to the
+      end of the body snippet; connect_timeout: at most this for the TCP connect.
     - resolver: how host names become addresses (tests inject one).
-    - ca_bundle: a CA file for endpoints with a private CA (default: the system's).
+    - ca_bundle: a PEM file of the CAs to check endpoints against, instead of the bundled
+      public ones (certifi), for endpoints with a private CA.
     """
 
     def __init__(
