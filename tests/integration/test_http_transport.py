@@ -60,6 +60,7 @@ class Trickler:
     head: bytes
     trickle: bytes
     every: float = 0.5
+    http: bool = True  # read an HTTP request first; else whatever the client sends first
     sent: list[int] = field(default_factory=list)  # bytes of `trickle` sent, per connection
 
     def __post_init__(self) -> None:
@@ -86,6 +87,10 @@ class Trickler:
         index = len(self.sent)
         self.sent.append(0)
         with connection:
+            if not self.http:
+                connection.recv(65536)  # a TLS ClientHello
+                self._send(connection, index)
+                return
             data = b""
             while b"\r\n\r\n" not in data:
                 chunk = connection.recv(65536)
@@ -100,15 +105,18 @@ class Trickler:
             )
             while len(body) < length:
                 body += connection.recv(65536)
-            try:
-                connection.sendall(self.head)
-                for byte in self.trickle:
-                    if self.stop.wait(self.every):
-                        return
-                    connection.sendall(bytes([byte]))
-                    self.sent[index] += 1
-            except OSError:
-                return  # the client hung up: what the deadline is for
+            self._send(connection, index)
+
+    def _send(self, connection: socket.socket, index: int) -> None:
+        try:
+            connection.sendall(self.head)
+            for byte in self.trickle:
+                if self.stop.wait(self.every):
+                    return
+                connection.sendall(bytes([byte]))
+                self.sent[index] += 1
+        except OSError:
+            return  # the client hung up: what the deadline is for
 
     def close(self) -> None:
         self.stop.set()
@@ -116,8 +124,8 @@ class Trickler:
 
 
 @contextlib.contextmanager
-def trickler(head: bytes, trickle: bytes) -> Iterator[Trickler]:
-    server = Trickler(head, trickle)
+def trickler(head: bytes, trickle: bytes, *, http: bool = True) -> Iterator[Trickler]:
+    server = Trickler(head, trickle, http=http)
     try:
         yield server
     finally:
@@ -164,6 +172,23 @@ def test_a_body_trickled_after_a_complete_answer_is_cut_at_the_deadline() -> Non
     assert "body cut at the 1 s deadline" in (result.detail or ""), result.detail
     assert result.seconds < 60 * 0.5 / 2
     assert again.verdict is Verdict.succeeded and again.status == 200
+
+
+def test_a_tls_handshake_trickled_a_byte_at_a_time_ends_at_the_deadline() -> None:
+    """The server's first TLS record announces 16 KiB and sends it a byte every 0.5 s: the
+    handshake is cut at the deadline like any other part of the call."""
+    record = b"\x16\x03\x03\x40\x00"  # handshake record, TLS 1.2, 16384 bytes follow
+    with trickler(record, b"\x00" * 16384, http=False) as server:
+        url = server.url.replace("http://", "https://")
+        delivery = HttpDelivery(timeout=1.0)
+        try:
+            result = delivery.deliver(url=url, allow_list=["127.0.0.1"], **CALL)
+        finally:
+            delivery.close()
+    print(f"\ntrickled TLS handshake: the call ended after {result.seconds:.2f} s (deadline 1 s)")
+    assert result.verdict is Verdict.retry, result
+    assert (result.error or "").startswith("timed out"), result.error
+    assert result.seconds < 30  # liveness only: the record alone would take 8192 s
 
 
 def test_a_relay_call_to_a_trickling_endpoint_is_retried_by_the_deadline(db_url: str) -> None:
