@@ -57,6 +57,14 @@ class Config:
     metrics_listen: str | None = None  # "host:port" for /metrics and /healthz
     api_listen: str = "127.0.0.1:8080"
     api_enabled: bool = False
+    # the relay: lease of a claimed run without a heartbeat (unset: 9 s, or more when the
+    # HTTP deadline needs it), the wall-clock deadline of one HTTP call (unset: 7 s, or
+    # shorter than a configured lease by its margin), deliveries at once, and a PEM file of
+    # the CAs HTTPS endpoints are checked against (unset: the bundled public CAs)
+    relay_lease_seconds: float | None = None
+    http_timeout_seconds: float | None = None
+    relay_max_in_flight: int = 256
+    http_ca_bundle: str | None = None
     workers: tuple[WorkerConfig, ...] = ()
     source: str = "defaults"  # where the config came from, for `schedctl status`
 
@@ -76,6 +84,10 @@ _SCALARS: dict[str, type] = {
     "metrics_listen": str,
     "api_listen": str,
     "api_enabled": bool,
+    "relay_lease_seconds": float,
+    "http_timeout_seconds": float,
+    "relay_max_in_flight": int,
+    "http_ca_bundle": str,
 }
 
 
@@ -233,4 +245,10 @@ def load_config(
     config = replace(Config(), **values, source=", ".join(sources))
     if config.partition_count < 1:
         raise errors.ConfigError("must be at least 1", field="partition_count")
+    for key in ("relay_lease_seconds", "http_timeout_seconds"):
+        value = getattr(config, key)
+        if value is not None and not value > 0:
+            raise errors.ConfigError("must be a positive number of seconds", field=key)
+    if config.relay_max_in_flight < 1:
+        raise errors.ConfigError("must be at least 1", field="relay_max_in_flight")
     return config

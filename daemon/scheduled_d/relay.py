@@ -10,6 +10,12 @@ way); a tenant whose endpoint hangs holds at most that, the rest of its backlog 
 the outbox unclaimed, and every other lane keeps claiming and delivering. The calls run
 on a thread pool outside any transaction; outcomes are written in batches by one settler
 thread.
+
+Leases and heartbeat: a claim leases its rows for `lease_seconds` (9 s by default); a
+heartbeat thread extends, every lease/3, the leases of every row this relay holds -- waiting
+for a slot, in flight, or delivered and not recorded yet -- in one statement. A relay that
+dies (kill -9, a lost machine) stops extending, and another relay delivers its runs again
+about one lease later, without the lease having to outlast the slowest call.
 """
 
 from __future__ import annotations
@@ -26,10 +32,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from prometheus_client import Counter, Histogram
 
 from schedctl import errors
+from schedctl.config import Config
 from schedctl.delivery.http import (
     DEFAULT_TIMEOUT_SECONDS,
     DeliveryResult,
@@ -64,6 +72,20 @@ RABBITMQ_PER_SLOT = 50
 # transaction then refills several slots instead of one each.
 REFILL_PAUSE_SECONDS = 0.002
 SETTLE_BATCH = 500
+# How long a claimed row is this relay's without a heartbeat; the heartbeat runs every third
+# of it. A stopped relay's runs are delivered again about this long after it stopped.
+DEFAULT_LEASE_SECONDS = 9.0
+HEARTBEAT_FRACTION = 1 / 3
+# leases extended per statement
+EXTEND_BATCH = 5000
+
+
+def lease_margin(lease_seconds: float) -> float:
+    """How much shorter than the lease an HTTP call's deadline is: a call started right
+    after a heartbeat ends, and its outcome is recorded, before the lease runs out even if
+    no further heartbeat gets through."""
+    return max(1.0, lease_seconds / 5)
+
 
 DELIVERIES = Counter(
     "scheduled_relay_deliveries",
@@ -98,11 +120,13 @@ class Relay:
 
     - batch_size: built-in queue rows moved per transaction.
     - reap_seconds: how often expired built-in queue leases are settled.
-    - http_timeout: seconds per HTTP call (each read); broker operations use it too.
+    - http_timeout: the wall-clock deadline of one HTTP call; broker operations use it too
+      (default: 7 s, or less than lease_seconds by lease_margin when only that is given).
     - max_in_flight: deliveries running at once in this relay, all tenants together.
     - default_concurrency: slots of a lane whose tenant setting is not loaded yet.
-    - lease_seconds: how long a claimed row is this relay's (default: comfortably more
-      than a call can take); after that another relay may deliver it again.
+    - lease_seconds: how long a claimed row is this relay's without a heartbeat (default
+      9 s, at least the deadline plus lease_margin); after that another relay may deliver
+      it again. heartbeat_seconds: how often the leases held are extended (lease/3).
     - settings_seconds: how often tenant limits, brokers and allow-lists are re-read.
     - resolver / ca_bundle: for HTTP delivery (tests inject a resolver).
     Several relays may run at once: every claim is SKIP LOCKED (Postgres) and leased.
@@ -115,10 +139,11 @@ class Relay:
         batch_size: int = 500,
         poll_seconds: float = 0.2,
         reap_seconds: float = 1.0,
-        http_timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        http_timeout: float | None = None,
         max_in_flight: int = 256,
         default_concurrency: int = 16,
         lease_seconds: float | None = None,
+        heartbeat_seconds: float | None = None,
         settings_seconds: float = 2.0,
         owner: str | None = None,
         resolver: Resolver | None = None,
@@ -135,14 +160,41 @@ class Relay:
         self.reap_seconds = reap_seconds
         self.settings_seconds = settings_seconds
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.http = http or HttpDelivery(
-            timeout=http_timeout, resolver=resolver, ca_bundle=ca_bundle
-        )
-        # a claimed row may wait for one call of its lane, then take its own (connect +
-        # read time each); the rest is margin for recording the outcome
-        self.lease_seconds = lease_seconds or (
-            2 * (self.http.timeout + self.http.connect_timeout) + 30.0
-        )
+        if lease_seconds is not None and lease_seconds <= 0:
+            raise errors.ConfigError("must be positive", field="relay_lease_seconds")
+        if http is not None:
+            timeout = http.timeout
+        elif http_timeout is not None:
+            timeout = http_timeout
+        elif lease_seconds is not None:
+            timeout = min(
+                DEFAULT_TIMEOUT_SECONDS,
+                max(lease_seconds - lease_margin(lease_seconds), lease_seconds / 2),
+            )
+        else:
+            timeout = DEFAULT_TIMEOUT_SECONDS
+        self.http = http or HttpDelivery(timeout=timeout, resolver=resolver, ca_bundle=ca_bundle)
+        if lease_seconds is None:
+            # long enough that the deadline is shorter by lease_margin
+            lease_seconds = max(
+                DEFAULT_LEASE_SECONDS, self.http.timeout + 1.0, self.http.timeout * 1.25
+            )
+        elif self.http.timeout > lease_seconds - lease_margin(lease_seconds):
+            log.warning(
+                "relay: the HTTP deadline (%g s) is not shorter than the lease (%g s) by "
+                "%g s: a call outlives its lease unless a heartbeat gets through meanwhile",
+                self.http.timeout,
+                lease_seconds,
+                lease_margin(lease_seconds),
+            )
+        self.lease_seconds = lease_seconds
+        self.heartbeat_seconds = heartbeat_seconds or lease_seconds * HEARTBEAT_FRACTION
+        if not 0 < self.heartbeat_seconds < self.lease_seconds:
+            raise errors.ConfigError(
+                f"the heartbeat ({self.heartbeat_seconds:g} s) must be shorter than the lease "
+                f"({self.lease_seconds:g} s)",
+                field="heartbeat_seconds",
+            )
         self.brokers = BrokerPool(timeout=self.http.timeout)
         self.limits = DeliveryLimits(
             max_in_flight=max_in_flight, default_concurrency=default_concurrency
@@ -171,6 +223,26 @@ class Relay:
         self._queue_lock = threading.Lock()
         self._drained: set[Lane] = set()  # lanes whose last claim found less than it asked
         self._last_active: dict[Lane, float] = {}  # when a slot of the lane last finished
+        # leases claimed and not settled yet: (outbox id, lease token) -> outbox id
+        self._held: dict[tuple[int, str], int] = {}
+        self._held_lock = threading.Lock()
+        self._heartbeat: threading.Thread | None = None
+        self._heartbeat_stop = threading.Event()
+        self.extended = 0  # leases extended by the heartbeat
+        self.heartbeat_errors = 0
+
+    @classmethod
+    def from_config(cls, store: Store, config: Config, **options: Any) -> Relay:
+        """A relay with the configuration's lease, HTTP deadline, in-flight cap and CA
+        bundle (unset keys keep the defaults); `options` override (tests)."""
+        settings: dict[str, Any] = {
+            "lease_seconds": config.relay_lease_seconds,
+            "http_timeout": config.http_timeout_seconds,
+            "max_in_flight": config.relay_max_in_flight,
+            "ca_bundle": config.http_ca_bundle,
+        }
+        settings.update(options)
+        return cls(store, **settings)
 
     # -- control -----------------------------------------------------------------------------
 
@@ -246,10 +318,14 @@ class Relay:
             self.outbox.release(waiting)
         except errors.StoreUnavailable as exc:
             log.warning("relay: could not give back %d lease(s): %s", len(waiting), exc)
+        self._let_go(waiting)
         self._settler_stop.set()
         if self._settler is not None:
             self._settler.join()
         self._settle_pending()  # anything the settler did not get to
+        self._heartbeat_stop.set()
+        if self._heartbeat is not None:
+            self._heartbeat.join()
         self.brokers.close()
         self.http.close()
         log.info(
@@ -346,6 +422,7 @@ class Relay:
                     "relay: %d delivery lease(s) of a stopped relay expired: lost attempts",
                     claimed.lost,
                 )
+            self._hold(claimed.deliveries)
             for delivery in claimed.deliveries:
                 by_lane.setdefault(delivery.lane, []).append(delivery)
             for lane, cap in caps.items():
@@ -396,7 +473,9 @@ class Relay:
                         for delivery in batch:
                             self._guarded(self._call, delivery)
                 except Exception:
-                    # the leases expire and the next claim records a lost attempt each
+                    # no more heartbeats for them: the leases expire and the next claim
+                    # records a lost attempt each; nothing is lost
+                    self._let_go(batch)
                     log.exception("relay: delivery to %s failed unexpectedly", lane)
         finally:
             with self._queue_lock:
@@ -527,6 +606,11 @@ class Relay:
                 target=self._settle_loop, name="relay-settle", daemon=True
             )
             self._settler.start()
+        if self._heartbeat is None:
+            self._heartbeat = threading.Thread(
+                target=self._heartbeat_loop, name="relay-heartbeat", daemon=True
+            )
+            self._heartbeat.start()
 
     def _settle_loop(self) -> None:
         retry = STORE_RETRY_MIN_SECONDS
@@ -561,6 +645,7 @@ class Relay:
 
     def _settle(self, outcomes: Sequence[Outcome]) -> None:
         result = self.outbox.settle(outcomes)
+        self._let_go([x.delivery for x in outcomes])
         self._forget(len(outcomes))
         self.stats.delivered += result.succeeded
         self.stats.retried += result.retried
@@ -592,6 +677,48 @@ class Relay:
     def _forget(self, count: int) -> None:
         with self._unsettled_lock:
             self._unsettled -= count
+
+    # -- heartbeat (one thread) --------------------------------------------------------------
+
+    def _hold(self, deliveries: Sequence[Delivery]) -> None:
+        with self._held_lock:
+            for d in deliveries:
+                self._held[(d.outbox_id, d.lease)] = d.outbox_id
+
+    def _let_go(self, deliveries: Sequence[Delivery]) -> None:
+        with self._held_lock:
+            for d in deliveries:
+                self._held.pop((d.outbox_id, d.lease), None)
+
+    def held(self) -> int:
+        """Leases claimed and not settled yet (what the heartbeat extends)."""
+        with self._held_lock:
+            return len(self._held)
+
+    def _heartbeat_loop(self) -> None:
+        while not self._heartbeat_stop.wait(self.heartbeat_seconds):
+            self.heartbeat()
+
+    def heartbeat(self) -> int:
+        """Extend the leases of every run this relay holds (claimed, not settled); returns
+        how many were extended. A failure is logged: the next beat tries again, and the
+        lease has two more beats of slack."""
+        with self._held_lock:
+            ids = sorted(set(self._held.values()))
+        extended = 0
+        try:
+            for start in range(0, len(ids), EXTEND_BATCH):
+                extended += self.outbox.extend(
+                    ids[start : start + EXTEND_BATCH], self.owner, self.lease_seconds
+                )
+        except errors.StoreUnavailable as exc:
+            self.heartbeat_errors += 1
+            log.warning("relay: cannot extend %d lease(s): %s", len(ids), exc)
+        except Exception:
+            self.heartbeat_errors += 1
+            log.exception("relay: extending %d lease(s) failed", len(ids))
+        self.extended += extended
+        return extended
 
     # -- tests and benchmarks ----------------------------------------------------------------
 

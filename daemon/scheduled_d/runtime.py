@@ -98,7 +98,7 @@ def run_all(store: Store, config: Config, *, stop: threading.Event | None = None
             api_server.start()
         coordinator = make_coordinator(store, config)
         coordinator.start()
-        relay = Relay(store)
+        relay = Relay.from_config(store, config)
 
         def claimed(_result: ClaimResult) -> None:
             relay.wake()
@@ -175,7 +175,7 @@ def run_dispatcher(store: Store, config: Config) -> None:
 
 def run_relay(store: Store, config: Config) -> None:
     with stop_on_signals() as (stop, force):
-        relay = Relay(store)
+        relay = Relay.from_config(store, config)
         inner = threading.Event()
         thread = _start("relay", lambda: relay.run(inner))
         export_queue_depths(QueueRepo(store).stats)

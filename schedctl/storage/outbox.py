@@ -457,6 +457,33 @@ class OutboxRepo:
             for kind, a, b, c in rows
         }
 
+    # -- heartbeat ---------------------------------------------------------------------------
+
+    def extend(self, ids: Sequence[int], owner: str, lease_seconds: float) -> int:
+        """Push the leases of these rows to `lease_seconds` from now, in one statement --
+        only rows still leased by this relay (a lease token `owner/...` of one of its
+        claims): a row whose lease ran out and was claimed by another relay stays theirs.
+        Returns the number of leases extended. The relay's heartbeat, for the runs it has
+        claimed and not settled yet (waiting for a slot, in flight, being recorded)."""
+        if lease_seconds <= 0:
+            raise errors.ValidationError("must be positive", field="lease_seconds")
+        wanted = sorted(set(ids))
+        if not wanted:
+            return 0
+        o = schema.outbox
+        prefix = f"{owner}/"
+        with self.store.tx() as connection:
+            now = db_now(connection)
+            outcome = connection.execute(
+                update(o)
+                .where(
+                    o.c.id.in_(wanted),
+                    func.substr(o.c.lease_owner, 1, len(prefix)) == prefix,
+                )
+                .values(available_at=now + timedelta(seconds=lease_seconds))
+            )
+            return int(outcome.rowcount)
+
 
 class DeadLetterRepo:
     """The dead-letter store: runs whose delivery failed for good, with the last error."""
