@@ -11,7 +11,8 @@ from typing import Any
 
 import platformdirs
 
-from schedctl import errors
+from schedctl import errors, limits
+from schedctl.limits import MAX_LEASE_SECONDS, MAX_WORKER_CONCURRENCY, MIN_LEASE_SECONDS
 
 DEFAULT_CONFIG_PATH = Path("/etc/scheduled/scheduled.toml")
 ENV_PREFIX = "SCHEDULED_"
@@ -108,14 +109,21 @@ def _workers(raw: Any, origin: str) -> tuple[WorkerConfig, ...]:
                 f"{origin}: [[worker]] needs a command (a list of strings)", field="worker.command"
             )
         concurrency = item.get("concurrency", 1)
-        if not isinstance(concurrency, int) or concurrency < 1:
+        if not limits.is_int(concurrency) or not 1 <= concurrency <= MAX_WORKER_CONCURRENCY:
             raise errors.ConfigError(
-                f"{origin}: concurrency must be an integer >= 1", field="worker.concurrency"
+                f"{origin}: concurrency must be an integer from 1 to {MAX_WORKER_CONCURRENCY}",
+                field="worker.concurrency",
             )
         lease = item.get("lease_seconds", 30.0)
-        if isinstance(lease, bool) or not isinstance(lease, int | float) or lease < 1:
+        if (
+            isinstance(lease, bool)
+            or not isinstance(lease, int | float)
+            or not MIN_LEASE_SECONDS <= lease <= MAX_LEASE_SECONDS
+        ):
             raise errors.ConfigError(
-                f"{origin}: lease_seconds must be a number >= 1", field="worker.lease_seconds"
+                f"{origin}: lease_seconds must be a number from {MIN_LEASE_SECONDS} to "
+                f"{MAX_LEASE_SECONDS}",
+                field="worker.lease_seconds",
             )
         result.append(
             WorkerConfig(

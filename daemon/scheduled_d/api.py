@@ -40,7 +40,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from schedctl import errors
+from schedctl import errors, limits
 from schedctl.config import Config
 from schedctl.models import JobStatus, Tenant
 from schedctl.service import MAX_JOBS_RETRY_AFTER_SECONDS, OverQuota, Scheduler
@@ -444,21 +444,9 @@ async def json_body(request: Request) -> Any:
     raw = await request.body()
     if not raw.strip():
         raise MalformedRequest("the request has no body: send a JSON object", field="body")
-    try:
-        return json.loads(raw)
-    except UnicodeDecodeError:
-        raise MalformedRequest("the body is not UTF-8 text", field="body") from None
-    except json.JSONDecodeError as exc:
-        # position only: the message must not quote the body (it may hold the payload)
-        raise MalformedRequest(
-            f"the body is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})",
-            field="body",
-        ) from None
-    except ValueError:
-        # e.g. an integer of more digits than Python converts
-        raise MalformedRequest("the body is not valid JSON", field="body") from None
-    except RecursionError:
-        raise MalformedRequest("the body is nested too deeply", field="body") from None
+    # integers too long for int() and nesting deep enough for a RecursionError are refused
+    # naming their field (schedctl.limits), never a 500; malformed JSON is a 400
+    return limits.parse_json(raw, "body", malformed=MalformedRequest)
 
 
 SchedulerDep = Annotated[Scheduler, Depends(get_scheduler)]
