@@ -34,7 +34,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import Counter, Histogram
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, Field
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -453,10 +453,23 @@ SchedulerDep = Annotated[Scheduler, Depends(get_scheduler)]
 CallerDep = Annotated[Caller, Depends(get_caller)]
 BodyDep = Annotated[Any, Depends(json_body)]
 JobIdPath = Annotated[str, Path(description="The job id.")]
-LimitQuery = Annotated[int, Query(ge=1, le=MAX_PAGE, description="Items per page.")]
+
+
+def _ascii_integer(value: Any) -> Any:
+    # pydantic's lax int takes "1.0" and " 1 "; a query integer is ASCII digits (limits)
+    if isinstance(value, str) and not (value.isascii() and value.isdigit() and len(value) < 20):
+        raise ValueError("must be an integer (ASCII digits)")
+    return value
+
+
+LimitQuery = Annotated[
+    int,
+    BeforeValidator(_ascii_integer),
+    Query(ge=1, le=MAX_PAGE, description=f"Items per page (1-{MAX_PAGE})."),
+]
 CursorQuery = Annotated[
     str | None,
-    Query(max_length=512, description="The next_cursor of the previous page."),
+    Query(max_length=limits.MAX_CURSOR_LENGTH, description="The next_cursor of the previous page."),
 ]
 StatusQuery = Annotated[JobStatus | None, Query(description="Only jobs in this status.")]
 IdempotencyHeader = Annotated[

@@ -155,7 +155,7 @@ def create(
         typer.Option(
             "--max-attempts",
             help=f"Delivery attempts per run (default 3, 1-{limits.MAX_ATTEMPTS}).",
-            parser=int_parser("--max-attempts", 1, limits.MAX_ATTEMPTS),
+            parser=int_parser("retry.max_attempts", 1, limits.MAX_ATTEMPTS),
         ),
     ] = None,
     misfire: Annotated[
@@ -177,7 +177,7 @@ def create(
             "--max-concurrency",
             help=f"Overlapping runs allowed (default 1, at most {limits.MAX_CONCURRENCY}; "
             "0: no limit).",
-            parser=int_parser("--max-concurrency", 0, limits.MAX_CONCURRENCY),
+            parser=int_parser("max_concurrency", 0, limits.MAX_CONCURRENCY),
         ),
     ] = None,
     timeout: Annotated[
