@@ -66,6 +66,11 @@ MAX_NUMBER_DIGITS = 20
 BOUNDS: tuple[tuple[str, str, str], ...] = (
     # (what, where, range) -- the documented table (README "Limits", schedctl(1))
     ("ids (dead letters, audit entries)", "dlq show/replay/purge ID", f"1 to {MAX_ID} (2^63-1)"),
+    (
+        "job ids",
+        "job show/cancel/... JOB, /v1/jobs/{id}",
+        "hex, 1 to 40 characters; any other is not found (exit 3, 404)",
+    ),
     ("cursors", "--cursor, ?cursor=", f"as issued; at most {MAX_CURSOR_LENGTH} characters"),
     ("page size", "--limit, ?limit=", f"1 to {MAX_PAGE}"),
     ("payload", "--payload, --payload-file, payload", "64 KiB (max_payload_bytes)"),
@@ -81,7 +86,7 @@ BOUNDS: tuple[tuple[str, str, str], ...] = (
     (
         "max concurrency",
         "--max-concurrency, max_concurrency",
-        f"1 to {MAX_CONCURRENCY}; 0/null: none",
+        f"1 to {MAX_CONCURRENCY} (--max-concurrency 0, null: no limit)",
     ),
     ("tenant max jobs", "tenant quota --max-jobs", f"0 to {MAX_QUOTA}"),
     ("tenant creates per minute", "tenant quota --create-rate", f"0 to {MAX_QUOTA}"),
@@ -97,6 +102,7 @@ BOUNDS: tuple[tuple[str, str, str], ...] = (
         "scheduled-d worker --concurrency, [[worker]] concurrency",
         f"1 to {MAX_WORKER_CONCURRENCY}",
     ),
+    ("worker runs", "scheduled-d worker --max-runs", f"1 to {MAX_RUNS}"),
     ("cron preview", "cron next -n", f"1 to {MAX_CRON_COUNT}"),
 )
 

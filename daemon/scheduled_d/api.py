@@ -286,7 +286,11 @@ JOB_REQUEST_SCHEMA: dict[str, Any] = {
             "type": "object",
             "additionalProperties": False,
             "properties": {
-                "max_attempts": {"type": "integer", "minimum": 1, "maximum": 100},
+                "max_attempts": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": limits.MAX_ATTEMPTS,
+                },
                 "backoff": {"const": "exponential"},
                 "base_delay": _DURATION,
                 "max_delay": _DURATION,
@@ -297,7 +301,10 @@ JOB_REQUEST_SCHEMA: dict[str, Any] = {
         "window": _DURATION,
         "timeout": _DURATION,
         "max_concurrency": {
-            "anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}],
+            "anyOf": [
+                {"type": "integer", "minimum": 1, "maximum": limits.MAX_CONCURRENCY},
+                {"type": "null"},
+            ],
             "description": "Overlapping runs allowed (default 1); null: no limit.",
         },
         "start": _INSTANT,

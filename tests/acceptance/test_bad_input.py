@@ -9,6 +9,7 @@ import base64
 import json
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -430,3 +431,15 @@ def test_api_deep_or_huge_bodies_are_4xx(api: Client, acme_db: str) -> None:
     concurrency = _post(api, json.dumps(_body(max_concurrency=10**20)))
     _assert_4xx(concurrency, "max_concurrency")
     assert counts(acme_db) == before
+
+
+# -- the documented table ----------------------------------------------------------------
+
+
+def test_every_bound_is_documented() -> None:
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text()
+    man = (root / "man" / "schedctl.1").read_text()
+    for what, _where, accepted in limits.BOUNDS:
+        assert f"| {what} |" in readme and f"| {accepted} |" in readme, what
+        assert f".B {what}\n" in man and accepted.replace("-", "\\-") in man, what
