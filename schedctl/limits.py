@@ -43,6 +43,8 @@ MAX_ATTEMPTS = 100
 # is a typo beyond that, and would overflow datetime arithmetic further on
 MAX_DURATION = timedelta(days=366)
 MAX_DURATION_SECONDS = int(MAX_DURATION.total_seconds())
+# dlq purge --older-than: an age further back than this is a typo (and overflows datetime)
+MAX_AGE = timedelta(days=36525)
 # overlapping runs of one job (null / 0: no limit)
 MAX_CONCURRENCY = 10_000
 # tenant quotas (schedctl tenant quota)
@@ -102,6 +104,7 @@ BOUNDS: tuple[tuple[str, str, str], ...] = (
         "scheduled-d worker --concurrency, [[worker]] concurrency",
         f"1 to {MAX_WORKER_CONCURRENCY}",
     ),
+    ("dead letter age", "dlq purge --older-than", f"above 0, at most {MAX_AGE.days} days"),
     ("worker runs", "scheduled-d worker --max-runs", f"1 to {MAX_RUNS}"),
     ("cron preview", "cron next -n", f"1 to {MAX_CRON_COUNT}"),
 )

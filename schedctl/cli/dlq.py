@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from schedctl import errors
+from schedctl import errors, limits
 from schedctl.cli.common import (
     OutputOption,
     TenantOption,
@@ -211,8 +211,10 @@ def purge(
     age: timedelta | None = None
     if older_than is not None:
         age = parse_duration(older_than, "older_than")
-        if age <= timedelta(0):
-            raise errors.ValidationError("must be positive", field="older_than")
+        if age <= timedelta(0) or age > limits.MAX_AGE:
+            raise errors.ValidationError(
+                f"must be positive and at most {limits.MAX_AGE.days} days", field="older_than"
+            )
     repo = _repo(ctx)
     tenant_id = _tenant_id(ctx, tenant)
     fmt = output_format(ctx, output)

@@ -294,9 +294,13 @@ def test_dlq_show_of_25_digits_and_a_missing_id(acme_db: str) -> None:
         bad_int.map(lambda v: ["tenant", "delivery", "acme", f"--concurrency={v}"]),
         bad_int.map(lambda v: ["tenant", "delivery", "acme", f"--rate={v}"]),
         bad_int.map(lambda v: ["cron", "next", "* * * * *", f"-n={v}"]),
+        bad_duration.map(lambda v: ["dlq", "purge", "--all", f"--older-than={v}"]),
+        st.just(["dlq", "purge", "--all", "--older-than=999999d"]),
     )
 )
-def test_tenant_settings_and_counts_refuse_bad_integers(acme_sqlite: str, argv: list[str]) -> None:
+def test_tenant_settings_counts_and_ages_refuse_bad_values(
+    acme_sqlite: str, argv: list[str]
+) -> None:
     before = counts(acme_sqlite)
     field = {
         "--max-jobs": "max_jobs",
@@ -304,6 +308,7 @@ def test_tenant_settings_and_counts_refuse_bad_integers(acme_sqlite: str, argv: 
         "--concurrency": "delivery_concurrency",
         "--rate": "dispatch_rate_per_second",
         "-n": "count",
+        "--older-than": "older_than",
     }[argv[-1].split("=")[0]]
     refused(argv, acme_sqlite, field)
     assert counts(acme_sqlite) == before
