@@ -195,6 +195,11 @@ def describe(value: Any) -> str:
         return str(value)
     if isinstance(value, str):
         return repr(value if len(value) <= 40 else value[:37] + "...")
+    if isinstance(value, Mapping):
+        # never repr() a container: it may be nested deep enough for a RecursionError
+        return "an object"
+    if isinstance(value, list | tuple):
+        return "a list"
     if is_int(value) and abs(value) >= 10**MAX_NUMBER_DIGITS:
         return f"an integer of {len(str(abs(value)))} digits"
     text = repr(value)

@@ -425,6 +425,24 @@ def test_api_refuses_bad_ids_cursors_and_limits(
     assert response.status_code != 404 or not params, response.text  # a bad query is 422
 
 
+@EXAMPLES
+@given(
+    key=st.sampled_from(["name", "schedule", "target", "retry", "window", "misfire_policy"]),
+    depth=st.integers(min_value=limits.MAX_PAYLOAD_DEPTH, max_value=3000),
+    wrap=st.sampled_from(["[]", "{}"]),
+)
+def test_api_refuses_deep_values_in_any_field(
+    api: Client, acme_db: str, key: str, depth: int, wrap: str
+) -> None:
+    before = counts(acme_db)
+    opening, closing = ('{"k": ', "}") if wrap == "{}" else ("[", "]")
+    value = opening * depth + "1" + closing * depth
+    body = json.dumps({k: v for k, v in _body().items() if k != key})
+    response = _post(api, body[:-1] + f', "{key}": {value}' + "}")
+    _assert_4xx(response)
+    assert counts(acme_db) == before
+
+
 def test_api_deep_or_huge_bodies_are_4xx(api: Client, acme_db: str) -> None:
     before = counts(acme_db)
     deep = _post(api, _deep(100_000))
