@@ -201,7 +201,10 @@ def describe(value: Any) -> str:
     if isinstance(value, list | tuple):
         return "a list"
     if is_int(value) and abs(value) >= 10**MAX_NUMBER_DIGITS:
-        return f"an integer of {len(str(abs(value)))} digits"
+        # str() of an integer past 4,300 digits is itself a ValueError
+        return (
+            f"an integer of about {math.floor(abs(value).bit_length() * math.log10(2)) + 1} digits"
+        )
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
