@@ -208,7 +208,7 @@ _DURATION: dict[str, Any] = {
     "description": "Seconds (90), a short form (30s, 10m, 1h30m, 1d) or ISO 8601 (PT10M).",
     "anyOf": [
         {"type": "string", "pattern": _DURATION_PATTERN},
-        {"type": "number", "minimum": 0},
+        {"type": "number", "minimum": 0, "maximum": limits.MAX_DURATION_SECONDS},
     ],
 }
 _INSTANT: dict[str, Any] = {
