@@ -3,6 +3,7 @@ defaults. Secrets are read from files or the environment and never printed."""
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field, replace
@@ -79,10 +80,20 @@ def _coerce(key: str, value: Any, origin: str) -> Any:
             return value.lower() in {"1", "true", "yes"}
         if kind is int and isinstance(value, bool):
             raise ValueError(value)
-        return kind(value)
+        if kind in (int, float) and isinstance(value, str):
+            # ASCII digits only (int() and float() also read other scripts' digits), and no
+            # more of them than any setting can use (int() refuses thousands with ValueError)
+            text = value.strip()
+            if not text.isascii() or len(text) > limits.MAX_NUMBER_DIGITS:
+                raise ValueError(value)
+        result = kind(value)
+        if kind is float and not math.isfinite(result):
+            raise ValueError(value)
+        return result
     except (TypeError, ValueError) as exc:
         raise errors.ConfigError(
-            f"{origin}: expected {kind.__name__}, got {value!r}", field=key
+            f"{origin}: expected {kind.__name__} (ASCII digits), got {limits.describe(value)}",
+            field=key,
         ) from exc
 
 

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schedctl import errors, limits
+from schedctl.config import load_config
 from schedctl.scheduling.cron import CronSchedule
 from schedctl.scheduling.timeparse import parse_duration, parse_instant
 
@@ -174,3 +177,49 @@ def test_instants_take_ascii_digits_only(text: str) -> None:
 def test_cron_values_of_thousands_of_digits_are_out_of_range(expr: str) -> None:
     with pytest.raises(errors.ValidationError, match="out of range"):
         CronSchedule.parse(expr, "UTC")
+
+
+# -- configuration numbers ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("SCHEDULED_PARTITION_COUNT", "\u0663"),
+        ("SCHEDULED_PARTITION_COUNT", "9" * 5000),
+        ("SCHEDULED_SESSION_TIMEOUT_SECONDS", "nan"),
+        ("SCHEDULED_SESSION_TIMEOUT_SECONDS", "inf"),
+        ("SCHEDULED_RETENTION_DAYS", "1e3"),
+    ],
+)
+def test_configuration_numbers_are_ascii_and_finite(variable: str, value: str) -> None:
+    with pytest.raises(errors.ConfigError) as caught:
+        load_config(environ={variable: value})
+    assert caught.value.field == variable.removeprefix("SCHEDULED_").lower()
+
+
+@pytest.mark.parametrize(
+    "worker",
+    [
+        {"concurrency": limits.MAX_WORKER_CONCURRENCY + 1},
+        {"concurrency": 10**30},
+        {"lease_seconds": limits.MAX_LEASE_SECONDS + 1},
+        {"lease_seconds": float("inf")},
+        {"lease_seconds": float("nan")},
+    ],
+)
+def test_worker_settings_are_bounded(tmp_path: Path, worker: dict[str, Any]) -> None:
+    settings_lines = "\n".join(f"{k} = {_toml(v)}" for k, v in worker.items())
+    path = tmp_path / "scheduled.toml"
+    path.write_text(f'[[worker]]\nqueue = "q"\ncommand = ["true"]\n{settings_lines}\n')
+    with pytest.raises(errors.ConfigError) as caught:
+        load_config(path, environ={})
+    assert caught.value.field in ("worker.concurrency", "worker.lease_seconds")
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, float) and value != value:
+        return "nan"
+    if value == float("inf"):
+        return "inf"
+    return str(value)
