@@ -252,6 +252,15 @@ def int_parser(field: str, low: int, high: int) -> Callable[[Any], int]:
     return integer
 
 
+def number_parser(field: str, low: float, high: float) -> Callable[[Any], float]:
+    """A typer `parser=` for a number of seconds: ASCII digits, finite, within [low, high]."""
+
+    def number(value: Any) -> float:
+        return limits.parse_number(value, field, low, high)
+
+    return number
+
+
 def id_parser(field: str) -> Callable[[Any], int]:
     """A typer `parser=` for a database id (1 to 2^63-1)."""
 
