@@ -58,7 +58,7 @@ MAX_LEASE_SECONDS = 12 * 3600
 MAX_WORKER_CONCURRENCY = 1000
 # cron next -n
 MAX_CRON_COUNT = 1000
-# a run's attempt, a worker's --max-runs
+# scheduled-d worker --max-runs
 MAX_RUNS = 1_000_000_000
 
 # digits beyond which a number cannot be within any bound above (int64 has 19): refused
