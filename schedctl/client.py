@@ -251,6 +251,10 @@ def _error(response: requests.Response) -> errors.SchedError:
     field = field if isinstance(field, str) else None
     if issubclass(kind, errors.QuotaExceeded):
         retry = response.headers.get("Retry-After", "")
-        seconds = int(retry) if retry.isdigit() else MAX_JOBS_RETRY_AFTER_SECONDS
+        seconds = (
+            int(retry)
+            if retry.isascii() and retry.isdigit() and len(retry) <= 6
+            else MAX_JOBS_RETRY_AFTER_SECONDS
+        )
         return OverQuota(message, field=field, retry_after=seconds)
     return kind(message, field=field)

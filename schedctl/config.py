@@ -3,6 +3,7 @@ defaults. Secrets are read from files or the environment and never printed."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -13,7 +14,8 @@ from typing import Any
 
 import platformdirs
 
-from schedctl import errors
+from schedctl import errors, limits
+from schedctl.limits import MAX_LEASE_SECONDS, MAX_WORKER_CONCURRENCY, MIN_LEASE_SECONDS
 
 DEFAULT_CONFIG_PATH = Path("/etc/scheduled/scheduled.toml")
 ENV_PREFIX = "SCHEDULED_"
@@ -100,10 +102,20 @@ def _coerce(key: str, value: Any, origin: str) -> Any:
             return value.lower() in {"1", "true", "yes"}
         if kind is int and isinstance(value, bool):
             raise ValueError(value)
-        return kind(value)
+        if kind in (int, float) and isinstance(value, str):
+            # ASCII digits only (int() and float() also read other scripts' digits), and no
+            # more of them than any setting can use (int() refuses thousands with ValueError)
+            text = value.strip()
+            if not text.isascii() or len(text) > limits.MAX_NUMBER_DIGITS:
+                raise ValueError(value)
+        result = kind(value)
+        if kind is float and not math.isfinite(result):
+            raise ValueError(value)
+        return result
     except (TypeError, ValueError) as exc:
         raise errors.ConfigError(
-            f"{origin}: expected {kind.__name__}, got {value!r}", field=key
+            f"{origin}: expected {kind.__name__} (ASCII digits), got {limits.describe(value)}",
+            field=key,
         ) from exc
 
 
@@ -169,14 +181,21 @@ def _workers(raw: Any, origin: str) -> tuple[WorkerConfig, ...]:
                 f"{origin}: [[worker]] tenant must be a tenant name or id", field="worker.tenant"
             )
         concurrency = item.get("concurrency", 1)
-        if not isinstance(concurrency, int) or concurrency < 1:
+        if not limits.is_int(concurrency) or not 1 <= concurrency <= MAX_WORKER_CONCURRENCY:
             raise errors.ConfigError(
-                f"{origin}: concurrency must be an integer >= 1", field="worker.concurrency"
+                f"{origin}: concurrency must be an integer from 1 to {MAX_WORKER_CONCURRENCY}",
+                field="worker.concurrency",
             )
         lease = item.get("lease_seconds", 30.0)
-        if isinstance(lease, bool) or not isinstance(lease, int | float) or lease < 1:
+        if (
+            isinstance(lease, bool)
+            or not isinstance(lease, int | float)
+            or not MIN_LEASE_SECONDS <= lease <= MAX_LEASE_SECONDS
+        ):
             raise errors.ConfigError(
-                f"{origin}: lease_seconds must be a number >= 1", field="worker.lease_seconds"
+                f"{origin}: lease_seconds must be a number from {MIN_LEASE_SECONDS} to "
+                f"{MAX_LEASE_SECONDS}",
+                field="worker.lease_seconds",
             )
         env = item.get("env", {})
         if not isinstance(env, dict):

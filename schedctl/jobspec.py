@@ -16,24 +16,27 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
-from schedctl import errors
+from schedctl import errors, limits
+from schedctl.limits import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    MAX_CONCURRENCY,
+    MAX_DURATION,
+    MAX_PAYLOAD_DEPTH,
+    describe,
+)
 from schedctl.models import JobSpec, RetryPolicy, Target, TargetType
 from schedctl.scheduling.cron import CronSchedule
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import IntervalSchedule, OnceSchedule, Schedule
 from schedctl.scheduling.timeparse import parse_duration, parse_instant
 
-DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
 MAX_NAME_LENGTH = 200
 MAX_IDEMPOTENCY_KEY_LENGTH = 200
 MAX_URL_LENGTH = 2048
 MAX_CRON_LENGTH = 200
 MAX_TIMEZONE_LENGTH = 100
-MAX_ATTEMPTS_LIMIT = 100
-# JSON nested deeper than this is a mistake or an attack; serializers give up near 255
-MAX_PAYLOAD_DEPTH = 64
-# a grace, window or timeout of years is a typo, and would overflow datetime arithmetic
-MAX_DURATION = timedelta(days=366)
+# the numeric bounds live in schedctl.limits (one table for the CLI, the API and the docs)
+MAX_ATTEMPTS_LIMIT = limits.MAX_ATTEMPTS
 MAX_INSTANT = datetime(9000, 1, 1, tzinfo=UTC)
 
 TOP_LEVEL_KEYS = frozenset(
@@ -220,7 +223,7 @@ def parse_target(obj: Any) -> Target:
         _check_url(url)
         return Target(TargetType.http, url=url)
     raise errors.ValidationError(
-        f"type must be 'queue' or 'http', got {kind!r}", field="target.type"
+        f"type must be 'queue' or 'http', got {describe(kind)}", field="target.type"
     )
 
 
@@ -261,7 +264,8 @@ def _check_url(url: str) -> None:
 
 
 def _check_payload(payload: Any, limit: int) -> None:
-    _check_depth(payload)
+    # nesting, 64-bit integers and finite floats first: what follows serializes it
+    limits.check_json_value(payload, "payload", max_depth=MAX_PAYLOAD_DEPTH)
     try:
         encoded = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -281,25 +285,6 @@ def _check_payload(payload: Any, limit: int) -> None:
         )
 
 
-def _check_depth(payload: Any) -> None:
-    """Iteratively, so a deep payload is refused rather than a RecursionError in whatever
-    serializes it next (the API's response, the worker's stdin)."""
-    stack: list[tuple[Any, int]] = [(payload, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, Mapping):
-            children: Any = value.values()
-        elif isinstance(value, list | tuple):
-            children = value
-        else:
-            continue
-        if depth > MAX_PAYLOAD_DEPTH:
-            raise errors.ValidationError(
-                f"is nested deeper than {MAX_PAYLOAD_DEPTH} levels", field="payload"
-            )
-        stack.extend((child, depth + 1) for child in children)
-
-
 def _parse_retry(obj: Any) -> RetryPolicy:
     if obj is None:
         return RetryPolicy()
@@ -309,13 +294,13 @@ def _parse_retry(obj: Any) -> RetryPolicy:
     max_attempts = obj.get("max_attempts", RetryPolicy.max_attempts)
     if not _is_int(max_attempts) or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
         raise errors.ValidationError(
-            f"must be an integer from 1 to {MAX_ATTEMPTS_LIMIT}, got {max_attempts!r}",
+            f"must be an integer from 1 to {MAX_ATTEMPTS_LIMIT}, got {describe(max_attempts)}",
             field="retry.max_attempts",
         )
     backoff = obj.get("backoff", "exponential")
     if backoff != "exponential":
         raise errors.ValidationError(
-            f"only 'exponential' is supported, got {backoff!r}", field="retry.backoff"
+            f"only 'exponential' is supported, got {describe(backoff)}", field="retry.backoff"
         )
     base = _positive_seconds(obj, "base_delay", RetryPolicy.base_delay_seconds, "retry.base_delay")
     cap = _positive_seconds(obj, "max_delay", RetryPolicy.max_delay_seconds, "retry.max_delay")
@@ -331,7 +316,7 @@ def _positive_seconds(obj: Mapping[str, Any], key: str, default: float, field: s
         return default
     value = _duration(obj[key], field)
     if value <= timedelta(0):
-        raise errors.ValidationError(f"must be positive, got {obj[key]!r}", field=field)
+        raise errors.ValidationError(f"must be positive, got {describe(obj[key])}", field=field)
     return value.total_seconds()
 
 
@@ -345,7 +330,7 @@ def _parse_misfire(value: Any) -> MisfirePolicy:
         return MisfirePolicy(value)
     except ValueError:
         raise errors.ValidationError(
-            f"must be one of {allowed}, got {value!r}", field="misfire_policy"
+            f"must be one of {allowed}, got {describe(value)}", field="misfire_policy"
         ) from None
 
 
@@ -357,9 +342,10 @@ def _parse_max_concurrency(body: Mapping[str, Any]) -> int:
     value = body["max_concurrency"]
     if value is None:
         return 0
-    if not _is_int(value) or value < 1:
+    if not _is_int(value) or not 1 <= value <= MAX_CONCURRENCY:
         raise errors.ValidationError(
-            f"must be an integer >= 1, or null for no limit; got {value!r}",
+            f"must be an integer from 1 to {MAX_CONCURRENCY}, or null for no limit; "
+            f"got {describe(value)}",
             field="max_concurrency",
         )
     return int(value)
@@ -370,7 +356,7 @@ def _seconds(body: Mapping[str, Any], key: str, *, default: int, allow_zero: boo
         return default
     value = _duration(body[key], key)
     if value < timedelta(0) or (value == timedelta(0) and not allow_zero):
-        raise errors.ValidationError(f"must not be negative, got {body[key]!r}", field=key)
+        raise errors.ValidationError(f"must not be negative, got {describe(body[key])}", field=key)
     # whole seconds are all the schema keeps; round up so "0.5s" is not silently 0
     return math.ceil(value.total_seconds())
 
@@ -425,25 +411,28 @@ def _duration(value: Any, field: str) -> timedelta:
         if abs(value) > MAX_DURATION.total_seconds():
             # checked before timedelta(), which overflows on huge numbers
             raise errors.ValidationError(
-                f"must be at most {MAX_DURATION.days} days, got {value!r}", field=field
+                f"must be at most {MAX_DURATION.days} days, got {describe(value)}", field=field
             )
         result = timedelta(seconds=value)
     elif isinstance(value, str):
         result = parse_duration(value, field)
     else:
         raise errors.ValidationError(
-            f"must be a duration like '30s', '10m' or 'PT10M', got {value!r}", field=field
+            f"must be a duration like '30s', '10m' or 'PT10M', got {describe(value)}",
+            field=field,
         )
     if abs(result) > MAX_DURATION:
         raise errors.ValidationError(
-            f"must be at most {MAX_DURATION.days} days, got {value!r}", field=field
+            f"must be at most {MAX_DURATION.days} days, got {describe(value)}", field=field
         )
     return result
 
 
 def _string(value: Any, field: str) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise errors.ValidationError(f"must be a non-empty string, got {value!r}", field=field)
+        raise errors.ValidationError(
+            f"must be a non-empty string, got {describe(value)}", field=field
+        )
     _check_text(value, field)
     return value
 
@@ -463,7 +452,7 @@ def _check_text(value: str, field: str) -> None:
 
 def _is_int(value: Any) -> bool:
     # JSON true/false are ints to Python; they are never a count here
-    return isinstance(value, int) and not isinstance(value, bool)
+    return limits.is_int(value)
 
 
 def _reject_unknown(obj: Mapping[str, Any], allowed: frozenset[str], *, prefix: str) -> None:

@@ -22,9 +22,10 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 
-from schedctl import errors
+from schedctl import errors, limits
 from schedctl.delivery.ssrf import check_at_creation
-from schedctl.jobspec import DEFAULT_MAX_PAYLOAD_BYTES, parse_job_request, parse_schedule
+from schedctl.jobspec import parse_job_request, parse_schedule
+from schedctl.limits import DEFAULT_MAX_PAYLOAD_BYTES
 from schedctl.models import Job, JobStatus, Page, Run, Tenant
 from schedctl.storage import schema
 from schedctl.storage.jobs import (
@@ -341,9 +342,7 @@ class Scheduler:
             query = query.where(log.c.action == action)
         if cursor:
             (before,) = decode_cursor(cursor, 1)
-            if not before.isdigit():
-                raise errors.ValidationError("not a cursor this server issued", field="cursor")
-            query = query.where(log.c.id < int(before))
+            query = query.where(log.c.id < limits.cursor_id(before))
         with self.store.read() as connection:
             rows = connection.execute(query).mappings().all()
         items = tuple(

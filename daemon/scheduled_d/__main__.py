@@ -9,11 +9,11 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from schedctl import errors
+from schedctl import errors, limits
 from schedctl.config import Config, command_env, load_config
 
 if TYPE_CHECKING:
@@ -63,6 +63,19 @@ def _run_threads(targets: list[tuple[str, Callable[[], None]]]) -> list[threadin
     for thread in threads:
         thread.start()
     return threads
+
+
+def _bounded(parse: Callable[..., Any], field: str, low: int, high: int) -> Callable[[Any], Any]:
+    """A typer parser= for a bounded number flag (schedctl.limits: ASCII digits, in range);
+    a bad value is a usage error (exit 2)."""
+
+    def number(value: Any) -> Any:
+        try:
+            return parse(str(value), field, low, high)
+        except errors.ValidationError as exc:
+            raise typer.BadParameter(exc.message) from None
+
+    return number
 
 
 def _fail(error: errors.SchedError) -> None:
@@ -161,11 +174,31 @@ def worker(
             help="The queue's tenant (name or id); may be left out while only one tenant exists.",
         ),
     ] = None,
-    concurrency: Annotated[int, typer.Option(min=1, help="Commands run at once.")] = 1,
-    lease_seconds: Annotated[float, typer.Option(min=1.0, help="Visibility timeout.")] = 30.0,
+    concurrency: Annotated[
+        int,
+        typer.Option(
+            help=f"Commands run at once (1-{limits.MAX_WORKER_CONCURRENCY}).",
+            parser=_bounded(limits.parse_int, "concurrency", 1, limits.MAX_WORKER_CONCURRENCY),
+        ),
+    ] = 1,
+    lease_seconds: Annotated[
+        float,
+        typer.Option(
+            help=f"Visibility timeout ({limits.MIN_LEASE_SECONDS}-{limits.MAX_LEASE_SECONDS} s).",
+            parser=_bounded(
+                limits.parse_number,
+                "lease_seconds",
+                limits.MIN_LEASE_SECONDS,
+                limits.MAX_LEASE_SECONDS,
+            ),
+        ),
+    ] = 30.0,
     max_runs: Annotated[
         int | None,
-        typer.Option(min=1, help="Exit after this many runs (for tests and cron-like use)."),
+        typer.Option(
+            help="Exit after this many runs (for tests and cron-like use).",
+            parser=_bounded(limits.parse_int, "max_runs", 1, limits.MAX_RUNS),
+        ),
     ] = None,
     env: Annotated[
         list[str] | None,

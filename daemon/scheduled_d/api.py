@@ -34,13 +34,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import Counter, Histogram
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, Field
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from schedctl import errors
+from schedctl import errors, limits
 from schedctl.config import Config
 from schedctl.models import JobStatus, Tenant
 from schedctl.service import MAX_JOBS_RETRY_AFTER_SECONDS, OverQuota, Scheduler
@@ -208,7 +208,7 @@ _DURATION: dict[str, Any] = {
     "description": "Seconds (90), a short form (30s, 10m, 1h30m, 1d) or ISO 8601 (PT10M).",
     "anyOf": [
         {"type": "string", "pattern": _DURATION_PATTERN},
-        {"type": "number", "minimum": 0},
+        {"type": "number", "minimum": 0, "maximum": limits.MAX_DURATION_SECONDS},
     ],
 }
 _INSTANT: dict[str, Any] = {
@@ -286,7 +286,11 @@ JOB_REQUEST_SCHEMA: dict[str, Any] = {
             "type": "object",
             "additionalProperties": False,
             "properties": {
-                "max_attempts": {"type": "integer", "minimum": 1, "maximum": 100},
+                "max_attempts": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": limits.MAX_ATTEMPTS,
+                },
                 "backoff": {"const": "exponential"},
                 "base_delay": _DURATION,
                 "max_delay": _DURATION,
@@ -297,7 +301,10 @@ JOB_REQUEST_SCHEMA: dict[str, Any] = {
         "window": _DURATION,
         "timeout": _DURATION,
         "max_concurrency": {
-            "anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}],
+            "anyOf": [
+                {"type": "integer", "minimum": 1, "maximum": limits.MAX_CONCURRENCY},
+                {"type": "null"},
+            ],
             "description": "Overlapping runs allowed (default 1); null: no limit.",
         },
         "start": _INSTANT,
@@ -444,31 +451,32 @@ async def json_body(request: Request) -> Any:
     raw = await request.body()
     if not raw.strip():
         raise MalformedRequest("the request has no body: send a JSON object", field="body")
-    try:
-        return json.loads(raw)
-    except UnicodeDecodeError:
-        raise MalformedRequest("the body is not UTF-8 text", field="body") from None
-    except json.JSONDecodeError as exc:
-        # position only: the message must not quote the body (it may hold the payload)
-        raise MalformedRequest(
-            f"the body is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})",
-            field="body",
-        ) from None
-    except ValueError:
-        # e.g. an integer of more digits than Python converts
-        raise MalformedRequest("the body is not valid JSON", field="body") from None
-    except RecursionError:
-        raise MalformedRequest("the body is nested too deeply", field="body") from None
+    # integers too long for int() and nesting deep enough for a RecursionError are refused
+    # naming their field (schedctl.limits), never a 500; malformed JSON is a 400
+    return limits.parse_json(raw, "body", malformed=MalformedRequest)
 
 
 SchedulerDep = Annotated[Scheduler, Depends(get_scheduler)]
 CallerDep = Annotated[Caller, Depends(get_caller)]
 BodyDep = Annotated[Any, Depends(json_body)]
 JobIdPath = Annotated[str, Path(description="The job id.")]
-LimitQuery = Annotated[int, Query(ge=1, le=MAX_PAGE, description="Items per page.")]
+
+
+def _ascii_integer(value: Any) -> Any:
+    # pydantic's lax int takes "1.0" and " 1 "; a query integer is ASCII digits (limits)
+    if isinstance(value, str) and not (value.isascii() and value.isdigit() and len(value) < 20):
+        raise ValueError("must be an integer (ASCII digits)")
+    return value
+
+
+LimitQuery = Annotated[
+    int,
+    BeforeValidator(_ascii_integer),
+    Query(ge=1, le=MAX_PAGE, description=f"Items per page (1-{MAX_PAGE})."),
+]
 CursorQuery = Annotated[
     str | None,
-    Query(max_length=512, description="The next_cursor of the previous page."),
+    Query(max_length=limits.MAX_CURSOR_LENGTH, description="The next_cursor of the previous page."),
 ]
 StatusQuery = Annotated[JobStatus | None, Query(description="Only jobs in this status.")]
 IdempotencyHeader = Annotated[

@@ -25,7 +25,13 @@ import typer
 from sqlalchemy import delete, func, select, text, update
 
 from schedctl import errors
-from schedctl.cli.common import OutputOption, cli_state, output_format
+from schedctl.cli.common import (
+    OutputOption,
+    cli_state,
+    int_parser,
+    number_parser,
+    output_format,
+)
 from schedctl.cli.output import emit
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
@@ -329,14 +335,26 @@ def _rabbitmq(store: Store, tenant_id: str, url: str, runs: int, deadline: float
 def delivery(
     ctx: typer.Context,
     runs: Annotated[
-        int, typer.Option("--runs", min=1, max=200_000, help="Runs per target kind.")
+        int,
+        typer.Option(
+            "--runs", parser=int_parser("runs", 1, 200_000), help="Runs per target kind (1-200000)."
+        ),
     ] = 5000,
     concurrency: Annotated[
         int,
-        typer.Option("--concurrency", min=1, max=256, help="The tenant's HTTP lane width."),
+        typer.Option(
+            "--concurrency",
+            parser=int_parser("concurrency", 1, 256),
+            help="The tenant's HTTP lane width (1-256).",
+        ),
     ] = 16,
     timeout: Annotated[
-        float, typer.Option("--timeout", min=1.0, max=3600.0, help="Give up after this.")
+        float,
+        typer.Option(
+            "--timeout",
+            parser=number_parser("timeout", 1.0, 3600.0),
+            help="Give up after this (1-3600).",
+        ),
     ] = 300.0,
     rabbitmq: Annotated[
         str | None,

@@ -8,7 +8,15 @@ from typing import Annotated, Any
 
 import typer
 
-from schedctl.cli.common import OutputOption, TenantOption, cli_state, output_format, say
+from schedctl.cli.common import (
+    OutputOption,
+    TenantOption,
+    cli_state,
+    cursor_option,
+    limit_option,
+    output_format,
+    say,
+)
 from schedctl.cli.output import OutputFormat, emit
 from schedctl.views import audit_to_dict
 
@@ -27,10 +35,8 @@ def audit(
             "tenant_create, token_create, token_revoke, tenant_quota.",
         ),
     ] = None,
-    limit: Annotated[int, typer.Option("--limit", "-n", help="Entries per page (1-1000).")] = 50,
-    cursor: Annotated[
-        str | None, typer.Option("--cursor", help="Continue after a previous page.")
-    ] = None,
+    limit: Annotated[int, limit_option("Entries")] = 50,
+    cursor: Annotated[str | None, cursor_option()] = None,
     output: OutputOption = None,
 ) -> None:
     """The audit log, newest first: who changed which job, and when.

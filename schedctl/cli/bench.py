@@ -25,7 +25,15 @@ import typer
 from sqlalchemy import delete
 
 from schedctl import errors
-from schedctl.cli.common import OutputOption, actor, cli_state, output_format, say
+from schedctl.cli.common import (
+    OutputOption,
+    actor,
+    cli_state,
+    int_parser,
+    number_parser,
+    output_format,
+    say,
+)
 from schedctl.cli.output import OutputFormat, emit
 from schedctl.service import Scheduler
 from schedctl.storage import schema
@@ -50,16 +58,38 @@ class _Results:
 def api(
     ctx: typer.Context,
     requests_total: Annotated[
-        int, typer.Option("--requests", "-n", min=1, max=1_000_000, help="POSTs to send.")
+        int,
+        typer.Option(
+            "--requests",
+            "-n",
+            parser=int_parser("requests", 1, 1_000_000),
+            help="POSTs to send (1-1000000).",
+        ),
     ] = 2000,
     threads: Annotated[
-        int, typer.Option("--threads", "-c", min=1, max=64, help="Concurrent clients.")
+        int,
+        typer.Option(
+            "--threads",
+            "-c",
+            parser=int_parser("threads", 1, 64),
+            help="Concurrent clients (1-64).",
+        ),
     ] = 4,
     max_seconds: Annotated[
-        float, typer.Option("--max-seconds", min=1.0, help="Stop sending after this long.")
+        float,
+        typer.Option(
+            "--max-seconds",
+            parser=number_parser("max_seconds", 1.0, 86_400.0),
+            help="Stop sending after this long (1-86400).",
+        ),
     ] = 60.0,
     payload_bytes: Annotated[
-        int, typer.Option("--payload-bytes", min=0, max=60_000, help="Payload size per job.")
+        int,
+        typer.Option(
+            "--payload-bytes",
+            parser=int_parser("payload_bytes", 0, 60_000),
+            help="Payload size per job (0-60000).",
+        ),
     ] = 256,
     keep: Annotated[
         bool, typer.Option("--keep", help="Keep the benchmark tenant and its jobs afterwards.")

@@ -8,20 +8,33 @@ from typing import Annotated
 import typer
 
 from schedctl.bench import dispatch
-from schedctl.cli.common import OutputOption, cli_state, output_format
+from schedctl.cli.common import (
+    OutputOption,
+    cli_state,
+    int_parser,
+    number_parser,
+    output_format,
+)
 from schedctl.cli.output import emit
 
 DispatchersOption = Annotated[
     int,
     typer.Option(
-        "--dispatchers", min=1, max=16, help="Dispatcher processes (>1 needs --zookeeper)."
+        "--dispatchers",
+        parser=int_parser("dispatchers", 1, 16),
+        help="Dispatcher processes (>1 needs --zookeeper).",
     ),
 ]
 ZooKeeperOption = Annotated[
     str | None, typer.Option("--zookeeper", help="ZooKeeper hosts for several dispatchers.")
 ]
 BatchOption = Annotated[
-    int, typer.Option("--batch-size", min=1, max=100_000, help="Runs per claim.")
+    int,
+    typer.Option(
+        "--batch-size",
+        parser=int_parser("batch_size", 1, 100_000),
+        help="Runs per claim (1-100000).",
+    ),
 ]
 
 
@@ -32,14 +45,26 @@ def _url(ctx: typer.Context) -> str:
 def burst(
     ctx: typer.Context,
     jobs: Annotated[
-        int, typer.Option("--jobs", min=1, max=1_000_000, help="Runs due at once.")
+        int,
+        typer.Option(
+            "--jobs", parser=int_parser("jobs", 1, 1_000_000), help="Runs due at once (1-1000000)."
+        ),
     ] = 100_000,
     lead: Annotated[
         float,
-        typer.Option("--lead", min=1.0, help="Seconds from dispatcher start to the due instant."),
+        typer.Option(
+            "--lead",
+            parser=number_parser("lead", 1.0, 86_400.0),
+            help="Seconds from dispatcher start to the due instant (1-86400).",
+        ),
     ] = 10.0,
     timeout: Annotated[
-        float, typer.Option("--timeout", min=1.0, help="Give up after this.")
+        float,
+        typer.Option(
+            "--timeout",
+            parser=number_parser("timeout", 1.0, 86_400.0),
+            help="Give up after this (1-86400).",
+        ),
     ] = 300.0,
     dispatchers: DispatchersOption = 1,
     zookeeper: ZooKeeperOption = None,
@@ -61,10 +86,18 @@ def burst(
 def steady(
     ctx: typer.Context,
     rate: Annotated[
-        int, typer.Option("--rate", min=1, max=100_000, help="Runs due a second.")
+        int,
+        typer.Option(
+            "--rate", parser=int_parser("rate", 1, 100_000), help="Runs due a second (1-100000)."
+        ),
     ] = 500,
     duration: Annotated[
-        float, typer.Option("--duration", min=1.0, max=3600.0, help="Seconds of load.")
+        float,
+        typer.Option(
+            "--duration",
+            parser=number_parser("duration", 1.0, 3600.0),
+            help="Seconds of load (1-3600).",
+        ),
     ] = 30.0,
     dispatchers: DispatchersOption = 1,
     zookeeper: ZooKeeperOption = None,
@@ -86,10 +119,20 @@ def failover(
     ctx: typer.Context,
     zookeeper: Annotated[str, typer.Option("--zookeeper", help="ZooKeeper hosts.")],
     session_timeout: Annotated[
-        float, typer.Option("--session-timeout", min=1.0, max=120.0, help="Seconds.")
+        float,
+        typer.Option(
+            "--session-timeout",
+            parser=number_parser("session_timeout", 1.0, 120.0),
+            help="Seconds (1-120).",
+        ),
     ] = 10.0,
     timeout: Annotated[
-        float, typer.Option("--timeout", min=1.0, help="Give up after this.")
+        float,
+        typer.Option(
+            "--timeout",
+            parser=number_parser("timeout", 1.0, 86_400.0),
+            help="Give up after this (1-86400).",
+        ),
     ] = 120.0,
     output: OutputOption = None,
 ) -> None:

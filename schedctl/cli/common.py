@@ -21,6 +21,7 @@ import getpass
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -30,7 +31,7 @@ from rich.text import Text
 from sqlalchemy.engine import make_url
 from typer.core import TyperGroup
 
-from schedctl import errors
+from schedctl import errors, limits
 from schedctl.cli.output import OutputFormat, console, err_console
 from schedctl.client import ApiClient
 from schedctl.config import Config, default_database_url, load_config
@@ -236,6 +237,57 @@ class SchedGroup(TyperGroup):
             raise typer.Exit(code) from None
         except KeyboardInterrupt as exc:
             raise typer.Exit(report_exception(exc, debug=False)) from None
+
+
+def int_parser(field: str, low: int, high: int) -> Callable[[Any], int]:
+    """A typer `parser=` for an integer option or argument: ASCII digits only, within
+    [low, high] (schedctl.limits); anything else is `error: FIELD: ...`, exit 2. click's own
+    int type takes other scripts' digits and any size."""
+
+    def integer(value: Any) -> int:
+        if limits.is_int(value):
+            return limits.check_int(value, field, low, high)
+        return limits.parse_int(value, field, low, high)
+
+    return integer
+
+
+def number_parser(field: str, low: float, high: float) -> Callable[[Any], float]:
+    """A typer `parser=` for a number of seconds: ASCII digits, finite, within [low, high]."""
+
+    def number(value: Any) -> float:
+        return limits.parse_number(value, field, low, high)
+
+    return number
+
+
+def id_parser(field: str) -> Callable[[Any], int]:
+    """A typer `parser=` for a database id (1 to 2^63-1)."""
+
+    def integer(value: Any) -> int:
+        return limits.parse_id(value, field)
+
+    return integer
+
+
+def limit_option(noun: str) -> Any:
+    """The --limit/-n option of every listing: 1 to limits.MAX_PAGE."""
+    return typer.Option(
+        "--limit",
+        "-n",
+        help=f"{noun} per page (1-{limits.MAX_PAGE}).",
+        parser=int_parser("limit", 1, limits.MAX_PAGE),
+    )
+
+
+def cursor_option() -> Any:
+    return typer.Option("--cursor", help="Continue after a previous page.", parser=cursor_parser)
+
+
+def cursor_parser(value: Any) -> str:
+    checked = limits.check_cursor(value)
+    assert checked is not None
+    return checked
 
 
 def require_one(options: dict[str, Any], *, field: str, hint: str = "") -> str:

@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from schedctl.cli.common import OutputOption, output_format
+from schedctl import limits
+from schedctl.cli.common import OutputOption, int_parser, output_format
 from schedctl.cli.output import emit, err_console
 from schedctl.errors import SchedError
 from schedctl.scheduling.cron import CronFire, CronSchedule, FireKind
@@ -42,7 +43,13 @@ def next_times(
         typer.Option("--from", help="Start after this time (ISO 8601 with offset); default now."),
     ] = None,
     count: Annotated[
-        int, typer.Option("-n", "--count", min=1, max=1000, help="How many fire times.")
+        int,
+        typer.Option(
+            "-n",
+            "--count",
+            help=f"How many fire times (1-{limits.MAX_CRON_COUNT}).",
+            parser=int_parser("count", 1, limits.MAX_CRON_COUNT),
+        ),
     ] = 5,
     output: OutputOption = None,
 ) -> None:

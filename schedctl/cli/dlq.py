@@ -14,8 +14,18 @@ from typing import Annotated, Any
 
 import typer
 
-from schedctl import errors
-from schedctl.cli.common import OutputOption, TenantOption, actor, cli_state, output_format, say
+from schedctl import errors, limits
+from schedctl.cli.common import (
+    OutputOption,
+    TenantOption,
+    actor,
+    cli_state,
+    cursor_option,
+    id_parser,
+    limit_option,
+    output_format,
+    say,
+)
 from schedctl.cli.output import OutputFormat, emit
 from schedctl.scheduling.timeparse import format_instant, parse_duration
 from schedctl.storage.outbox import DeadLetter, DeadLetterRepo
@@ -38,7 +48,10 @@ LETTER_COLUMNS = (
 )
 ERROR_COLUMN_CHARS = 80
 
-IdArgument = Annotated[int | None, typer.Argument(help="The dead letter's id (see `dlq list`).")]
+IdArgument = Annotated[
+    int | None,
+    typer.Argument(help="The dead letter's id (see `dlq list`).", parser=id_parser("id")),
+]
 
 
 def letter_to_dict(letter: DeadLetter) -> dict[str, Any]:
@@ -82,10 +95,8 @@ def list_(
     tenant: TenantOption = None,
     job: Annotated[str | None, typer.Option("--job", help="Only this job's runs.")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Include letters already replayed.")] = False,
-    limit: Annotated[int, typer.Option("--limit", "-n", help="Letters per page (1-1000).")] = 50,
-    cursor: Annotated[
-        str | None, typer.Option("--cursor", help="Continue after a previous page.")
-    ] = None,
+    limit: Annotated[int, limit_option("Letters")] = 50,
+    cursor: Annotated[str | None, cursor_option()] = None,
     output: OutputOption = None,
 ) -> None:
     """Dead letters, newest first (not yet replayed, unless --all)."""
@@ -114,7 +125,7 @@ def list_(
 @app.command()
 def show(
     ctx: typer.Context,
-    letter_id: Annotated[int, typer.Argument(help="The dead letter's id.")],
+    letter_id: Annotated[int, typer.Argument(help="The dead letter's id.", parser=id_parser("id"))],
     tenant: TenantOption = None,
     output: OutputOption = None,
 ) -> None:
@@ -200,8 +211,10 @@ def purge(
     age: timedelta | None = None
     if older_than is not None:
         age = parse_duration(older_than, "older_than")
-        if age <= timedelta(0):
-            raise errors.ValidationError("must be positive", field="older_than")
+        if age <= timedelta(0) or age > limits.MAX_AGE:
+            raise errors.ValidationError(
+                f"must be positive and at most {limits.MAX_AGE.days} days", field="older_than"
+            )
     repo = _repo(ctx)
     tenant_id = _tenant_id(ctx, tenant)
     fmt = output_format(ctx, output)

@@ -6,19 +6,21 @@ The flags are turned into the REST API's job body and validated by the same pars
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from schedctl import errors
+from schedctl import errors, limits
 from schedctl.cli.common import (
     OutputOption,
     TenantOption,
     actor,
     cli_state,
+    cursor_option,
+    int_parser,
+    limit_option,
     output_format,
     require_one,
     say,
@@ -99,12 +101,15 @@ def read_payload(payload: str | None, payload_file: Path | None) -> Any:
     else:
         return None
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
+        value = limits.parse_json(text, "payload")
+    except errors.ValidationError as exc:
         raise errors.ValidationError(
-            f"{source} is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})",
-            field="payload",
+            f"{source} {exc.message.split(': ', 1)[-1]}", field="payload"
         ) from None
+    # checked here too, not only by the server: with --api, a 5,000-digit integer could not
+    # even be sent
+    limits.check_json_value(value, "payload")
+    return value
 
 
 def _row(job: Job) -> dict[str, Any]:
@@ -146,7 +151,12 @@ def create(
         Path | None, typer.Option("--payload-file", help="Payload from a JSON file ('-': stdin).")
     ] = None,
     max_attempts: Annotated[
-        int | None, typer.Option("--max-attempts", help="Delivery attempts per run (default 3).")
+        int | None,
+        typer.Option(
+            "--max-attempts",
+            help=f"Delivery attempts per run (default 3, 1-{limits.MAX_ATTEMPTS}).",
+            parser=int_parser("retry.max_attempts", 1, limits.MAX_ATTEMPTS),
+        ),
     ] = None,
     misfire: Annotated[
         str | None,
@@ -164,7 +174,10 @@ def create(
     max_concurrency: Annotated[
         int | None,
         typer.Option(
-            "--max-concurrency", help="Overlapping runs allowed (default 1; 0: no limit)."
+            "--max-concurrency",
+            help=f"Overlapping runs allowed (default 1, at most {limits.MAX_CONCURRENCY}; "
+            "0: no limit).",
+            parser=int_parser("max_concurrency", 0, limits.MAX_CONCURRENCY),
         ),
     ] = None,
     timeout: Annotated[
@@ -230,10 +243,8 @@ def list_(
         str | None,
         typer.Option("--status", help="active, paused, cancelled or completed."),
     ] = None,
-    limit: Annotated[int, typer.Option("--limit", "-n", help="Jobs per page (1-1000).")] = 50,
-    cursor: Annotated[
-        str | None, typer.Option("--cursor", help="Continue after a previous page.")
-    ] = None,
+    limit: Annotated[int, limit_option("Jobs")] = 50,
+    cursor: Annotated[str | None, cursor_option()] = None,
     output: OutputOption = None,
 ) -> None:
     """Jobs in creation order, one page at a time."""

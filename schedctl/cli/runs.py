@@ -6,7 +6,15 @@ from typing import Annotated
 
 import typer
 
-from schedctl.cli.common import OutputOption, TenantOption, cli_state, output_format, say
+from schedctl.cli.common import (
+    OutputOption,
+    TenantOption,
+    cli_state,
+    cursor_option,
+    limit_option,
+    output_format,
+    say,
+)
 from schedctl.cli.output import OutputFormat, emit
 from schedctl.views import run_to_dict
 
@@ -26,10 +34,8 @@ RUN_COLUMNS = (
 def runs(
     ctx: typer.Context,
     job_id: Annotated[str, typer.Argument(help="The job id.")],
-    limit: Annotated[int, typer.Option("--limit", "-n", help="Runs per page (1-1000).")] = 50,
-    cursor: Annotated[
-        str | None, typer.Option("--cursor", help="Continue after a previous page.")
-    ] = None,
+    limit: Annotated[int, limit_option("Runs")] = 50,
+    cursor: Annotated[str | None, cursor_option()] = None,
     tenant: TenantOption = None,
     output: OutputOption = None,
 ) -> None:

@@ -14,8 +14,8 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from schedctl import errors
-from schedctl.cli.common import OutputOption, actor, cli_state, output_format, say
+from schedctl import errors, limits
+from schedctl.cli.common import OutputOption, actor, cli_state, int_parser, output_format, say
 from schedctl.cli.output import OutputFormat, emit
 from schedctl.scheduling.timeparse import format_instant, parse_duration
 from schedctl.storage.allowlist import TenantDeliveryRepo
@@ -81,11 +81,19 @@ def delivery(
     concurrency: Annotated[
         int | None,
         typer.Option(
-            "--concurrency", help="Deliveries in flight at once per kind (HTTP, RabbitMQ)."
+            "--concurrency",
+            help="Deliveries in flight at once per kind (HTTP, RabbitMQ), "
+            f"1-{limits.MAX_DELIVERY_CONCURRENCY}.",
+            parser=int_parser("delivery_concurrency", 1, limits.MAX_DELIVERY_CONCURRENCY),
         ),
     ] = None,
     rate: Annotated[
-        int | None, typer.Option("--rate", help="Runs dispatched and delivered per second.")
+        int | None,
+        typer.Option(
+            "--rate",
+            help=f"Runs dispatched and delivered per second (1-{limits.MAX_RATE_PER_SECOND}).",
+            parser=int_parser("dispatch_rate_per_second", 1, limits.MAX_RATE_PER_SECOND),
+        ),
     ] = None,
     output: OutputOption = None,
 ) -> None:

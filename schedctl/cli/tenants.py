@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from schedctl.cli.common import OutputOption, actor, cli_state, output_format, say
+from schedctl import limits
+from schedctl.cli.common import OutputOption, actor, cli_state, int_parser, output_format, say
 from schedctl.cli.output import OutputFormat, emit
 from schedctl.views import tenant_to_dict, token_to_dict
 
@@ -79,11 +80,19 @@ def quota(
     tenant: Annotated[str, typer.Argument(help="Tenant name or id.")],
     max_jobs: Annotated[
         int | None,
-        typer.Option("--max-jobs", min=0, help="Active (and paused) jobs the tenant may have."),
+        typer.Option(
+            "--max-jobs",
+            help=f"Active (and paused) jobs the tenant may have (0-{limits.MAX_QUOTA}).",
+            parser=int_parser("max_jobs", 0, limits.MAX_QUOTA),
+        ),
     ] = None,
     create_rate: Annotated[
         int | None,
-        typer.Option("--create-rate", min=0, help="Jobs the tenant may create per minute."),
+        typer.Option(
+            "--create-rate",
+            help=f"Jobs the tenant may create per minute (0-{limits.MAX_QUOTA}).",
+            parser=int_parser("create_rate_per_minute", 0, limits.MAX_QUOTA),
+        ),
     ] = None,
     output: OutputOption = None,
 ) -> None:

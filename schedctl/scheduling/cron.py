@@ -58,6 +58,8 @@ _MACROS = {
     "@hourly": "0 * * * *",
 }
 
+# no cron field value has more digits (and int() refuses thousands of them)
+_MAX_VALUE_DIGITS = 10
 _ELEMENT = re.compile(r"^(?:(\*)|([0-9A-Za-z]+)(?:-([0-9A-Za-z]+))?)(?:/([0-9]+))?$")
 _EXTENSION = re.compile(r"[#?]|^(?:[0-9]*L|[0-9]+W|LW|L-[0-9]+)$", re.IGNORECASE)
 
@@ -116,7 +118,9 @@ def _fail(message: str) -> ValidationError:
 
 
 def _value(token: str, spec: _FieldSpec) -> int:
-    if token.isdigit():
+    if token.isascii() and token.isdigit():
+        if len(token) > _MAX_VALUE_DIGITS:
+            raise _fail(f"{spec.name}: value '{token[:10]}...' out of range {spec.low}-{spec.high}")
         number = int(token)
     elif spec.names is not None and token.upper() in spec.names:
         number = spec.names[token.upper()]
@@ -144,6 +148,8 @@ def _expand(text: str, spec: _FieldSpec) -> tuple[frozenset[int], bool]:
         star, first, last, step_text = match.groups()
         step = 1
         if step_text is not None:
+            if len(step_text) > _MAX_VALUE_DIGITS:
+                raise _fail(f"{spec.name}: step '{step_text[:10]}...' out of range 1-{span}")
             step = int(step_text)
             if not 1 <= step <= span:
                 raise _fail(f"{spec.name}: step {step} out of range 1-{span}")

@@ -9,13 +9,20 @@ from schedctl.errors import ValidationError
 
 __all__ = ["format_instant", "parse_duration", "parse_instant"]
 
-_SECONDS = re.compile(r"^(\d+(?:\.\d+)?)$")
-_SHORT = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?$")
-_ISO = re.compile(
-    r"^P(?:(\d+)W)?(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+(?:[.,]\d+)?)S)?)?$",
-    re.IGNORECASE,
+# ASCII digits only: \d and int() also take other scripts' digits ("٣m" is not 3 minutes)
+_SECONDS = re.compile(r"([0-9]+(?:\.[0-9]+)?)", re.ASCII)
+_SHORT = re.compile(
+    r"(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+(?:\.[0-9]+)?)s)?", re.ASCII
 )
-_ISO_CALENDAR = re.compile(r"^P[^T]*\d[YM]", re.IGNORECASE)
+_ISO = re.compile(
+    r"P(?:([0-9]+)W)?(?:([0-9]+)D)?(?:T(?:([0-9]+)H)?(?:([0-9]+)M)?(?:([0-9]+(?:[.,][0-9]+)?)S)?)?",
+    re.IGNORECASE | re.ASCII,
+)
+_ISO_CALENDAR = re.compile(r"P[^T]*[0-9][YM]", re.IGNORECASE | re.ASCII)
+# a number part of more digits than this is beyond any duration accepted anywhere (and
+# int() refuses strings of thousands of digits with a ValueError)
+_MAX_DIGITS = 15
+_DIGIT_RUN = re.compile("[0-9]{" + str(_MAX_DIGITS + 1) + ",}", re.ASCII)
 
 _DURATION_FORMS = (
     "expected seconds (90), a short form like 30s, 10m, 2h, 1d or 1h30m, "
@@ -32,10 +39,12 @@ def parse_duration(text: str, field: str) -> timedelta:
     if not isinstance(text, str):
         raise ValidationError(f"invalid duration: {_DURATION_FORMS}", field=field)
     value = text.strip()
+    if _DIGIT_RUN.search(value):
+        raise ValidationError(f"duration '{_clip(text)}' has too many digits", field=field)
     try:
-        if match := _SECONDS.match(value):
+        if match := _SECONDS.fullmatch(value):
             return timedelta(seconds=float(match.group(1)))
-        if value and (match := _SHORT.match(value)):
+        if value and (match := _SHORT.fullmatch(value)):
             days, hours, minutes, seconds = match.groups()
             return timedelta(
                 days=int(days or 0),
@@ -43,7 +52,7 @@ def parse_duration(text: str, field: str) -> timedelta:
                 minutes=int(minutes or 0),
                 seconds=float(seconds or 0),
             )
-        match = _ISO.match(value)
+        match = _ISO.fullmatch(value)
         if match and not value.upper().endswith(("P", "T")):
             weeks, days, hours, minutes, seconds = match.groups()
             return timedelta(
@@ -54,14 +63,19 @@ def parse_duration(text: str, field: str) -> timedelta:
                 seconds=float((seconds or "0").replace(",", ".")),
             )
     except OverflowError:
-        raise ValidationError(f"duration '{text}' is too large", field=field) from None
+        raise ValidationError(f"duration '{_clip(text)}' is too large", field=field) from None
     if _ISO_CALENDAR.match(value):
         raise ValidationError(
-            f"invalid duration '{text}': years and months have no fixed length; "
+            f"invalid duration '{_clip(text)}': years and months have no fixed length; "
             "use days (P30D) instead",
             field=field,
         )
-    raise ValidationError(f"invalid duration '{text}': {_DURATION_FORMS}", field=field)
+    if not value.isascii():
+        raise ValidationError(
+            f"invalid duration '{_clip(text)}': write it in ASCII (digits 0-9), {_DURATION_FORMS}",
+            field=field,
+        )
+    raise ValidationError(f"invalid duration '{_clip(text)}': {_DURATION_FORMS}", field=field)
 
 
 def parse_instant(text: str, field: str) -> datetime:
@@ -70,24 +84,33 @@ def parse_instant(text: str, field: str) -> datetime:
         raise ValidationError(f"invalid time: expected ISO 8601, {_INSTANT_EXAMPLE}", field=field)
     value = text.strip()
     # fromisoformat also reads bare dates and week dates; a time of day is required here.
-    if len(value) < 11 or not value[:4].isdigit():
+    # ASCII only: fromisoformat reads other scripts' digits too
+    if len(value) < 11 or len(value) > 64 or not value.isascii() or not value[:4].isdigit():
         raise ValidationError(
-            f"invalid time '{text}': expected ISO 8601 with a UTC offset, {_INSTANT_EXAMPLE}",
+            f"invalid time '{_clip(text)}': expected ISO 8601 with a UTC offset, "
+            f"{_INSTANT_EXAMPLE}",
             field=field,
         )
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError:
         raise ValidationError(
-            f"invalid time '{text}': expected ISO 8601 with a UTC offset, {_INSTANT_EXAMPLE}",
+            f"invalid time '{_clip(text)}': expected ISO 8601 with a UTC offset, "
+            f"{_INSTANT_EXAMPLE}",
             field=field,
         ) from None
     if parsed.tzinfo is None or parsed.utcoffset() is None:
-        raise ValidationError(f"time '{text}' needs a UTC offset, {_INSTANT_EXAMPLE}", field=field)
+        raise ValidationError(
+            f"time '{_clip(text)}' needs a UTC offset, {_INSTANT_EXAMPLE}", field=field
+        )
     try:
         return parsed.astimezone(UTC)
     except OverflowError:
-        raise ValidationError(f"time '{text}' is out of range", field=field) from None
+        raise ValidationError(f"time '{_clip(text)}' is out of range", field=field) from None
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def format_instant(dt: datetime) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
 
-from schedctl import errors
+from schedctl import errors, limits
 from schedctl.delivery.rabbitmq import check_broker_url, redact_url
 from schedctl.delivery.ssrf import MAX_ALLOW_LIST, normalize_entry
 from schedctl.models import Tenant
@@ -21,8 +21,8 @@ from schedctl.storage.outbox import QUEUE, RABBITMQ
 from schedctl.storage.store import Store
 from schedctl.storage.tenants import TenantRepo, change_tenant
 
-MAX_DELIVERY_CONCURRENCY = 1000
-MAX_RATE_PER_SECOND = 1_000_000
+MAX_DELIVERY_CONCURRENCY = limits.MAX_DELIVERY_CONCURRENCY
+MAX_RATE_PER_SECOND = limits.MAX_RATE_PER_SECOND
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from sqlalchemy import func, select, text, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from schedctl import errors
+from schedctl import errors, limits
 from schedctl.models import Job, JobSpec, JobStatus, Page, Run, RunStatus, RunTrigger
 from schedctl.scheduling.schedules import (
     OnceSchedule,
@@ -32,7 +32,7 @@ from schedctl.storage.payloads import encode_payload
 from schedctl.storage.rows import job_from_row, run_from_row
 from schedctl.storage.store import Store
 
-MAX_PAGE = 1000
+MAX_PAGE = limits.MAX_PAGE
 
 
 def new_job_id() -> str:
@@ -58,6 +58,7 @@ def encode_cursor(*parts: str) -> str:
 
 
 def decode_cursor(cursor: str, count: int) -> list[str]:
+    limits.check_cursor(cursor)
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
         raw = base64.b64decode(padded.encode(), altchars=b"-_", validate=True)

@@ -31,7 +31,7 @@ from typing import Any
 from sqlalchemy import and_, delete, func, select, text, update
 from sqlalchemy.engine import Connection, RowMapping
 
-from schedctl import errors
+from schedctl import errors, limits
 from schedctl.delivery.http import Verdict
 from schedctl.delivery.limits import Lane
 from schedctl.models import JobStatus, Page, RunStatus
@@ -513,9 +513,7 @@ class DeadLetterRepo:
             query = query.where(d.c.replayed_at.is_(None))
         if cursor:
             (before,) = decode_cursor(cursor, 1)
-            if not before.isdigit():
-                raise errors.ValidationError("not a cursor this server issued", field="cursor")
-            query = query.where(d.c.id < int(before))
+            query = query.where(d.c.id < limits.cursor_id(before))
         with self.store.read() as connection:
             rows = connection.execute(query).mappings().all()
         items = tuple(_letter(r) for r in rows[:limit])

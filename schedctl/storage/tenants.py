@@ -24,7 +24,7 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from schedctl import errors
+from schedctl import errors, limits
 from schedctl.models import Tenant
 from schedctl.storage import schema
 from schedctl.storage.jobs import audit, db_now
@@ -38,7 +38,7 @@ DEFAULT_DISPATCH_RATE_PER_SECOND = 1000
 TENANT_NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
 _TOKEN = re.compile(r"st_([0-9a-f]{12})_[A-Za-z0-9_-]{20,100}")
 _TOKEN_ID = re.compile(r"[0-9a-f]{12}")
-MAX_QUOTA = 1_000_000_000
+MAX_QUOTA = limits.MAX_QUOTA
 
 
 @dataclass(frozen=True)

@@ -154,6 +154,32 @@ ERRORS = {
         2,
         "payload",
     ),
+    "payload integer of 5,000 digits": (
+        [*"job create -t acme --in 1m --queue q --payload".split(), "[" + "9" * 5000 + "]"],
+        2,
+        "payload",
+    ),
+    "payload nested 20,000 deep": (
+        [*"job create -t acme --in 1m --queue q --payload".split(), "[" * 20_000 + "]" * 20_000],
+        2,
+        "payload",
+    ),
+    "Arabic-Indic minutes": (
+        ["job", "create", "-t", "acme", "--in", "\u0663m", "--queue", "q"],
+        2,
+        "delay",
+    ),
+    "max concurrency 1e20": (
+        [*"job create -t acme --in 1m --queue q --max-concurrency 1e20".split()],
+        2,
+        "max_concurrency",
+    ),
+    "cursor of 25 digits": (["job", "list", "--cursor", "1234567890123456789012345"], 2, "cursor"),
+    "runs cursor of a huge id": (
+        ["runs", "0123456789abcdef", "--cursor", "OTIyMzM3MjAzNjg1NDc3NTgwOA"],
+        2,
+        "cursor",
+    ),
     "other tenant named": (["job", "list", "--tenant", "someone-else"], 2, "token decides"),
     "tenant command": (["tenant", "list"], 2, "cannot go through the API"),
     "db command": (["db", "status"], 2, "cannot go through the API"),

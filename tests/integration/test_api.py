@@ -424,11 +424,19 @@ def test_every_error_has_the_json_shape(acme: Api) -> None:
     bad_limit = acme.request("GET", "/v1/jobs", params={"limit": 0})
     assert assert_error(bad_limit, 422, "invalid")["field"] == "limit"
     assert_error(acme.request("GET", "/v1/jobs", params={"limit": "x"}), 422, "invalid")
-    for raw in (b'{"payload": ' + b"9" * 5000 + b"}", b"[" * 100_000 + b"]" * 100_000):
+    # JSON that json.loads cannot convert (an integer past int()'s digit limit, nesting past
+    # the recursion limit) is refused naming the field it is in, never a 500
+    huge = json.dumps(job_body())[:-1].encode() + b', "payload": ' + b"9" * 5000 + b"}"
+    deep = b'{"payload": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    for raw, field in (
+        (huge, "payload"),
+        (deep, "payload"),
+        (b"[" * 100_000 + b"]" * 100_000, "body"),
+    ):
         unparsable = acme.request(
             "POST", "/v1/jobs", data=raw, headers={"Content-Type": "application/json"}
         )
-        assert_error(unparsable, 400, "malformed")
+        assert assert_error(unparsable, 422, "invalid")["field"] == field
 
 
 BAD_BODIES = {
@@ -449,6 +457,14 @@ BAD_BODIES = {
     ),
     "absurd cron": (job_body(schedule={"cron": "9" * 5000 + " * * * *"}), "cron"),
     "unknown key": (job_body(colour="blue"), "colour"),
+    "Arabic-Indic digits in a delay": (job_body(schedule={"delay": "PT\u0663M"}), "delay"),
+    "Arabic-Indic digits in a window": (job_body(window="\u0663m"), "window"),
+    "max_concurrency past its bound": (job_body(max_concurrency=10**20), "max_concurrency"),
+    "max_attempts past its bound": (job_body(retry={"max_attempts": 2**64}), "retry.max_attempts"),
+    "payload integer past 2^63": (job_body(payload={"n": 2**63}), "payload"),
+    "payload integer below -2^63": (job_body(payload=[-(2**63) - 1]), "payload"),
+    "payload NaN": (job_body(payload={"x": float("nan")}), "payload"),
+    "payload Infinity": (job_body(payload=[float("inf")]), "payload"),
     "no target": ({"schedule": {"delay": "1m"}}, "target"),
 }
 
