@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, case, delete, func, or_, select, update
+from sqlalchemy import and_, case, delete, func, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, RowMapping
 
@@ -29,13 +29,11 @@ from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
 from schedctl.storage.jobs import db_now
 from schedctl.storage.payloads import decode_payload
-from schedctl.storage.store import Store
+from schedctl.storage.store import Store, is_lock_race
 
 LOST_ERROR = "lease expired: worker lost"
 CANCELLED_ERROR = "job cancelled before delivery"
 CANCELLED_RUNNING_ERROR = "job cancelled while the command ran: stopped"
-# Postgres deadlock / serialization failure: nothing committed, the caller just tries again
-_RETRYABLE_PGCODES = {"40P01", "40001"}
 # Kept in the database no longer than a run history column should hold.
 MAX_OUTPUT_TAIL_CHARS = 16_384
 
@@ -261,10 +259,20 @@ class QueueRepo:
         job_ids = sorted({c["job_id"] for c in candidates})
         if self.store.is_postgres:
             # Serialize the slot count per job: a second worker waits here and then counts
-            # the first one's committed lease, so two cannot both take the last slot. Jobs
-            # are locked in id order, like every other multi-job lock, so no deadlock.
-            for job_id in job_ids:
-                connection.execute(select(j.c.job_id).where(j.c.job_id == job_id).with_for_update())
+            # the first one's committed lease, so two cannot both take the last slot. With
+            # transaction-scoped advisory locks on a hash of each job id, not job row locks:
+            # they conflict only with other leases (taken in sorted order, so leases never
+            # deadlock each other), never with the claim's, a cancel's or an update's row
+            # locks. Taken in hash order (the lock keys' order, whatever collides); a hash
+            # collision only serializes two jobs' leases a little more.
+            connection.execute(
+                text(
+                    "SELECT pg_advisory_xact_lock(h) FROM (SELECT DISTINCT"
+                    " hashtextextended(k, 0) AS h FROM unnest(CAST(:keys AS text[])) AS k) AS s"
+                    " ORDER BY h"
+                ),
+                {"keys": [f"lease:{job_id}" for job_id in job_ids]},
+            )
         counts: dict[str, int] = {job_id: 0 for job_id in job_ids}
         counts.update(
             connection.execute(
@@ -749,6 +757,4 @@ def _clip(output_tail: str | None) -> str | None:
 
 
 def _is_retryable(exc: BaseException) -> bool:
-    cause = exc.__cause__
-    original = getattr(cause, "orig", None)
-    return getattr(original, "sqlstate", None) in _RETRYABLE_PGCODES
+    return is_lock_race(exc)
