@@ -242,7 +242,9 @@ class QueueRepo:
                 # max_concurrency 0 is "no limit" (null in the API)
                 or_(j.c.max_concurrency <= 0, in_use < j.c.max_concurrency),
             )
-            .order_by(m.c.available_at, m.c.id)
+            # oldest first along ix_queue_messages_ready, stopping after `limit` rows (a
+            # tie-break on id would sort the whole backlog on every lease: 13 s at 58,000)
+            .order_by(m.c.available_at)
             # a few more than asked: several may belong to one job with a single slot left
             .limit(min(limit * 4, limit + 100))
         )
