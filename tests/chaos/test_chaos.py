@@ -32,6 +32,7 @@ import pytest
 from sqlalchemy import func, select, update
 
 from schedctl import errors
+from schedctl.bench.consumers import worker_accepts_tenant
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.storage import schema
 from schedctl.storage.jobs import JobRepo
@@ -51,6 +52,7 @@ from tests.services.postgres import PostgresServer
 from tests.services.zookeeper import ZooKeeperEnsemble
 
 DISPATCHERS = ["d1", "d2", "d3"]
+WORKLOAD_QUEUES = ["chaos-recurring", "chaos-once", "chaos-live"]
 TENANTS = ["alpha", "bravo", "charlie"]
 # Catch-up is paced per tenant at its dispatch rate: low enough to engage after a fault.
 TENANT_DISPATCH_RATE = 200
@@ -406,6 +408,7 @@ def test_no_run_claimed_twice_lost_or_claimed_after_cancel_under_faults(
         f"front, {cluster.partition_count} partitions, session {cluster.session_timeout:g} s"
     )
     cluster.start("relay", "relay")
+    workers = start_workers(cluster, workload)
     for name in DISPATCHERS:
         cluster.start(name)
     members = list(DISPATCHERS)
@@ -448,7 +451,7 @@ def test_no_run_claimed_twice_lost_or_claimed_after_cancel_under_faults(
         + (f"; at the cutoff: {seen[0]}" if seen else "")
     )
     dead = cluster.dead()
-    exits = {name: cluster.terminate(name) for name in [*members, "relay"]}
+    exits = {name: cluster.terminate(name) for name in [*members, "relay", *workers]}
     figures.note(f"daemons stopped with SIGTERM, exit codes: {exits}")
 
     history = load_history(store, cutoff, figures.faults)
@@ -474,6 +477,19 @@ def test_no_run_claimed_twice_lost_or_claimed_after_cancel_under_faults(
     assert not dead, f"daemons exited by themselves: {dead}"
     assert aborted is None, f"the cluster did not recover: {aborted}"
     assert exits == dict.fromkeys(exits, 0), f"a daemon did not stop cleanly: {exits}"
+
+
+def start_workers(cluster: Cluster, workload: Workload) -> list[str]:
+    """Direct workers consuming every queue of the workload during the faults: one per
+    queue, or one per (tenant, queue) where `scheduled-d worker` takes --tenant."""
+    per_tenant = worker_accepts_tenant()
+    names = []
+    for queue in WORKLOAD_QUEUES:
+        for tenant in TENANTS if per_tenant else [None]:
+            name = f"worker-{queue}" + (f"-{tenant}" if tenant else "")
+            cluster.start_worker(name, queue, tenant=tenant)
+            names.append(name)
+    return names
 
 
 # -- the checker can fail ---------------------------------------------------------------------

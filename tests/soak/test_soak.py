@@ -38,8 +38,11 @@ SOAK_SECONDS = int(os.environ.get("SCHEDULED_SOAK_SECONDS", "120"))
 JOBS = int(os.environ.get("SCHEDULED_SOAK_JOBS", "500"))  # each every second: runs/s
 QUEUE = "soak"
 LEAD_SECONDS = 10  # from creating the jobs to their first run: the daemons start meanwhile
-# bounds of the waits (the backlog, if the machine cannot keep up, drains afterwards)
-DRAIN_SECONDS = max(300, 3 * SOAK_SECONDS)
+# The bound of the wait for the backlog to drain after the load: a Python worker runs on
+# the order of 100-300 /bin/true a second per core, so at 500 runs/s on a small machine
+# the queue grows during the load and is worked off afterwards (what is asserted is that
+# every run is executed, not how fast; the figures say how fast).
+DRAIN_SECONDS = int(os.environ.get("SCHEDULED_SOAK_DRAIN_SECONDS", str(max(600, 5 * SOAK_SECONDS))))
 
 pytestmark = [
     pytest.mark.slow,
