@@ -1,5 +1,6 @@
 """Soak on a real Postgres: 500 interval jobs due every second (500 runs/s), executed by
-real workers running /bin/true, for SCHEDULED_SOAK_SECONDS (default 120) per topology:
+real workers running /bin/true, for SOAK_SECONDS (default 120) per topology (SOAK_JOBS
+and SOAK_DRAIN_SECONDS too; not SCHEDULED_*, which conftest removes):
 
 - `scheduled-d all` with a [[worker]] (concurrency 16) in one process;
 - `scheduled-d dispatcher` + `scheduled-d relay` + two `scheduled-d worker` processes.
@@ -34,15 +35,15 @@ from schedctl.storage.store import Store
 from tests.factories import make_tenant
 from tests.services.ports import free_port
 
-SOAK_SECONDS = int(os.environ.get("SCHEDULED_SOAK_SECONDS", "120"))
-JOBS = int(os.environ.get("SCHEDULED_SOAK_JOBS", "500"))  # each every second: runs/s
+SOAK_SECONDS = int(os.environ.get("SOAK_SECONDS", "120"))
+JOBS = int(os.environ.get("SOAK_JOBS", "500"))  # each every second: runs/s
 QUEUE = "soak"
 LEAD_SECONDS = 10  # from creating the jobs to their first run: the daemons start meanwhile
 # The bound of the wait for the backlog to drain after the load: a Python worker runs on
 # the order of 100-300 /bin/true a second per core, so at 500 runs/s on a small machine
 # the queue grows during the load and is worked off afterwards (what is asserted is that
 # every run is executed, not how fast; the figures say how fast).
-DRAIN_SECONDS = int(os.environ.get("SCHEDULED_SOAK_DRAIN_SECONDS", str(max(600, 5 * SOAK_SECONDS))))
+DRAIN_SECONDS = int(os.environ.get("SOAK_DRAIN_SECONDS", str(max(600, 5 * SOAK_SECONDS))))
 
 pytestmark = [
     pytest.mark.slow,
