@@ -43,7 +43,7 @@ LEAD_SECONDS = 10  # from creating the jobs to their first run: the daemons star
 # the order of 100-300 /bin/true a second per core, so at 500 runs/s on a small machine
 # the queue grows during the load and is worked off afterwards (what is asserted is that
 # every run is executed, not how fast; the figures say how fast).
-DRAIN_SECONDS = int(os.environ.get("SOAK_DRAIN_SECONDS", str(max(600, 5 * SOAK_SECONDS))))
+DRAIN_SECONDS = int(os.environ.get("SOAK_DRAIN_SECONDS", str(max(900, 8 * SOAK_SECONDS))))
 
 pytestmark = [
     pytest.mark.slow,
