@@ -24,6 +24,7 @@ import random
 import statistics
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -38,6 +39,7 @@ from schedctl.storage import schema
 from schedctl.storage.jobs import JobRepo
 from schedctl.storage.store import Store
 from tests.chaos.checker import (
+    WORKER_STATUSES,
     History,
     JobRecord,
     Report,
@@ -466,6 +468,8 @@ def test_no_run_claimed_twice_lost_or_claimed_after_cancel_under_faults(
         f"cancelled ({sum(1 for j in workload.cancelled if j in workload.recurring)} recurring); "
         f"{workload.store_errors} workload ticks hit the database restart"
     )
+    executed = Counter(r.status for r in history.runs if r.status in WORKER_STATUSES)
+    figures.note(f"runs that reached the workers (/bin/true) by status: {dict(executed)}")
     figures.note(f"claim lateness, faults included: {lateness(history.runs)}")
     figures.note("claim lateness by phase:\n" + lateness_by_phase(history, figures.marks))
     figures.note("checker:\n" + report.summary())
@@ -478,6 +482,7 @@ def test_no_run_claimed_twice_lost_or_claimed_after_cancel_under_faults(
     assert not workload.other_errors, workload.other_errors[:5]
     assert report.runs_checked > 0 and report.occurrences_expected > 0
     assert report.ok, report.summary()
+    assert executed["succeeded"] > 0, "the workers executed nothing"
     assert not dead, f"daemons exited by themselves: {dead}"
     assert aborted is None, f"the cluster did not recover: {aborted}"
     assert exits == dict.fromkeys(exits, 0), f"a daemon did not stop cleanly: {exits}"
