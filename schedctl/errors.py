@@ -97,6 +97,13 @@ class StoreUnavailable(SchedError):
         return self.PUBLIC_MESSAGE
 
 
+class LockRace(StoreUnavailable):
+    """The transaction lost a lock race (deadlock or serialization failure); nothing was
+    committed and the same work can simply be tried again."""
+
+    code = "lock_race"
+
+
 class FencingError(SchedError):
     """This process no longer owns the partition (its fencing epoch is stale)."""
 

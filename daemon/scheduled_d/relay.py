@@ -630,10 +630,15 @@ class Relay:
                     break
             try:
                 self._settle(pending)
-            except errors.StoreUnavailable as exc:
+            except Exception as exc:  # this thread must not end: log it and retry
                 # kept in memory and tried again; if this process stops meanwhile, the
                 # leases expire and the runs are delivered again: at least once
-                log.warning("relay: cannot record %d outcome(s): %s", len(pending), exc)
+                log.warning(
+                    "relay: cannot record %d outcome(s): %s",
+                    len(pending),
+                    exc,
+                    exc_info=not isinstance(exc, errors.StoreUnavailable),
+                )
                 if self._settler_stop.is_set():
                     self._forget(len(pending))
                     return

@@ -6,7 +6,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
-from schedctl.config import Config
+from schedctl.config import Config, WorkerConfig
 from schedctl.coordination.base import Coordinator
 from schedctl.coordination.local import LocalCoordinator
 from schedctl.coordination.zookeeper import ZooKeeperCoordinator
@@ -18,6 +18,7 @@ from scheduled_d.maintenance import run_maintenance
 from scheduled_d.metrics import export_queue_depths, serve_metrics
 from scheduled_d.relay import Relay
 from scheduled_d.signals import stop_on_signals
+from scheduled_d.supervise import ComponentFailed, Supervisor, run_inline
 from scheduled_d.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -59,18 +60,10 @@ def make_dispatcher(
     return dispatcher
 
 
-def _serve_metrics(
-    config: Config, threads: Sequence[threading.Thread], stop: threading.Event
-) -> None:
-    """/metrics and /healthz (healthy while every component thread runs), if configured."""
+def _serve_metrics(config: Config, supervisor: Supervisor, stop: threading.Event) -> None:
+    """/metrics and /healthz (healthy while no component thread died), if configured."""
     if config.metrics_listen:
-        serve_metrics(config.metrics_listen, lambda: all(t.is_alive() for t in threads), stop)
-
-
-def _start(name: str, target: object) -> threading.Thread:
-    thread = threading.Thread(target=target, name=name, daemon=True)  # type: ignore[arg-type]
-    thread.start()
-    return thread
+        serve_metrics(config.metrics_listen, supervisor.healthy, stop)
 
 
 def _join(threads: Sequence[threading.Thread]) -> None:
@@ -80,37 +73,84 @@ def _join(threads: Sequence[threading.Thread]) -> None:
             log.warning("%s did not stop within %.0f s", thread.name, JOIN_SECONDS)
 
 
+def _died(supervisor: Supervisor) -> None:
+    """After the orderly shutdown that followed a component's death: exit non-zero."""
+    if supervisor.died.is_set():
+        dead = ", ".join(supervisor.failures()) or "a component"
+        raise ComponentFailed(f"{dead} ended unexpectedly; stopped so that it is restarted")
+
+
 def run_all(store: Store, config: Config, *, stop: threading.Event | None = None) -> None:
     """Dispatcher + relay + configured workers, stopped in order: claims stop first, then
-    the relay drains, then workers finish what they hold."""
+    the relay drains, then workers finish what they hold. Each component runs under the
+    supervisor: restarted after an unexpected exception; if one dies anyway, /healthz turns
+    unhealthy, the rest stops in the same order and the process exits non-zero."""
     with stop_on_signals() as (signal_stop, force):
         stop = stop or signal_stop
-        api_server = None
-        if config.api_enabled:
-            # imported here: the dispatcher-only modes need no web stack
-            from schedctl.service import Scheduler
-            from scheduled_d.api import ApiServer
+        supervisor = Supervisor()
+        metrics_stop = threading.Event()
+        try:
+            _run_all(store, config, stop, force, supervisor, metrics_stop)
+        finally:
+            metrics_stop.set()
+        _died(supervisor)
 
-            api_server = ApiServer(
-                Scheduler(store, max_payload_bytes=config.max_payload_bytes), config.api_listen
-            )
-            # first, and binding at once: a taken port fails the start before anything runs
-            api_server.start()
-        coordinator = make_coordinator(store, config)
-        coordinator.start()
-        relay = Relay.from_config(store, config)
 
-        def claimed(_result: ClaimResult) -> None:
-            relay.wake()
+def _run_all(
+    store: Store,
+    config: Config,
+    stop: threading.Event,
+    force: threading.Event,
+    supervisor: Supervisor,
+    metrics_stop: threading.Event,
+) -> None:
+    api_server = None
+    if config.api_enabled:
+        # imported here: the dispatcher-only modes need no web stack
+        from schedctl.service import Scheduler
+        from scheduled_d.api import ApiServer
 
-        dispatcher = make_dispatcher(store, config, coordinator, on_claimed=claimed)
-        dispatcher_stop, relay_stop, worker_stop = (threading.Event() for _ in range(3))
-        dispatch_thread = _start("dispatcher", lambda: dispatcher.run(dispatcher_stop))
-        relay_thread = _start("relay", lambda: relay.run(relay_stop))
-        _start("maintenance", lambda: run_maintenance(store, config.retention_days, stop))
-        worker_threads = []
-        for spec in config.workers:
-            worker = Worker(
+        api_server = ApiServer(
+            Scheduler(store, max_payload_bytes=config.max_payload_bytes), config.api_listen
+        )
+        # first, and binding at once: a taken port fails the start before anything runs
+        api_server.start()
+        supervisor.watch("api", api_server.is_serving)
+    coordinator = make_coordinator(store, config)
+    coordinator.start()
+    # the relay in use: a restarted relay is a new object, and the claim wakes that one
+    relays: list[Relay] = []
+
+    def claimed(_result: ClaimResult) -> None:
+        if relays:
+            relays[-1].wake()
+
+    def run_relay_once(stop_relay: threading.Event) -> None:
+        relays.append(Relay.from_config(store, config))
+        del relays[:-1]
+        relays[-1].run(stop_relay)
+
+    dispatcher_stop, relay_stop, worker_stop, maintenance_stop = (
+        threading.Event() for _ in range(4)
+    )
+    dispatch_thread = supervisor.start(
+        "dispatcher",
+        lambda: make_dispatcher(store, config, coordinator, on_claimed=claimed).run(
+            dispatcher_stop
+        ),
+        dispatcher_stop,
+    )
+    relay_thread = supervisor.start("relay", lambda: run_relay_once(relay_stop), relay_stop)
+    maintenance_thread = supervisor.start(
+        "maintenance",
+        lambda: run_maintenance(store, config.retention_days, maintenance_stop),
+        maintenance_stop,
+    )
+    worker_threads = []
+    for spec in config.workers:
+
+        def run_worker_once(spec: WorkerConfig = spec) -> None:
+            Worker(
                 store,
                 spec.queue,
                 spec.command,
@@ -119,29 +159,33 @@ def run_all(store: Store, config: Config, *, stop: threading.Event | None = None
                 heartbeat_seconds=min(5.0, spec.lease_seconds / 3),
                 env=dict(spec.env),
                 tenant=spec.tenant,
-            )
-            worker_threads.append(
-                _start(f"worker-{spec.queue}", lambda w=worker: w.run(worker_stop, force=force))
-            )
-        export_queue_depths(QueueRepo(store).stats)
-        _serve_metrics(config, [dispatch_thread, relay_thread, *worker_threads], stop)
-        log.info(
-            "scheduled-d all: %d partitions, %d worker(s), database %s",
-            store.partition_count,
-            len(worker_threads),
-            store.engine.url.render_as_string(hide_password=True),
+            ).run(worker_stop, force=force)
+
+        worker_threads.append(
+            supervisor.start(f"worker-{spec.queue}", run_worker_once, worker_stop)
         )
-        _wait(stop, force)
-        if api_server is not None:
-            api_server.stop()  # first: no new jobs while the rest winds down
-        dispatcher_stop.set()
-        _join([dispatch_thread])
-        coordinator.stop()
-        relay_stop.set()
-        _join([relay_thread])
-        worker_stop.set()
-        _join_until_forced(worker_threads, force)
-        log.info("scheduled-d all: stopped")
+    export_queue_depths(QueueRepo(store).stats)
+    _serve_metrics(config, supervisor, metrics_stop)
+    log.info(
+        "scheduled-d all: %d partitions, %d worker(s), database %s",
+        store.partition_count,
+        len(worker_threads),
+        store.engine.url.render_as_string(hide_password=True),
+    )
+    _wait(stop, force, supervisor)
+    if api_server is not None:
+        supervisor.unwatch("api")
+        api_server.stop()  # first: no new jobs while the rest winds down
+    dispatcher_stop.set()
+    _join([dispatch_thread])
+    coordinator.stop()
+    relay_stop.set()
+    _join([relay_thread])
+    maintenance_stop.set()
+    worker_stop.set()
+    _join_until_forced(worker_threads, force)
+    _join([maintenance_thread])
+    log.info("scheduled-d all: stopped")
 
 
 def _join_until_forced(threads: Sequence[threading.Thread], force: threading.Event) -> None:
@@ -153,36 +197,63 @@ def _join_until_forced(threads: Sequence[threading.Thread], force: threading.Eve
     _join(threads)
 
 
-def _wait(stop: threading.Event, force: threading.Event) -> None:
+def _wait(stop: threading.Event, force: threading.Event, supervisor: Supervisor) -> None:
+    """Until a signal, or a component's death (logged; the caller then stops the rest)."""
     while not stop.wait(0.5) and not force.is_set():
-        pass
+        if supervisor.check():
+            log.critical(
+                "component(s) died: %s; stopping the process", ", ".join(supervisor.failures())
+            )
+            return
 
 
 def run_dispatcher(store: Store, config: Config) -> None:
     with stop_on_signals() as (stop, force):
-        coordinator = make_coordinator(store, config)
-        coordinator.start()
-        dispatcher = make_dispatcher(store, config, coordinator)
-        inner = threading.Event()
-        thread = _start("dispatcher", lambda: dispatcher.run(inner))
-        _start("maintenance", lambda: run_maintenance(store, config.retention_days, stop))
-        _serve_metrics(config, [thread], stop)
-        _wait(stop, force)
-        inner.set()
-        _join([thread])
-        coordinator.stop()
+        supervisor = Supervisor()
+        metrics_stop = threading.Event()
+        try:
+            coordinator = make_coordinator(store, config)
+            coordinator.start()
+            inner, maintenance_stop = threading.Event(), threading.Event()
+            thread = supervisor.start(
+                "dispatcher",
+                lambda: make_dispatcher(store, config, coordinator).run(inner),
+                inner,
+            )
+            maintenance = supervisor.start(
+                "maintenance",
+                lambda: run_maintenance(store, config.retention_days, maintenance_stop),
+                maintenance_stop,
+            )
+            _serve_metrics(config, supervisor, metrics_stop)
+            _wait(stop, force, supervisor)
+            inner.set()
+            _join([thread])
+            coordinator.stop()
+            maintenance_stop.set()
+            _join([maintenance])
+        finally:
+            metrics_stop.set()
+        _died(supervisor)
 
 
 def run_relay(store: Store, config: Config) -> None:
     with stop_on_signals() as (stop, force):
-        relay = Relay.from_config(store, config)
-        inner = threading.Event()
-        thread = _start("relay", lambda: relay.run(inner))
-        export_queue_depths(QueueRepo(store).stats)
-        _serve_metrics(config, [thread], stop)
-        _wait(stop, force)
-        inner.set()
-        _join([thread])
+        supervisor = Supervisor()
+        metrics_stop = threading.Event()
+        try:
+            inner = threading.Event()
+            thread = supervisor.start(
+                "relay", lambda: Relay.from_config(store, config).run(inner), inner
+            )
+            export_queue_depths(QueueRepo(store).stats)
+            _serve_metrics(config, supervisor, metrics_stop)
+            _wait(stop, force, supervisor)
+            inner.set()
+            _join([thread])
+        finally:
+            metrics_stop.set()
+        _died(supervisor)
 
 
 def run_worker(
@@ -197,13 +268,19 @@ def run_worker(
     tenant: str | None = None,
 ) -> None:
     with stop_on_signals() as (stop, force):
-        worker = Worker(
-            store,
-            queue,
-            command,
-            concurrency=concurrency,
-            lease_seconds=lease_seconds,
-            env=env,
-            tenant=tenant,
-        )
-        worker.run(stop, max_runs=max_runs, force=force)
+
+        def run_once() -> None:
+            worker = Worker(
+                store,
+                queue,
+                command,
+                concurrency=concurrency,
+                lease_seconds=lease_seconds,
+                env=env,
+                tenant=tenant,
+            )
+            worker.run(stop, max_runs=max_runs, force=force)
+
+        # on the main thread: an exception is logged and the worker starts again; one that
+        # escapes anyway (BaseException) ends the process non-zero
+        run_inline(f"worker-{queue}", run_once, stop)

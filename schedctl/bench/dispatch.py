@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import func, select, text, update
 
 from schedctl import errors
+from schedctl.bench.consumers import Consumers
 from schedctl.bench.load import insert_once_jobs
 from schedctl.storage import schema
 from schedctl.storage.store import Store
@@ -193,27 +194,76 @@ def burst(
     }
 
 
+def _executed(store: Store, tenant_id: str) -> int:
+    with store.read() as connection:
+        return int(
+            connection.execute(
+                select(func.count())
+                .select_from(schema.runs)
+                .where(schema.runs.c.tenant_id == tenant_id, schema.runs.c.status == "succeeded")
+            ).scalar_one()
+        )
+
+
+def _start_lateness(store: Store, tenant_id: str) -> list[float]:
+    with store.read() as connection:
+        rows = connection.execute(
+            select(schema.runs.c.scheduled_at, schema.runs.c.started_at).where(
+                schema.runs.c.tenant_id == tenant_id, schema.runs.c.started_at.is_not(None)
+            )
+        ).all()
+    return sorted((started - at).total_seconds() for at, started in rows)
+
+
 def steady(
     store: Store,
     *,
     rate: int,
     duration: float,
     dispatchers: Dispatchers,
+    workers: int = 2,
+    worker_concurrency: int = 16,
 ) -> dict[str, Any]:
     """`rate` runs a second, each due at its own instant, for `duration` seconds; reports
-    the lateness (claim time minus fire time) distribution."""
+    the lateness (claim time minus fire time) distribution. With `workers`, a relay and
+    that many `scheduled-d worker` processes running /bin/true consume the queue meanwhile,
+    so claims compete with real leases and acks; their start lateness is reported too."""
     tenant_id = _bench_tenant(store)
     start = datetime.now(UTC) + timedelta(seconds=5)
     total = int(rate * duration)
     times = [start + timedelta(seconds=i / rate) for i in range(total)]
-    insert_once_jobs(store, tenant_id, times, name="bench-steady")
+    queue = f"bench-steady-{tenant_id[-8:]}"
+    insert_once_jobs(store, tenant_id, times, name="bench-steady", queue=queue)
+    consumers = None
+    if workers:
+        consumers = Consumers(
+            dispatchers.url,
+            queue,
+            workers=workers,
+            concurrency=worker_concurrency,
+            tenant=_tenant_name(store, tenant_id),
+            logdir=dispatchers.logdir,
+        )
     dispatchers.start()
+    executed = 0
+    exits: dict[str, int | None] = {}
     try:
+        if consumers is not None:
+            consumers.start()
         claimed = _wait_claimed(store, tenant_id, total, duration + 60)
+        if consumers is not None:
+            deadline = time.monotonic() + duration + 120
+            while time.monotonic() < deadline and not consumers.dead():
+                executed = _executed(store, tenant_id)
+                if executed >= total:
+                    break
+                time.sleep(0.2)
     finally:
         dispatchers.stop()
+        if consumers is not None:
+            exits = consumers.stop()
     late = _lateness(store, tenant_id)
-    return {
+    result: dict[str, Any] = {
         "benchmark": "steady",
         "database": _settings(store),
         "dispatchers": dispatchers.count,
@@ -226,8 +276,31 @@ def steady(
         "lateness_p99_seconds": round(_pct(late, 0.99), 3),
         "lateness_max_seconds": round(late[-1], 3) if late else None,
         "lateness_mean_seconds": round(statistics.fmean(late), 3) if late else None,
-        "logs": str(dispatchers.logdir),
     }
+    if consumers is not None:
+        started = _start_lateness(store, tenant_id)
+        result.update(
+            {
+                "workers": workers,
+                "worker_concurrency": worker_concurrency,
+                "executed": _executed(store, tenant_id),
+                "start_lateness_p50_seconds": round(_pct(started, 0.50), 3),
+                "start_lateness_p99_seconds": round(_pct(started, 0.99), 3),
+                "consumer_exit_codes": exits,
+                "consumer_log_trouble": sum(len(v) for v in consumers.trouble().values()),
+            }
+        )
+    result["logs"] = str(dispatchers.logdir)
+    return result
+
+
+def _tenant_name(store: Store, tenant_id: str) -> str:
+    with store.read() as connection:
+        return str(
+            connection.execute(
+                select(schema.tenants.c.name).where(schema.tenants.c.tenant_id == tenant_id)
+            ).scalar_one()
+        )
 
 
 def _owners(store: Store) -> dict[int, tuple[str | None, int]]:

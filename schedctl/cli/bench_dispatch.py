@@ -102,15 +102,30 @@ def steady(
     dispatchers: DispatchersOption = 1,
     zookeeper: ZooKeeperOption = None,
     batch_size: BatchOption = 1000,
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            min=0,
+            max=64,
+            help="`scheduled-d worker` processes running /bin/true (plus a relay) that "
+            "consume the queue during the run; 0: claims only.",
+        ),
+    ] = 2,
+    worker_concurrency: Annotated[
+        int, typer.Option("--worker-concurrency", min=1, max=256, help="Commands per worker.")
+    ] = 16,
     output: OutputOption = None,
 ) -> None:
-    """A steady stream of due runs: the dispatch lateness distribution. Use a scratch
-    database: it adds a tenant and its jobs."""
+    """A steady stream of due runs: the dispatch lateness distribution, with workers
+    executing the runs meanwhile. Use a scratch database: it adds a tenant and its jobs."""
     result = dispatch.steady(
         cli_state(ctx).store(),
         rate=rate,
         duration=duration,
         dispatchers=dispatch.Dispatchers(_url(ctx), dispatchers, zookeeper, batch_size),
+        workers=workers,
+        worker_concurrency=worker_concurrency,
     )
     emit(result, output_format(ctx, output), title="steady")
 

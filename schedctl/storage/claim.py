@@ -19,17 +19,14 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError
 
+from schedctl import errors
 from schedctl.models import JobStatus, RunStatus, RunTrigger
 from schedctl.scheduling.misfire import MisfirePolicy, plan_claim
 from schedctl.scheduling.schedules import Schedule, schedule_from_dict
 from schedctl.scheduling.windows import fire_time
 from schedctl.storage import schema
-from schedctl.storage.store import Store
-
-# Postgres codes for a batch that lost a lock race: nothing was committed, reload and retry
-RETRYABLE_PGCODES = {"40P01", "40001"}
+from schedctl.storage.store import Store, is_lock_race
 
 
 @dataclass(frozen=True)
@@ -170,9 +167,10 @@ class Claimer:
         try:
             with self.store.tx() as connection:
                 self._claim(connection, due, epochs, now, result)
-        except DBAPIError as exc:
-            code = getattr(exc.orig, "sqlstate", None)
-            if code not in RETRYABLE_PGCODES:
+        except errors.StoreUnavailable as exc:
+            # a lost lock race (deadlock, serialization failure), through SQLAlchemy or the
+            # raw driver cursor alike: nothing was committed, the dispatcher tries again
+            if not is_lock_race(exc):
                 raise
             return ClaimResult(aborted=True)
         return result
@@ -273,8 +271,11 @@ class Claimer:
     def _check_epochs(
         self, connection: Connection, partitions: set[int], epochs: Mapping[int, int]
     ) -> set[int]:
-        query = select(schema.partitions.c.partition, schema.partitions.c.epoch).where(
-            schema.partitions.c.partition.in_(sorted(partitions))
+        query = (
+            select(schema.partitions.c.partition, schema.partitions.c.epoch)
+            .where(schema.partitions.c.partition.in_(sorted(partitions)))
+            # locked in partition order, like every writer of partition rows
+            .order_by(schema.partitions.c.partition)
         )
         if self.store.is_postgres:
             # a new owner's epoch write waits for this claim to commit, and a claim that
@@ -287,6 +288,22 @@ class Claimer:
         self, connection: Connection, updates: list[dict[str, Any]], now: datetime
     ) -> set[str]:
         if self.store.is_postgres:
+            # Lock order: job rows are locked in job_id order before the update, whose join
+            # would otherwise lock them in whatever order its plan visits them. Every
+            # statement that locks several job rows does so in this order (or, like the
+            # worker's lease, takes advisory locks instead), so claims cannot deadlock with
+            # each other, cancels, updates or acks. FOR NO KEY UPDATE is what the UPDATE
+            # takes anyway, so there is no lock upgrade.
+            _pg_binary(
+                connection,
+                """
+                SELECT job_id FROM jobs
+                 WHERE job_id = ANY(CAST(%(job_ids)b AS text[]))
+                 ORDER BY job_id
+                   FOR NO KEY UPDATE
+                """,
+                {"job_ids": sorted(u["job_id"] for u in updates)},
+            )
             statement = """
                 UPDATE jobs AS j
                    SET next_run_at = v.next_run_at,

@@ -388,7 +388,7 @@ class OutboxRepo:
         with self.store.tx() as connection:
             now = db_now(connection)
             released = 0
-            for d in deliveries:
+            for d in sorted(deliveries, key=lambda d: d.outbox_id):  # id order, like settle
                 outcome = connection.execute(
                     update(o)
                     .where(o.c.id == d.outbox_id, o.c.lease_owner == d.lease)
@@ -410,8 +410,11 @@ class OutboxRepo:
         o = schema.outbox
         with self.store.tx() as connection:
             now = db_now(connection)
-            query = select(o.c.id, o.c.lease_owner, o.c.attempt).where(
-                o.c.id.in_([x.delivery.outbox_id for x in outcomes])
+            query = (
+                select(o.c.id, o.c.lease_owner, o.c.attempt)
+                .where(o.c.id.in_([x.delivery.outbox_id for x in outcomes]))
+                # id order: two settlers (or a settler and a release) lock in one order
+                .order_by(o.c.id)
             )
             if self.store.is_postgres:
                 query = query.with_for_update()

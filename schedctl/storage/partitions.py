@@ -64,6 +64,15 @@ class PartitionRepo:
         if not partitions:
             return
         with self.store.tx() as connection:
+            if self.store.is_postgres:
+                # rows locked in partition order first, like acquire() and the claim's
+                # FOR SHARE: the UPDATE alone would lock them in its scan's order
+                connection.execute(
+                    select(schema.partitions.c.partition)
+                    .where(schema.partitions.c.partition.in_(sorted(partitions)))
+                    .order_by(schema.partitions.c.partition)
+                    .with_for_update(key_share=True)
+                )
             connection.execute(
                 update(schema.partitions)
                 .where(

@@ -15,6 +15,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    text,
 )
 
 from schedctl.storage.types import UTCDateTime
@@ -181,6 +182,13 @@ queue_messages = Table(
     # a queue is (tenant, name): a worker reads its tenant's queue in due order
     Index("ix_queue_messages_ready", "tenant_id", "queue", "available_at"),
     Index("ix_queue_messages_job", "job_id"),
+    # the lease's count of a job's leased messages reads only those (0007)
+    Index(
+        "ix_queue_messages_leased_job",
+        "job_id",
+        postgresql_where=text("leased_until IS NOT NULL"),
+        sqlite_where=text("leased_until IS NOT NULL"),
+    ),
 )
 
 dead_letters = Table(

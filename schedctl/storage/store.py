@@ -18,6 +18,44 @@ from schedctl.storage.migrate import current_revision, head_revision, upgrade_en
 
 DEFAULT_PARTITION_COUNT = 1024
 
+# Postgres SQLSTATEs of a transaction that lost a lock race: deadlock_detected and
+# serialization_failure. Nothing was committed; the same work can be tried again.
+LOCK_RACE_SQLSTATES = frozenset({"40P01", "40001"})
+
+
+def is_lock_race(exc: BaseException | None) -> bool:
+    """True for a lost lock race however it arrives: the psycopg exception itself (a
+    statement run on the raw driver cursor), its SQLAlchemy wrapper (`.orig`), or an
+    error raised from either (`__cause__`/`__context__`, e.g. StoreUnavailable)."""
+    seen: set[int] = set()
+    pending = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, errors.LockRace):
+            return True
+        if getattr(current, "sqlstate", None) in LOCK_RACE_SQLSTATES:
+            return True
+        pending.append(getattr(current, "orig", None))
+        pending.append(current.__cause__)
+        pending.append(current.__context__)
+    return False
+
+
+_DRIVERS = ("psycopg", "sqlite3")
+
+
+def _is_driver_operational_error(exc: BaseException) -> bool:
+    """The driver's own OperationalError (connection lost, server shutting down), raised
+    unwrapped by statements run on the raw psycopg cursor."""
+    return any(
+        cls.__name__ == "OperationalError"
+        and cls.__module__.split(".")[0] in ("psycopg", "sqlite3")
+        for cls in type(exc).__mro__
+    )
+
 
 class Store:
     """Owns the engine; every database access goes through `tx()` or `read()`."""
@@ -53,12 +91,23 @@ class Store:
 
     @contextmanager
     def tx(self) -> Iterator[Connection]:
-        """One transaction; connection loss becomes StoreUnavailable."""
+        """One transaction. A lost lock race (deadlock, serialization failure) becomes
+        LockRace, connection loss StoreUnavailable (LockRace is one: every caller that
+        waits out an outage also retries a lost race), whether the error came through
+        SQLAlchemy or straight from the driver's cursor."""
         try:
             with self.engine.begin() as connection:
                 yield connection
-        except (OperationalError, DBAPIError) as exc:
-            if isinstance(exc, OperationalError) or exc.connection_invalidated:
+        except errors.SchedError:
+            raise
+        except Exception as exc:
+            if is_lock_race(exc):
+                raise errors.LockRace(f"lock race lost, retrying: {first_line(exc)}") from exc
+            if (
+                isinstance(exc, OperationalError)
+                or (isinstance(exc, DBAPIError) and exc.connection_invalidated)
+                or _is_driver_operational_error(exc)
+            ):
                 raise errors.StoreUnavailable(f"database error: {first_line(exc)}") from exc
             raise
 

@@ -28,9 +28,14 @@ def test_burst_claims_every_run(sqlite_url: str) -> None:
 
 
 def test_steady_reports_lateness_percentiles(sqlite_url: str) -> None:
-    result = bench(sqlite_url, "steady", "--rate", "20", "--duration", "2")
+    result = bench(sqlite_url, "steady", "--rate", "20", "--duration", "2", "--workers", "2")
     assert result["claimed"] == result["runs"] == 40
     assert result["lateness_p99_seconds"] >= result["lateness_p50_seconds"]
+    # workers consumed the queue meanwhile: every run executed, nothing escaped a loop
+    assert result["executed"] == 40
+    assert result["start_lateness_p99_seconds"] >= result["start_lateness_p50_seconds"]
+    assert result["consumer_exit_codes"] == {"relay": 0, "worker-0": 0, "worker-1": 0}
+    assert result["consumer_log_trouble"] == 0
 
 
 def test_delivery_reports_http_and_queue_rates(sqlite_url: str) -> None:

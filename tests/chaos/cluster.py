@@ -1,4 +1,4 @@
-"""Owns the chaos harness: real `scheduled-d dispatcher` and `scheduled-d relay` processes
+"""Owns the chaos harness: real `scheduled-d dispatcher`, `relay` and `worker` processes
 (started, stopped with SIGTERM, killed with SIGKILL, paused with SIGSTOP and continued), each
 logging to its own file, and the outside views the tests poll: who owns which partition
 under which epoch, and who is a member in ZooKeeper.
@@ -26,6 +26,7 @@ from typing import IO, TypeVar
 from sqlalchemy import text
 
 from schedctl import errors
+from schedctl.bench.consumers import worker_argv
 from schedctl.cluster_status import read_members
 from schedctl.coordination.assignment import assignment
 from schedctl.storage.partitions import PartitionRepo
@@ -48,8 +49,9 @@ class Daemon:
     """One daemon name; a restart is a new process under the same name (and log file)."""
 
     name: str
-    mode: str  # "dispatcher" or "relay"
+    mode: str  # "dispatcher", "relay" or "worker"
     log_path: Path
+    argv: list[str] = field(default_factory=list)  # after scheduled-d
     process: subprocess.Popen[bytes] | None = None
     log_file: IO[bytes] | None = None
     paused: bool = False
@@ -122,11 +124,21 @@ class Cluster:
 
     # -- processes -----------------------------------------------------------------------
 
-    def start(self, name: str, mode: str = "dispatcher") -> Daemon:
-        """Start (or restart) daemon `name` in `mode`; returns at once."""
+    def start_worker(self, name: str, queue: str, *, tenant: str | None = None) -> Daemon:
+        """A direct worker (database access) running /bin/true for each run of `queue`:
+        runs are leased, executed and acked while the faults happen. The command line is
+        built by worker_argv, which passes `tenant` once workers take one."""
+        argv = worker_argv(queue, ["/bin/true"], tenant=tenant, concurrency=4, lease_seconds=10)
+        return self.start(name, "worker", argv=argv[1:])
+
+    def start(
+        self, name: str, mode: str = "dispatcher", *, argv: list[str] | None = None
+    ) -> Daemon:
+        """Start (or restart) daemon `name` in `mode` (`argv`: the arguments after
+        scheduled-d, default just the mode); returns at once."""
         daemon = self.daemons.get(name)
         if daemon is None:
-            daemon = Daemon(name, mode, self.workdir / f"{name}.log")
+            daemon = Daemon(name, mode, self.workdir / f"{name}.log", argv=argv or [mode])
             self.daemons[name] = daemon
         if daemon.running():
             raise RuntimeError(f"{name} is already running (pid {daemon.pid})")
@@ -135,7 +147,7 @@ class Cluster:
         daemon.log_file.write(f"\n===== start {daemon.starts + 1} of {name} =====\n".encode())
         daemon.log_file.flush()
         daemon.process = subprocess.Popen(
-            [str(SCHEDULED_D), mode],
+            [str(SCHEDULED_D), *daemon.argv],
             env={**self._env, "SCHEDULED_NODE_NAME": name},
             stdin=subprocess.DEVNULL,
             stdout=daemon.log_file,
