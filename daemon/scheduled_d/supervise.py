@@ -30,6 +30,9 @@ from schedctl import errors
 
 log = logging.getLogger(__name__)
 
+# Errors that no restart fixes: a wrong setting, a rejected token.
+_NEEDS_AN_OPERATOR = (errors.ConfigError, errors.Unauthorized)
+
 BACKOFF_MIN_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 30.0
 # a run that lasted this long was healthy: the next failure starts the backoff over
@@ -106,6 +109,16 @@ class Supervisor:
                 try:
                     _inject_fault(component.name, component.stop, first=component.restarts == 0)
                     run()
+                except _NEEDS_AN_OPERATOR as exc:
+                    # no traceback: a setting is wrong (e.g. the worker's tenant does not exist
+                    # yet); it is tried again, slowly, until an operator fixes it
+                    component.restarts += 1
+                    log.error(
+                        "%s cannot run: %s (retrying in %.0f s)", component.name, exc, backoff
+                    )
+                    component.stop.wait(backoff)
+                    backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
+                    continue
                 except Exception:
                     if time.monotonic() - started >= HEALTHY_RUN_SECONDS:
                         backoff = BACKOFF_MIN_SECONDS
@@ -146,6 +159,8 @@ def run_inline(name: str, run: Callable[[], object], stop: threading.Event) -> N
             _inject_fault(name, stop, first=restarts == 0)
             run()
             return
+        except _NEEDS_AN_OPERATOR:
+            raise  # the process exits with the error's code; restarting cannot fix a setting
         except Exception:
             if time.monotonic() - started >= HEALTHY_RUN_SECONDS:
                 backoff = BACKOFF_MIN_SECONDS
