@@ -3,19 +3,21 @@ all)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import os
-import sys
 import threading
 from collections.abc import Callable
 from typing import Annotated
 
 import typer
 
-from schedctl import errors
-from schedctl.config import Config, load_config
+from schedctl import __version__, errors
+from schedctl.config import Config, WorkerConfig, load_config
 from schedctl.storage.engine import normalize_url
 from schedctl.storage.store import Store
+from scheduled_d import logsetup, sdnotify
+from scheduled_d.checks import check_bind
+from scheduled_d.signals import set_reload_hook
 
 app = typer.Typer(
     help="scheduled-d: the scheduler daemon. Modes: dispatcher, relay, api, worker, all.",
@@ -33,17 +35,65 @@ ConfigOption = Annotated[
 ]
 
 
-def _setup_logging() -> None:
-    level = os.environ.get("SCHEDULED_LOG_LEVEL", "INFO").upper()
-    logging.basicConfig(
-        level=getattr(logging, level, logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
+LogFormatOption = Annotated[
+    str | None,
+    typer.Option(
+        "--log-format",
+        help="text (journald-friendly under systemd) or json (one object per line). "
+        "Env: SCHEDULED_LOG_FORMAT.",
+    ),
+]
+
+
+def _setup_logging(config: Config) -> None:
+    logsetup.setup(config.log_level, config.log_format)
+
+
+def _config(
+    config_path: str | None,
+    db: str | None,
+    log_format: str | None = None,
+    **overrides: str | None,
+) -> Config:
+    """The configuration (flag > environment > file > defaults), then the log set up from
+    it, and SIGHUP set to re-read it (see _reload)."""
+    flags = {"database_url": db, "log_format": log_format, **overrides}
+    config = load_config(config_path, overrides=flags)
+    _setup_logging(config)
+    set_reload_hook(lambda: _reload(config, config_path, flags))
+    sdnotify.init()  # read NOTIFY_SOCKET before any command starts (and hide it from them)
+    return config
+
+
+def _reload(current: Config, config_path: str | None, flags: dict[str, str | None]) -> None:
+    """SIGHUP: read the configuration again and apply its log level at once; every other
+    change is reported as waiting for a restart. A configuration that does not load now
+    changes nothing (the error is logged)."""
+    try:
+        fresh = load_config(config_path, overrides=flags)
+    except errors.ConfigError as error:
+        log.error("SIGHUP: configuration not reloaded: %s", error)
+        return
+    logsetup.set_level(fresh.log_level)
+    pending = [
+        f.name
+        for f in dataclasses.fields(Config)
+        if f.name not in ("log_level", "source", "node_name")
+        and getattr(fresh, f.name) != getattr(current, f.name)
+    ]
+    log.warning(
+        "SIGHUP: configuration re-read (%s): log level %s%s",
+        fresh.source,
+        fresh.log_level,
+        f"; changed, applied at the next restart: {', '.join(pending)}" if pending else "",
     )
 
 
-def _config(config_path: str | None, db: str | None) -> Config:
-    return load_config(config_path, overrides={"database_url": db})
+def _preflight(config: Config) -> None:
+    """A metrics port that is taken or not HOST:PORT fails the start at once, before any
+    component runs (a clear error, exit 2; systemd does not restart on it)."""
+    if config.metrics_listen:
+        check_bind(config.metrics_listen, "metrics_listen")
 
 
 def _open_store(config: Config, *, upgrade: bool) -> Store:
@@ -59,6 +109,22 @@ def _run_threads(targets: list[tuple[str, Callable[[], None]]]) -> list[threadin
     return threads
 
 
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"scheduled-d {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    del version
+
+
 def _fail(error: errors.SchedError) -> None:
     typer.echo(f"scheduled-d: error: {error}", err=True)
     raise typer.Exit(error.exit_code)
@@ -69,13 +135,14 @@ def all(  # the mode is named "all"
     db: DbOption = None,
     config_path: ConfigOption = None,
     upgrade: Annotated[bool, typer.Option(help="Migrate the database to head first.")] = False,
+    log_format: LogFormatOption = None,
 ) -> None:
     """Dispatcher + relay + the configured workers in one process (the embedded default)."""
     from scheduled_d.runtime import run_all
 
-    _setup_logging()
     try:
-        config = _config(config_path, db)
+        config = _config(config_path, db, log_format)
+        _preflight(config)
         store = _open_store(config, upgrade=upgrade)
         run_all(store, config)
     except errors.SchedError as error:
@@ -86,13 +153,14 @@ def all(  # the mode is named "all"
 def dispatcher(
     db: DbOption = None,
     config_path: ConfigOption = None,
+    log_format: LogFormatOption = None,
 ) -> None:
     """Own partitions and claim their due runs."""
     from scheduled_d.runtime import run_dispatcher
 
-    _setup_logging()
     try:
-        config = _config(config_path, db)
+        config = _config(config_path, db, log_format)
+        _preflight(config)
         store = _open_store(config, upgrade=False)
         run_dispatcher(store, config)
     except errors.SchedError as error:
@@ -103,13 +171,14 @@ def dispatcher(
 def relay(
     db: DbOption = None,
     config_path: ConfigOption = None,
+    log_format: LogFormatOption = None,
 ) -> None:
     """Move claimed runs from the outbox to their targets."""
     from scheduled_d.runtime import run_relay
 
-    _setup_logging()
     try:
-        config = _config(config_path, db)
+        config = _config(config_path, db, log_format)
+        _preflight(config)
         store = _open_store(config, upgrade=False)
         run_relay(store, config)
     except errors.SchedError as error:
@@ -127,14 +196,15 @@ def api(
             help="HOST:PORT to serve on (default: the config's api_listen, 127.0.0.1:8080).",
         ),
     ] = None,
+    log_format: LogFormatOption = None,
 ) -> None:
     """Serve the tenant REST API (/v1, /healthz, /openapi.json) until SIGTERM."""
     from scheduled_d.api import run as run_api
 
-    _setup_logging()
     try:
         # flag > environment > file, like every other setting
-        config = load_config(config_path, overrides={"database_url": db, "api_listen": listen})
+        config = _config(config_path, db, log_format, api_listen=listen)
+        _preflight(config)
         store = _open_store(config, upgrade=False)
         run_api(store, config)
     except errors.SchedError as error:
@@ -145,34 +215,85 @@ def api(
 def worker(
     queue: Annotated[str, typer.Option("--queue", "-q", help="The built-in queue to consume.")],
     command: Annotated[
-        list[str], typer.Argument(help="The command to run for each message, after --.")
-    ],
-    concurrency: Annotated[int, typer.Option(min=1, help="Commands run at once.")] = 1,
-    lease_seconds: Annotated[float, typer.Option(min=1.0, help="Visibility timeout.")] = 30.0,
+        list[str] | None,
+        typer.Argument(
+            help="The command to run for each message, after --. Without one: the command "
+            "of the configuration's [[worker]] table of this queue (no shell involved)."
+        ),
+    ] = None,
+    concurrency: Annotated[
+        int | None, typer.Option(min=1, help="Commands run at once (default 1).")
+    ] = None,
+    lease_seconds: Annotated[
+        float | None, typer.Option(min=1.0, help="Visibility timeout (default 30).")
+    ] = None,
     max_runs: Annotated[
         int | None,
         typer.Option(min=1, help="Exit after this many runs (for tests and cron-like use)."),
     ] = None,
     db: DbOption = None,
     config_path: ConfigOption = None,
+    log_format: LogFormatOption = None,
 ) -> None:
     """Run COMMAND once per message of QUEUE (payload JSON on stdin, SCHED_* in the environment)."""
     from scheduled_d.runtime import run_worker
 
-    _setup_logging()
     try:
-        config = _config(config_path, db)
+        config = _config(config_path, db, log_format)
+        spec = _worker_spec(config, queue) if not command else None
+        _preflight(config)
         store = _open_store(config, upgrade=False)
         run_worker(
             store,
             queue,
-            command,
-            concurrency=concurrency,
-            lease_seconds=lease_seconds,
+            command or (spec.command if spec else ()),
+            concurrency=concurrency or (spec.concurrency if spec else 1),
+            lease_seconds=lease_seconds or (spec.lease_seconds if spec else 30.0),
             max_runs=max_runs,
         )
     except errors.SchedError as error:
         _fail(error)
+
+
+def _worker_spec(config: Config, queue: str) -> WorkerConfig:
+    """The [[worker]] table of `queue` (a systemd instance's command, never word-split)."""
+    for spec in config.workers:
+        if spec.queue == queue:
+            return spec
+    raise errors.ConfigError(
+        f"no command given and no [[worker]] table with queue = {queue!r} in "
+        f"{config.source}: give one after --, or add the table",
+        field="worker.command",
+    )
+
+
+@app.command("check-config")
+def check_config(
+    file: Annotated[
+        str | None,
+        typer.Argument(
+            help="The file to check (default: $SCHEDULED_CONFIG, else "
+            "/etc/scheduled/scheduled.toml)."
+        ),
+    ] = None,
+    bind: Annotated[
+        bool,
+        typer.Option(
+            "--bind/--no-bind",
+            help="Also try to listen on metrics_listen (and api_listen when api_enabled); "
+            "--no-bind while the daemon itself holds them.",
+        ),
+    ] = True,
+) -> None:
+    """Validate the configuration: every table and key (unknown keys are errors), types,
+    ranges, listen addresses, [[worker]] commands; exit 2 naming FILE:LINE and the key."""
+    from scheduled_d.checks import check_configuration
+
+    try:
+        summary = check_configuration(file, bind=bind)
+    except errors.SchedError as error:
+        _fail(error)
+    typer.echo(summary)
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ from schedctl.coordination.local import LocalCoordinator
 from schedctl.coordination.zookeeper import ZooKeeperCoordinator
 from schedctl.storage.claim import ClaimResult
 from schedctl.storage.store import Store
+from scheduled_d import sdnotify
 from scheduled_d.dispatcher import Dispatcher
 from scheduled_d.maintenance import run_maintenance
 from scheduled_d.metrics import serve_metrics
@@ -121,6 +122,12 @@ def run_all(store: Store, config: Config, *, stop: threading.Event | None = None
                 _start(f"worker-{spec.queue}", lambda w=worker: w.run(worker_stop, force=force))
             )
         _serve_metrics(config, [dispatch_thread, relay_thread, *worker_threads], stop)
+        sdnotify.announce(  # systemd: READY=1, STATUS=, WATCHDOG=1 while healthy, STOPPING=1
+            f"dispatcher: {store.partition_count} partitions; relay; "
+            f"{len(worker_threads)} workers" + ("; api" if api_server else ""),
+            lambda: all(t.is_alive() for t in [dispatch_thread, relay_thread, *worker_threads]),
+            stop,
+        )
         log.info(
             "scheduled-d all: %d partitions, %d worker(s), database %s",
             store.partition_count,
@@ -163,6 +170,7 @@ def run_dispatcher(store: Store, config: Config) -> None:
         thread = _start("dispatcher", lambda: dispatcher.run(inner))
         _start("maintenance", lambda: run_maintenance(store, config.retention_days, stop))
         _serve_metrics(config, [thread], stop)
+        sdnotify.announce(f"dispatcher: {store.partition_count} partitions", thread.is_alive, stop)
         _wait(stop, force)
         inner.set()
         _join([thread])
@@ -175,6 +183,7 @@ def run_relay(store: Store, config: Config) -> None:
         inner = threading.Event()
         thread = _start("relay", lambda: relay.run(inner))
         _serve_metrics(config, [thread], stop)
+        sdnotify.announce("relay", thread.is_alive, stop)
         _wait(stop, force)
         inner.set()
         _join([thread])
@@ -191,4 +200,6 @@ def run_worker(
 ) -> None:
     with stop_on_signals() as (stop, force):
         worker = Worker(store, queue, command, concurrency=concurrency, lease_seconds=lease_seconds)
+        # the worker loop runs in this thread: alive while the process is
+        sdnotify.announce(f"worker: queue {queue}, concurrency {concurrency}", lambda: True, stop)
         worker.run(stop, max_runs=max_runs, force=force)
