@@ -199,7 +199,14 @@ def run_worker(
     max_runs: int | None,
 ) -> None:
     with stop_on_signals() as (stop, force):
-        worker = Worker(store, queue, command, concurrency=concurrency, lease_seconds=lease_seconds)
+        worker = Worker(
+            store,
+            queue,
+            command,
+            concurrency=concurrency,
+            lease_seconds=lease_seconds,
+            heartbeat_seconds=min(5.0, lease_seconds / 3),  # as in `all`: a short lease works
+        )
         # the worker loop runs in this thread: alive while the process is
         sdnotify.announce(f"worker: queue {queue}, concurrency {concurrency}", lambda: True, stop)
         worker.run(stop, max_runs=max_runs, force=force)
