@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import signal
 import threading
 from collections.abc import Callable
 from typing import Annotated
@@ -17,7 +18,7 @@ from schedctl.storage.engine import normalize_url
 from schedctl.storage.store import Store
 from scheduled_d import logsetup, sdnotify
 from scheduled_d.checks import check_bind
-from scheduled_d.signals import set_reload_hook
+from scheduled_d.signals import handle_sighup, set_reload_hook
 
 app = typer.Typer(
     help="scheduled-d: the scheduler daemon. Modes: dispatcher, relay, api, worker, all.",
@@ -61,6 +62,7 @@ def _config(
     config = load_config(config_path, overrides=flags)
     _setup_logging(config)
     set_reload_hook(lambda: _reload(config, config_path, flags))
+    signal.signal(signal.SIGHUP, handle_sighup)  # from now on (start-up included) not fatal
     sdnotify.init()  # read NOTIFY_SOCKET before any command starts (and hide it from them)
     return config
 

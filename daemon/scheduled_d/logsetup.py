@@ -4,7 +4,8 @@ Text under journald (JOURNAL_STREAM names our stderr): no timestamp (the journal
 own) and a syslog priority prefix "<N>" on every line, which journald turns into the
 entry's priority (so `journalctl -p warning` works), then the level name. Elsewhere:
 "TIME LEVEL LOGGER MESSAGE". JSON: {"time", "level", "logger", "thread", "message"} plus
-"exception" and any extra fields of the record, one object per line.
+"exception" and any extra fields of the record, one object per line (under journald after
+the same priority prefix, which journald removes).
 """
 
 from __future__ import annotations
@@ -57,7 +58,12 @@ class JournalFormatter(logging.Formatter):
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per record, on one line."""
+    """One JSON object per record, on one line (under journald after a "<N>" priority
+    prefix, which journald strips: the journal entry is the JSON text itself)."""
+
+    def __init__(self, *, journal: bool = False) -> None:
+        super().__init__()
+        self.journal = journal
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, object] = {
@@ -76,7 +82,8 @@ class JsonFormatter(logging.Formatter):
             entry["exception"] = self.formatException(record.exc_info)
         if record.stack_info:
             entry["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(entry, ensure_ascii=False, default=str)
+        text = json.dumps(entry, ensure_ascii=False, default=str)
+        return f"<{_priority(record.levelno)}>{text}" if self.journal else text
 
 
 def under_journald(stream: TextIO | None = None) -> bool:
@@ -95,7 +102,7 @@ def under_journald(stream: TextIO | None = None) -> bool:
 
 def make_formatter(log_format: str, stream: TextIO | None = None) -> logging.Formatter:
     if log_format == "json":
-        return JsonFormatter()
+        return JsonFormatter(journal=under_journald(stream))
     if under_journald(stream):
         return JournalFormatter()
     return logging.Formatter(TEXT_FORMAT)

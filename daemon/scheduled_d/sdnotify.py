@@ -79,6 +79,12 @@ class Notifier:
                 return False
         return True
 
+    def close(self) -> None:
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+
     def ready(self, status: str | None = None) -> bool:
         return self.notify("READY=1", *([f"STATUS={status}"] if status else []))
 
