@@ -288,7 +288,7 @@ def check_config(
     ] = True,
 ) -> None:
     """Validate the configuration: every table and key (unknown keys are errors), types,
-    ranges, listen addresses, [[worker]] commands; exit 2 naming FILE:LINE and the key."""
+    ranges, listen addresses, worker commands; exit 2 naming FILE:LINE and the key."""
     from scheduled_d.checks import check_configuration
 
     try:
