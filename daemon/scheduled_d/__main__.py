@@ -220,7 +220,7 @@ def worker(
         list[str] | None,
         typer.Argument(
             help="The command to run for each message, after --. Without one: the command "
-            "of the configuration's [[worker]] table of this queue (no shell involved)."
+            "of the configuration's worker table of this queue (no shell involved)."
         ),
     ] = None,
     concurrency: Annotated[
