@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -31,7 +31,7 @@ from schedctl.coordination.assignment import assignment
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
 from schedctl.storage.jobs import db_now
-from schedctl.storage.queue import QueueDepth, QueueRepo
+from schedctl.storage.queue import QueueRepo, QueueStat
 from schedctl.storage.store import Store
 
 # One bound for the whole ZooKeeper read (connect, list, read each member).
@@ -106,7 +106,7 @@ class ClusterStatus:
     moving: int | None
     lag: LagStatus
     outbox: OutboxStatus
-    queues: Mapping[str, QueueDepth]
+    queues: Sequence[QueueStat]  # per tenant and queue, by tenant name then queue
     dead_letters: int  # not replayed
     dead_letters_total: int
     notes: tuple[str, ...] = field(default=())
@@ -164,13 +164,15 @@ class ClusterStatus:
             },
             "queues": [
                 {
-                    "queue": name,
-                    "ready": depth.ready,
-                    "delayed": depth.delayed,
-                    "leased": depth.leased,
-                    "total": depth.total,
+                    "tenant": q.tenant,
+                    "tenant_id": q.tenant_id,
+                    "queue": q.queue,
+                    "ready": q.depth.ready,
+                    "delayed": q.depth.delayed,
+                    "leased": q.depth.leased,
+                    "total": q.depth.total,
                 }
-                for name, depth in sorted(self.queues.items())
+                for q in self.queues
             ],
             "dead_letters": {"pending": self.dead_letters, "total": self.dead_letters_total},
             "notes": list(self.notes),
@@ -376,7 +378,7 @@ def gather_status(
         moving=moving,
         lag=lag,
         outbox=outbox,
-        queues=queues,
+        queues=tuple(queues),
         dead_letters=dead_pending,
         dead_letters_total=dead_total,
         notes=notes,

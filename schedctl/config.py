@@ -7,6 +7,7 @@ import difflib
 import os
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,12 @@ LOG_FORMATS = ("text", "json")
 # every key a [[worker]] table may hold (tenant and env: the worker's tenant and the
 # variables added to its command's environment)
 WORKER_KEYS = ("queue", "command", "concurrency", "lease_seconds", "tenant", "env")
+# A command's environment: what a worker adds to it must be a valid name, never one of the
+# worker's own SCHEDULED_* settings (database URL, keys, token) and never a run variable.
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+RUN_VARIABLES = frozenset(
+    {"SCHED_JOB_ID", "SCHED_SCHEDULED_AT", "SCHED_ATTEMPT", "SCHED_IDEMPOTENCY_KEY"}
+)
 
 
 def default_database_url() -> str:
@@ -36,6 +43,8 @@ class WorkerConfig:
     command: tuple[str, ...]
     concurrency: int = 1
     lease_seconds: float = 30.0
+    env: tuple[tuple[str, str], ...] = ()  # [worker.env]: added to the command's environment
+    tenant: str | None = None  # name or id; may be left out while one tenant exists
 
 
 @dataclass(frozen=True)
@@ -234,6 +243,40 @@ def _file_workers(raw: Any, origin: str, text: str) -> tuple[WorkerConfig, ...]:
     return tuple(result)
 
 
+def command_env(
+    raw: Mapping[Any, Any], where: str, origin: str | None = None
+) -> tuple[tuple[str, str], ...]:
+    """Checks variables a worker adds to its command's environment (a [worker.env] table,
+    --env flags, Worker(env=...)); `where` names them in errors ("worker.env", "--env"),
+    `origin` is the file they come from."""
+    result = []
+    for key, value in raw.items():
+        # "worker.env.KEY" for a table, "--env KEY" for a flag
+        name = f"{where} {key}" if where.startswith("-") else f"{where}.{key}"
+
+        def refuse(problem: str, name: str = name) -> errors.ConfigError:
+            return errors.ConfigError(f"{origin}: {problem}" if origin else problem, field=name)
+
+        if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
+            raise refuse(
+                f"{key!r} is not an environment variable name (letters, digits and _, "
+                "not starting with a digit)"
+            )
+        if key.upper().startswith(ENV_PREFIX):
+            raise refuse(
+                f"{ENV_PREFIX}* variables are the worker's own settings (database URL, "
+                "payload keys, API token) and never reach its command"
+            )
+        if key in RUN_VARIABLES:
+            raise refuse("is set by the worker for each run and cannot be configured")
+        if not isinstance(value, str):
+            raise refuse(f"must be a string, got {value!r}")
+        if "\0" in value:
+            raise refuse("must not contain a NUL character")
+        result.append((key, value))
+    return tuple(result)
+
+
 def _workers(raw: Any, origin: str) -> tuple[WorkerConfig, ...]:
     if not isinstance(raw, list):
         raise errors.ConfigError(f"{origin}: [[worker]] must be a list of tables", field="worker")
@@ -256,6 +299,11 @@ def _workers(raw: Any, origin: str) -> tuple[WorkerConfig, ...]:
             raise errors.ConfigError(
                 f"{origin}: [[worker]] needs a command (a list of strings)", field="worker.command"
             )
+        tenant = item.get("tenant")
+        if tenant is not None and (not isinstance(tenant, str) or not tenant):
+            raise errors.ConfigError(
+                f"{origin}: [[worker]] tenant must be a tenant name or id", field="worker.tenant"
+            )
         concurrency = item.get("concurrency", 1)
         if not isinstance(concurrency, int) or concurrency < 1:
             raise errors.ConfigError(
@@ -266,12 +314,20 @@ def _workers(raw: Any, origin: str) -> tuple[WorkerConfig, ...]:
             raise errors.ConfigError(
                 f"{origin}: lease_seconds must be a number >= 1", field="worker.lease_seconds"
             )
+        env = item.get("env", {})
+        if not isinstance(env, dict):
+            raise errors.ConfigError(
+                f"{origin}: [worker.env] must be a table of strings", field="worker.env"
+            )
+        env_pairs = command_env(env, "worker.env", origin)
         result.append(
             WorkerConfig(
                 queue=queue,
                 command=tuple(command),
                 concurrency=concurrency,
                 lease_seconds=float(lease),
+                env=env_pairs,
+                tenant=tenant,
             )
         )
     return tuple(result)

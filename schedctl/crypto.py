@@ -1,5 +1,6 @@
 """Owns payload encryption at rest: `PayloadCipher` (Fernet keys with rotation) and where its
-keys come from (a key file or the environment).
+keys come from (a key file or the environment). Tenants' signing secrets are encrypted with
+the same keys (schedctl.storage.signing_secrets).
 
 Stored form: ``enc:v1:<Fernet token>``. Text without the prefix is a payload written before
 encryption was enabled and is read as it is, so turning encryption on needs no migration.
@@ -13,8 +14,9 @@ Rotation, without downtime:
 1. generate a key and put it FIRST in the key file, keeping the old keys after it;
 2. restart every process that reads or writes jobs (API, daemons, CLI users): new payloads
    are now written with the new key, and rows under the old keys still read;
-3. ``schedctl db rotate-payload-key`` re-encrypts every stored payload with the new key
-   (and encrypts any plaintext rows from before encryption was enabled);
+3. ``schedctl db rotate-payload-key`` re-encrypts every stored payload and tenant signing
+   secret with the new key (and encrypts any plaintext ones from before encryption was
+   enabled);
 4. remove the old keys from the file and restart again.
 Removing a key before step 3 finished leaves rows nobody can read: decrypt then fails with
 an error that names the cause, never silently.

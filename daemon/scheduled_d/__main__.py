@@ -5,20 +5,23 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import signal
 import threading
 from collections.abc import Callable
-from typing import Annotated
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from schedctl import __version__, errors
-from schedctl.config import Config, WorkerConfig, load_config
-from schedctl.storage.engine import normalize_url
-from schedctl.storage.store import Store
+from schedctl.config import Config, WorkerConfig, command_env, load_config
 from scheduled_d import logsetup, sdnotify
 from scheduled_d.checks import check_bind
 from scheduled_d.signals import handle_sighup, set_reload_hook
+
+if TYPE_CHECKING:
+    from schedctl.storage.store import Store
 
 app = typer.Typer(
     help="scheduled-d: the scheduler daemon. Modes: dispatcher, relay, api, worker, all.",
@@ -99,6 +102,10 @@ def _preflight(config: Config) -> None:
 
 
 def _open_store(config: Config, *, upgrade: bool) -> Store:
+    # imported here: `worker --api` needs no database and loads no database code
+    from schedctl.storage.engine import normalize_url
+    from schedctl.storage.store import Store
+
     url = normalize_url(config.database_url)
     # the embedded SQLite default sets itself up; a shared Postgres is upgraded on purpose
     return Store.open(url, upgrade=upgrade or url.startswith("sqlite"))
@@ -223,6 +230,14 @@ def worker(
             "of the configuration's worker table of this queue (no shell involved)."
         ),
     ] = None,
+    tenant: Annotated[
+        str | None,
+        typer.Option(
+            "--tenant",
+            "-t",
+            help="The queue's tenant (name or id); may be left out while only one tenant exists.",
+        ),
+    ] = None,
     concurrency: Annotated[
         int | None, typer.Option(min=1, help="Commands run at once (default 1).")
     ] = None,
@@ -233,26 +248,86 @@ def worker(
         int | None,
         typer.Option(min=1, help="Exit after this many runs (for tests and cron-like use)."),
     ] = None,
+    env: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--env",
+            metavar="KEY=VALUE",
+            help="Add a variable to the command's environment (repeatable). The rest of it "
+            "is PATH, LANG, TZ, HOME and the SCHED_* run variables; no SCHEDULED_* variable "
+            "of the worker reaches the command.",
+        ),
+    ] = None,
+    api_url: Annotated[
+        str | None,
+        typer.Option(
+            "--api",
+            help="Tenant worker: lease through the REST API at URL with the tenant's token "
+            "(SCHEDULED_API_TOKEN or --token-file) instead of the database.",
+        ),
+    ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--token-file",
+            help="With --api: a file holding the tenant's API token (else SCHEDULED_API_TOKEN).",
+        ),
+    ] = None,
     db: DbOption = None,
     config_path: ConfigOption = None,
     log_format: LogFormatOption = None,
 ) -> None:
-    """Run COMMAND once per message of QUEUE (payload JSON on stdin, SCHED_* in the environment)."""
+    """Run COMMAND once per message of the tenant's QUEUE (payload JSON on stdin, SCHED_* in
+    the environment)."""
+    if api_url is not None:
+        try:
+            command_vars = _env_flags(env or [])
+            if db is not None:
+                raise errors.ConfigError("--api and --db exclude each other", field="db")
+            if tenant is not None:
+                raise errors.ConfigError(
+                    "with --api the token names the tenant: leave out --tenant", field="tenant"
+                )
+            config = _config(config_path, None, log_format)
+            spec = _worker_spec(config, queue) if not command else None
+            from scheduled_d.worker import run_api_worker
+
+            run_api_worker(
+                api_url,
+                _api_token(token_file),
+                queue,
+                command or (spec.command if spec else ()),
+                concurrency=concurrency or (spec.concurrency if spec else 1),
+                lease_seconds=lease_seconds or (spec.lease_seconds if spec else 30.0),
+                max_runs=max_runs,
+                env={**dict(spec.env if spec else ()), **command_vars},
+            )
+        except errors.SchedError as error:
+            _fail(error)
+        return
+    if token_file is not None:
+        _fail(errors.ConfigError("--token-file goes with --api", field="token_file"))
     from scheduled_d.runtime import run_worker
 
     try:
+        command_vars = _env_flags(env or [])
         config = _config(config_path, db, log_format)
         spec = _worker_spec(config, queue) if not command else None
         _preflight(config)
         store = _open_store(config, upgrade=False)
-        run_worker(
-            store,
-            queue,
-            command or (spec.command if spec else ()),
-            concurrency=concurrency or (spec.concurrency if spec else 1),
-            lease_seconds=lease_seconds or (spec.lease_seconds if spec else 30.0),
-            max_runs=max_runs,
-        )
+        try:
+            run_worker(
+                store,
+                queue,
+                command or (spec.command if spec else ()),
+                concurrency=concurrency or (spec.concurrency if spec else 1),
+                lease_seconds=lease_seconds or (spec.lease_seconds if spec else 30.0),
+                max_runs=max_runs,
+                tenant=tenant or (spec.tenant if spec else None),
+                env={**dict(spec.env if spec else ()), **command_vars},
+            )
+        finally:
+            store.close()
     except errors.SchedError as error:
         _fail(error)
 
@@ -296,6 +371,39 @@ def check_config(
     except errors.SchedError as error:
         _fail(error)
     typer.echo(summary)
+
+
+def _env_flags(flags: list[str]) -> dict[str, str]:
+    """--env KEY=VALUE flags, checked like a [worker.env] table; a later one wins."""
+    pairs: dict[str, str] = {}
+    for flag in flags:
+        key, sep, value = flag.partition("=")
+        if not sep:
+            raise errors.ConfigError(f"expected KEY=VALUE, got {flag!r}", field="--env")
+        pairs[key] = value
+    return dict(command_env(pairs, "--env"))
+
+
+def _api_token(token_file: Path | None) -> str:
+    """The tenant's token: --token-file, else SCHEDULED_API_TOKEN. Taken out of the process
+    environment, so no command the worker runs can inherit it."""
+    from_env = os.environ.pop("SCHEDULED_API_TOKEN", "").strip()
+    if token_file is None:
+        token = from_env
+    else:
+        try:
+            token = token_file.read_text().strip()
+        except OSError as exc:
+            raise errors.ConfigError(
+                f"cannot read the token file {str(token_file)!r}: {exc.strerror}",
+                field="token_file",
+            ) from exc
+    if not token:
+        raise errors.ConfigError(
+            "--api needs the tenant's API token: set SCHEDULED_API_TOKEN or pass --token-file",
+            field="token",
+        )
+    return token
 
 
 def main() -> None:

@@ -884,6 +884,10 @@ def create_app(scheduler: Scheduler, *, max_request_bytes: int | None = None) ->
     )
     app.state.scheduler = scheduler
     app.include_router(router)
+    # -- tenant workers' lease routes (own module) --
+    from scheduled_d.api_leases import router as leases_router
+
+    app.include_router(leases_router)
     app.add_api_route(
         "/healthz",
         healthz,

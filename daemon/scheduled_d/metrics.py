@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from socket import AF_INET6
 
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from schedctl import errors
 from schedctl.config import parse_listen
+from schedctl.storage.queue import QueueStat
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +42,47 @@ MAX_EPOCH = Gauge("scheduled_partition_epoch_max", "Highest fencing epoch this d
 PRELOADED = Gauge("scheduled_preloaded_runs", "Runs held in the dispatcher's memory window.")
 
 HealthCheck = Callable[[], bool]
+QueueStats = Callable[[], Sequence[QueueStat]]
+
+
+class _QueueDepths(Collector):
+    """scheduled_queue_messages{tenant, queue, state}: the built-in queues per tenant (a
+    queue is a tenant's), read from the database at each scrape."""
+
+    def __init__(self) -> None:
+        self.source: QueueStats | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "scheduled_queue_messages",
+            "Built-in queue messages by tenant, queue and state (ready, delayed, leased).",
+            labels=["tenant", "queue", "state"],
+        )
+        source = self.source
+        if source is not None:
+            try:
+                stats = source()
+            except Exception as exc:  # the other metrics are still worth a scrape
+                log.warning("metrics: queue depths unavailable: %s", exc)
+                stats = ()
+            for q in stats:
+                for state, value in (
+                    ("ready", q.depth.ready),
+                    ("delayed", q.depth.delayed),
+                    ("leased", q.depth.leased),
+                ):
+                    family.add_metric([q.tenant, q.queue, state], value)
+        yield family
+
+
+_QUEUE_DEPTHS = _QueueDepths()
+REGISTRY.register(_QUEUE_DEPTHS)
+
+
+def export_queue_depths(source: QueueStats | None) -> None:
+    """Scrapes of this process report the queues `source` returns (QueueRepo.stats);
+    None: none."""
+    _QUEUE_DEPTHS.source = source
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -49,6 +49,8 @@ from schedctl.storage.outbox import (
 )
 from schedctl.storage.payloads import decode_payload
 from schedctl.storage.queue import QueueRepo
+from schedctl.storage.settle import unexpected_error
+from schedctl.storage.signing_secrets import SigningKeyCache
 from schedctl.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -86,7 +88,7 @@ class RelayStats:
     retried: int = 0  # attempts that failed and will be tried again
     dead: int = 0  # runs dead-lettered
     skipped: int = 0  # runs of cancelled jobs, not delivered
-    lost: int = 0  # leases of a stopped relay, delivered again
+    lost: int = 0  # leases of a stopped relay: lost attempts, retried per policy
     stale: int = 0  # outcomes whose lease had moved on (another relay took over)
     routed: int = 0  # queue rows routed to a tenant's RabbitMQ lane
 
@@ -126,6 +128,8 @@ class Relay:
         self.store = store
         self.repo = QueueRepo(store)
         self.outbox = OutboxRepo(store)
+        # the secrets deliveries are signed with (decrypted; two during a rotation's grace)
+        self.signing = SigningKeyCache(store)
         self.batch_size = batch_size
         self.poll_seconds = poll_seconds
         self.reap_seconds = reap_seconds
@@ -283,6 +287,7 @@ class Relay:
         if not force and time.monotonic() < self._next_settings:
             return
         tenants = {t.tenant_id: t for t in self.outbox.tenant_settings()}
+        self.signing.refresh()
         for tenant in tenants.values():
             self.limits.configure(
                 tenant.tenant_id,
@@ -338,7 +343,7 @@ class Relay:
             self.stats.lost += claimed.lost
             if claimed.lost:
                 log.warning(
-                    "relay: %d delivery lease(s) of a stopped relay expired; delivering again",
+                    "relay: %d delivery lease(s) of a stopped relay expired: lost attempts",
                     claimed.lost,
                 )
             for delivery in claimed.deliveries:
@@ -389,9 +394,9 @@ class Relay:
                         self._publish(batch)
                     else:
                         for delivery in batch:
-                            self._call(delivery)
+                            self._guarded(self._call, delivery)
                 except Exception:
-                    # the leases expire and another pass delivers again: nothing is lost
+                    # the leases expire and the next claim records a lost attempt each
                     log.exception("relay: delivery to %s failed unexpectedly", lane)
         finally:
             with self._queue_lock:
@@ -401,17 +406,31 @@ class Relay:
             self.limits.release(lane)
             self._freed.set()
 
+    def _guarded(self, deliver: Callable[[Delivery], None], delivery: Delivery) -> None:
+        """deliver(delivery), with any exception escaping it recorded as a retryable
+        failed attempt naming its class: a bug in a delivery path costs attempts and ends
+        in the dead letters, instead of sending the run again forever."""
+        started = datetime.now(UTC)
+        try:
+            deliver(delivery)
+        except Exception as exc:
+            log.exception("relay: delivery of %s failed unexpectedly", delivery.idempotency_key)
+            self._record(
+                delivery, DeliveryResult(Verdict.retry, error=unexpected_error(exc)), started
+            )
+
     def _call(self, delivery: Delivery) -> None:
         started = datetime.now(UTC)
         try:
             payload = decode_payload(delivery.stored_payload)
+            secrets = self.signing.secrets_for(delivery.tenant_id)
         except errors.SchedError as exc:
             self._record(delivery, DeliveryResult(Verdict.retry, error=str(exc)), started)
             return
         result = self.http.deliver(
             url=delivery.target,
             allow_list=delivery.allow_list,
-            secret=delivery.secret,
+            secret=secrets,
             job_id=delivery.job_id,
             scheduled_at=delivery.scheduled_at,
             attempt=delivery.attempt,
@@ -440,6 +459,7 @@ class Relay:
                     else:
                         try:
                             payload = decode_payload(delivery.stored_payload)
+                            secrets = self.signing.secrets_for(delivery.tenant_id)
                         except errors.SchedError as exc:
                             result = DeliveryResult(Verdict.retry, error=str(exc))
                         else:
@@ -450,7 +470,7 @@ class Relay:
                                     scheduled_at=delivery.scheduled_at,
                                     attempt=delivery.attempt,
                                     payload=payload,
-                                    secret=delivery.secret,
+                                    secret=secrets,
                                 )
                             )
                             if result.verdict is Verdict.retry and "broker error" in (
@@ -462,6 +482,15 @@ class Relay:
             for delivery in deliveries:
                 self._record(
                     delivery, DeliveryResult(Verdict.retry, error=str(exc)), datetime.now(UTC)
+                )
+        except Exception as exc:
+            # like _guarded (outcomes recorded already stay: settling keeps one per lease)
+            log.exception("relay: publishing to %s failed unexpectedly", deliveries[0].lane)
+            for delivery in deliveries:
+                self._record(
+                    delivery,
+                    DeliveryResult(Verdict.retry, error=unexpected_error(exc)),
+                    datetime.now(UTC),
                 )
 
     def _record(self, delivery: Delivery, result: DeliveryResult, started: datetime) -> None:

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from schedctl.config import Config
 from schedctl.coordination.base import Coordinator
 from schedctl.coordination.local import LocalCoordinator
 from schedctl.coordination.zookeeper import ZooKeeperCoordinator
 from schedctl.storage.claim import ClaimResult
+from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
 from scheduled_d import sdnotify
 from scheduled_d.dispatcher import Dispatcher
 from scheduled_d.maintenance import run_maintenance
-from scheduled_d.metrics import serve_metrics
+from scheduled_d.metrics import export_queue_depths, serve_metrics
 from scheduled_d.relay import Relay
 from scheduled_d.signals import stop_on_signals
 from scheduled_d.worker import Worker
@@ -117,10 +118,13 @@ def run_all(store: Store, config: Config, *, stop: threading.Event | None = None
                 concurrency=spec.concurrency,
                 lease_seconds=spec.lease_seconds,
                 heartbeat_seconds=min(5.0, spec.lease_seconds / 3),
+                env=dict(spec.env),
+                tenant=spec.tenant,
             )
             worker_threads.append(
                 _start(f"worker-{spec.queue}", lambda w=worker: w.run(worker_stop, force=force))
             )
+        export_queue_depths(QueueRepo(store).stats)
         _serve_metrics(config, [dispatch_thread, relay_thread, *worker_threads], stop)
         sdnotify.announce(  # systemd: READY=1, STATUS=, WATCHDOG=1 while healthy, STOPPING=1
             f"dispatcher: {store.partition_count} partitions; relay; "
@@ -182,6 +186,7 @@ def run_relay(store: Store, config: Config) -> None:
         relay = Relay(store)
         inner = threading.Event()
         thread = _start("relay", lambda: relay.run(inner))
+        export_queue_depths(QueueRepo(store).stats)
         _serve_metrics(config, [thread], stop)
         sdnotify.announce("relay", thread.is_alive, stop)
         _wait(stop, force)
@@ -197,6 +202,8 @@ def run_worker(
     concurrency: int,
     lease_seconds: float,
     max_runs: int | None,
+    env: Mapping[str, str] | None = None,
+    tenant: str | None = None,
 ) -> None:
     with stop_on_signals() as (stop, force):
         worker = Worker(
@@ -205,6 +212,8 @@ def run_worker(
             command,
             concurrency=concurrency,
             lease_seconds=lease_seconds,
+            env=env,
+            tenant=tenant,
             heartbeat_seconds=min(5.0, lease_seconds / 3),  # as in `all`: a short lease works
         )
         # the worker loop runs in this thread: alive while the process is

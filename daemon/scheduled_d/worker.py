@@ -4,6 +4,10 @@ heartbeat that finds the job cancelled stops the command (SIGTERM, SIGKILL after
 
 The command is always the one the worker was started with, never anything taken from a
 message: a message only selects *when* the command runs and what it reads on stdin.
+
+Where runs come from is a `schedctl.leasing.LeaseBackend`: `DirectBackend` over the database
+(the operator worker) or `schedctl.queue_client.ApiLeaseBackend` over the REST API (the tenant
+worker, `--api`, no database credentials); the supervision below is the same for both.
 """
 
 from __future__ import annotations
@@ -18,14 +22,22 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from schedctl import errors
+from schedctl.config import command_env
+from schedctl.leasing import CANCELLED_RUNNING_ERROR, Beat, LeaseBackend
+from schedctl.leasing import LeasedRun as Lease
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.storage.queue import CANCELLED_RUNNING_ERROR, Beat, Lease, QueueRepo
-from schedctl.storage.store import Store
+
+if TYPE_CHECKING:
+    # the database layer is imported only by DirectBackend: `--api` workers never load it
+    from schedctl.storage.queue import Lease as StoredLease
+    from schedctl.storage.queue import QueueRepo
+    from schedctl.storage.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +48,9 @@ DRAIN_SECONDS = 2.0
 # The longest the run loop sleeps between checks of the process, the clock and `force`.
 TICK_SECONDS = 0.25
 STORE_RETRY_SECONDS = 1.0
+# The only variables of the worker's own environment that reach a command (when set): the
+# rest -- SCHEDULED_DATABASE_URL, SCHEDULED_PAYLOAD_KEYS, SCHEDULED_API_TOKEN... -- never do.
+INHERITED_VARIABLES = ("PATH", "LANG", "TZ", "HOME")
 
 
 class TailBuffer:
@@ -73,8 +88,11 @@ class _Outcome:
 class Worker:
     """Runs `command` once per message of `queue`, up to `concurrency` at a time.
 
-    - store: the Store to lease from (Postgres or SQLite).
-    - queue: the built-in queue this worker consumes.
+    - store: the Store to lease from (Postgres or SQLite), or a LeaseBackend (e.g. the REST
+      API's, schedctl.queue_client.ApiLeaseBackend, whose token names the tenant).
+    - queue: the built-in queue this worker consumes, of tenant `tenant`.
+    - tenant: with a Store, the queue's tenant (name or id); may be left out while only one
+      tenant exists (ConfigError otherwise).
     - command: argv of the command to run (e.g. ["/usr/local/bin/backup.sh"]); it gets
       SCHED_JOB_ID, SCHED_SCHEDULED_AT, SCHED_ATTEMPT, SCHED_IDEMPOTENCY_KEY in its
       environment and the job's payload JSON on stdin.
@@ -83,13 +101,17 @@ class Worker:
     - poll_seconds: how long to wait between polls when the queue is empty.
     - owner: this worker's lease owner name (default: host:pid:random).
     - output_tail_bytes: how much of the end of stdout and of stderr is kept.
-    - kill_grace_seconds: after SIGTERM (timeout, lost lease), when SIGKILL follows.
+    - kill_grace_seconds: after SIGTERM (timeout, cancel, lost lease), when SIGKILL follows;
+      both go to the command's whole process group, even once the command has exited.
     - reap_seconds: how often to settle expired leases of any queue (default lease/2).
+    - env: variables added to the command's environment ([worker.env], --env); the rest of
+      it is PATH, LANG, TZ and HOME of the worker and the SCHED_* run variables, nothing
+      else of the worker's own environment.
     """
 
     def __init__(
         self,
-        store: Store,
+        store: Store | LeaseBackend,
         queue: str,
         command: Sequence[str],
         *,
@@ -101,6 +123,8 @@ class Worker:
         output_tail_bytes: int = 4096,
         kill_grace_seconds: float = 5.0,
         reap_seconds: float | None = None,
+        env: Mapping[str, str] | None = None,
+        tenant: str | None = None,
     ) -> None:
         if not command:
             raise errors.ConfigError("the worker needs a command to run", field="command")
@@ -116,8 +140,9 @@ class Worker:
             )
         if output_tail_bytes < 0:
             raise errors.ConfigError("must not be negative", field="output_tail_bytes")
-        self.store = store
-        self.repo = QueueRepo(store)
+        self.backend: LeaseBackend = (
+            store if isinstance(store, LeaseBackend) else DirectBackend(store, tenant)
+        )
         self.queue = queue
         self.command = list(command)
         self.concurrency = concurrency
@@ -127,6 +152,7 @@ class Worker:
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.output_tail_bytes = output_tail_bytes
         self.kill_grace_seconds = kill_grace_seconds
+        self.env = dict(command_env(env or {}, "env"))
         self.reap_seconds = reap_seconds if reap_seconds is not None else max(lease_seconds / 2, 1)
         self._force = threading.Event()
         self._slot_freed = threading.Event()
@@ -134,7 +160,7 @@ class Worker:
         self._active: set[threading.Thread] = set()
         self._sequence = 0
         self._unavailable = False
-        self.store_errors = 0  # database calls of the lease loop that found it unavailable
+        self.store_errors = 0  # backend calls of the lease loop that found it unavailable
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -158,8 +184,9 @@ class Worker:
         taken = 0
         next_reap = 0.0
         log.info(
-            "worker %s: queue %r, concurrency %d, command %s",
+            "worker %s: tenant %s, queue %r, concurrency %d, command %s",
             self.owner,
+            getattr(self.backend, "tenant_id", "of the token"),
             self.queue,
             self.concurrency,
             self.command[0],
@@ -173,11 +200,13 @@ class Worker:
                     self._reap()
                     next_reap = time.monotonic() + self.reap_seconds
                 free = self.concurrency - self._active_count()
-                leases: list[Lease] = []
+                leases: Sequence[Lease] = ()
                 if free > 0:
                     want = free if max_runs is None else min(free, max_runs - taken)
                     try:
-                        leases = self.repo.lease(self.queue, self.owner, self.lease_seconds, want)
+                        leases = self.backend.lease(
+                            self.queue, self.owner, self.lease_seconds, want
+                        )
                     except errors.StoreUnavailable as exc:
                         self._store_down("cannot lease", exc)
                         stop.wait(STORE_RETRY_SECONDS)
@@ -206,7 +235,7 @@ class Worker:
 
     def _store_up(self) -> None:
         if self._unavailable:
-            log.info("worker %s: database reachable again", self.owner)
+            log.info("worker %s: the queue is reachable again", self.owner)
         self._unavailable = False
 
     def _active_count(self) -> int:
@@ -237,7 +266,7 @@ class Worker:
 
     def _reap(self) -> None:
         try:
-            settled = self.repo.expire_leases()
+            settled = self.backend.reap()
         except errors.StoreUnavailable as exc:
             self._store_down("cannot reap expired leases", exc)
             return
@@ -258,7 +287,10 @@ class Worker:
             self._slot_freed.set()
 
     def _environment(self, lease: Lease) -> dict[str, str]:
-        env = dict(os.environ)
+        """Built, not inherited: a few harmless variables of the worker, then the configured
+        ones, then the run's own."""
+        env = {name: os.environ[name] for name in INHERITED_VARIABLES if name in os.environ}
+        env.update(self.env)
         env.update(
             SCHED_JOB_ID=lease.job_id,
             SCHED_SCHEDULED_AT=format_instant(lease.scheduled_at),
@@ -369,34 +401,57 @@ class Worker:
         deadline = begun + lease.timeout_seconds if lease.timeout_seconds > 0 else None
         next_heartbeat = begun + self.heartbeat_seconds
         last_confirmed = begun  # when the lease was last known to be ours
+        # after a SIGTERM (timeout, cancel, lost lease): when the group gets SIGKILL
         kill_at: float | None = None
         exited_at: float | None = None
+
+        def terminate(now: float) -> None:
+            # SIGTERM to the whole group now, SIGKILL to it after the grace period (an
+            # earlier pending SIGKILL is not postponed)
+            nonlocal kill_at
+            _kill_group(process, signal.SIGTERM)
+            grace_end = now + self.kill_grace_seconds
+            kill_at = grace_end if kill_at is None else min(kill_at, grace_end)
+
         try:
             while True:
                 now = time.monotonic()
-                if process.poll() is not None:
-                    exited_at = exited_at or now
-                    if not sinks or now - exited_at >= DRAIN_SECONDS:
-                        break
-                    if outcome.timed_out or outcome.lease_lost or outcome.cancelled:
-                        # nothing of a killed command may outlive it
-                        _kill_group(process, signal.SIGKILL)
-                elif self._force.is_set() and not outcome.forced:
-                    outcome.forced = True
-                    _kill_group(process, signal.SIGKILL)
-                elif kill_at is not None and now >= kill_at:
+                running = process.poll() is None
+                if not running and exited_at is None:
+                    exited_at = now
+                if (
+                    exited_at is not None
+                    and kill_at is None
+                    and (not sinks or now - exited_at >= DRAIN_SECONDS)
+                ):
+                    # a background child still holding the output pipes does not hold up
+                    # the run: after DRAIN_SECONDS the worker stops listening
+                    break
+                if kill_at is not None and (
+                    now >= kill_at
+                    or self._force.is_set()
+                    or (not running and not _group_alive(process))
+                ):
+                    # after a SIGTERM the group always gets SIGKILL, whether or not its
+                    # leader is still there: a child that ignores SIGTERM and outlives the
+                    # leader must not overlap the next attempt. (Once nothing of the group
+                    # is left the SIGKILL finds nothing, and the grace is not waited out.)
                     _kill_group(process, signal.SIGKILL)
                     kill_at = None
-                elif deadline is not None and now >= deadline and not outcome.timed_out:
-                    outcome.timed_out = True
-                    log.warning(
-                        "run %s attempt %d: timed out after %ss; terminating",
-                        lease.idempotency_key,
-                        lease.attempt,
-                        lease.timeout_seconds,
-                    )
-                    _kill_group(process, signal.SIGTERM)
-                    kill_at = now + self.kill_grace_seconds
+                if running:
+                    if self._force.is_set() and not outcome.forced:
+                        outcome.forced = True
+                        _kill_group(process, signal.SIGKILL)
+                        kill_at = None
+                    elif deadline is not None and now >= deadline and not outcome.timed_out:
+                        outcome.timed_out = True
+                        log.warning(
+                            "run %s attempt %d: timed out after %ss; terminating",
+                            lease.idempotency_key,
+                            lease.attempt,
+                            lease.timeout_seconds,
+                        )
+                        terminate(now)
                 # also while draining the output of an exited command: the outcome is not
                 # recorded yet, and the lease must still be ours when it is
                 if now >= next_heartbeat and not outcome.lease_lost:
@@ -406,21 +461,20 @@ class Worker:
                         last_confirmed = now
                     if beat is Beat.cancelled and not outcome.cancelled and exited_at is None:
                         # the cancel reaches running work: SIGTERM now, SIGKILL after the
-                        # grace period if the command is still there
+                        # grace period
                         outcome.cancelled = True
                         log.warning(
                             "run %s attempt %d: job cancelled; terminating the command",
                             lease.idempotency_key,
                             lease.attempt,
                         )
-                        _kill_group(process, signal.SIGTERM)
-                        kill_at = time.monotonic() + self.kill_grace_seconds
+                        terminate(time.monotonic())
                     # unconfirmed for a whole lease: the reaper may have handed the run to
-                    # another worker, and two copies must not run at once
+                    # another worker, and two copies must not run at once (nor anything
+                    # left of this one: the group is terminated even if the leader is gone)
                     if beat is Beat.lost or now - last_confirmed >= self.lease_seconds:
                         outcome.lease_lost = True
-                        _kill_group(process, signal.SIGTERM)
-                        kill_at = time.monotonic() + self.kill_grace_seconds
+                        terminate(time.monotonic())
 
                 # only the events still ahead: a passed deadline must not make this spin
                 wake = [now + TICK_SECONDS]
@@ -434,27 +488,31 @@ class Worker:
                 if selector.get_map():
                     for key, _events in selector.select(timeout):
                         pending = self._pump(key.fd, selector, sinks, process, pending)
-                else:
+                elif exited_at is None:
                     try:
                         process.wait(timeout)
                     except subprocess.TimeoutExpired:
                         pass
+                else:
+                    # the leader is gone and the group awaits its SIGKILL
+                    self._force.wait(timeout)
         finally:
             selector.close()
             for stream in (process.stdin, process.stdout, process.stderr):
                 if stream is not None and not stream.closed:
                     stream.close()
-            if process.poll() is None:
-                # only an exception gets here with the command alive: never leave it orphaned
+            if process.poll() is None or kill_at is not None:
+                # only an exception gets here with the command alive or its SIGKILL still
+                # pending: never leave it orphaned
                 _kill_group(process, signal.SIGKILL)
             outcome.returncode = process.wait()
         return outcome
 
     def _heartbeat(self, lease: Lease) -> Beat | None:
         """Extend the lease and learn whether the job was cancelled; None when the
-        database could not say."""
+        backend could not say."""
         try:
-            return self.repo.beat(lease, self.lease_seconds)
+            return self.backend.beat(lease, self.lease_seconds)
         except errors.StoreUnavailable as exc:
             log.warning("run %s: heartbeat failed: %s", lease.idempotency_key, exc)
             return None
@@ -498,7 +556,7 @@ class Worker:
         self, lease: Lease, tail: str, started_at: datetime, finished_at: datetime
     ) -> None:
         def ack() -> bool:
-            return self.repo.ack(
+            return self.backend.ack(
                 lease,
                 exit_code=0,
                 output_tail=tail,
@@ -522,7 +580,7 @@ class Worker:
         finished = finished_at or datetime.now(UTC)
 
         def fail() -> bool:
-            return self.repo.fail(
+            return self.backend.fail(
                 lease,
                 error=error,
                 exit_code=exit_code,
@@ -550,7 +608,7 @@ class Worker:
         error = f"{CANCELLED_RUNNING_ERROR} ({how})"
 
         def stop() -> bool:
-            return self.repo.stop_cancelled(
+            return self.backend.stop_cancelled(
                 lease,
                 exit_code=code if code is not None and code >= 0 else None,
                 output_tail=tail,
@@ -563,7 +621,7 @@ class Worker:
             log.info("run %s attempt %d: %s", lease.idempotency_key, lease.attempt, error)
 
     def _record(self, lease: Lease, action: Callable[[], bool]) -> bool:
-        """Store an outcome, retrying while the database is away; after a whole lease of
+        """Store an outcome, retrying while the backend is away; after a whole lease of
         retries the run belongs to the reaper (it will be redelivered: at least once)."""
         give_up = time.monotonic() + max(self.lease_seconds, 10.0)
         while True:
@@ -595,12 +653,114 @@ class Worker:
         return recorded
 
 
+class DirectBackend:
+    """The operator worker's backend: the database, through QueueRepo, for one tenant's
+    queue.
+
+    - tenant: the tenant's name or id; may be left out while exactly one tenant exists
+      (ConfigError otherwise: a worker guessing could run one tenant's runs with a command
+      meant for another's).
+    """
+
+    def __init__(self, store: Store, tenant: str | None = None) -> None:
+        from schedctl.storage.queue import QueueRepo, worker_tenant
+
+        self.store = store
+        self.repo: QueueRepo = QueueRepo(store)
+        self.tenant_id = worker_tenant(store, tenant)
+
+    def lease(self, queue: str, owner: str, lease_seconds: float, limit: int) -> list[Lease]:
+        return list(self.repo.lease(queue, owner, lease_seconds, limit, tenant_id=self.tenant_id))
+
+    def beat(self, lease: Lease, lease_seconds: float) -> Beat:
+        return self.repo.beat(_stored(lease), lease_seconds)
+
+    def ack(
+        self,
+        lease: Lease,
+        *,
+        exit_code: int | None,
+        output_tail: str | None,
+        started_at: datetime,
+        finished_at: datetime,
+    ) -> bool:
+        return self.repo.ack(
+            _stored(lease),
+            exit_code=exit_code,
+            output_tail=output_tail,
+            started_at=started_at,
+            finished_at=finished_at,
+        )
+
+    def fail(
+        self,
+        lease: Lease,
+        *,
+        error: str,
+        exit_code: int | None,
+        output_tail: str | None,
+        started_at: datetime,
+        finished_at: datetime,
+    ) -> bool:
+        return self.repo.fail(
+            _stored(lease),
+            error=error,
+            exit_code=exit_code,
+            output_tail=output_tail,
+            started_at=started_at,
+            finished_at=finished_at,
+        )
+
+    def stop_cancelled(
+        self,
+        lease: Lease,
+        *,
+        exit_code: int | None,
+        output_tail: str | None,
+        started_at: datetime,
+        finished_at: datetime,
+        error: str,
+    ) -> bool:
+        return self.repo.stop_cancelled(
+            _stored(lease),
+            exit_code=exit_code,
+            output_tail=output_tail,
+            started_at=started_at,
+            finished_at=finished_at,
+            error=error,
+        )
+
+    def reap(self) -> int:
+        return self.repo.expire_leases()
+
+
+def _stored(lease: Lease) -> StoredLease:
+    from schedctl.storage.queue import Lease as StoredLease
+
+    assert isinstance(lease, StoredLease), "a lease is settled by the backend that leased it"
+    return lease
+
+
 def _kill_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    """Signal the command's whole process group, the leader's children included, even when
+    the leader itself has exited (the group lives on as long as any member does)."""
     try:
-        # start_new_session made the command a group leader: its pid is the group id
+        # start_new_session made the command a group leader: its pid is the group id, and
+        # the kernel does not hand that number out again while any member of the group lives
         os.killpg(process.pid, sig)
     except (ProcessLookupError, PermissionError):
-        pass  # the whole group is gone already
+        pass  # the whole group is gone already (or beyond the worker's reach)
+
+
+def _group_alive(process: subprocess.Popen[bytes]) -> bool:
+    """Whether anything of the command's process group is left (zombies included)."""
+    try:
+        os.killpg(process.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # a member the worker cannot signal: still there
+    return True
 
 
 def _signal_name(number: int) -> str:
@@ -616,3 +776,37 @@ def _combine_tails(stdout: str, stderr: str) -> str:
     if not stdout:
         return stderr
     return f"{stdout}\n--- stderr ---\n{stderr}"
+
+
+def run_api_worker(
+    api_url: str,
+    token: str,
+    queue: str,
+    command: Sequence[str],
+    *,
+    concurrency: int,
+    lease_seconds: float,
+    max_runs: int | None,
+    env: Mapping[str, str] | None = None,
+) -> None:
+    """The tenant worker (`scheduled-d worker --api URL`): leases, heartbeats and settles
+    through the REST API with the tenant's token; no database, no database code."""
+    from schedctl.queue_client import ApiLeaseBackend
+    from scheduled_d.signals import stop_on_signals
+
+    heartbeat = min(5.0, lease_seconds / 3)
+    backend = ApiLeaseBackend(api_url, token, timeout=max(1.0, min(10.0, lease_seconds / 3)))
+    try:
+        with stop_on_signals() as (stop, force):
+            worker = Worker(
+                backend,
+                queue,
+                command,
+                concurrency=concurrency,
+                lease_seconds=lease_seconds,
+                heartbeat_seconds=heartbeat,
+                env=env,
+            )
+            worker.run(stop, max_runs=max_runs, force=force)
+    finally:
+        backend.close()

@@ -145,9 +145,9 @@ for _name, _command in (
     ("disallow", tenant_allow.disallow),
     ("delivery", tenant_allow.delivery),
     ("broker", tenant_allow.broker),
-    ("signing-secret", tenant_allow.signing_secret),
 ):
     tenants.app.command(_name)(_command)
+tenants.app.add_typer(tenant_allow.signing_app, name="signing-secret")
 bench.app.command("delivery")(bench_delivery.delivery)
 bench.app.command("burst")(bench_dispatch.burst)
 bench.app.command("steady")(bench_dispatch.steady)

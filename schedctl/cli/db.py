@@ -1,7 +1,10 @@
 """Owns `schedctl db`: schema migrations (upgrade, idempotent), the schema status, and payload
-encryption keys (make a new key, re-encrypt every payload after a rotation)."""
+encryption keys (make a new key, re-encrypt every payload and signing secret after a
+rotation)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import typer
 
@@ -11,6 +14,7 @@ from schedctl.crypto import PayloadCipher
 from schedctl.storage.engine import check_connection, make_engine, redact
 from schedctl.storage.migrate import current_revision, head_revision, upgrade_engine
 from schedctl.storage.payloads import payload_cipher, rotate_payloads
+from schedctl.storage.signing_secrets import rotate_signing_secrets
 from schedctl.storage.store import Store
 
 app = typer.Typer(
@@ -95,15 +99,22 @@ def new_payload_key() -> None:
 
 @app.command("rotate-payload-key")
 def rotate_payload_key(ctx: typer.Context, output: OutputOption = None) -> None:
-    """Re-encrypt every stored job payload with the current (first) key; plaintext payloads
-    written before encryption was enabled get encrypted too. Safe to run again, and while
-    the scheduler runs."""
+    """Re-encrypt every stored job payload and tenant signing secret with the current
+    (first) key; plaintext ones written before encryption was enabled get encrypted too. Safe
+    to run again, and while the scheduler runs."""
     cipher = payload_cipher()
-    result = rotate_payloads(cli_state(ctx).store(), cipher)
-    data = {
+    store = cli_state(ctx).store()
+    result = rotate_payloads(store, cipher)
+    secrets = rotate_signing_secrets(store, cipher)
+    data: dict[str, Any] = {
         "examined": result.examined,
         "rewritten": result.rewritten,
         "already_current": result.already_current,
+        "signing_secrets": {
+            "examined": secrets.examined,
+            "rewritten": secrets.rewritten,
+            "already_current": secrets.already_current,
+        },
         "keys": cipher.key_count if cipher is not None else 0,
     }
     fmt = output_format(ctx, output)
@@ -113,6 +124,10 @@ def rotate_payload_key(ctx: typer.Context, output: OutputOption = None) -> None:
     say(
         f"{result.examined} payload(s): {result.rewritten} re-encrypted with the current key, "
         f"{result.already_current} already under it"
+    )
+    say(
+        f"{secrets.examined} signing secret(s): {secrets.rewritten} re-encrypted, "
+        f"{secrets.already_current} already under the current key"
     )
     if data["keys"] and int(data["keys"]) > 1:
         say("the older keys can now be removed from the key file (then restart the daemons)")

@@ -16,7 +16,7 @@ def status(ctx: typer.Context, output: OutputOption = None) -> None:
     """Cluster status: members, partitions and epochs, lag, outbox and queue depths.
 
     Lag is the age of the oldest due and unclaimed run; depths cover the outbox, the
-    built-in queues and the dead letters.
+    built-in queues (per tenant: a queue is a tenant's) and the dead letters.
 
     Members come from ZooKeeper when it is configured ($SCHEDULED_ZOOKEEPER or the config
     file), else from the partitions table. A ZooKeeper that does not answer within a few
@@ -39,15 +39,16 @@ def _render(snapshot: ClusterStatus) -> None:
     console.print(_summary_table(snapshot))
     if snapshot.queues:
         queues = Table(title="queues")
-        for column in ("queue", "ready", "delayed", "leased", "total"):
-            queues.add_column(column, justify="left" if column == "queue" else "right")
-        for name, depth in sorted(snapshot.queues.items()):
+        for column in ("tenant", "queue", "ready", "delayed", "leased", "total"):
+            queues.add_column(column, justify="left" if column in ("tenant", "queue") else "right")
+        for q in snapshot.queues:
             queues.add_row(
-                Text(name),
-                str(depth.ready),
-                str(depth.delayed),
-                str(depth.leased),
-                str(depth.total),
+                Text(q.tenant),
+                Text(q.queue),
+                str(q.depth.ready),
+                str(q.depth.delayed),
+                str(q.depth.leased),
+                str(q.depth.total),
             )
         console.print(queues)
     for note in snapshot.notes:

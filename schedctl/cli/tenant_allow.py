@@ -1,20 +1,25 @@
 """Owns the delivery commands of `schedctl tenant`: `allow` / `disallow` (the HTTP destination
 allow-list of the SSRF guard), `delivery` (concurrency and rate at delivery), `broker` (the
-tenant's RabbitMQ) and `signing-secret` (the key a tenant verifies deliveries with).
+tenant's RabbitMQ) and `signing-secret` (the key a tenant verifies deliveries with:
+`signing-secret TENANT` shows it, `signing-secret rotate TENANT --grace 24h` replaces it while
+the old one keeps signing for the grace period).
 
 They are defined on this module's own `app`; the tenant group attaches the functions.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 from schedctl import errors
 from schedctl.cli.common import OutputOption, actor, cli_state, output_format, say
 from schedctl.cli.output import OutputFormat, emit
+from schedctl.scheduling.timeparse import format_instant, parse_duration
 from schedctl.storage.allowlist import TenantDeliveryRepo
+from schedctl.storage.signing_secrets import DEFAULT_GRACE, SigningSecretRepo
 from schedctl.storage.tenants import TenantRepo
 
 app = typer.Typer(help="Tenant delivery settings: allow-list, limits, broker, signing secret.")
@@ -121,7 +126,25 @@ def broker(
     say(f"queue targets of {settings.name} now go to {where}")
 
 
-@app.command("signing-secret")
+class _ShowByDefault(TyperGroup):
+    """`signing-secret TENANT` is `signing-secret show TENANT` (the command before rotation
+    existed); `signing-secret rotate TENANT` rotates. A tenant named like a subcommand is
+    shown with `signing-secret show NAME`."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] != "--help":
+            args = ["show", *args]
+        return super().parse_args(ctx, args)
+
+
+signing_app = typer.Typer(
+    cls=_ShowByDefault,
+    help="The secret TENANT's deliveries are signed with: show it (the default), or rotate it.",
+    no_args_is_help=True,
+)
+
+
+@signing_app.command("show")
 def signing_secret(
     ctx: typer.Context,
     tenant: TenantArgument,
@@ -135,3 +158,41 @@ def signing_secret(
         emit({"tenant": tenant, "signing_secret": secret}, OutputFormat.json)
         return
     say(secret)
+
+
+@signing_app.command("rotate")
+def rotate_signing_secret(
+    ctx: typer.Context,
+    tenant: TenantArgument,
+    grace: Annotated[
+        str,
+        typer.Option(
+            "--grace",
+            help="How long the old secret keeps signing next to the new one (e.g. 24h, "
+            "90m, 0 for not at all; at most 30d).",
+        ),
+    ] = "24h",
+    output: OutputOption = None,
+) -> None:
+    """Give TENANT a new signing secret and print it. During the grace period every
+    delivery carries two signatures (`v2=<new>, v2=<old>`), so the receiver can switch to the
+    new secret at any time within it; afterwards only the new secret signs."""
+    period = parse_duration(grace, "grace") if grace.strip() else DEFAULT_GRACE
+    keys, secret = SigningSecretRepo(cli_state(ctx).store()).rotate(
+        tenant, grace=period, actor=actor()
+    )
+    until = format_instant(keys.previous_until) if keys.previous_until else None
+    data: dict[str, Any] = {
+        "tenant": tenant,
+        "signing_secret": secret,
+        "grace_seconds": period.total_seconds(),
+        "previous_until": until,
+    }
+    if output_format(ctx, output) is OutputFormat.json:
+        emit(data, OutputFormat.json)
+        return
+    say(secret)
+    if until:
+        say(f"the previous secret keeps signing too until {until}; give the receiver the new one")
+    else:
+        say("the previous secret no longer signs")

@@ -3,7 +3,8 @@ guard, with a timeout per call, and what the answer means.
 
 The request: ``POST`` of ``{"job_id", "scheduled_at", "attempt", "payload"}`` (compact JSON)
 with ``Content-Type: application/json`` and the headers of schedctl.signing
-(Idempotency-Key, X-Sched-Timestamp, X-Sched-Signature).
+(Idempotency-Key, X-Sched-Timestamp, X-Sched-Signature), signed with every secret given
+(the tenant's current one, and its previous one during a rotation's grace period).
 
 The answer: 2xx succeeded. 408, 429, 5xx, a timeout or a network error: retry, after at
 least the Retry-After the endpoint asked for (seconds or an HTTP date, capped at
@@ -19,7 +20,7 @@ import enum
 import json
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -82,7 +83,8 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
     if not value:
         return None
     text = value.strip()
-    if text.isdigit():
+    # ASCII only: str.isdigit() is also true for "²", which float() refuses
+    if text.isascii() and text.isdigit():
         seconds = float(text)
     else:
         try:
@@ -148,7 +150,7 @@ class HttpDelivery:
         *,
         url: str,
         allow_list: AllowList | Iterable[str],
-        secret: str,
+        secret: str | Sequence[str],
         job_id: str,
         scheduled_at: datetime,
         attempt: int,
@@ -175,9 +177,12 @@ class HttpDelivery:
             "Content-Type": "application/json",
             "User-Agent": self.user_agent,
             "Accept": "*/*",
-            **signed_headers(secret, body, key),
         }
         prepared = requests.Request("POST", target, headers=headers, data=body).prepare()
+        # v2 signs the request target exactly as it goes on the wire (path and query)
+        prepared.headers.update(
+            signed_headers(secret, body, key, method="POST", path=prepared.path_url or "/")
+        )
         try:
             response = self._adapter.send(
                 prepared,

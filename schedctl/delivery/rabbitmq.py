@@ -14,7 +14,8 @@ A message is published on the default exchange with routing key = queue name,
 mode): a run is marked delivered only once the broker has it. Body: the same JSON as the
 HTTP target; properties: message_id = the idempotency key, content_type
 application/json, and the signature headers of schedctl.signing, so a consumer can verify
-and deduplicate exactly like an HTTP receiver.
+and deduplicate exactly like an HTTP receiver (v2 signs method ``PUBLISH`` and the queue name
+as the path: ``verify(secret, headers, body, method="PUBLISH", path=queue)``).
 
 Connections are blocking (pika.BlockingConnection): one per publisher, a small pool per
 broker, each publisher used by one thread at a time.
@@ -38,7 +39,7 @@ import pika.exceptions  # type: ignore[import-untyped]
 from schedctl import errors
 from schedctl.delivery.http import DeliveryResult, Verdict, delivery_body
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.signing import signed_headers
+from schedctl.signing import BROKER_METHOD, signed_headers
 
 log = logging.getLogger(__name__)
 # pika logs every failed connection at ERROR with a traceback; the relay reports each failed
@@ -92,7 +93,7 @@ class Message:
     scheduled_at: datetime
     attempt: int
     payload: Any
-    secret: str
+    secret: str | tuple[str, ...]  # the current secret, then one in its grace period
 
     @property
     def idempotency_key(self) -> str:
@@ -154,7 +155,13 @@ class RabbitPublisher:
         """Publish and wait for the broker's confirm; never raises for broker trouble."""
         started = time.monotonic()
         body = delivery_body(message.job_id, message.scheduled_at, message.attempt, message.payload)
-        headers = signed_headers(message.secret, body, message.idempotency_key)
+        headers = signed_headers(
+            message.secret,
+            body,
+            message.idempotency_key,
+            method=BROKER_METHOD,
+            path=message.queue,
+        )
         properties = pika.BasicProperties(
             content_type="application/json",
             delivery_mode=PERSISTENT,

@@ -8,12 +8,15 @@ Leases instead of held locks: a claim is one short transaction that moves the ro
 (the HTTP call, the broker confirm) runs outside any transaction, and the outcome is
 written by a second short transaction that only applies while the lease is still the
 claimer's. A relay that dies mid-delivery leaves rows whose lease simply runs out; the
-next claim records the lost attempt and delivers again (at least once). On Postgres claims
+next claim records the lost attempt, which counts like a failed one (retried per the job's
+policy, dead-lettered after the last): at least once, never forever. On Postgres claims
 use `FOR UPDATE SKIP LOCKED`, so relays running side by side never take the same row;
 SQLite transactions are `BEGIN IMMEDIATE`, i.e. serialized.
 
 Retry state (attempt number, next try in `available_at`, last error) lives in the outbox
 row, so retries survive any relay restart and continue with the next attempt number.
+Settling itself (attempts, retries, dead letters, cancelled runs) is the settle module's,
+shared with the built-in queue.
 """
 
 from __future__ import annotations
@@ -25,26 +28,30 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, bindparam, delete, func, insert, select, text, update
+from sqlalchemy import and_, delete, func, select, text, update
 from sqlalchemy.engine import Connection, RowMapping
 
 from schedctl import errors
-from schedctl.delivery.backoff import backoff_delay
 from schedctl.delivery.http import Verdict
 from schedctl.delivery.limits import Lane
 from schedctl.models import JobStatus, Page, RunStatus
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
 from schedctl.storage.jobs import MAX_PAGE, audit, db_now, decode_cursor, encode_cursor
+from schedctl.storage.settle import (
+    Attempt,
+    Ending,
+    Held,
+    lost,
+    settle,
+    skip_cancelled,
+)
 from schedctl.storage.store import Store
 
 HTTP = "http"
 QUEUE = "queue"  # built-in queue, or RabbitMQ before routing
 RABBITMQ = "rabbitmq"  # a queue row of a tenant with a broker, routed to its lane
 DELIVERY_KINDS = (HTTP, RABBITMQ)
-CANCELLED_ERROR = "job cancelled before delivery"
-LOST_ERROR = "the relay delivering it stopped (lease expired); delivered again"
-MAX_ERROR_CHARS = 2000
 ROUTE_BATCH = 5000
 
 
@@ -109,7 +116,7 @@ class Outcome:
 class ClaimResult:
     deliveries: list[Delivery] = field(default_factory=list)
     cancelled: int = 0  # runs of cancelled jobs, skipped instead of delivered
-    lost: int = 0  # expired leases of a relay that stopped, delivered again
+    lost: int = 0  # expired leases of a relay that stopped: a lost attempt each
 
 
 @dataclass
@@ -171,11 +178,23 @@ class OutboxRepo:
 
     def route_broker_rows(self, tenant_ids: Iterable[str], limit: int = ROUTE_BATCH) -> int:
         """Queue rows of tenants with a broker become RabbitMQ rows (their own lane);
-        returns how many were routed. Each tenant is an index range of ix_outbox_lane."""
-        o = schema.outbox
+        returns how many were routed. Each tenant is an index range of ix_outbox_lane.
+
+        `tenant_ids` may be a stale list (the relay caches settings for a while): each
+        tenant's broker setting is read again inside its routing transaction, under a
+        share lock on Postgres. Removing the broker (which turns its RabbitMQ rows back into
+        queue rows, under a row lock of the tenant) then either commits first, and nothing
+        is routed, or waits for this routing to commit and takes its rows back: no row is
+        left in a lane that no relay serves."""
+        o, t = schema.outbox, schema.tenants
         routed = 0
         for tenant_id in tenant_ids:
             with self.store.tx() as connection:
+                broker = select(t.c.broker_url).where(t.c.tenant_id == tenant_id)
+                if self.store.is_postgres:
+                    broker = broker.with_for_update(read=True)
+                if connection.execute(broker).scalar_one_or_none() is None:
+                    continue  # no broker (any more): its queue rows are the built-in queue's
                 ids = select(o.c.id).where(o.c.tenant_id == tenant_id, o.c.target_type == QUEUE)
                 ids = ids.limit(limit)
                 if self.store.is_postgres:
@@ -307,7 +326,7 @@ class OutboxRepo:
         token = f"{owner}/{now.timestamp():.6f}/{random.getrandbits(32):08x}"
         lease_ids: list[int] = []
         cancelled: list[RowMapping] = []
-        lost: list[RowMapping] = []
+        lost_rows: list[tuple[Held, Attempt]] = []
         for row in rows:
             job = jobs.get(row["job_id"])
             tenant = tenants.get(row["tenant_id"])
@@ -315,7 +334,14 @@ class OutboxRepo:
                 cancelled.append(row)
                 continue
             if row["lease_owner"] is not None:
-                lost.append(row)
+                # the stopped relay's attempt may or may not have arrived: it counts as an
+                # attempt, so a run whose delivery kills its relay every time ends in the
+                # dead letters instead of being sent forever
+                held = _held(row, job)
+                lost_rows.append(
+                    (held, lost(started_at=None, now=now, worker=_worker(row["lease_owner"])))
+                )
+                continue
             lease_ids.append(row["id"])
             result.deliveries.append(
                 Delivery(
@@ -342,42 +368,16 @@ class OutboxRepo:
                 .where(o.c.id.in_(lease_ids))
                 .values(available_at=now + timedelta(seconds=lease_seconds), lease_owner=token)
             )
-        if lost:
-            # the stopped relay's attempt may or may not have arrived: it is recorded, and
-            # the same attempt is delivered again (a relay crash is no target failure)
-            _insert_attempts(
-                connection,
-                [
-                    _attempt_row(
-                        r["job_id"],
-                        r["scheduled_at"],
-                        r["attempt"],
-                        RunStatus.lost,
-                        None,
-                        now,
-                        LOST_ERROR,
-                        None,
-                        r["lease_owner"],
-                    )
-                    for r in lost
-                ],
-            )
-        if cancelled:
-            connection.execute(delete(o).where(o.c.id.in_([r["id"] for r in cancelled])))
-            for r in cancelled:
-                connection.execute(
-                    update(schema.runs)
-                    .where(
-                        schema.runs.c.job_id == r["job_id"],
-                        schema.runs.c.scheduled_at == r["scheduled_at"],
-                        schema.runs.c.status.in_(
-                            [RunStatus.dispatched.value, RunStatus.failed.value]
-                        ),
-                    )
-                    .values(status=RunStatus.skipped.value, error=CANCELLED_ERROR, finished_at=now)
-                )
+        if lost_rows:
+            settle(connection, lost_rows, now=now, rng=self._rng)
+        skip_cancelled(
+            connection,
+            o,
+            [(r["id"], r["job_id"], r["scheduled_at"]) for r in cancelled],
+            now=now,
+        )
         result.cancelled = len(cancelled)
-        result.lost = len(lost)
+        result.lost = len(lost_rows)
         return result
 
     def release(self, deliveries: Sequence[Delivery]) -> int:
@@ -416,128 +416,26 @@ class OutboxRepo:
             if self.store.is_postgres:
                 query = query.with_for_update()
             held = {r.id: (r.lease_owner, r.attempt) for r in connection.execute(query).all()}
-            valid = [
-                x
-                for x in outcomes
-                if held.get(x.delivery.outbox_id) == (x.delivery.lease, x.delivery.attempt)
-            ]
+            valid: dict[int, Outcome] = {}
+            for x in outcomes:
+                if held.get(x.delivery.outbox_id) == (x.delivery.lease, x.delivery.attempt):
+                    # one outcome per lease: a second for the same attempt changes nothing
+                    valid.setdefault(x.delivery.outbox_id, x)
             result.stale = len(outcomes) - len(valid)
             if not valid:
                 return result
-            done: list[Outcome] = []
-            retry: list[tuple[Outcome, datetime]] = []
-            dead: list[Outcome] = []
-            for x in valid:
-                if x.verdict is Verdict.succeeded:
-                    done.append(x)
-                elif x.verdict is Verdict.retry and x.delivery.attempt < x.delivery.max_attempts:
-                    delay = backoff_delay(
-                        x.delivery.attempt,
-                        x.delivery.retry_base_seconds,
-                        x.delivery.retry_max_seconds,
-                        self._rng,
-                    )
-                    retry.append((x, now + timedelta(seconds=max(delay, x.retry_after or 0.0))))
-                else:
-                    dead.append(x)
-            _insert_attempts(
+            settled = settle(
                 connection,
-                [
-                    _attempt_row(
-                        x.delivery.job_id,
-                        x.delivery.scheduled_at,
-                        x.delivery.attempt,
-                        RunStatus.succeeded if x.verdict is Verdict.succeeded else RunStatus.failed,
-                        x.started_at,
-                        x.finished_at,
-                        _clip(x.error),
-                        _clip(x.detail),
-                        _worker(x.delivery.lease),
-                    )
-                    for x in valid
-                ],
+                [(_held_of(x.delivery), _attempt_of(x)) for x in valid.values()],
+                now=now,
+                rng=self._rng,
             )
-            gone = [x.delivery.outbox_id for x in (*done, *dead)]
-            if gone:
-                connection.execute(delete(o).where(o.c.id.in_(gone)))
-            if retry:
-                connection.execute(
-                    update(o)
-                    .where(o.c.id == bindparam("b_id"))
-                    .values(
-                        attempt=bindparam("b_attempt"),
-                        available_at=bindparam("b_available_at", type_=o.c.available_at.type),
-                        lease_owner=None,
-                        last_error=bindparam("b_error"),
-                    ),
-                    [
-                        {
-                            "b_id": x.delivery.outbox_id,
-                            "b_attempt": x.delivery.attempt + 1,
-                            "b_available_at": at,
-                            "b_error": _clip(x.error),
-                        }
-                        for x, at in retry
-                    ],
-                )
-            if dead:
-                connection.execute(
-                    insert(schema.dead_letters),
-                    [
-                        {
-                            "job_id": x.delivery.job_id,
-                            "scheduled_at": x.delivery.scheduled_at,
-                            "tenant_id": x.delivery.tenant_id,
-                            "target_type": x.delivery.kind,
-                            "target": x.delivery.target,
-                            "attempts": x.delivery.attempt,
-                            "last_error": _clip(x.error),
-                            "created_at": now,
-                        }
-                        for x in dead
-                    ],
-                )
-            self._update_runs(
-                connection,
-                [(x, RunStatus.succeeded) for x in done]
-                + [(x, RunStatus.failed) for x, _ in retry]
-                + [(x, RunStatus.dead) for x in dead],
+            result.succeeded, result.retried, result.dead = (
+                settled.succeeded,
+                settled.retried,
+                settled.dead,
             )
-            result.succeeded, result.retried, result.dead = len(done), len(retry), len(dead)
             return result
-
-    @staticmethod
-    def _update_runs(connection: Connection, changes: list[tuple[Outcome, RunStatus]]) -> None:
-        r = schema.runs
-        connection.execute(
-            update(r)
-            .where(
-                r.c.job_id == bindparam("b_job_id"),
-                r.c.scheduled_at == bindparam("b_scheduled_at", type_=r.c.scheduled_at.type),
-            )
-            .values(
-                status=bindparam("b_status"),
-                attempt=bindparam("b_attempt"),
-                started_at=bindparam("b_started_at", type_=r.c.started_at.type),
-                finished_at=bindparam("b_finished_at", type_=r.c.finished_at.type),
-                exit_code=None,
-                error=bindparam("b_error"),
-                output_tail=bindparam("b_output_tail"),
-            ),
-            [
-                {
-                    "b_job_id": x.delivery.job_id,
-                    "b_scheduled_at": x.delivery.scheduled_at,
-                    "b_status": status.value,
-                    "b_attempt": x.delivery.attempt,
-                    "b_started_at": x.started_at,
-                    "b_finished_at": x.finished_at,
-                    "b_error": None if status is RunStatus.succeeded else _clip(x.error),
-                    "b_output_tail": _clip(x.detail),
-                }
-                for x, status in changes
-            ],
-        )
 
     # -- observability -----------------------------------------------------------------------
 
@@ -799,43 +697,58 @@ def _letter(row: RowMapping) -> DeadLetter:
     )
 
 
-def _attempt_row(
-    job_id: str,
-    scheduled_at: datetime,
-    attempt: int,
-    status: RunStatus,
-    started_at: datetime | None,
-    finished_at: datetime | None,
-    error: str | None,
-    output_tail: str | None,
-    worker: str | None,
-) -> dict[str, Any]:
-    return {
-        "job_id": job_id,
-        "scheduled_at": scheduled_at,
-        "attempt": attempt,
-        "status": status.value,
-        "started_at": started_at,
-        "finished_at": finished_at,
-        "exit_code": None,
-        "error": error,
-        "output_tail": output_tail,
-        "worker": worker[:200] if worker else None,
-    }
-
-
-def _insert_attempts(connection: Connection, rows: list[dict[str, Any]]) -> None:
-    if rows:
-        connection.execute(insert(schema.run_attempts), rows)
-
-
 def _worker(lease: str) -> str:
     """The relay's name from a lease token (`owner/claimed-at/random`)."""
     return lease.rsplit("/", 2)[0]
 
 
-def _clip(value: str | None) -> str | None:
-    if value is None:
-        return None
-    # Postgres text cannot hold NUL
-    return value[:MAX_ERROR_CHARS].replace("\x00", "\ufffd")
+def _held(row: RowMapping, job: Any) -> Held:
+    """A claimed row whose lease expired, with its job's retry policy."""
+    return Held(
+        table=schema.outbox,
+        row_id=row["id"],
+        job_id=row["job_id"],
+        scheduled_at=row["scheduled_at"],
+        tenant_id=row["tenant_id"],
+        target_type=row["target_type"],
+        target=row["target"],
+        attempt=row["attempt"],
+        max_attempts=job.max_attempts,
+        retry_base_seconds=job.retry_base_seconds,
+        retry_max_seconds=job.retry_max_seconds,
+    )
+
+
+def _held_of(delivery: Delivery) -> Held:
+    return Held(
+        table=schema.outbox,
+        row_id=delivery.outbox_id,
+        job_id=delivery.job_id,
+        scheduled_at=delivery.scheduled_at,
+        tenant_id=delivery.tenant_id,
+        target_type=delivery.kind,
+        target=delivery.target,
+        attempt=delivery.attempt,
+        max_attempts=delivery.max_attempts,
+        retry_base_seconds=delivery.retry_base_seconds,
+        retry_max_seconds=delivery.retry_max_seconds,
+    )
+
+
+_ENDINGS = {
+    Verdict.succeeded: Ending.succeeded,
+    Verdict.retry: Ending.retryable,
+    Verdict.failed: Ending.permanent,
+}
+
+
+def _attempt_of(outcome: Outcome) -> Attempt:
+    return Attempt(
+        _ENDINGS[outcome.verdict],
+        outcome.started_at,
+        outcome.finished_at,
+        _worker(outcome.delivery.lease),
+        error=None if outcome.verdict is Verdict.succeeded else outcome.error,
+        output_tail=outcome.detail,
+        retry_after=outcome.retry_after,
+    )

@@ -7,11 +7,14 @@ taking the same row; on SQLite the store's transactions are `BEGIN IMMEDIATE`, i
 already serialized. A message is identified by its id, its lease owner and its attempt:
 once a lease expired and was reaped, the former holder's ack, fail or heartbeat matches
 nothing and changes nothing.
+
+A queue belongs to a tenant: it is identified by (tenant, name), so a worker leases only
+its own tenant's messages. Settling (attempts, retries, dead letters, cancelled runs) is
+the settle module's, shared with the outbox relay.
 """
 
 from __future__ import annotations
 
-import enum
 import random
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -23,21 +26,42 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, RowMapping
 
 from schedctl import errors
-from schedctl.delivery.backoff import backoff_delay
+from schedctl.leasing import Beat
 from schedctl.models import JobStatus, RunStatus, TargetType
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
 from schedctl.storage.jobs import db_now
 from schedctl.storage.payloads import decode_payload
+from schedctl.storage.settle import (
+    CANCELLED_ERROR,
+    CANCELLED_RUNNING_ERROR,
+    LOST_ERROR,
+    MAX_TEXT_CHARS,
+    Attempt,
+    Ending,
+    Held,
+    lost,
+    settle,
+    skip_cancelled,
+)
 from schedctl.storage.store import Store
 
-LOST_ERROR = "lease expired: worker lost"
-CANCELLED_ERROR = "job cancelled before delivery"
-CANCELLED_RUNNING_ERROR = "job cancelled while the command ran: stopped"
+__all__ = [
+    "CANCELLED_ERROR",
+    "CANCELLED_RUNNING_ERROR",
+    "LOST_ERROR",
+    "MAX_OUTPUT_TAIL_CHARS",
+    "Beat",
+    "Lease",
+    "QueueDepth",
+    "QueueRepo",
+    "QueueStat",
+    "worker_tenant",
+]
+
 # Postgres deadlock / serialization failure: nothing committed, the caller just tries again
 _RETRYABLE_PGCODES = {"40P01", "40001"}
-# Kept in the database no longer than a run history column should hold.
-MAX_OUTPUT_TAIL_CHARS = 16_384
+MAX_OUTPUT_TAIL_CHARS = MAX_TEXT_CHARS
 
 
 @dataclass(frozen=True)
@@ -82,28 +106,14 @@ class QueueDepth:
         return self.ready + self.delayed + self.leased
 
 
-class Beat(enum.StrEnum):
-    """What a heartbeat found."""
-
-    extended = "extended"  # the lease is ours for another lease period
-    lost = "lost"  # expired and reaped, or taken: the run is someone else's now
-    cancelled = "cancelled"  # extended, but the job was cancelled: stop the command
-
-
 @dataclass(frozen=True)
-class _Held:
-    """A message with its job's retry policy, read inside a settling transaction."""
+class QueueStat:
+    """The depth of one tenant's queue."""
 
-    message_id: int
-    queue: str
-    job_id: str
-    scheduled_at: datetime
     tenant_id: str
-    attempt: int
-    lease_owner: str | None
-    max_attempts: int
-    retry_base_seconds: float
-    retry_max_seconds: float
+    tenant: str  # the tenant's name (its id if the tenant row is gone)
+    queue: str
+    depth: QueueDepth
 
 
 class QueueRepo:
@@ -177,38 +187,44 @@ class QueueRepo:
                         for r in deliver
                     ],
                 )
-            for r in cancelled:
-                connection.execute(
-                    update(schema.runs)
-                    .where(
-                        schema.runs.c.job_id == r["job_id"],
-                        schema.runs.c.scheduled_at == r["scheduled_at"],
-                        schema.runs.c.status == RunStatus.dispatched.value,
-                    )
-                    .values(status=RunStatus.skipped.value, error=CANCELLED_ERROR, finished_at=now)
-                )
-            connection.execute(delete(o).where(o.c.id.in_([r["id"] for r in rows])))
+            skip_cancelled(
+                connection,
+                o,
+                [(r["id"], r["job_id"], r["scheduled_at"]) for r in cancelled],
+                now=now,
+            )
+            if deliver:
+                connection.execute(delete(o).where(o.c.id.in_([r["id"] for r in deliver])))
             return len(deliver)
 
     # -- workers ---------------------------------------------------------------------------
 
-    def lease(self, queue: str, owner: str, lease_seconds: float, limit: int = 1) -> list[Lease]:
-        """Lease up to `limit` ready messages of `queue`, oldest first, never more messages
-        of one job at a time than its max_concurrency; marks their runs running."""
+    def lease(
+        self, queue: str, owner: str, lease_seconds: float, limit: int = 1, *, tenant_id: str
+    ) -> list[Lease]:
+        """Lease up to `limit` ready messages of the tenant's `queue`, oldest first, never
+        more messages of one job at a time than its max_concurrency; marks their runs
+        running. Another tenant's queue of the same name is another queue."""
         if lease_seconds <= 0:
             raise errors.ValidationError("must be positive", field="lease_seconds")
         if limit < 1:
             return []
         try:
             with self.store.tx() as connection:
-                return self._lease(connection, queue, owner, lease_seconds, limit)
+                return self._lease(connection, queue, owner, lease_seconds, limit, tenant_id)
         except errors.StoreUnavailable as exc:
             if _is_retryable(exc):
                 return []  # lost a lock race; nothing committed, the next poll tries again
             raise
 
     def _lease(
-        self, connection: Connection, queue: str, owner: str, lease_seconds: float, limit: int
+        self,
+        connection: Connection,
+        queue: str,
+        owner: str,
+        lease_seconds: float,
+        limit: int,
+        tenant_id: str,
     ) -> list[Lease]:
         m, j = schema.queue_messages, schema.jobs
         held = m.alias("held")
@@ -238,6 +254,8 @@ class QueueRepo:
             )
             .join(j, j.c.job_id == m.c.job_id)
             .where(
+                # the (tenant_id, queue, available_at) index: one tenant's queue in due order
+                m.c.tenant_id == tenant_id,
                 m.c.queue == queue,
                 m.c.available_at <= now,
                 m.c.leased_until.is_(None),
@@ -254,7 +272,12 @@ class QueueRepo:
         cancelled = [c for c in found if c["status"] == JobStatus.cancelled.value]
         if cancelled:
             # queued but not started: a cancelled job's runs are not run
-            self._skip_cancelled(connection, cancelled, now)
+            skip_cancelled(
+                connection,
+                m,
+                [(c["id"], c["job_id"], c["scheduled_at"]) for c in cancelled],
+                now=now,
+            )
         candidates = [c for c in found if c["status"] != JobStatus.cancelled.value]
         if not candidates:
             return []
@@ -322,28 +345,6 @@ class QueueRepo:
             )
         return leases
 
-    def _skip_cancelled(
-        self, connection: Connection, messages: Sequence[RowMapping], now: datetime
-    ) -> None:
-        m = schema.queue_messages
-        connection.execute(delete(m).where(m.c.id.in_([r["id"] for r in messages])))
-        for r in messages:
-            connection.execute(
-                update(schema.runs)
-                .where(
-                    schema.runs.c.job_id == r["job_id"],
-                    schema.runs.c.scheduled_at == r["scheduled_at"],
-                    schema.runs.c.status.in_(
-                        [
-                            RunStatus.dispatched.value,
-                            RunStatus.failed.value,
-                            RunStatus.lost.value,
-                        ]
-                    ),
-                )
-                .values(status=RunStatus.skipped.value, error=CANCELLED_ERROR, finished_at=now)
-            )
-
     def heartbeat(self, lease: Lease, lease_seconds: float) -> bool:
         """Extend the lease; False when it is no longer ours (expired and reaped or taken)."""
         return self.beat(lease, lease_seconds) is not Beat.lost
@@ -381,7 +382,7 @@ class QueueRepo:
         False (and nothing changed) when the lease is no longer ours."""
         return self._finish(
             lease,
-            RunStatus.failed,
+            Ending.stopped,
             error=error,
             exit_code=exit_code,
             output_tail=output_tail,
@@ -402,7 +403,7 @@ class QueueRepo:
         changed) when the lease is no longer ours."""
         return self._finish(
             lease,
-            RunStatus.succeeded,
+            Ending.succeeded,
             error=None,
             exit_code=exit_code,
             output_tail=output_tail,
@@ -413,7 +414,7 @@ class QueueRepo:
     def _finish(
         self,
         lease: Lease,
-        status: RunStatus,
+        ending: Ending,
         *,
         error: str | None,
         exit_code: int | None,
@@ -421,42 +422,23 @@ class QueueRepo:
         started_at: datetime,
         finished_at: datetime,
     ) -> bool:
-        """Drop the message and record the run's final outcome and its attempt, if the
-        lease is still ours; False (and nothing changed) otherwise."""
-        output_tail = _clip(output_tail)
+        """Settle the lease's attempt if the lease is still ours; False (and nothing
+        changed) otherwise."""
         with self.store.tx() as connection:
-            result = connection.execute(delete(schema.queue_messages).where(_ours(lease)))
-            if result.rowcount != 1:
+            found = self._held(connection, [_ours(lease)])
+            if not found:
                 return False
-            connection.execute(
-                update(schema.runs)
-                .where(
-                    schema.runs.c.job_id == lease.job_id,
-                    schema.runs.c.scheduled_at == lease.scheduled_at,
-                )
-                .values(
-                    status=status.value,
-                    attempt=lease.attempt,
-                    started_at=started_at,
-                    finished_at=finished_at,
-                    exit_code=exit_code,
-                    error=error,
-                    output_tail=output_tail,
-                )
-            )
-            _record_attempt(
-                connection,
-                job_id=lease.job_id,
-                scheduled_at=lease.scheduled_at,
-                attempt=lease.attempt,
-                status=status,
-                started_at=started_at,
-                finished_at=finished_at,
-                exit_code=exit_code,
+            ((held, _owner),) = found
+            attempt = Attempt(
+                ending,
+                started_at,
+                finished_at,
+                lease.owner,
                 error=error,
+                exit_code=exit_code,
                 output_tail=output_tail,
-                worker=lease.owner,
             )
+            settle(connection, [(held, attempt)], now=db_now(connection), rng=self._rng)
             return True
 
     def fail(
@@ -472,43 +454,21 @@ class QueueRepo:
         """The attempt failed: record it, then retry after a backoff or, with the attempts
         used up, dead-letter the run. False (and nothing changed) when the lease is no
         longer ours."""
-        output_tail = _clip(output_tail)
-        with self.store.tx() as connection:
-            held = self._held(connection, [_ours(lease)])
-            if not held:
-                return False
-            (message,) = held
-            _record_attempt(
-                connection,
-                job_id=lease.job_id,
-                scheduled_at=lease.scheduled_at,
-                attempt=lease.attempt,
-                status=RunStatus.failed,
-                started_at=started_at,
-                finished_at=finished_at,
-                exit_code=exit_code,
-                error=error,
-                output_tail=output_tail,
-                worker=lease.owner,
-            )
-            self._retry_or_dead(
-                connection,
-                message,
-                now=db_now(connection),
-                retry_status=RunStatus.failed,
-                error=error,
-                exit_code=exit_code,
-                output_tail=output_tail,
-                started_at=started_at,
-                finished_at=finished_at,
-            )
-            return True
+        return self._finish(
+            lease,
+            Ending.retryable,
+            error=error,
+            exit_code=exit_code,
+            output_tail=output_tail,
+            started_at=started_at,
+            finished_at=finished_at,
+        )
 
     def expire_leases(self, limit: int = 500) -> int:
         """Settle messages whose lease ran out (their worker died or lost the database):
         the attempt is recorded as lost and the run retried per its policy. Any worker or
-        relay may call this for every queue. Returns how many were settled."""
-        m = schema.queue_messages
+        relay may call this for every queue of every tenant. Returns how many were settled."""
+        m, r = schema.queue_messages, schema.runs
         with self.store.tx() as connection:
             now = db_now(connection)
             expired = self._held(
@@ -518,63 +478,71 @@ class QueueRepo:
                 limit=limit,
                 skip_locked=True,
             )
-            for message in expired:
-                started_at = connection.execute(
-                    select(schema.runs.c.started_at).where(
-                        schema.runs.c.job_id == message.job_id,
-                        schema.runs.c.scheduled_at == message.scheduled_at,
+            if not expired:
+                return 0
+            started = {
+                (row.job_id, row.scheduled_at): row.started_at
+                for row in connection.execute(
+                    # both keys: a recurring job's whole history is not read for one run
+                    select(r.c.job_id, r.c.scheduled_at, r.c.started_at).where(
+                        r.c.job_id.in_({h.job_id for h, _ in expired}),
+                        r.c.scheduled_at.in_({h.scheduled_at for h, _ in expired}),
                     )
-                ).scalar_one_or_none()
-                _record_attempt(
-                    connection,
-                    job_id=message.job_id,
-                    scheduled_at=message.scheduled_at,
-                    attempt=message.attempt,
-                    status=RunStatus.lost,
-                    started_at=started_at,
-                    finished_at=now,
-                    exit_code=None,
-                    error=LOST_ERROR,
-                    output_tail=None,
-                    worker=message.lease_owner,
                 )
-                self._retry_or_dead(
-                    connection,
-                    message,
-                    now=now,
-                    retry_status=RunStatus.lost,
-                    error=LOST_ERROR,
-                    exit_code=None,
-                    output_tail=None,
-                    started_at=started_at,
-                    finished_at=now,
-                )
+            }
+            settle(
+                connection,
+                [
+                    (
+                        held,
+                        lost(
+                            started_at=started.get((held.job_id, held.scheduled_at)),
+                            now=now,
+                            worker=owner,
+                        ),
+                    )
+                    for held, owner in expired
+                ],
+                now=now,
+                rng=self._rng,
+            )
             return len(expired)
 
     # -- observability ---------------------------------------------------------------------
 
-    def stats(self) -> dict[str, QueueDepth]:
-        """Ready, delayed and leased message counts per queue (queues with messages only)."""
-        m = schema.queue_messages
+    def stats(self) -> list[QueueStat]:
+        """Ready, delayed and leased message counts per tenant and queue (queues with
+        messages only), by tenant name and queue name."""
+        m, t = schema.queue_messages, schema.tenants
         with self.store.read() as connection:
             now = db_now(connection)
             unleased = m.c.leased_until.is_(None)
             rows = connection.execute(
                 select(
+                    m.c.tenant_id,
+                    t.c.name,
                     m.c.queue,
                     func.sum(case((and_(unleased, m.c.available_at <= now), 1), else_=0)),
                     func.sum(case((and_(unleased, m.c.available_at > now), 1), else_=0)),
                     func.sum(case((unleased, 0), else_=1)),
-                ).group_by(m.c.queue)
+                )
+                .select_from(m.outerjoin(t, t.c.tenant_id == m.c.tenant_id))
+                .group_by(m.c.tenant_id, t.c.name, m.c.queue)
             ).all()
-        return {
-            str(q): QueueDepth(ready=int(r or 0), delayed=int(d or 0), leased=int(le or 0))
-            for q, r, d, le in rows
-        }
+        stats = [
+            QueueStat(
+                tenant_id=str(tenant_id),
+                tenant=str(name if name is not None else tenant_id),
+                queue=str(q),
+                depth=QueueDepth(ready=int(r or 0), delayed=int(d or 0), leased=int(le or 0)),
+            )
+            for tenant_id, name, q, r, d, le in rows
+        ]
+        return sorted(stats, key=lambda s: (s.tenant, s.queue))
 
-    def depths(self) -> dict[str, int]:
-        """Messages per queue, whatever their state (see `stats` for the breakdown)."""
-        return {queue: depth.total for queue, depth in self.stats().items()}
+    def depths(self) -> dict[tuple[str, str], int]:
+        """Messages per (tenant name, queue), whatever their state (see `stats`)."""
+        return {(s.tenant, s.queue): s.depth.total for s in self.stats()}
 
     # -- internals -------------------------------------------------------------------------
 
@@ -586,11 +554,12 @@ class QueueRepo:
         order_by: Any = None,
         limit: int | None = None,
         skip_locked: bool = False,
-    ) -> list[_Held]:
-        """Messages matching `conditions`, with their job's retry policy, locked on Postgres.
-        With skip_locked, rows another transaction holds are left to it (the reaper: another
-        reaper is settling them already); without, the caller waits and then sees the
-        row as that transaction left it (fail: a reaper that won the race makes it not ours)."""
+    ) -> list[tuple[Held, str | None]]:
+        """Messages matching `conditions` with their job's retry policy, and their lease
+        owner; locked on Postgres. With skip_locked, rows another transaction holds are
+        left to it (the reaper: another reaper is settling them already); without, the
+        caller waits and then sees the row as that transaction left it (fail: a reaper
+        that won the race makes it not ours)."""
         m, j = schema.queue_messages, schema.jobs
         query = (
             select(
@@ -614,71 +583,89 @@ class QueueRepo:
             query = query.limit(limit)
         if self.store.is_postgres:
             query = query.with_for_update(skip_locked=skip_locked, of=m)
-        return [_held_from_row(r) for r in connection.execute(query).mappings().all()]
+        return [
+            (_held_from_row(r), r["lease_owner"])
+            for r in connection.execute(query).mappings().all()
+        ]
 
-    def _retry_or_dead(
-        self,
-        connection: Connection,
-        message: _Held,
-        *,
-        now: datetime,
-        retry_status: RunStatus,
-        error: str,
-        exit_code: int | None,
-        output_tail: str | None,
-        started_at: datetime | None,
-        finished_at: datetime,
-    ) -> None:
-        m = schema.queue_messages
-        run_key = and_(
-            schema.runs.c.job_id == message.job_id,
-            schema.runs.c.scheduled_at == message.scheduled_at,
-        )
-        outcome = {
-            "attempt": message.attempt,
-            "started_at": started_at,
-            "finished_at": finished_at,
-            "exit_code": exit_code,
-            "error": error,
-            "output_tail": output_tail,
-        }
-        if message.attempt < message.max_attempts:
-            delay = backoff_delay(
-                message.attempt,
-                message.retry_base_seconds,
-                message.retry_max_seconds,
-                self._rng,
-            )
-            connection.execute(
-                update(m)
-                .where(m.c.id == message.message_id)
-                .values(
-                    attempt=message.attempt + 1,
-                    available_at=now + timedelta(seconds=delay),
-                    leased_until=None,
-                    lease_owner=None,
+    # -- tenant workers over the REST API --------------------------------------------------
+
+    def held_lease(self, message_id: int, owner: str, tenant_id: str) -> Lease | None:
+        """The lease `owner` holds on message `message_id` of `tenant_id`, as `lease`
+        returned it (without the payload), or None: no such message, another tenant's,
+        another owner's (or the same run leased again after this lease expired and was
+        reaped). Expired leases not reaped yet are still held, as for `beat`."""
+        m, j = schema.queue_messages, schema.jobs
+        with self.store.read() as connection:
+            row = (
+                connection.execute(
+                    select(
+                        m.c.id,
+                        m.c.queue,
+                        m.c.job_id,
+                        m.c.scheduled_at,
+                        m.c.tenant_id,
+                        m.c.attempt,
+                        m.c.leased_until,
+                        j.c.max_attempts,
+                        j.c.retry_base_seconds,
+                        j.c.retry_max_seconds,
+                        j.c.timeout_seconds,
+                    )
+                    .join(j, j.c.job_id == m.c.job_id)
+                    .where(
+                        m.c.id == message_id,
+                        m.c.tenant_id == tenant_id,
+                        m.c.lease_owner == owner,
+                        m.c.leased_until.is_not(None),
+                    )
                 )
+                .mappings()
+                .one_or_none()
             )
-            connection.execute(
-                update(schema.runs).where(run_key).values(status=retry_status.value, **outcome)
-            )
-            return
-        connection.execute(delete(m).where(m.c.id == message.message_id))
-        connection.execute(
-            schema.dead_letters.insert().values(
-                job_id=message.job_id,
-                scheduled_at=message.scheduled_at,
-                tenant_id=message.tenant_id,
-                target_type=TargetType.queue.value,
-                target=message.queue,
-                attempts=message.attempt,
-                last_error=error,
-                created_at=now,
-            )
+        if row is None:
+            return None
+        return Lease(
+            message_id=row["id"],
+            queue=row["queue"],
+            job_id=row["job_id"],
+            scheduled_at=row["scheduled_at"],
+            tenant_id=row["tenant_id"],
+            attempt=row["attempt"],
+            max_attempts=row["max_attempts"],
+            retry_base_seconds=row["retry_base_seconds"],
+            retry_max_seconds=row["retry_max_seconds"],
+            timeout_seconds=row["timeout_seconds"],
+            payload=None,
+            owner=owner,
+            leased_until=row["leased_until"],
         )
-        connection.execute(
-            update(schema.runs).where(run_key).values(status=RunStatus.dead.value, **outcome)
+
+
+def worker_tenant(store: Store, tenant: str | None, *, field: str = "tenant") -> str:
+    """The id of the tenant whose queue a worker serves, from its name or id. It may be
+    left out only while exactly one tenant exists: with two, a worker guessing would run
+    one tenant's runs with a command meant for another's."""
+    t = schema.tenants
+    with store.read() as connection:
+        if tenant is not None:
+            rows = connection.execute(
+                select(t.c.tenant_id).where(or_(t.c.tenant_id == tenant, t.c.name == tenant))
+            ).all()
+            ids = [r.tenant_id for r in rows]
+            if not ids:
+                raise errors.ConfigError(f"no tenant {tenant!r}", field=field)
+            # an id wins over a name that happens to look like another tenant's id
+            return tenant if tenant in ids else str(ids[0])
+        found = connection.execute(select(t.c.tenant_id).limit(2)).scalars().all()
+    if len(found) != 1:
+        raise errors.ConfigError(
+            "a worker serves one tenant's queue: name the tenant with --tenant NAME (or "
+            f'tenant = "NAME" in its [[worker]] table); there are '
+            f"{'no' if not found else 'several'} tenants",
+            field=field,
         )
+    return str(found[0])
 
 
 def _ours(lease: Lease) -> Any:
@@ -693,59 +680,22 @@ def _ours(lease: Lease) -> Any:
     )
 
 
-def _held_from_row(row: RowMapping) -> _Held:
+def _held_from_row(row: RowMapping) -> Held:
     max_attempts = row["max_attempts"]
-    return _Held(
-        message_id=row["id"],
-        queue=row["queue"],
+    return Held(
+        table=schema.queue_messages,
+        row_id=row["id"],
         job_id=row["job_id"],
         scheduled_at=row["scheduled_at"],
         tenant_id=row["tenant_id"],
+        target_type=TargetType.queue.value,
+        target=row["queue"],
         attempt=row["attempt"],
-        lease_owner=row["lease_owner"],
         # no job row: nothing to retry against, so this attempt is the last
         max_attempts=max_attempts if max_attempts is not None else 0,
         retry_base_seconds=row["retry_base_seconds"] or 0.0,
         retry_max_seconds=row["retry_max_seconds"] or 0.0,
     )
-
-
-def _record_attempt(
-    connection: Connection,
-    *,
-    job_id: str,
-    scheduled_at: datetime,
-    attempt: int,
-    status: RunStatus,
-    started_at: datetime | None,
-    finished_at: datetime | None,
-    exit_code: int | None,
-    error: str | None,
-    output_tail: str | None,
-    worker: str | None,
-) -> None:
-    connection.execute(
-        schema.run_attempts.insert().values(
-            job_id=job_id,
-            scheduled_at=scheduled_at,
-            attempt=attempt,
-            status=status.value,
-            started_at=started_at,
-            finished_at=finished_at,
-            exit_code=exit_code,
-            error=error,
-            output_tail=output_tail,
-            worker=worker,
-        )
-    )
-
-
-def _clip(output_tail: str | None) -> str | None:
-    if output_tail is None:
-        return None
-    # Postgres text cannot hold NUL: a command printing one must not make its outcome
-    # unrecordable (the run would be redelivered forever)
-    return output_tail[-MAX_OUTPUT_TAIL_CHARS:].replace("\x00", "\ufffd")
 
 
 def _is_retryable(exc: BaseException) -> bool:

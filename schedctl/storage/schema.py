@@ -36,6 +36,8 @@ tenants = Table(
     metadata,
     Column("tenant_id", String(40), primary_key=True),
     Column("name", String(200), nullable=False, unique=True),
+    # the HMAC key of deliveries; like payloads, `enc:v1:<Fernet token>` when payload keys
+    # are configured (schedctl.storage.signing_secrets)
     Column("signing_secret", Text, nullable=False),
     Column("max_jobs", Integer, nullable=False),
     Column("create_rate_per_minute", Integer, nullable=False),
@@ -46,6 +48,10 @@ tenants = Table(
     Column("delivery_concurrency", Integer, nullable=False, server_default="16"),
     # amqp:// URL of the tenant's RabbitMQ; NULL: its queue targets are the built-in queue
     Column("broker_url", Text, nullable=True),
+    # the secret before the last rotation (stored like signing_secret), which keeps signing
+    # next to the new one until signing_secret_previous_until; NULL: none
+    Column("signing_secret_previous", Text, nullable=True),
+    Column("signing_secret_previous_until", UTCDateTime, nullable=True),
 )
 
 api_tokens = Table(
@@ -172,7 +178,8 @@ queue_messages = Table(
     Column("lease_owner", String(200), nullable=True),
     Column("created_at", UTCDateTime, nullable=False),
     UniqueConstraint("job_id", "scheduled_at", name="uq_queue_messages_run"),
-    Index("ix_queue_messages_ready", "queue", "available_at"),
+    # a queue is (tenant, name): a worker reads its tenant's queue in due order
+    Index("ix_queue_messages_ready", "tenant_id", "queue", "available_at"),
     Index("ix_queue_messages_job", "job_id"),
 )
 

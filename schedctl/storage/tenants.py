@@ -106,6 +106,8 @@ class TenantRepo:
 
     def create(self, name: str, *, actor: str) -> tuple[Tenant, str]:
         """A new tenant and its first API token (returned here and never again)."""
+        from schedctl.storage.signing_secrets import encode_secret, new_secret
+
         validate_tenant_name(name)
         tenant_id = uuid.uuid4().hex
         try:
@@ -120,7 +122,8 @@ class TenantRepo:
                     schema.tenants.insert().values(
                         tenant_id=tenant_id,
                         name=name,
-                        signing_secret=secrets.token_urlsafe(32),
+                        # encrypted at rest when payload keys are configured
+                        signing_secret=encode_secret(new_secret()),
                         max_jobs=DEFAULT_MAX_JOBS,
                         create_rate_per_minute=DEFAULT_CREATE_RATE_PER_MINUTE,
                         dispatch_rate_per_second=DEFAULT_DISPATCH_RATE_PER_SECOND,
@@ -175,7 +178,10 @@ class TenantRepo:
         return [tenant_from_row(r) for r in rows]
 
     def signing_secret(self, name_or_id: str) -> str:
-        """The HMAC key for the tenant's HTTP deliveries (the receiver verifies with it)."""
+        """The HMAC key for the tenant's HTTP deliveries (the receiver verifies with it),
+        decrypted; see schedctl.storage.signing_secrets for the previous one and rotation."""
+        from schedctl.storage.signing_secrets import decode_secret
+
         tenant = self.get(name_or_id)
         with self.store.read() as connection:
             value = connection.execute(
@@ -183,7 +189,7 @@ class TenantRepo:
                     schema.tenants.c.tenant_id == tenant.tenant_id
                 )
             ).scalar_one()
-        return str(value)
+        return decode_secret(str(value))
 
     # -- tokens ------------------------------------------------------------------------
 

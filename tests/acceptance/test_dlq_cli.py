@@ -40,7 +40,6 @@ def _register() -> None:
         ("disallow", tenant_allow.disallow),
         ("delivery", tenant_allow.delivery),
         ("broker", tenant_allow.broker),
-        ("signing-secret", tenant_allow.signing_secret),
     ):
         if name not in names:
             tenants.app.command(name)(function)

@@ -25,6 +25,7 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi import checks as openapi_checks
 
 from schedctl.service import Scheduler
+from schedctl.storage.queue import QueueRepo
 from scheduled_d.api import ApiServer
 
 MAX_EXAMPLES = 100  # per operation, per generation mode
@@ -47,6 +48,10 @@ OPERATIONS = [
     "GET /v1/jobs/{job_id}/runs",
     "GET /v1/tenant",
     "GET /healthz",
+    "POST /v1/queues/{name}/leases",
+    "POST /v1/leases/{lease_id}/heartbeat",
+    "POST /v1/leases/{lease_id}/ack",
+    "POST /v1/leases/{lease_id}/fail",
 ]
 
 
@@ -58,6 +63,19 @@ class Target:
         self.document: dict[str, Any] = requests.get(
             server.url + "/openapi.json", timeout=10
         ).json()
+
+    def lease_id(self) -> str:
+        """A lease of a fresh run of the known job, for the lease routes to aim at."""
+        self.sched.trigger_job(self.job_id, actor="test")
+        QueueRepo(self.sched.store).move_outbox()
+        response = requests.post(
+            f"{self.server.url}/v1/queues/q/leases",
+            json={"limit": 1},
+            headers={"Authorization": f"Bearer {self.token}"},
+            timeout=10,
+        )
+        (lease,) = response.json()["items"]
+        return str(lease["lease_id"])
 
 
 @pytest.fixture
@@ -103,6 +121,9 @@ def test_fuzz_operation(target: Target, label: str) -> None:
     headers = {"Authorization": f"Bearer {target.token}"}
     statuses: Counter[int] = Counter()
 
+    # random lease ids are all 404: aim half the cases at a lease held (heartbeat, ack and
+    # fail with any body; the first ack or fail that passes validation settles it)
+    lease_id = target.lease_id() if "{lease_id}" in path else None
     for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
         strategy = operation.as_strategy(generation_mode=mode)
         if "{job_id}" in path:
@@ -112,6 +133,17 @@ def test_fuzz_operation(target: Target, label: str) -> None:
                 operation.as_strategy(
                     generation_mode=mode, path_parameters={"job_id": target.job_id}
                 ),
+            )
+        if lease_id is not None:
+            strategy = st.one_of(
+                strategy,
+                operation.as_strategy(generation_mode=mode, path_parameters={"lease_id": lease_id}),
+            )
+        if "{name}" in path:
+            # and the queue the known job targets
+            strategy = st.one_of(
+                strategy,
+                operation.as_strategy(generation_mode=mode, path_parameters={"name": "q"}),
             )
 
         @given(case=strategy)

@@ -22,14 +22,19 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from sqlalchemy import select
 
 from schedctl import errors
+from schedctl.crypto import KEYS_ENV, KEYS_FILE_ENV, PayloadCipher, is_encrypted
 from schedctl.delivery.http import HttpDelivery, Verdict, parse_retry_after
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.service import Scheduler
-from schedctl.signing import IDEMPOTENCY_HEADER, verify
+from schedctl.signing import IDEMPOTENCY_HEADER, SIGNATURE_HEADER, verify
+from schedctl.storage import schema
 from schedctl.storage.jobs import JobRepo
+from schedctl.storage.payloads import configure_payload_cipher, reset_payload_cipher
 from schedctl.storage.queue import CANCELLED_ERROR
+from schedctl.storage.signing_secrets import SigningSecretRepo
 from schedctl.storage.store import Store
 from scheduled_d.relay import Relay
 from tests.factories import make_tenant
@@ -81,7 +86,7 @@ def test_a_handler_verifies_a_real_delivery(store: Store) -> None:
     def handler(received: Received, _number: int) -> tuple[int, dict[str, str], bytes]:
         # what a tenant's endpoint does with schedctl.signing
         try:
-            verify(SECRET, received.headers, received.body)
+            verify(SECRET, received.headers, received.body, method="POST", path=received.path)
         except errors.SignatureError as exc:
             verdicts.append(str(exc))
             return 401, {}, b"bad signature"
@@ -105,13 +110,36 @@ def test_a_handler_verifies_a_real_delivery(store: Store) -> None:
     assert request.headers[IDEMPOTENCY_HEADER] == f"{job}:{format_instant(at)}"
     assert request.headers["Content-Type"] == "application/json"
     assert request.headers["Host"] == f"127.0.0.1:{server.port}"
-    # a tampered body and a replay older than five minutes are refused
+    # v2 first, v1 after it during v1's deprecation period
+    schemes = [v.strip()[:3] for v in request.headers[SIGNATURE_HEADER].split(",")]
+    assert schemes == ["v2=", "v1="]
+
+    def check(headers: dict[str, str], body: bytes, **kwargs: Any) -> None:
+        options: dict[str, Any] = {"method": "POST", "path": request.path}
+        options.update(kwargs)
+        verify(SECRET, headers, body, **options)
+
+    check(request.headers, request.body)
+    # a tampered body, Idempotency-Key, method or path, and a replay older than five
+    # minutes are refused
     tampered = request.body.replace(b'"orders"', b'"payroll"')
     with pytest.raises(errors.SignatureError, match="does not match"):
-        verify(SECRET, request.headers, tampered)
+        check(request.headers, tampered)
+    rekeyed = {**request.headers, IDEMPOTENCY_HEADER: f"{job}:2030-01-01T00:00:00Z"}
+    with pytest.raises(errors.SignatureError, match="does not match"):
+        check(rekeyed, request.body)
+    with pytest.raises(errors.SignatureError, match="does not match"):
+        check(request.headers, request.body, method="PUT")
+    with pytest.raises(errors.SignatureError, match="does not match"):
+        check(request.headers, request.body, path="/jobs/run?source=other")
+    with pytest.raises(errors.SignatureError, match="does not match"):
+        check(request.headers, request.body, path="/jobs/other?source=sched")
     with pytest.raises(errors.SignatureError, match="replay"):
-        verify(SECRET, request.headers, request.body, now=request.at + 301)
-    verify(SECRET, request.headers, request.body, now=request.at + 299)
+        check(request.headers, request.body, now=request.at + 301)
+    check(request.headers, request.body, now=request.at + 299)
+    # receivers still on v1 (the old call form) keep working during the deprecation period
+    with pytest.warns(DeprecationWarning):
+        verify(SECRET, request.headers, request.body)
     run = run_row(store, job, at)
     assert (run["status"], run["attempt"], run["error"]) == ("succeeded", 1, None)
     assert run["output_tail"] == "HTTP 200 OK: thanks"
@@ -119,6 +147,66 @@ def test_a_handler_verifies_a_real_delivery(store: Store) -> None:
     assert (attempt["status"], attempt["attempt"]) == ("succeeded", 1)
     assert attempt["worker"] and attempt["started_at"] <= attempt["finished_at"]
     assert outbox_count(store) == 0
+
+
+@pytest.fixture
+def payload_key(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A payload key in use for the test (so signing secrets are encrypted at rest)."""
+    monkeypatch.delenv(KEYS_ENV, raising=False)
+    monkeypatch.delenv(KEYS_FILE_ENV, raising=False)
+    key = PayloadCipher.generate_key()
+    configure_payload_cipher(PayloadCipher([key]))
+    try:
+        yield key
+    finally:
+        reset_payload_cipher()
+
+
+def test_rotation_signs_with_both_secrets_during_the_grace_then_only_the_new(
+    store: Store, payload_key: str
+) -> None:
+    tenant = existing_tenant(store)
+    secrets = SigningSecretRepo(store)
+    _, new = secrets.rotate(tenant, grace=dt.timedelta(hours=24), actor="test")
+    stored = str(raw_column(store, tenant, "signing_secret"))
+    assert is_encrypted(stored) and new not in stored
+
+    def deliver_once() -> Received:
+        with hook_server() as server:
+            job = http_job(store, server.url("/rotating?x=1"))
+            at = trigger(store, job)
+            with running_relay(relay(store)):
+                wait_for(lambda: settled(store, job, at), "the delivery")
+            (request,) = server.requests()
+        assert run_row(store, job, at)["status"] == "succeeded"
+        return request
+
+    def check(secret: str, request: Received) -> None:
+        verify(secret, request.headers, request.body, method="POST", path=request.path)
+
+    during = deliver_once()
+    schemes = [v.strip()[:3] for v in during.headers[SIGNATURE_HEADER].split(",")]
+    assert schemes == ["v2=", "v2=", "v1=", "v1="]
+    # a receiver that has switched and one that has not yet both verify
+    check(new, during)
+    check(SECRET, during)
+    with pytest.raises(errors.SignatureError, match="does not match"):
+        check("neither", during)
+    # the grace is over: only the new secret signs
+    secrets.set_previous_until(tenant, dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1))
+    after = deliver_once()
+    schemes = [v.strip()[:3] for v in after.headers[SIGNATURE_HEADER].split(",")]
+    assert schemes == ["v2=", "v1="]
+    check(new, after)
+    with pytest.raises(errors.SignatureError, match="does not match"):
+        check(SECRET, after)
+
+
+def raw_column(store: Store, tenant: str, column: str) -> Any:
+    with store.read() as connection:
+        return connection.execute(
+            select(schema.tenants.c[column]).where(schema.tenants.c.tenant_id == tenant)
+        ).scalar_one()
 
 
 # -- classification ------------------------------------------------------------------------

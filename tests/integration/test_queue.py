@@ -162,12 +162,12 @@ def test_move_outbox_leaves_rows_of_excluded_tenants(store: Store) -> None:
 
 
 def test_heartbeat_sees_a_cancelled_job(store: Store) -> None:
-    make_tenant(store)
+    tenant = make_tenant(store)
     job = queue_job(store)
     trigger(store, job)
     repo = QueueRepo(store)
     repo.move_outbox()
-    (lease,) = repo.lease("q", "w1", 30)
+    (lease,) = repo.lease("q", "w1", 30, tenant_id=tenant)
     assert repo.beat(lease, 30) is Beat.extended
     JobRepo(store).cancel(job, actor="test")
     assert repo.beat(lease, 30) is Beat.cancelled
@@ -242,13 +242,13 @@ def test_concurrent_relays_on_postgres_move_each_row_once(pg_store: Store) -> No
 
 
 def test_lease_and_ack(store: Store) -> None:
-    make_tenant(store)
+    tenant = make_tenant(store)
     job = queue_job(store, payload={"hello": "world"}, timeout=30, max_attempts=4)
     at = trigger(store, job)
     repo = QueueRepo(store)
     repo.move_outbox()
-    assert repo.lease("other-queue", "w1", 30) == []
-    (lease,) = repo.lease("q", "w1", 30, limit=5)
+    assert repo.lease("other-queue", "w1", 30, tenant_id=tenant) == []
+    (lease,) = repo.lease("q", "w1", 30, limit=5, tenant_id=tenant)
     assert (lease.job_id, lease.scheduled_at, lease.attempt) == (job, at, 1)
     assert lease.payload == {"hello": "world"}
     assert (lease.max_attempts, lease.timeout_seconds, lease.owner) == (4, 30, "w1")
@@ -257,7 +257,7 @@ def test_lease_and_ack(store: Store) -> None:
     assert "world" not in repr(lease)
     run = run_row(store, job, at)
     assert run["status"] == "running" and run["started_at"] is not None
-    assert repo.lease("q", "w2", 30) == []  # leased: invisible to others
+    assert repo.lease("q", "w2", 30, tenant_id=tenant) == []  # leased: invisible to others
     assert repo.heartbeat(lease, 30)
     assert done(repo, lease, tail="all good")
     assert not done(repo, lease), "a second ack changes nothing"
@@ -271,13 +271,13 @@ def test_lease_and_ack(store: Store) -> None:
 
 
 def test_failures_retry_then_dead_letter(store: Store) -> None:
-    make_tenant(store)
+    tenant = make_tenant(store)
     job = queue_job(store, max_attempts=3)
     at = trigger(store, job)
     repo = QueueRepo(store)
     repo.move_outbox()
     for attempt in (1, 2, 3):
-        (lease,) = repo.lease("q", "w1", 30)
+        (lease,) = repo.lease("q", "w1", 30, tenant_id=tenant)
         assert lease.attempt == attempt
         run = run_row(store, job, at)
         assert (run["status"], run["attempt"]) == ("running", attempt)
@@ -304,16 +304,16 @@ def test_failures_retry_then_dead_letter(store: Store) -> None:
         (2, "failed"),
         (3, "failed"),
     ]
-    assert repo.lease("q", "w1", 30) == []
+    assert repo.lease("q", "w1", 30, tenant_id=tenant) == []
 
 
 def test_failure_backs_off_with_jitter_within_the_policy(store: Store) -> None:
-    make_tenant(store)
+    tenant = make_tenant(store)
     job = queue_job(store, max_attempts=5, base=100.0, cap=1000.0)
     trigger(store, job)
     repo = QueueRepo(store, rng=random.Random(1))
     repo.move_outbox()
-    (lease,) = repo.lease("q", "w1", 30)
+    (lease,) = repo.lease("q", "w1", 30, tenant_id=tenant)
     before = store.now()
     assert failed(repo, lease)
     after = store.now()
@@ -322,16 +322,16 @@ def test_failure_backs_off_with_jitter_within_the_policy(store: Store) -> None:
     # drawn from the same seeded generator
     delay = timedelta(seconds=random.Random(1).uniform(0, 100))
     assert before + delay <= message["available_at"] <= after + delay
-    assert repo.lease("q", "w1", 30) == []  # not before its time
+    assert repo.lease("q", "w1", 30, tenant_id=tenant) == []  # not before its time
 
 
 def test_fail_or_ack_of_a_lost_lease_changes_nothing(store: Store) -> None:
-    make_tenant(store)
+    tenant = make_tenant(store)
     job = queue_job(store)
     at = trigger(store, job)
     repo = QueueRepo(store)
     repo.move_outbox()
-    (lease,) = repo.lease("q", "w1", 30)
+    (lease,) = repo.lease("q", "w1", 30, tenant_id=tenant)
     forged = Lease(**{**lease.__dict__, "owner": "w2"})
     assert not failed(repo, forged)
     assert not done(repo, forged)
@@ -354,12 +354,12 @@ def expire(repo: QueueRepo, count: int = 1) -> None:
 
 
 def test_expired_lease_marks_the_run_lost_and_redelivers(store: Store) -> None:
-    make_tenant(store)
+    tenant = make_tenant(store)
     job = queue_job(store, max_attempts=3)
     at = trigger(store, job)
     repo = QueueRepo(store)
     repo.move_outbox()
-    (lease,) = repo.lease("q", "dead-worker", 0.2)
+    (lease,) = repo.lease("q", "dead-worker", 0.2, tenant_id=tenant)
     expire(repo)
     run = run_row(store, job, at)
     assert (run["status"], run["error"]) == ("lost", LOST_ERROR)
@@ -368,7 +368,7 @@ def test_expired_lease_marks_the_run_lost_and_redelivers(store: Store) -> None:
     # the former holder can neither extend nor settle it any more
     assert not repo.heartbeat(lease, 30)
     assert not done(repo, lease)
-    (again,) = repo.lease("q", "w2", 30)
+    (again,) = repo.lease("q", "w2", 30, tenant_id=tenant)
     assert again.attempt == 2
     assert done(repo, again)
     assert run_row(store, job, at)["status"] == "succeeded"
@@ -376,12 +376,12 @@ def test_expired_lease_marks_the_run_lost_and_redelivers(store: Store) -> None:
 
 
 def test_expired_lease_of_the_last_attempt_is_dead_lettered(store: Store) -> None:
-    make_tenant(store)
+    tenant = make_tenant(store)
     job = queue_job(store, max_attempts=1)
     at = trigger(store, job)
     repo = QueueRepo(store)
     repo.move_outbox()
-    repo.lease("q", "dead-worker", 0.2)
+    repo.lease("q", "dead-worker", 0.2, tenant_id=tenant)
     expire(repo)
     assert run_row(store, job, at)["status"] == "dead"
     (letter,) = dead_letters(store)
@@ -390,12 +390,12 @@ def test_expired_lease_of_the_last_attempt_is_dead_lettered(store: Store) -> Non
 
 
 def test_heartbeat_keeps_a_lease_from_expiring(store: Store) -> None:
-    make_tenant(store)
+    tenant = make_tenant(store)
     job = queue_job(store)
     trigger(store, job)
     repo = QueueRepo(store)
     repo.move_outbox()
-    (lease,) = repo.lease("q", "w1", 0.2)
+    (lease,) = repo.lease("q", "w1", 0.2, tenant_id=tenant)
     assert repo.heartbeat(lease, 3600)
     (message,) = messages(store)
     assert message["leased_until"] > store.now() + timedelta(seconds=3000)
@@ -406,64 +406,64 @@ def test_heartbeat_keeps_a_lease_from_expiring(store: Store) -> None:
 
 
 def test_max_concurrency_one_holds_back_the_second_run(store: Store) -> None:
-    make_tenant(store)
+    tenant = make_tenant(store)
     job = queue_job(store, max_concurrency=1)
     other = queue_job(store, max_concurrency=1)
     first, second = trigger(store, job), trigger(store, job)
     third = trigger(store, other)
     repo = QueueRepo(store)
     repo.move_outbox()
-    leases = repo.lease("q", "w1", 30, limit=10)
+    leases = repo.lease("q", "w1", 30, limit=10, tenant_id=tenant)
     # one of each job: the second run of `job` waits although the limit allows ten
     assert sorted((le.job_id, le.scheduled_at) for le in leases) == sorted(
         [(job, first), (other, third)]
     )
-    assert repo.lease("q", "w2", 30, limit=10) == []
+    assert repo.lease("q", "w2", 30, limit=10, tenant_id=tenant) == []
     assert done(repo, next(le for le in leases if le.job_id == job))
-    (next_lease,) = repo.lease("q", "w2", 30, limit=10)
+    (next_lease,) = repo.lease("q", "w2", 30, limit=10, tenant_id=tenant)
     assert (next_lease.job_id, next_lease.scheduled_at) == (job, second)
 
 
 def test_max_concurrency_above_one(store: Store) -> None:
-    make_tenant(store)
+    tenant = make_tenant(store)
     job = queue_job(store, max_concurrency=2)
     for _ in range(4):
         trigger(store, job)
     repo = QueueRepo(store)
     repo.move_outbox()
-    assert len(repo.lease("q", "w1", 30, limit=10)) == 2
-    assert repo.lease("q", "w1", 30, limit=10) == []
+    assert len(repo.lease("q", "w1", 30, limit=10, tenant_id=tenant)) == 2
+    assert repo.lease("q", "w1", 30, limit=10, tenant_id=tenant) == []
 
 
 def test_max_concurrency_zero_means_no_limit(store: Store) -> None:
-    make_tenant(store)
+    tenant = make_tenant(store)
     job = queue_job(store, max_concurrency=0)  # null in the API: overlapping runs allowed
     for _ in range(3):
         trigger(store, job)
     repo = QueueRepo(store)
     repo.move_outbox()
-    assert len(repo.lease("q", "w1", 30, limit=10)) == 3
+    assert len(repo.lease("q", "w1", 30, limit=10, tenant_id=tenant)) == 3
 
 
 def test_an_expired_unreaped_lease_still_holds_its_slot(store: Store) -> None:
-    make_tenant(store)
+    tenant = make_tenant(store)
     job = queue_job(store, max_concurrency=1)
     trigger(store, job)
     trigger(store, job)
     repo = QueueRepo(store)
     repo.move_outbox()
-    assert len(repo.lease("q", "w1", 0.05)) == 1
+    assert len(repo.lease("q", "w1", 0.05, tenant_id=tenant)) == 1
     wait_for(lambda: messages(store)[0]["leased_until"] < store.now(), "the lease to run out")
     # its command may still be running until the reaper settles it: no overlap meanwhile
-    assert repo.lease("q", "w2", 30) == []
+    assert repo.lease("q", "w2", 30, tenant_id=tenant) == []
     expire(repo)
-    (taken,) = repo.lease("q", "w2", 30, limit=10)
+    (taken,) = repo.lease("q", "w2", 30, limit=10, tenant_id=tenant)
     assert taken.job_id == job
 
 
 def test_racing_workers_on_postgres_never_exceed_max_concurrency(pg_store: Store) -> None:
     store = pg_store
-    make_tenant(store)
+    tenant = make_tenant(store)
     repo = QueueRepo(store)
     for _round in range(10):
         job = queue_job(store, max_concurrency=1)
@@ -481,7 +481,7 @@ def test_racing_workers_on_postgres_never_exceed_max_concurrency(pg_store: Store
             lock: threading.Lock = lock,
         ) -> None:
             barrier.wait(30)
-            got = repo.lease("q", name, 30, limit=1)
+            got = repo.lease("q", name, 30, limit=1, tenant_id=tenant)
             with lock:
                 taken.extend(got)
 
@@ -502,7 +502,7 @@ def test_racing_workers_on_postgres_never_exceed_max_concurrency(pg_store: Store
 
 
 def test_depths_and_stats(store: Store) -> None:
-    make_tenant(store)
+    tenant = make_tenant(store)
     a = queue_job(store, queue="q1", max_concurrency=5)
     slow = queue_job(store, queue="q1", base=1000.0, cap=1000.0)
     b = queue_job(store, queue="q2")
@@ -512,10 +512,13 @@ def test_depths_and_stats(store: Store) -> None:
     trigger(store, b)
     repo = QueueRepo(store)
     repo.move_outbox()
-    leases = repo.lease("q1", "w1", 30, limit=10)
+    leases = repo.lease("q1", "w1", 30, limit=10, tenant_id=tenant)
     assert len(leases) == 4
     failed(repo, next(le for le in leases if le.job_id == slow))  # delayed by the backoff
-    stats = repo.stats()
-    assert (stats["q1"].ready, stats["q1"].delayed, stats["q1"].leased) == (0, 1, 3)
-    assert (stats["q2"].ready, stats["q2"].delayed, stats["q2"].leased) == (1, 0, 0)
-    assert repo.depths() == {"q1": 4, "q2": 1}
+    stats = {(s.tenant_id, s.queue): s.depth for s in repo.stats()}
+    assert (stats[tenant, "q1"].ready, stats[tenant, "q1"].delayed) == (0, 1)
+    assert stats[tenant, "q1"].leased == 3
+    assert (stats[tenant, "q2"].ready, stats[tenant, "q2"].delayed) == (1, 0)
+    assert stats[tenant, "q2"].leased == 0
+    name = repo.stats()[0].tenant
+    assert repo.depths() == {(name, "q1"): 4, (name, "q2"): 1}

@@ -121,7 +121,7 @@ def test_messages_arrive_persistent_signed_and_confirmed(
         assert properties.delivery_mode == 2
         assert properties.content_type == "application/json"
         headers = {k: str(v) for k, v in properties.headers.items()}
-        verify(SECRET, headers, body)
+        verify(SECRET, headers, body, method="PUBLISH", path=queue)
         document = json.loads(body)
         assert document["job_id"] == job and document["payload"] == {"order": 42}
         assert properties.message_id == headers[IDEMPOTENCY_HEADER]

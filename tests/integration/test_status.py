@@ -75,7 +75,7 @@ def test_an_empty_database(store: Store) -> None:
     assert status.members == () and status.unowned == tuple(range(P))
     assert status.moving is None
     assert (status.lag.oldest_due_at, status.lag.seconds, status.lag.due) == (None, 0.0, 0)
-    assert status.outbox.depth == 0 and status.queues == {}
+    assert status.outbox.depth == 0 and status.queues == ()
     assert (status.dead_letters, status.dead_letters_total) == (0, 0)
 
 
@@ -115,13 +115,29 @@ def test_local_owner_lag_outbox_queues_and_dead_letters(store: Store) -> None:
     assert QueueRepo(store).move_outbox() == 1
     status = snapshot(store)
     assert status.outbox.depth == 0 and status.outbox.age_seconds == 0
-    assert {q: d.total for q, d in status.queues.items()} == {"q1": 1}
-    assert status.queues["q1"].ready == 1
+    (queue,) = status.queues
+    assert (queue.tenant_id, queue.queue, queue.depth.total, queue.depth.ready) == (
+        tenant,
+        "q1",
+        1,
+        1,
+    )
+    name = queue.tenant
 
     data = status.to_dict()
     assert data["members"][0]["partition_count"] == P
     assert data["partitions"]["owned"] == P and data["partitions"]["unowned"] == []
-    assert data["queues"] == [{"queue": "q1", "ready": 1, "delayed": 0, "leased": 0, "total": 1}]
+    assert data["queues"] == [
+        {
+            "tenant": name,
+            "tenant_id": tenant,
+            "queue": "q1",
+            "ready": 1,
+            "delayed": 0,
+            "leased": 0,
+            "total": 1,
+        }
+    ]
     assert data["dead_letters"] == {"pending": 1, "total": 2}
     assert data["lag"]["due"] == 1 and data["at"].endswith("Z")
 

@@ -1,5 +1,6 @@
-"""The delivery signature scheme: sign/verify round trip, tampering, replays, rotation lists,
-header spellings, and clear errors."""
+"""The delivery signature scheme: v2's canonical string, sign/verify round trip, what v2
+covers (timestamp, method, path, Idempotency-Key, body), replays, rotation lists, v1 during
+its deprecation period, malformed timestamps, header spellings, and clear errors."""
 
 from __future__ import annotations
 
@@ -13,78 +14,213 @@ from schedctl.signing import (
     IDEMPOTENCY_HEADER,
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
+    parse_timestamp,
     sign,
+    sign_v2,
     signed_headers,
     verify,
+    verify_signature,
 )
 
 SECRET = "s3cret-key"
+OLD_SECRET = "old-s3cret"
 BODY = b'{"job_id":"j1","scheduled_at":"2026-01-01T00:00:00Z","attempt":1,"payload":{}}'
 NOW = 1_767_225_600
+KEY = "j1:2026-01-01T00:00:00Z"
+PATH = "/hooks/run?source=sched"
 
 
-def test_signature_is_hmac_sha256_over_timestamp_dot_body() -> None:
+def headers_for(secrets: str | list[str] = SECRET, **kwargs: object) -> dict[str, str]:
+    options: dict[str, object] = {"method": "POST", "path": PATH, "now": NOW}
+    options.update(kwargs)
+    return signed_headers(secrets, BODY, KEY, **options)  # type: ignore[arg-type]
+
+
+def check(secret: str, headers: dict[str, str], body: bytes = BODY, **kwargs: object) -> None:
+    options: dict[str, object] = {"method": "POST", "path": PATH, "now": NOW}
+    options.update(kwargs)
+    verify(secret, headers, body, **options)  # type: ignore[arg-type]
+
+
+def test_v2_is_hmac_sha256_over_the_documented_canonical_string() -> None:
+    canonical = f"v2:{NOW}\nPOST\n{PATH}\n{KEY}\n".encode() + BODY
+    expected = hmac.new(SECRET.encode(), canonical, hashlib.sha256).hexdigest()
+    got = sign_v2(SECRET, NOW, method="post", path=PATH, idempotency_key=KEY, body=BODY)
+    assert got == f"v2={expected}"
+    headers = headers_for()
+    assert headers[TIMESTAMP_HEADER] == str(NOW)
+    assert headers[IDEMPOTENCY_HEADER] == KEY
+    # v2 first; v1 follows during its deprecation period
+    assert headers[SIGNATURE_HEADER] == f"v2={expected}, {sign(SECRET, NOW, BODY)}"
+
+
+def test_v1_is_still_hmac_sha256_over_timestamp_dot_body() -> None:
     expected = hmac.new(SECRET.encode(), f"{NOW}.".encode() + BODY, hashlib.sha256).hexdigest()
     assert sign(SECRET, NOW, BODY) == f"v1={expected}"
 
 
 def test_round_trip_with_any_header_spelling() -> None:
-    headers = signed_headers(SECRET, BODY, "j1:2026-01-01T00:00:00Z", now=NOW)
-    assert headers[IDEMPOTENCY_HEADER] == "j1:2026-01-01T00:00:00Z"
-    verify(SECRET, headers, BODY, now=NOW)
-    verify(SECRET, {k.lower(): v for k, v in headers.items()}, BODY, now=NOW + 299)
+    headers = headers_for()
+    check(SECRET, headers)
+    check(SECRET, {k.lower(): v for k, v in headers.items()}, now=NOW + 299)
+    # a whole URL is reduced to its path and query; the method's case does not matter
+    check(SECRET, headers, method="post", path=f"https://hooks.example.com{PATH}")
 
 
-def test_tampered_body_is_refused() -> None:
-    headers = signed_headers(SECRET, BODY, "k", now=NOW)
+@pytest.mark.parametrize(
+    ("change", "what"),
+    [
+        ({"headers": {IDEMPOTENCY_HEADER: "j1:2026-01-01T00:01:00Z"}}, "Idempotency-Key"),
+        ({"method": "PUT"}, "method"),
+        ({"path": "/hooks/run?source=other"}, "query"),
+        ({"path": "/hooks/other?source=sched"}, "path"),
+        ({"body": BODY.replace(b'"attempt":1', b'"attempt":2')}, "body"),
+        ({"headers": {TIMESTAMP_HEADER: str(NOW + 1)}}, "timestamp"),
+    ],
+)
+def test_every_covered_part_breaks_the_signature(change: dict[str, object], what: str) -> None:
+    headers = {**headers_for(), **change.get("headers", {})}  # type: ignore[dict-item]
+    options = {k: v for k, v in change.items() if k in ("method", "path")}
+    body = change.get("body", BODY)
+    assert isinstance(body, bytes)
     with pytest.raises(errors.SignatureError, match="does not match"):
-        verify(SECRET, headers, BODY.replace(b'"attempt":1', b'"attempt":2'), now=NOW)
+        check(SECRET, headers, body, **options)
+
+
+def test_v1_alone_does_not_protect_the_idempotency_key_which_is_why_v2_exists() -> None:
+    headers = headers_for()
+    headers[IDEMPOTENCY_HEADER] = "another:key"
+    with pytest.warns(DeprecationWarning):
+        verify(SECRET, headers, BODY, now=NOW)  # the old call form: v1 only
+    with pytest.raises(errors.SignatureError, match="does not match"):
+        check(SECRET, headers)
 
 
 def test_wrong_secret_is_refused() -> None:
-    headers = signed_headers(SECRET, BODY, "k", now=NOW)
-    with pytest.raises(errors.SignatureError):
-        verify("another", headers, BODY, now=NOW)
-
-
-def test_changed_timestamp_breaks_the_signature() -> None:
-    headers = signed_headers(SECRET, BODY, "k", now=NOW)
-    headers[TIMESTAMP_HEADER] = str(NOW + 1)
     with pytest.raises(errors.SignatureError, match="does not match"):
-        verify(SECRET, headers, BODY, now=NOW)
+        check("another", headers_for())
 
 
 def test_replay_older_than_five_minutes_is_refused() -> None:
-    headers = signed_headers(SECRET, BODY, "k", now=NOW)
-    verify(SECRET, headers, BODY, now=NOW + 300)
+    headers = headers_for()
+    check(SECRET, headers, now=NOW + 300)
     with pytest.raises(errors.SignatureError, match="replay"):
-        verify(SECRET, headers, BODY, now=NOW + 301)
+        check(SECRET, headers, now=NOW + 301)
     with pytest.raises(errors.SignatureError, match="future"):
-        verify(SECRET, headers, BODY, now=NOW - 301)
+        check(SECRET, headers, now=NOW - 301)
 
 
-def test_several_signatures_during_rotation() -> None:
-    good = sign(SECRET, NOW, BODY)
-    headers = {TIMESTAMP_HEADER: str(NOW), SIGNATURE_HEADER: f"v1={'0' * 64}, {good}"}
-    verify(SECRET, headers, BODY, now=NOW)
+def test_rotation_two_signatures_and_a_receiver_with_either_secret_verifies() -> None:
+    headers = headers_for([SECRET, OLD_SECRET])
+    values = [v.strip() for v in headers[SIGNATURE_HEADER].split(",")]
+    assert [v[:3] for v in values] == ["v2=", "v2=", "v1=", "v1="]
+    check(SECRET, headers)
+    check(OLD_SECRET, headers)
+    with pytest.warns(DeprecationWarning):
+        verify(OLD_SECRET, headers, BODY, now=NOW)
+    with pytest.raises(errors.SignatureError, match="does not match"):
+        check("a third secret", headers)
+
+
+def test_v1_during_its_deprecation_period() -> None:
+    v1_only = {
+        TIMESTAMP_HEADER: str(NOW),
+        SIGNATURE_HEADER: sign(SECRET, NOW, BODY),
+        IDEMPOTENCY_HEADER: KEY,
+    }
+    # receivers not updated yet: the old call form still verifies, with a warning
+    with pytest.warns(DeprecationWarning, match="method= and path="):
+        verify(SECRET, v1_only, BODY, now=NOW)
+    verify_signature(SECRET, str(NOW), v1_only[SIGNATURE_HEADER], BODY, now=NOW)
+    # updated receivers facing a relay that only sends v1 opt in
+    check(SECRET, v1_only, accept_v1=True)
+    # otherwise v1 is refused, so stripping the v2 values is no downgrade
+    with pytest.raises(errors.SignatureError, match="accept_v1"):
+        check(SECRET, v1_only)
+    # a sender may stop sending v1: then only the v2 call form works
+    v2_only = headers_for(include_v1=False)
+    check(SECRET, v2_only)
+    with (
+        pytest.warns(DeprecationWarning),
+        pytest.raises(errors.SignatureError, match="no v1= signature"),
+    ):
+        verify(SECRET, v2_only, BODY, now=NOW)
+
+
+BAD_TIMESTAMPS = [
+    pytest.param("9" * 5000, id="5000-digits"),
+    pytest.param("1" + "0" * 20, id="21-digits"),
+    pytest.param("-1767225600", id="negative"),
+    # Python's str.isdigit() and int() accept these; a timestamp header must not
+    pytest.param("\u0661\u0667\u0666\u0667\u0662\u0662\u0665\u0666\u0660\u0660", id="arabic-indic"),
+    pytest.param("".join(chr(0xFF10 + int(d)) for d in "1767225600"), id="fullwidth-digits"),
+    pytest.param("", id="empty"),
+    pytest.param("   ", id="blank"),
+    pytest.param("+1767225600", id="plus"),
+    pytest.param("1767225600.5", id="fraction"),
+    pytest.param("1e9", id="exponent"),
+    pytest.param("soon", id="word"),
+]
+
+
+@pytest.mark.parametrize("timestamp", BAD_TIMESTAMPS)
+def test_malformed_timestamps_raise_the_signature_error(timestamp: str) -> None:
+    headers = {**headers_for(), TIMESTAMP_HEADER: timestamp}
+    with pytest.raises(errors.SignatureError, match="not Unix seconds") as caught:
+        check(SECRET, headers)
+    assert caught.value.http_status == 401
+    assert len(str(caught.value)) < 200  # a 5,000-digit value is not echoed back
+    with (
+        pytest.warns(DeprecationWarning),
+        pytest.raises(errors.SignatureError, match="not Unix seconds"),
+    ):
+        verify(SECRET, headers, BODY, now=NOW)
+    with pytest.raises(errors.SignatureError, match="not Unix seconds"):
+        parse_timestamp(timestamp)
+
+
+def test_negative_int_timestamp_is_refused_when_signing_too() -> None:
+    with pytest.raises(errors.SignatureError, match="not Unix seconds"):
+        sign_v2(SECRET, -5, method="POST", path="/", idempotency_key=KEY, body=BODY)
+    with pytest.raises(errors.SignatureError, match="not Unix seconds"):
+        sign(SECRET, 10**5000, BODY)
 
 
 @pytest.mark.parametrize(
     ("headers", "message"),
     [
-        ({SIGNATURE_HEADER: "v1=ab"}, "missing the X-Sched-Timestamp"),
-        ({TIMESTAMP_HEADER: str(NOW)}, "missing the X-Sched-Signature"),
-        ({TIMESTAMP_HEADER: "soon", SIGNATURE_HEADER: "v1=ab"}, "not Unix seconds"),
-        ({TIMESTAMP_HEADER: str(NOW), SIGNATURE_HEADER: "v0=ab"}, "no v1= signature"),
+        ({SIGNATURE_HEADER: "v2=ab", IDEMPOTENCY_HEADER: KEY}, "missing the X-Sched-Timestamp"),
+        ({TIMESTAMP_HEADER: str(NOW), IDEMPOTENCY_HEADER: KEY}, "missing the X-Sched-Signature"),
+        ({TIMESTAMP_HEADER: str(NOW), SIGNATURE_HEADER: "v2=ab"}, "missing the Idempotency-Key"),
+        (
+            {TIMESTAMP_HEADER: str(NOW), SIGNATURE_HEADER: "v0=ab", IDEMPOTENCY_HEADER: KEY},
+            "no v2= signature",
+        ),
+        (
+            {
+                TIMESTAMP_HEADER: str(NOW),
+                SIGNATURE_HEADER: ", ".join(["v2=ab"] * 17),
+                IDEMPOTENCY_HEADER: KEY,
+            },
+            "more than 16",
+        ),
+        (
+            {TIMESTAMP_HEADER: str(NOW), SIGNATURE_HEADER: "v2=ab", IDEMPOTENCY_HEADER: "a\nb"},
+            "line break",
+        ),
     ],
 )
 def test_malformed_headers_say_what_is_wrong(headers: dict[str, str], message: str) -> None:
     with pytest.raises(errors.SignatureError, match=message) as caught:
-        verify(SECRET, headers, BODY, now=NOW)
+        check(SECRET, headers)
     assert caught.value.http_status == 401
 
 
+def test_method_and_path_go_together() -> None:
+    with pytest.raises(errors.SignatureError, match="both"):
+        verify(SECRET, headers_for(), BODY, method="POST", now=NOW)
+
+
 def test_decoded_text_body_is_refused() -> None:
-    headers = signed_headers(SECRET, BODY, "k", now=NOW)
     with pytest.raises(errors.SignatureError, match="raw request body"):
-        verify(SECRET, headers, BODY.decode(), now=NOW)  # type: ignore[arg-type]
+        check(SECRET, headers_for(), BODY.decode())  # type: ignore[arg-type]

@@ -1,0 +1,226 @@
+"""Owns `ApiLeaseBackend`, the tenant worker's LeaseBackend over the REST API
+(`scheduled-d worker --api URL`): leases, heartbeats, acks and fails runs of the token's
+tenant's queue through POST /v1/queues/{name}/leases and /v1/leases/{id}/heartbeat|ack|fail.
+
+It needs only the API's URL and the tenant's token: no database credentials, and nothing of
+the database layer is imported. An unreachable API, a timeout or a 5xx is StoreUnavailable
+(the worker retries, as it does when its database is away); a 404 on a lease means the lease
+is no longer held (lost); a 401 is Unauthorized (a wrong or revoked token stops the worker).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from urllib.parse import quote
+
+import requests
+
+from schedctl import __version__, errors
+from schedctl.leasing import Beat, LeasedRun
+from schedctl.scheduling.timeparse import format_instant
+
+DEFAULT_TIMEOUT_SECONDS = 10.0
+# what the run history keeps of an output tail and an error (longer ones are refused)
+MAX_OUTPUT_TAIL_CHARS = 16_384
+MAX_ERROR_CHARS = 4096
+
+
+@dataclass(frozen=True)
+class ApiLease:
+    """A run leased through the API; `lease_id` is what settles it."""
+
+    lease_id: str
+    queue: str
+    job_id: str
+    scheduled_at: datetime
+    idempotency_key: str
+    attempt: int
+    max_attempts: int
+    timeout_seconds: int
+    payload: Any
+    leased_until: datetime
+
+    def __repr__(self) -> str:
+        # never the payload nor the lease id (it is what acts on the run)
+        return (
+            f"ApiLease(queue={self.queue!r}, job_id={self.job_id!r}, "
+            f"scheduled_at={format_instant(self.scheduled_at)}, attempt={self.attempt})"
+        )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ApiLease:
+        return cls(
+            lease_id=str(data["lease_id"]),
+            queue=str(data["queue"]),
+            job_id=str(data["job_id"]),
+            scheduled_at=_instant(data["scheduled_at"]),
+            idempotency_key=str(data["idempotency_key"]),
+            attempt=int(data["attempt"]),
+            max_attempts=int(data["max_attempts"]),
+            timeout_seconds=int(data["timeout_seconds"]),
+            payload=data.get("payload"),
+            leased_until=_instant(data["leased_until"]),
+        )
+
+
+class ApiLeaseBackend:
+    """LeaseBackend over the tenant REST API at `base_url`, authenticated by `token`.
+
+    - timeout: seconds per HTTP call; keep it under the heartbeat interval's slack, since a
+      heartbeat waits for its answer.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        session: requests.Session | None = None,
+    ) -> None:
+        if not base_url.startswith(("http://", "https://")):
+            raise errors.ConfigError(
+                f"the API URL must start with http:// or https://, got {base_url!r}", field="api"
+            )
+        if not token:
+            raise errors.ConfigError(
+                "the worker needs the tenant's API token: SCHEDULED_API_TOKEN or --token-file",
+                field="token",
+            )
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.session = session or requests.Session()
+        self.session.headers.update(
+            {"Authorization": f"Bearer {token}", "User-Agent": f"scheduled-d/{__version__}"}
+        )
+
+    def close(self) -> None:
+        self.session.close()
+
+    # -- LeaseBackend ------------------------------------------------------------------
+
+    def lease(self, queue: str, owner: str, lease_seconds: float, limit: int) -> list[ApiLease]:
+        """`owner` is the worker's name for its logs; the API makes its own, unforgeable one."""
+        del owner
+        data = self._post(
+            f"/v1/queues/{quote(queue, safe='/')}/leases",
+            {"limit": limit, "lease_seconds": lease_seconds},
+        )
+        assert data is not None  # only lease routes answer 404
+        return [ApiLease.from_dict(item) for item in data["items"]]
+
+    def beat(self, lease: LeasedRun, lease_seconds: float) -> Beat:
+        data = self._post(_lease_path(lease, "heartbeat"), {"lease_seconds": lease_seconds})
+        return Beat.lost if data is None else Beat(data["status"])
+
+    def ack(
+        self,
+        lease: LeasedRun,
+        *,
+        exit_code: int | None,
+        output_tail: str | None,
+        started_at: datetime,
+        finished_at: datetime,
+    ) -> bool:
+        body = _outcome(exit_code, output_tail, started_at, finished_at)
+        return self._post(_lease_path(lease, "ack"), body) is not None
+
+    def fail(
+        self,
+        lease: LeasedRun,
+        *,
+        error: str,
+        exit_code: int | None,
+        output_tail: str | None,
+        started_at: datetime,
+        finished_at: datetime,
+    ) -> bool:
+        body = _outcome(exit_code, output_tail, started_at, finished_at)
+        body.update(error=error[:MAX_ERROR_CHARS], cancelled=False)
+        return self._post(_lease_path(lease, "fail"), body) is not None
+
+    def stop_cancelled(
+        self,
+        lease: LeasedRun,
+        *,
+        exit_code: int | None,
+        output_tail: str | None,
+        started_at: datetime,
+        finished_at: datetime,
+        error: str,
+    ) -> bool:
+        body = _outcome(exit_code, output_tail, started_at, finished_at)
+        body.update(error=error[:MAX_ERROR_CHARS], cancelled=True)
+        return self._post(_lease_path(lease, "fail"), body) is not None
+
+    def reap(self) -> int:
+        # expired leases are settled server-side (by the relay): nothing to do here
+        return 0
+
+    # -- HTTP --------------------------------------------------------------------------
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The JSON answer; None on a 404 of a lease route (the lease is not held)."""
+        url = self.base_url + path
+        try:
+            response = self.session.post(url, json=body, timeout=self.timeout)
+        except requests.Timeout as exc:
+            raise errors.StoreUnavailable(
+                f"the API at {self.base_url} did not answer within {self.timeout:.0f} s"
+            ) from exc
+        except requests.RequestException as exc:
+            raise errors.StoreUnavailable(
+                f"cannot reach the API at {self.base_url}: {type(exc).__name__}"
+            ) from exc
+        if response.status_code == 404 and path.startswith("/v1/leases/"):
+            return None
+        if response.status_code >= 400:
+            raise _error(response)
+        try:
+            data = response.json()
+        except ValueError as exc:
+            raise errors.StoreUnavailable(
+                f"the API answered {response.status_code} without a JSON body"
+            ) from exc
+        if not isinstance(data, dict):
+            raise errors.StoreUnavailable("the API answered with unexpected JSON")
+        return data
+
+
+def _lease_path(lease: LeasedRun, action: str) -> str:
+    assert isinstance(lease, ApiLease), "a lease is settled by the backend that leased it"
+    return f"/v1/leases/{quote(lease.lease_id, safe='')}/{action}"
+
+
+def _outcome(
+    exit_code: int | None, output_tail: str | None, started_at: datetime, finished_at: datetime
+) -> dict[str, Any]:
+    return {
+        "exit_code": exit_code,
+        "output_tail": None if output_tail is None else output_tail[-MAX_OUTPUT_TAIL_CHARS:],
+        "started_at": format_instant(started_at),
+        "finished_at": format_instant(finished_at),
+    }
+
+
+def _instant(value: Any) -> datetime:
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+
+
+def _error(response: requests.Response) -> errors.SchedError:
+    """The SchedError of an error answer; 5xx and 429 are worth retrying (StoreUnavailable)."""
+    try:
+        detail = response.json()["error"]
+        message = str(detail["message"])
+    except (ValueError, KeyError, TypeError):
+        message = f"{response.status_code} {response.reason}"
+    text = f"the API answered {response.status_code}: {message}"
+    if response.status_code >= 500 or response.status_code == 429:
+        return errors.StoreUnavailable(text)
+    if response.status_code == 401:
+        return errors.Unauthorized(text, field="token")
+    if response.status_code == 404:
+        return errors.NotFound(text)
+    return errors.ValidationError(text)
