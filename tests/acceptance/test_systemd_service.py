@@ -55,12 +55,20 @@ class NotifySocket:
         self.sock.bind(str(self.path))
         self.messages: list[str] = []
 
-    def receive_until(self, wanted: str, timeout: float = WAIT_SECONDS) -> bool:
-        """Collect datagrams until one has the line `wanted` (True) or the time is up."""
+    def receive_until(
+        self,
+        wanted: str,
+        timeout: float = WAIT_SECONDS,
+        process: subprocess.Popen[bytes] | None = None,
+    ) -> bool:
+        """Collect datagrams until one has the line `wanted` (True), the time is up or
+        `process` has exited."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if any(wanted in m.splitlines() for m in self.messages):
                 return True
+            if process is not None and process.poll() is not None:
+                break
             self.sock.settimeout(max(0.01, min(1.0, deadline - time.monotonic())))
             try:
                 self.messages.append(self.sock.recv(4096).decode())
@@ -127,14 +135,24 @@ def worker_config(tmp_path: Path, command: list[str], extra: str = "") -> Path:
 # -- sd_notify ---------------------------------------------------------------------------------
 
 
+def with_tenant(sqlite_url: str) -> None:
+    """A worker serves a tenant's queue: the tenant has to exist."""
+    store = Store.open(sqlite_url)
+    try:
+        make_tenant(store)
+    finally:
+        store.close()
+
+
 def test_all_sends_ready_status_watchdog_and_stopping(
     tmp_path: Path, sqlite_url: str, notify: NotifySocket, procs: list[Proc]
 ) -> None:
+    with_tenant(sqlite_url)
     config = worker_config(tmp_path, ["/bin/true"])
     env = {"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "200000"}
     proc = Proc(tmp_path, ["all", "--db", sqlite_url, "--config", str(config)], env)
     procs.append(proc)
-    assert notify.receive_until("READY=1"), proc.text()
+    assert notify.receive_until("READY=1", process=proc.process), proc.text()
     statuses = [line for line in notify.lines() if line.startswith("STATUS=")]
     assert "STATUS=dispatcher: 1024 partitions; relay; 1 workers" in statuses, notify.messages
     # WATCHDOG_USEC=200000: a ping every 0.1 s while the components run
@@ -214,6 +232,7 @@ def test_sighup_rereads_the_log_level_and_keeps_a_running_command(
 def test_sighup_with_a_broken_configuration_keeps_the_old_one(
     tmp_path: Path, sqlite_url: str, notify: NotifySocket, procs: list[Proc]
 ) -> None:
+    with_tenant(sqlite_url)
     config = worker_config(tmp_path, ["/bin/true"])
     proc = Proc(
         tmp_path,
@@ -221,7 +240,7 @@ def test_sighup_with_a_broken_configuration_keeps_the_old_one(
         {"NOTIFY_SOCKET": str(notify.path)},
     )
     procs.append(proc)
-    assert notify.receive_until("READY=1"), proc.text()
+    assert notify.receive_until("READY=1", process=proc.process), proc.text()
     config.write_text(config.read_text() + "concurency = 4\n")
     proc.process.send_signal(signal.SIGHUP)
     assert wait_for(lambda: "configuration not reloaded" in proc.text()), proc.text()
@@ -331,7 +350,7 @@ def run_relay_until_ready(
             env={**os.environ, "NOTIFY_SOCKET": str(notify.path), **env},
         )
         try:
-            assert notify.receive_until("READY=1"), log.read_text()
+            assert notify.receive_until("READY=1", process=process), log.read_text()
             process.send_signal(signal.SIGTERM)
             assert process.wait(60) == 0, log.read_text()
         finally:
@@ -495,7 +514,7 @@ def test_all_with_the_api_runs_without_writable_executable_memory(
             env={**os.environ, "NOTIFY_SOCKET": str(notify.path)},
         )
         try:
-            ready = notify.receive_until("READY=1")
+            ready = notify.receive_until("READY=1", process=process)
             if process.poll() == 77:
                 pytest.skip("this kernel has no PR_SET_MDWE (Linux >= 6.3)")
             assert ready, log.read_text()
