@@ -172,10 +172,13 @@ _HEADER = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]")
 _KEY = re.compile(r"""^\s*["']?([A-Za-z0-9_-]+)["']?\s*=""")
 
 
-def locate(text: str, key: str, worker_index: int | None = None) -> int | None:
+def locate(
+    text: str, key: str, worker_index: int | None = None, subtable: str | None = None
+) -> int | None:
     """The line (1-based) of top-level `key` in TOML `text`, or of `key` in the
-    worker_index-th [[worker]] table (else that table's header); None when not found."""
-    section: tuple[str, int] | str | None = None  # None: the top level
+    worker_index-th [[worker]] table (in its [worker.SUBTABLE] when given; else that
+    table's header); None when not found."""
+    section: tuple[object, ...] | str | None = None  # None: the top level
     workers = -1
     header_line = None
     for number, line in enumerate(text.splitlines(), 1):
@@ -187,6 +190,8 @@ def locate(text: str, key: str, worker_index: int | None = None) -> int | None:
                 section = ("worker", workers)
                 if workers == worker_index:
                     header_line = number
+            elif name.startswith("worker.") and workers >= 0:
+                section = ("worker", workers, name.split(".", 1)[1])
             else:
                 section = name
                 if worker_index is None and name.split(".")[0] == key:
@@ -196,7 +201,8 @@ def locate(text: str, key: str, worker_index: int | None = None) -> int | None:
         if found and found.group(1) == key:
             if worker_index is None and section is None:
                 return number
-            if worker_index is not None and section == ("worker", worker_index):
+            wanted = ("worker", worker_index) + ((subtable,) if subtable else ())
+            if worker_index is not None and section == wanted:
                 return number
     return header_line
 
@@ -204,18 +210,22 @@ def locate(text: str, key: str, worker_index: int | None = None) -> int | None:
 def _located(
     error: errors.ConfigError, origin: str, text: str, field: str, index: int | None = None
 ) -> errors.ConfigError:
-    """`error` again, as "FILE:LINE: FIELD: problem" (the line when the key is found)."""
-    key = field.split(".")[1] if index is not None and "." in field else field.split(".")[0]
-    line = locate(text, key, index)
+    """`error` again, as "FIELD: FILE:LINE: problem" (the line when the key is found), with
+    the [[worker]] table's number when it is about one."""
+    parts = field.split(".")
+    if index is None:
+        line = locate(text, parts[0])
+    elif len(parts) > 2:  # worker.env.NAME: NAME in that table's [worker.env]
+        line = locate(text, parts[2], index, parts[1])
+    else:
+        line = locate(text, parts[1] if len(parts) > 1 else "", index)
     problem = str(error)
     for prefix in (f"{error.field}: ", f"{origin}: "):
         if problem.startswith(prefix):
             problem = problem[len(prefix) :]
-    shown = field if index is None else field.replace("worker", f"worker[{index + 1}]", 1)
     where = f"{origin}:{line}" if line else origin
-    located = errors.ConfigError(f"{where}: {shown}: {problem}")
-    located.field = shown
-    return located
+    table = f" (in [[worker]] table {index + 1})" if index is not None else ""
+    return errors.ConfigError(f"{where}: {problem}{table}", field=field)
 
 
 def _unknown(key: str, known: tuple[str, ...] | list[str]) -> str:

@@ -363,7 +363,7 @@ def check_config(
     ] = True,
 ) -> None:
     """Validate the configuration: every table and key (unknown keys are errors), types,
-    ranges, listen addresses, worker commands; exit 2 naming FILE:LINE and the key."""
+    ranges, listen addresses, worker commands; exit 2 naming the key, FILE and LINE."""
     from scheduled_d.checks import check_configuration
 
     try:

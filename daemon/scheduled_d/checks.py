@@ -38,11 +38,14 @@ def _config_file(file: str | None) -> Path | None:
 
 
 def _at(path: Path | None, text: str, field: str, problem: str, index: int | None = None) -> str:
-    key = field.split(".")[-1] if index is not None else field
-    line = locate(text, key, index) if path is not None else None
+    """ "FIELD: FILE:LINE: problem", as the configuration's own errors say it."""
+    parts = field.split(".")
+    line = None
+    if path is not None:
+        line = locate(text, parts[-1], index) if index is not None else locate(text, parts[0])
     where = f"{path}:{line}" if line else str(path) if path else "environment"
-    shown = field if index is None else field.replace("worker", f"worker[{index + 1}]", 1)
-    return f"{where}: {shown}: {problem}"
+    table = f" (in [[worker]] table {index + 1})" if index is not None else ""
+    return f"{field}: {where}: {problem}{table}"
 
 
 def _command_problem(program: str) -> str | None:
@@ -74,7 +77,9 @@ def check_configuration(file: str | None, *, bind: bool = True) -> str:
     for index, spec in enumerate(config.workers):
         problem = _command_problem(spec.command[0])
         if problem:
-            raise errors.ConfigError(_at(path, text, "worker.command", problem, index))
+            error = errors.ConfigError(_at(path, text, "worker.command", problem, index))
+            error.field = "worker.command"
+            raise error
     if bind:
         listens = [("metrics_listen", config.metrics_listen)]
         if config.api_enabled:
@@ -87,7 +92,9 @@ def check_configuration(file: str | None, *, bind: bool = True) -> str:
             except errors.ConfigError as exc:
                 problem = str(exc).removeprefix(f"{field}: ")
                 hint = " (if scheduled-d itself holds it, check with --no-bind)"
-                raise errors.ConfigError(_at(path, text, field, problem + hint)) from exc
+                error = errors.ConfigError(_at(path, text, field, problem + hint))
+                error.field = field
+                raise error from exc
     where = path or "no configuration file (defaults and environment)"
     return f"{where}: ok ({len(config.workers)} [[worker]] table(s))"
 
