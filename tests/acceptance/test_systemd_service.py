@@ -584,7 +584,9 @@ def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
         env={**os.environ, "MANPATH": str(tmp_path / "man")},
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stderr.strip() == "", result.stderr
+    # no complaint about our units (the host's own units may have theirs)
+    ours = [line for line in result.stderr.splitlines() if "scheduled-d" in line]
+    assert ours == [], result.stderr
 
 
 @needs_analyze
