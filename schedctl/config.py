@@ -3,6 +3,7 @@ defaults. Secrets are read from files or the environment and never printed."""
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import re
@@ -19,6 +20,11 @@ from schedctl.limits import MAX_LEASE_SECONDS, MAX_WORKER_CONCURRENCY, MIN_LEASE
 
 DEFAULT_CONFIG_PATH = Path("/etc/scheduled/scheduled.toml")
 ENV_PREFIX = "SCHEDULED_"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMATS = ("text", "json")
+# every key a [[worker]] table may hold (tenant and env: the worker's tenant and the
+# variables added to its command's environment)
+WORKER_KEYS = ("queue", "command", "concurrency", "lease_seconds", "tenant", "env")
 # A command's environment: what a worker adds to it must be a valid name, never one of the
 # worker's own SCHEDULED_* settings (database URL, keys, token) and never a run variable.
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -67,6 +73,8 @@ class Config:
     http_timeout_seconds: float | None = None
     relay_max_in_flight: int = 256
     http_ca_bundle: str | None = None
+    log_level: str = "INFO"  # SCHEDULED_LOG_LEVEL; re-read on SIGHUP
+    log_format: str = "text"  # text | json; SCHEDULED_LOG_FORMAT, --log-format
     workers: tuple[WorkerConfig, ...] = ()
     source: str = "defaults"  # where the config came from, for `schedctl status`
 
@@ -90,6 +98,8 @@ _SCALARS: dict[str, type] = {
     "http_timeout_seconds": float,
     "relay_max_in_flight": int,
     "http_ca_bundle": str,
+    "log_level": str,
+    "log_format": str,
 }
 
 
@@ -117,6 +127,154 @@ def _coerce(key: str, value: Any, origin: str) -> Any:
             f"{origin}: expected {kind.__name__} (ASCII digits), got {limits.describe(value)}",
             field=key,
         ) from exc
+
+
+def parse_listen(listen: str, field: str, *, default_host: str = "0.0.0.0") -> tuple[str, int]:
+    """ "127.0.0.1:9464", "[::1]:9464" or ":9464" (every interface) -> (host, port); anything
+    else (a host without a port, a bare IPv6 address) is a ConfigError naming `field`."""
+    host, sep, port_text = listen.strip().rpartition(":")
+    example = "e.g. 127.0.0.1:9464, [::1]:9464 or :9464"
+    if not sep or not port_text.isascii() or not port_text.isdigit():
+        raise errors.ConfigError(f"{listen!r} is not HOST:PORT ({example})", field=field)
+    if int(port_text) > 65535:
+        raise errors.ConfigError(f"{listen!r}: the port must be at most 65535", field=field)
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise errors.ConfigError(
+            f"{listen!r}: an IPv6 address goes in brackets ({example})", field=field
+        )
+    return host or default_host, int(port_text)
+
+
+_POSITIVE = (
+    "session_timeout_seconds",
+    "partition_count",
+    "claim_batch_size",
+    "poll_interval_seconds",
+    "preload_window_seconds",
+    "max_payload_bytes",
+    "retention_days",
+)
+
+
+def _check_value(key: str, value: Any, origin: str) -> Any:
+    """Range and form of one setting (after its type): a ConfigError naming the key."""
+    if key in _POSITIVE and not value > 0:
+        raise errors.ConfigError(f"{origin}: must be greater than 0, got {value!r}", field=key)
+    if key in ("metrics_listen", "api_listen"):
+        parse_listen(value, key)
+    if key == "log_level":
+        value = value.upper()
+        if value not in LOG_LEVELS:
+            raise errors.ConfigError(
+                f"{origin}: unknown log level {value!r} (one of {', '.join(LOG_LEVELS)})",
+                field=key,
+            )
+    if key == "log_format":
+        value = value.lower()
+        if value not in LOG_FORMATS:
+            raise errors.ConfigError(
+                f"{origin}: unknown log format {value!r} (text or json)", field=key
+            )
+    if key in ("database_url", "zookeeper", "node_name", "zookeeper_root") and not value.strip():
+        raise errors.ConfigError(f"{origin}: must not be empty", field=key)
+    return value
+
+
+def _file_type_ok(key: str, value: Any) -> bool:
+    """A value in the file has its TOML type (environment values are coerced from text)."""
+    kind = _SCALARS[key]
+    if kind is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, kind)
+
+
+_HEADER = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]")
+_KEY = re.compile(r"""^\s*["']?([A-Za-z0-9_-]+)["']?\s*=""")
+
+
+def locate(
+    text: str, key: str, worker_index: int | None = None, subtable: str | None = None
+) -> int | None:
+    """The line (1-based) of top-level `key` in TOML `text`, or of `key` in the
+    worker_index-th [[worker]] table (in its [worker.SUBTABLE] when given; else that
+    table's header); None when not found."""
+    section: tuple[object, ...] | str | None = None  # None: the top level
+    workers = -1
+    header_line = None
+    for number, line in enumerate(text.splitlines(), 1):
+        header = _HEADER.match(line)
+        if header:
+            name = header.group(2).replace('"', "").replace("'", "").replace(" ", "")
+            if header.group(1) == "[[" and name == "worker":
+                workers += 1
+                section = ("worker", workers)
+                if workers == worker_index:
+                    header_line = number
+            elif name.startswith("worker.") and workers >= 0:
+                section = ("worker", workers, name.split(".", 1)[1])
+            else:
+                section = name
+                if worker_index is None and name.split(".")[0] == key:
+                    return number
+            continue
+        found = _KEY.match(line)
+        if found and found.group(1) == key:
+            if worker_index is None and section is None:
+                return number
+            wanted = ("worker", worker_index) + ((subtable,) if subtable else ())
+            if worker_index is not None and section == wanted:
+                return number
+    return header_line
+
+
+def _located(
+    error: errors.ConfigError, origin: str, text: str, field: str, index: int | None = None
+) -> errors.ConfigError:
+    """`error` again, as "FIELD: FILE:LINE: problem" (the line when the key is found), with
+    the [[worker]] table's number when it is about one."""
+    parts = field.split(".")
+    if index is None:
+        line = locate(text, parts[0])
+    elif len(parts) > 2:  # worker.env.NAME: NAME in that table's [worker.env]
+        line = locate(text, parts[2], index, parts[1])
+    else:
+        line = locate(text, parts[1] if len(parts) > 1 else "", index)
+    problem = str(error)
+    for prefix in (f"{error.field}: ", f"{origin}: "):
+        if problem.startswith(prefix):
+            problem = problem[len(prefix) :]
+    where = f"{origin}:{line}" if line else origin
+    table = f" (in [[worker]] table {index + 1})" if index is not None else ""
+    return errors.ConfigError(f"{where}: {problem}{table}", field=field)
+
+
+def _unknown(key: str, known: tuple[str, ...] | list[str]) -> str:
+    close = difflib.get_close_matches(key, known, n=1)
+    return "unknown key" + (f" (did you mean {close[0]}?)" if close else "")
+
+
+def _file_workers(raw: Any, origin: str, text: str) -> tuple[WorkerConfig, ...]:
+    """[[worker]] tables one by one, so that an error names the table and line."""
+    if not isinstance(raw, list):
+        raise _located(
+            errors.ConfigError("must be [[worker]] tables", field="worker"), origin, text, "worker"
+        )
+    result: list[WorkerConfig] = []
+    for index, item in enumerate(raw):
+        if isinstance(item, dict):
+            for key in item:
+                if key not in WORKER_KEYS:
+                    error = errors.ConfigError(_unknown(key, WORKER_KEYS), field=f"worker.{key}")
+                    raise _located(error, origin, text, f"worker.{key}", index)
+        try:
+            result.extend(_workers([item], origin))
+        except errors.ConfigError as exc:
+            raise _located(exc, origin, text, exc.field or "worker", index) from exc
+    return tuple(result)
 
 
 def command_env(
@@ -234,7 +392,10 @@ def load_config(
         file_path = DEFAULT_CONFIG_PATH
     if file_path is not None:
         try:
-            raw = tomllib.loads(file_path.read_text())
+            text = file_path.read_text()
+            raw = tomllib.loads(text)
+        except UnicodeDecodeError as exc:
+            raise errors.ConfigError(f"{file_path} is not UTF-8 text", field="config") from exc
         except OSError as exc:
             raise errors.ConfigError(
                 f"cannot read {file_path}: {exc.strerror}", field="config"
@@ -243,23 +404,32 @@ def load_config(
             raise errors.ConfigError(
                 f"{file_path} is not valid TOML: {exc}", field="config"
             ) from exc
+        origin = str(file_path)
         for key, value in raw.items():
             if key == "worker":
-                values["workers"] = _workers(value, str(file_path))
-            elif key in _SCALARS:
-                values[key] = _coerce(key, value, str(file_path))
-            else:
-                raise errors.ConfigError(f"{file_path}: unknown setting", field=key)
+                values["workers"] = _file_workers(value, origin, text)
+                continue
+            try:
+                if key not in _SCALARS:
+                    raise errors.ConfigError(_unknown(key, [*_SCALARS, "worker"]), field=key)
+                if not _file_type_ok(key, value):
+                    expected = _SCALARS[key].__name__
+                    raise errors.ConfigError(f"expected {expected}, got {value!r}", field=key)
+                values[key] = _check_value(key, _coerce(key, value, origin), origin)
+            except errors.ConfigError as exc:
+                raise _located(exc, origin, text, key) from exc
         sources.append(str(file_path))
     for key in _SCALARS:
         env_value = env.get(ENV_PREFIX + key.upper())
         if env_value not in (None, ""):
-            values[key] = _coerce(key, env_value, ENV_PREFIX + key.upper())
+            name = ENV_PREFIX + key.upper()
+            values[key] = _check_value(key, _coerce(key, env_value, name), name)
             sources.append(ENV_PREFIX + key.upper())
     for key, value in (overrides or {}).items():
         if value is not None:
+            flag = "--" + key.replace("_", "-")
             values[key] = (
-                _coerce(key, value, "--" + key.replace("_", "-")) if key in _SCALARS else value
+                _check_value(key, _coerce(key, value, flag), flag) if key in _SCALARS else value
             )
     config = replace(Config(), **values, source=", ".join(sources))
     if config.partition_count < 1:

@@ -3,9 +3,10 @@ all)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
-import sys
+import signal
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -13,8 +14,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from schedctl import errors, limits
-from schedctl.config import Config, command_env, load_config
+from schedctl import __version__, errors, limits
+from schedctl.config import Config, WorkerConfig, command_env, load_config
+from scheduled_d import logsetup, sdnotify
+from scheduled_d.checks import check_bind
+from scheduled_d.signals import handle_sighup, set_reload_hook
 
 if TYPE_CHECKING:
     from schedctl.storage.store import Store
@@ -35,17 +39,66 @@ ConfigOption = Annotated[
 ]
 
 
-def _setup_logging() -> None:
-    level = os.environ.get("SCHEDULED_LOG_LEVEL", "INFO").upper()
-    logging.basicConfig(
-        level=getattr(logging, level, logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
+LogFormatOption = Annotated[
+    str | None,
+    typer.Option(
+        "--log-format",
+        help="text (journald-friendly under systemd) or json (one object per line). "
+        "Env: SCHEDULED_LOG_FORMAT.",
+    ),
+]
+
+
+def _setup_logging(config: Config) -> None:
+    logsetup.setup(config.log_level, config.log_format)
+
+
+def _config(
+    config_path: str | None,
+    db: str | None,
+    log_format: str | None = None,
+    **overrides: str | None,
+) -> Config:
+    """The configuration (flag > environment > file > defaults), then the log set up from
+    it, and SIGHUP set to re-read it (see _reload)."""
+    flags = {"database_url": db, "log_format": log_format, **overrides}
+    config = load_config(config_path, overrides=flags)
+    _setup_logging(config)
+    set_reload_hook(lambda: _reload(config, config_path, flags))
+    signal.signal(signal.SIGHUP, handle_sighup)  # from now on (start-up included) not fatal
+    sdnotify.init()  # read NOTIFY_SOCKET before any command starts (and hide it from them)
+    return config
+
+
+def _reload(current: Config, config_path: str | None, flags: dict[str, str | None]) -> None:
+    """SIGHUP: read the configuration again and apply its log level at once; every other
+    change is reported as waiting for a restart. A configuration that does not load now
+    changes nothing (the error is logged)."""
+    try:
+        fresh = load_config(config_path, overrides=flags)
+    except errors.ConfigError as error:
+        log.error("SIGHUP: configuration not reloaded: %s", error)
+        return
+    logsetup.set_level(fresh.log_level)
+    pending = [
+        f.name
+        for f in dataclasses.fields(Config)
+        if f.name not in ("log_level", "source", "node_name")
+        and getattr(fresh, f.name) != getattr(current, f.name)
+    ]
+    log.warning(
+        "SIGHUP: configuration re-read (%s): log level %s%s",
+        fresh.source,
+        fresh.log_level,
+        f"; changed, applied at the next restart: {', '.join(pending)}" if pending else "",
     )
 
 
-def _config(config_path: str | None, db: str | None) -> Config:
-    return load_config(config_path, overrides={"database_url": db})
+def _preflight(config: Config) -> None:
+    """A metrics port that is taken or not HOST:PORT fails the start at once, before any
+    component runs (a clear error, exit 2; systemd does not restart on it)."""
+    if config.metrics_listen:
+        check_bind(config.metrics_listen, "metrics_listen")
 
 
 def _open_store(config: Config, *, upgrade: bool) -> Store:
@@ -78,6 +131,22 @@ def _bounded(parse: Callable[..., Any], field: str, low: int, high: int) -> Call
     return number
 
 
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"scheduled-d {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    del version
+
+
 def _fail(error: errors.SchedError) -> None:
     typer.echo(f"scheduled-d: error: {error}", err=True)
     raise typer.Exit(error.exit_code)
@@ -88,13 +157,14 @@ def all(  # the mode is named "all"
     db: DbOption = None,
     config_path: ConfigOption = None,
     upgrade: Annotated[bool, typer.Option(help="Migrate the database to head first.")] = False,
+    log_format: LogFormatOption = None,
 ) -> None:
     """Dispatcher + relay + the configured workers in one process (the embedded default)."""
     from scheduled_d.runtime import run_all
 
-    _setup_logging()
     try:
-        config = _config(config_path, db)
+        config = _config(config_path, db, log_format)
+        _preflight(config)
         store = _open_store(config, upgrade=upgrade)
         run_all(store, config)
     except errors.SchedError as error:
@@ -105,13 +175,14 @@ def all(  # the mode is named "all"
 def dispatcher(
     db: DbOption = None,
     config_path: ConfigOption = None,
+    log_format: LogFormatOption = None,
 ) -> None:
     """Own partitions and claim their due runs."""
     from scheduled_d.runtime import run_dispatcher
 
-    _setup_logging()
     try:
-        config = _config(config_path, db)
+        config = _config(config_path, db, log_format)
+        _preflight(config)
         store = _open_store(config, upgrade=False)
         run_dispatcher(store, config)
     except errors.SchedError as error:
@@ -122,13 +193,14 @@ def dispatcher(
 def relay(
     db: DbOption = None,
     config_path: ConfigOption = None,
+    log_format: LogFormatOption = None,
 ) -> None:
     """Move claimed runs from the outbox to their targets."""
     from scheduled_d.runtime import run_relay
 
-    _setup_logging()
     try:
-        config = _config(config_path, db)
+        config = _config(config_path, db, log_format)
+        _preflight(config)
         store = _open_store(config, upgrade=False)
         run_relay(store, config)
     except errors.SchedError as error:
@@ -146,14 +218,15 @@ def api(
             help="HOST:PORT to serve on (default: the config's api_listen, 127.0.0.1:8080).",
         ),
     ] = None,
+    log_format: LogFormatOption = None,
 ) -> None:
     """Serve the tenant REST API (/v1, /healthz, /openapi.json) until SIGTERM."""
     from scheduled_d.api import run as run_api
 
-    _setup_logging()
     try:
         # flag > environment > file, like every other setting
-        config = load_config(config_path, overrides={"database_url": db, "api_listen": listen})
+        config = _config(config_path, db, log_format, api_listen=listen)
+        _preflight(config)
         store = _open_store(config, upgrade=False)
         run_api(store, config)
     except errors.SchedError as error:
@@ -164,8 +237,12 @@ def api(
 def worker(
     queue: Annotated[str, typer.Option("--queue", "-q", help="The built-in queue to consume.")],
     command: Annotated[
-        list[str], typer.Argument(help="The command to run for each message, after --.")
-    ],
+        list[str] | None,
+        typer.Argument(
+            help="The command to run for each message, after --. Without one: the command "
+            "of the configuration's worker table of this queue (no shell involved)."
+        ),
+    ] = None,
     tenant: Annotated[
         str | None,
         typer.Option(
@@ -175,16 +252,17 @@ def worker(
         ),
     ] = None,
     concurrency: Annotated[
-        int,
+        int | None,
         typer.Option(
-            help=f"Commands run at once (1-{limits.MAX_WORKER_CONCURRENCY}).",
+            help=f"Commands run at once (1-{limits.MAX_WORKER_CONCURRENCY}; default 1).",
             parser=_bounded(limits.parse_int, "concurrency", 1, limits.MAX_WORKER_CONCURRENCY),
         ),
-    ] = 1,
+    ] = None,
     lease_seconds: Annotated[
-        float,
+        float | None,
         typer.Option(
-            help=f"Visibility timeout ({limits.MIN_LEASE_SECONDS}-{limits.MAX_LEASE_SECONDS} s).",
+            help=f"Visibility timeout ({limits.MIN_LEASE_SECONDS}-{limits.MAX_LEASE_SECONDS} s;"
+            " default 30).",
             parser=_bounded(
                 limits.parse_number,
                 "lease_seconds",
@@ -192,7 +270,7 @@ def worker(
                 limits.MAX_LEASE_SECONDS,
             ),
         ),
-    ] = 30.0,
+    ] = None,
     max_runs: Annotated[
         int | None,
         typer.Option(
@@ -227,10 +305,10 @@ def worker(
     ] = None,
     db: DbOption = None,
     config_path: ConfigOption = None,
+    log_format: LogFormatOption = None,
 ) -> None:
     """Run COMMAND once per message of the tenant's QUEUE (payload JSON on stdin, SCHED_* in
     the environment)."""
-    _setup_logging()
     if api_url is not None:
         try:
             command_vars = _env_flags(env or [])
@@ -240,17 +318,19 @@ def worker(
                 raise errors.ConfigError(
                     "with --api the token names the tenant: leave out --tenant", field="tenant"
                 )
+            config = _config(config_path, None, log_format)
+            spec = _worker_spec(config, queue) if not command else None
             from scheduled_d.worker import run_api_worker
 
             run_api_worker(
                 api_url,
                 _api_token(token_file),
                 queue,
-                command,
-                concurrency=concurrency,
-                lease_seconds=lease_seconds,
+                command or (spec.command if spec else ()),
+                concurrency=concurrency or (spec.concurrency if spec else 1),
+                lease_seconds=lease_seconds or (spec.lease_seconds if spec else 30.0),
                 max_runs=max_runs,
-                env=command_vars,
+                env={**dict(spec.env if spec else ()), **command_vars},
             )
         except errors.SchedError as error:
             _fail(error)
@@ -261,23 +341,66 @@ def worker(
 
     try:
         command_vars = _env_flags(env or [])
-        config = _config(config_path, db)
+        config = _config(config_path, db, log_format)
+        spec = _worker_spec(config, queue) if not command else None
+        _preflight(config)
         store = _open_store(config, upgrade=False)
         try:
             run_worker(
                 store,
                 queue,
-                command,
-                concurrency=concurrency,
-                lease_seconds=lease_seconds,
+                command or (spec.command if spec else ()),
+                concurrency=concurrency or (spec.concurrency if spec else 1),
+                lease_seconds=lease_seconds or (spec.lease_seconds if spec else 30.0),
                 max_runs=max_runs,
-                tenant=tenant,
-                env=command_vars,
+                tenant=tenant or (spec.tenant if spec else None),
+                env={**dict(spec.env if spec else ()), **command_vars},
             )
         finally:
             store.close()
     except errors.SchedError as error:
         _fail(error)
+
+
+def _worker_spec(config: Config, queue: str) -> WorkerConfig:
+    """The [[worker]] table of `queue` (a systemd instance's command, never word-split)."""
+    for spec in config.workers:
+        if spec.queue == queue:
+            return spec
+    raise errors.ConfigError(
+        f"no command given and no [[worker]] table with queue = {queue!r} in "
+        f"{config.source}: give one after --, or add the table",
+        field="worker.command",
+    )
+
+
+@app.command("check-config")
+def check_config(
+    file: Annotated[
+        str | None,
+        typer.Argument(
+            help="The file to check (default: $SCHEDULED_CONFIG, else "
+            "/etc/scheduled/scheduled.toml)."
+        ),
+    ] = None,
+    bind: Annotated[
+        bool,
+        typer.Option(
+            "--bind/--no-bind",
+            help="Also try to listen on metrics_listen (and api_listen when api_enabled); "
+            "--no-bind while the daemon itself holds them.",
+        ),
+    ] = True,
+) -> None:
+    """Validate the configuration: every table and key (unknown keys are errors), types,
+    ranges, listen addresses, worker commands; exit 2 naming the key, FILE and LINE."""
+    from scheduled_d.checks import check_configuration
+
+    try:
+        summary = check_configuration(file, bind=bind)
+    except errors.SchedError as error:
+        _fail(error)
+    typer.echo(summary)
 
 
 def _env_flags(flags: list[str]) -> dict[str, str]:

@@ -49,6 +49,7 @@ from schedctl.storage.jobs import MAX_PAGE
 from schedctl.storage.payloads import payload_cipher
 from schedctl.storage.store import Store
 from schedctl.views import job_to_dict, run_to_dict, tenant_to_dict
+from scheduled_d import sdnotify
 from scheduled_d.metrics import serve_metrics
 from scheduled_d.signals import stop_on_signals
 
@@ -1035,6 +1036,7 @@ def run(store: Store, config: Config) -> None:
         server.start()
         if config.metrics_listen:
             serve_metrics(config.metrics_listen, server.is_serving, stop)
+        sdnotify.announce(f"api: {server.url}", server.is_serving, stop)
         try:
             while not stop.wait(0.5) and not force.is_set():
                 pass

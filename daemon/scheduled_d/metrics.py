@@ -6,6 +6,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from socket import AF_INET6
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -18,6 +19,8 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from schedctl import errors
+from schedctl.config import parse_listen
 from schedctl.storage.queue import QueueStat
 
 log = logging.getLogger(__name__)
@@ -104,11 +107,21 @@ class _Handler(BaseHTTPRequestHandler):
         del format, args  # scrapes every few seconds would drown the log
 
 
+class _Server6(ThreadingHTTPServer):
+    address_family = AF_INET6
+
+
 def serve_metrics(listen: str, health: HealthCheck, stop: threading.Event) -> threading.Thread:
     """Serve /metrics and /healthz on `listen` ("host:port") until `stop` is set."""
-    host, _, port = listen.rpartition(":")
+    host, port = parse_listen(listen, "metrics_listen", default_host="127.0.0.1")
     handler = type("Handler", (_Handler,), {"health": staticmethod(health)})
-    server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), handler)
+    server_class = _Server6 if ":" in host else ThreadingHTTPServer  # IPv6 or IPv4
+    try:
+        server = server_class((host, port), handler)
+    except OSError as exc:  # a port in use is the operator's to fix, not a traceback
+        raise errors.ConfigError(
+            f"cannot listen on {listen}: {exc.strerror or exc}", field="metrics_listen"
+        ) from exc
     server.daemon_threads = True
 
     def run() -> None:

@@ -13,6 +13,7 @@ from schedctl.coordination.zookeeper import ZooKeeperCoordinator
 from schedctl.storage.claim import ClaimResult
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
+from scheduled_d import sdnotify
 from scheduled_d.dispatcher import Dispatcher
 from scheduled_d.maintenance import run_maintenance
 from scheduled_d.metrics import export_queue_depths, serve_metrics
@@ -166,6 +167,12 @@ def _run_all(
         )
     export_queue_depths(QueueRepo(store).stats)
     _serve_metrics(config, supervisor, metrics_stop)
+    sdnotify.announce(  # systemd: READY=1, STATUS=, WATCHDOG=1 while healthy, STOPPING=1
+        f"dispatcher: {store.partition_count} partitions; relay; "
+        f"{len(worker_threads)} workers" + ("; api" if api_server else ""),
+        supervisor.healthy,
+        stop,
+    )
     log.info(
         "scheduled-d all: %d partitions, %d worker(s), database %s",
         store.partition_count,
@@ -226,6 +233,9 @@ def run_dispatcher(store: Store, config: Config) -> None:
                 maintenance_stop,
             )
             _serve_metrics(config, supervisor, metrics_stop)
+            sdnotify.announce(
+                f"dispatcher: {store.partition_count} partitions", supervisor.healthy, stop
+            )
             _wait(stop, force, supervisor)
             inner.set()
             _join([thread])
@@ -248,6 +258,7 @@ def run_relay(store: Store, config: Config) -> None:
             )
             export_queue_depths(QueueRepo(store).stats)
             _serve_metrics(config, supervisor, metrics_stop)
+            sdnotify.announce("relay", supervisor.healthy, stop)
             _wait(stop, force, supervisor)
             inner.set()
             _join([thread])
@@ -278,9 +289,12 @@ def run_worker(
                 lease_seconds=lease_seconds,
                 env=env,
                 tenant=tenant,
+                heartbeat_seconds=min(5.0, lease_seconds / 3),  # as in `all`: a short lease works
             )
             worker.run(stop, max_runs=max_runs, force=force)
 
         # on the main thread: an exception is logged and the worker starts again; one that
         # escapes anyway (BaseException) ends the process non-zero
+        # the worker loop runs in this thread: alive while the process is
+        sdnotify.announce(f"worker: queue {queue}, concurrency {concurrency}", lambda: True, stop)
         run_inline(f"worker-{queue}", run_once, stop)

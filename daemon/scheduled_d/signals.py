@@ -1,4 +1,8 @@
-"""SIGTERM/SIGINT handling: the first asks for a warm stop, the second forces it."""
+"""SIGTERM/SIGINT handling: the first asks for a warm stop, the second forces it.
+
+SIGHUP never stops the daemon (its default action would kill it and orphan the commands its
+workers run): it calls the reload hook set by set_reload_hook() in a thread of its own (the
+daemon's entry point re-reads the configuration's log level), or only logs it."""
 
 from __future__ import annotations
 
@@ -6,11 +10,36 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 
 log = logging.getLogger(__name__)
+
+_reload_hook: Callable[[], None] | None = None
+
+
+def set_reload_hook(hook: Callable[[], None] | None) -> None:
+    """What SIGHUP does (None: log that it was received, nothing else)."""
+    global _reload_hook
+    _reload_hook = hook
+
+
+def _reload() -> None:
+    hook = _reload_hook
+    if hook is None:
+        log.info("received SIGHUP: nothing to reload")
+        return
+    try:
+        hook()
+    except Exception:  # a failed reload keeps the daemon running on its current settings
+        log.exception("reload on SIGHUP failed; the current settings stay")
+
+
+def handle_sighup(_signum: int = signal.SIGHUP, _frame: FrameType | None = None) -> None:
+    # the work happens in a thread: logging from inside a signal handler can interrupt a
+    # write to the same stream in the main thread
+    threading.Thread(target=_reload, name="sighup-reload", daemon=True).start()
 
 
 @contextmanager
@@ -29,6 +58,7 @@ def stop_on_signals() -> Iterator[tuple[threading.Event, threading.Event]]:
             force.set()
 
     previous = {s: signal.signal(s, handle) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, handle_sighup)
     try:
         yield stop, force
     finally:

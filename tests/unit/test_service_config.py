@@ -1,0 +1,160 @@
+"""The configuration's strict checks (unknown keys with lines, listen addresses, log
+settings) and the sd_notify sender, in-process."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from schedctl import errors
+from schedctl.config import load_config, locate, parse_listen
+from scheduled_d.logsetup import JournalFormatter, JsonFormatter
+from scheduled_d.sdnotify import Notifier
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "scheduled.toml"
+    path.write_text(text)
+    return path
+
+
+def test_worker_tables_accept_their_known_keys(tmp_path: Path) -> None:
+    config = load_config(
+        write(
+            tmp_path,
+            '[[worker]]\nqueue = "q"\ncommand = ["true"]\nconcurrency = 2\nlease_seconds = 9\n'
+            'tenant = "acme"\n[worker.env]\nA = "b"\n',
+        ),
+        environ={},
+    )
+    assert [(w.queue, w.concurrency, w.lease_seconds) for w in config.workers] == [("q", 2, 9.0)]
+
+
+def test_unknown_worker_key_names_table_and_line(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        '[[worker]]\nqueue = "a"\ncommand = ["true"]\n[[worker]]\nqueue = "b"\n'
+        'command = ["true"]\nconcurency = 4\n',
+    )
+    with pytest.raises(errors.ConfigError) as info:
+        load_config(path, environ={})
+    assert str(info.value) == (
+        f"worker.concurency: {path}:7: unknown key (did you mean concurrency?) "
+        "(in [[worker]] table 2)"
+    )
+    assert info.value.field == "worker.concurency"
+    assert info.value.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('metrics_listen = "localhost"\n', "is not HOST:PORT"),
+        ('metrics_listen = "127.0.0.1:99999"\n', "at most 65535"),
+        ('api_listen = "::1:80"\n', "IPv6 address goes in brackets"),
+        ('log_level = "VERBOSE"\n', "unknown log level 'VERBOSE'"),
+        ('log_format = "xml"\n', "unknown log format 'xml'"),
+        ("poll_interval_seconds = 0\n", "greater than 0"),
+        ('api_enabled = "yes"\n', "expected bool"),
+        ("[database]\nurl = 1\n", "unknown key"),
+    ],
+)
+def test_file_errors_name_the_line(tmp_path: Path, text: str, message: str) -> None:
+    path = write(tmp_path, "# first line\n" + text)
+    with pytest.raises(errors.ConfigError) as info:
+        load_config(path, environ={})
+    assert f": {path}:2: " in str(info.value)
+    assert message in str(info.value)
+
+
+def test_environment_log_settings_are_checked_and_normalised() -> None:
+    config = load_config(
+        None, environ={"SCHEDULED_LOG_LEVEL": "debug", "SCHEDULED_LOG_FORMAT": "JSON"}
+    )
+    assert (config.log_level, config.log_format) == ("DEBUG", "json")
+    with pytest.raises(errors.ConfigError, match="SCHEDULED_LOG_LEVEL: unknown log level"):
+        load_config(None, environ={"SCHEDULED_LOG_LEVEL": "VERBOSE"})
+
+
+def test_parse_listen_forms() -> None:
+    assert parse_listen("127.0.0.1:9464", "k") == ("127.0.0.1", 9464)
+    assert parse_listen("[::1]:9464", "k") == ("::1", 9464)
+    assert parse_listen(":9464", "k") == ("0.0.0.0", 9464)
+    assert parse_listen("localhost:1", "k") == ("localhost", 1)
+
+
+def test_locate_skips_other_tables() -> None:
+    text = 'a = 1\n[[worker]]\nqueue = "x"\n[[worker]]\n\nqueue = "y"\n[worker.env]\nX = "1"\n'
+    assert locate(text, "X", 1, "env") == 8
+    assert locate(text, "a") == 1
+    assert locate(text, "queue") is None  # not a top-level key
+    assert locate(text, "queue", 1) == 6
+    assert locate(text, "command", 1) == 4  # missing: the table's header
+
+
+def test_notifier_sends_to_an_abstract_socket_and_hides_the_variables() -> None:
+    name = f"sdnotify-unit-{os.getpid()}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as server:
+        server.bind(b"\0" + name.encode())
+        server.settimeout(60)
+        environ = {"NOTIFY_SOCKET": "@" + name, "WATCHDOG_USEC": "4000000"}
+        notifier = Notifier.from_environ(environ)
+        assert notifier.watchdog_interval == 2.0
+        assert notifier.ready("up")
+        assert server.recv(100) == b"READY=1\nSTATUS=up"
+        assert notifier.status("two\nlines")
+        assert server.recv(100) == b"STATUS=two lines"
+        notifier.close()
+
+
+def test_watchdog_belongs_to_the_pid_it_names() -> None:
+    other = {"NOTIFY_SOCKET": "/x", "WATCHDOG_USEC": "1000", "WATCHDOG_PID": "1"}
+    assert Notifier.from_environ(other).watchdog_interval is None
+    assert Notifier(None).ready() is False  # not under systemd: nothing sent
+    assert Notifier(None).start_watchdog(lambda: True, threading.Event()) is None
+
+
+def test_watchdog_pings_only_while_healthy() -> None:
+    name = f"sdnotify-wd-{os.getpid()}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as server:
+        server.bind(b"\0" + name.encode())
+        server.settimeout(60)
+        healthy = threading.Event()
+        healthy.set()
+        stop = threading.Event()
+        notifier = Notifier("@" + name, watchdog_usec=20_000)
+        thread = notifier.start_watchdog(healthy.is_set, stop)
+        assert thread is not None
+        assert server.recv(100) == b"WATCHDOG=1"
+        healthy.clear()
+        # after the last ping in flight, the unhealthy status and then nothing more
+        while (message := server.recv(100)) == b"WATCHDOG=1":
+            pass
+        assert message.startswith(b"STATUS=unhealthy")
+        stop.set()
+        thread.join(60)
+        assert not thread.is_alive()
+        notifier.close()
+
+
+def record(level: int, message: str) -> logging.LogRecord:
+    return logging.LogRecord("scheduled_d.test", level, __file__, 1, message, None, None)
+
+
+def test_journal_lines_carry_the_priority_on_every_line() -> None:
+    text = JournalFormatter().format(record(logging.WARNING, "one\ntwo"))
+    assert text == "<4>WARNING scheduled_d.test: one\n<4>two"
+
+
+def test_json_lines_have_the_fields_and_extras() -> None:
+    entry = record(logging.ERROR, "boom")
+    entry.job_id = "j1"
+    parsed = json.loads(JsonFormatter().format(entry))
+    assert parsed["level"] == "ERROR" and parsed["message"] == "boom" and parsed["job_id"] == "j1"
+    assert JsonFormatter(journal=True).format(entry).startswith("<3>{")
