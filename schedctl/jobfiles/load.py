@@ -9,6 +9,7 @@ instant has passed is for whoever applies them.
 
 from __future__ import annotations
 
+import difflib
 import re
 import tomllib
 from collections.abc import Mapping
@@ -230,8 +231,6 @@ def _job(table: dict[str, Any], path: Path, line: int, out: list[_Refused]) -> J
 
 
 def _unknown(key: str) -> str:
-    import difflib
-
     close = difflib.get_close_matches(key, JOB_KEYS, n=1)
     return "unknown key" + (f" (did you mean {close[0]}?)" if close else "")
 
