@@ -13,14 +13,22 @@ from schedctl.jobfiles.load import JOB_KEYS
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+", re.ASCII)
 
 
-def render(jobs: Sequence[Mapping[str, Any]], *, header: str | None = None) -> str:
+def render(
+    jobs: Sequence[Mapping[str, Any]],
+    *,
+    header: str | None = None,
+    comments: Sequence[str | None] = (),
+) -> str:
     """[[job]] tables in JOB_KEYS order, env as its own [job.env] table; `header` becomes
-    comment lines at the top."""
+    comment lines at the top, comments[i] a comment line above the i-th table."""
     out: list[str] = []
     if header:
         out.extend(f"# {line}".rstrip() for line in header.splitlines())
         out.append("")
-    for job in jobs:
+    for index, job in enumerate(jobs):
+        comment = comments[index] if index < len(comments) else None
+        if comment:
+            out.extend(f"# {line}".rstrip() for line in comment.splitlines())
         out.append("[[job]]")
         for key in sorted(job, key=_order):
             if key == "env" or job[key] is None:
