@@ -198,9 +198,9 @@ def _job(table: dict[str, Any], path: Path, line: int, out: list[_Refused]) -> J
     limits_body = {}
     for key in LIMIT_KEYS:
         if key in table:
-            value = check(_limit, key, table[key])
-            if value is not None:
-                limits_body[key] = value
+            checked = check(_limit, key, table[key])
+            if checked is not None:
+                limits_body[key] = checked[0]
     window = check(_start_end, table)
     if window:
         limits_body.update(window)
@@ -385,8 +385,9 @@ def _env(table: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
         raise _Refused(tuple(field.split(".", 1)), message) from None
 
 
-def _limit(key: str, value: Any) -> Any:
-    if key == "max_concurrency" and value == 0 and limits.is_int(value):
+def _limit(key: str, value: Any) -> tuple[Any]:
+    """The value as the REST body holds it (in a tuple: None is a value here)."""
+    if key == "max_concurrency" and limits.is_int(value) and value == 0:
         value = None  # TOML has no null: 0 is "no limit", as --max-concurrency 0
     try:
         jobspec.parse_job_request(
@@ -394,7 +395,7 @@ def _limit(key: str, value: Any) -> Any:
         )
     except errors.ValidationError as exc:
         raise _jobspec_error(exc, key) from None
-    return value
+    return (value,)
 
 
 def _start_end(table: Mapping[str, Any]) -> dict[str, Any]:

@@ -114,6 +114,15 @@ def test_job_body_is_what_job_create_accepts_without_the_command() -> None:
     assert spec.misfire_policy.value == "skip"
 
 
+def test_max_concurrency_zero_means_no_limit() -> None:
+    job = parse_text(_job('command = ["/x"]\nmax_concurrency = 0\n'), "x.toml").jobs[0]
+    body = job.job_body("q")
+    assert body["max_concurrency"] is None
+    assert (
+        jobspec.parse_job_request(body, now=datetime(2026, 1, 1, tzinfo=UTC)).max_concurrency == 0
+    )
+
+
 def test_boot_jobs_have_no_central_schedule() -> None:
     warm = parse_text(EXAMPLE, "x.toml").jobs[2]
     with pytest.raises(Exception, match="@reboot"):
