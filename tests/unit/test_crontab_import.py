@@ -287,3 +287,30 @@ def test_cli_lists_skipped_lines_and_fails_when_nothing_converts(tmp_path: Path)
     assert "no line could be converted" in result.stderr
     missing = runner.invoke(app, ["import-crontab", str(tmp_path / "none")])
     assert missing.exit_code == 2 and "cannot read" in missing.stderr
+
+
+def test_cli_reads_standard_input(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app,
+        ["import-crontab", "-", "-u", "alice", "--tz", "UTC", "--out", str(tmp_path)],
+        input="@daily /usr/bin/backup%secret\n",
+    )
+    assert result.exit_code == 0, result.output
+    (job,) = load_dir(tmp_path)[0].jobs
+    assert (job.user, job.shell, job.stdin) == ("alice", "/usr/bin/backup", "secret\n")
+    assert (tmp_path / "crontab-stdin.toml").is_file()
+
+
+def test_progress_bar_only_on_a_terminal_for_big_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    from schedctl.cli import import_crontab
+
+    with import_crontab._progress(10 * import_crontab.PROGRESS_MIN_LINES) as progress:
+        assert progress is None  # captured stderr is not a terminal
+    monkeypatch.setattr(import_crontab.err_console, "_force_terminal", True)
+    with import_crontab._progress(10) as progress:
+        assert progress is None  # a small file: no bar
+    total = import_crontab.PROGRESS_MIN_LINES
+    with import_crontab._progress(total) as progress:
+        assert progress is not None
+        for done in range(1, total + 1):
+            progress(done, total)
