@@ -97,9 +97,14 @@ def convert(
     timezone: str = "UTC",
     progress: Callable[[int, int], None] | None = None,
 ) -> Conversion:
-    """Every line of crontab `text`; `system`: lines carry a user column (which --user
-    does not override); `user`: the user of a user crontab's jobs; `host_group`: run them
-    on one host of that group; `timezone`: the zone unless CRON_TZ says otherwise."""
+    """Every line of crontab `text`; `system`: lines carry a user column; `user`: the
+    user of a user crontab's jobs; `host_group`: run them on one host of that group;
+    `timezone`: the zone unless CRON_TZ says otherwise."""
+    if user is not None and system:
+        raise errors.ValidationError(
+            "a system crontab names the user on each line (use --no-system for a user crontab)",
+            field="--user",
+        )
     if user is not None and not ACCOUNT.fullmatch(user):
         raise errors.ValidationError(f"{user!r} is not a user name", field="--user")
     if host_group is not None and not GROUP_NAME.fullmatch(host_group):

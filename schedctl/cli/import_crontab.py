@@ -122,6 +122,12 @@ def import_crontab(
                 highlight=False,
                 soft_wrap=True,
             )
+        if result.jobs and not is_system and user is None:
+            err_console.print(
+                "note: no --user: the jobs run as the worker's own user",
+                markup=False,
+                highlight=False,
+            )
         if not dry_run and result.jobs:
             say(
                 f"wrote {len(result.jobs)} job(s) to {target} "

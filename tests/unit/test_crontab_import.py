@@ -184,6 +184,8 @@ def test_bad_options_are_refused() -> None:
         crontab.convert("", user="a b")
     with pytest.raises(errors.ValidationError, match="--host-group"):
         crontab.convert("", host_group="web servers")
+    with pytest.raises(errors.ValidationError, match="--user: a system crontab"):
+        crontab.convert("", user="alice", system=True)
     with pytest.raises(errors.ValidationError, match="--tz"):
         crontab.convert("", timezone="Nowhere")
 
@@ -240,6 +242,8 @@ def test_cli_writes_a_file_that_loads(tmp_path: Path) -> None:
     # a second import does not overwrite, and names are unique across the directory
     again = runner.invoke(app, ["import-crontab", str(source), "--out", str(out)])
     assert again.exit_code == 4 and "--force" in again.output
+    dry = runner.invoke(app, ["import-crontab", str(source), "--dry-run"])
+    assert "note: no --user: the jobs run as the worker's own user" in dry.stderr
     (tmp_path / "copy").write_text(USER_CRONTAB)
     clash = runner.invoke(
         app, ["import-crontab", str(tmp_path / "copy"), "-u", "alice", "--out", str(out)]
@@ -285,6 +289,7 @@ def test_cli_lists_skipped_lines_and_fails_when_nothing_converts(tmp_path: Path)
     assert "skipped line 1: is neither a schedule" in result.stderr
     assert "skipped line 2: cron: minute: value 61" in result.stderr
     assert "no line could be converted" in result.stderr
+    assert "note: no --user" not in result.stderr
     missing = runner.invoke(app, ["import-crontab", str(tmp_path / "none")])
     assert missing.exit_code == 2 and "cannot read" in missing.stderr
 
