@@ -9,7 +9,14 @@ render(jobs) -> TOML text       what import-crontab writes (loads back through l
 
 from __future__ import annotations
 
-from schedctl.jobfiles.load import DEFAULT_DIR, JOB_KEYS, load_dir, load_file, parse_text
+from schedctl.jobfiles.load import (
+    DEFAULT_DIR,
+    JOB_KEYS,
+    load_dir,
+    load_file,
+    parse_text,
+    resolve,
+)
 from schedctl.jobfiles.model import (
     Alerts,
     Job,
@@ -37,4 +44,5 @@ __all__ = [
     "load_file",
     "parse_text",
     "render",
+    "resolve",
 ]

@@ -24,6 +24,7 @@ from schedctl.jobfiles.model import (
     Job,
     JobFile,
     JobFilesError,
+    JobRef,
     Problem,
     RunOn,
     RunOnKind,
@@ -480,3 +481,25 @@ def _alerts(table: Mapping[str, Any]) -> Alerts:
             raise _Refused(("alert_no_success",), "must be positive")
         no_success = spec.grace_seconds
     return Alerts(email, webhook, command, tuple(on), no_success)
+
+
+def resolve(ref: JobRef, directory: str | Path = DEFAULT_DIR) -> Job:
+    """The job a central reference names, read from this host's own `directory`: the
+    reference is not trusted to point anywhere else (a path outside the directory, a
+    hidden or non-.toml file is refused), and the job must still be in that file."""
+    root = Path(directory)
+    path = Path(ref.path)
+    if (
+        path.parent.resolve() != root.resolve()
+        or path.suffix != ".toml"
+        or path.name.startswith(".")
+        or not NAME.fullmatch(ref.name)
+    ):
+        raise errors.NotFound(
+            f"{ref.path} is not a job file of {root} (references are never followed elsewhere)",
+            field="job_file",
+        )
+    for job in load_file(path).jobs:
+        if job.name == ref.name:
+            return job
+    raise errors.NotFound(f"no job {ref.name!r} in {path} (any more)", field="job")

@@ -8,8 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from schedctl import jobspec
-from schedctl.jobfiles import JobFilesError, Problem, RunOn, RunOnKind, load_dir, parse_text
+from schedctl import errors, jobspec
+from schedctl.jobfiles import (
+    JobFilesError,
+    JobRef,
+    Problem,
+    RunOn,
+    RunOnKind,
+    load_dir,
+    parse_text,
+    resolve,
+)
 from schedctl.jobfiles.tomllines import key_lines
 
 EXAMPLE = '''\
@@ -297,3 +306,19 @@ def test_key_lines_skip_strings_and_arrays() -> None:
     assert lines[("job", 0, "quoted key")] == 10
     assert lines[("job", 1)] == 11
     assert lines[("job", 1, "env", "A")] == 13
+
+
+def test_resolve_reads_a_reference_back_from_the_directory_only(tmp_path: Path) -> None:
+    jobs_d = tmp_path / "jobs.d"
+    jobs_d.mkdir()
+    (jobs_d / "host.toml").write_text(EXAMPLE)
+    (tmp_path / "evil.toml").write_text(EXAMPLE.replace("/usr/local/bin/backup", "/bin/evil"))
+    job = resolve(JobRef(str(jobs_d / "host.toml"), "backup"), jobs_d)
+    assert job.argv()[0] == "/usr/local/bin/backup"
+    body = job.job_body("q")["payload"]
+    assert resolve(JobRef(body["job_file"], body["job"]), jobs_d) == job
+    for path in (tmp_path / "evil.toml", jobs_d / ".." / "evil.toml", jobs_d / "x.txt"):
+        with pytest.raises(errors.NotFound, match="not a job file"):
+            resolve(JobRef(str(path), "backup"), jobs_d)
+    with pytest.raises(errors.NotFound, match="no job 'gone'"):
+        resolve(JobRef(str(jobs_d / "host.toml"), "gone"), jobs_d)
