@@ -202,9 +202,9 @@ def _job(table: dict[str, Any], path: Path, line: int, out: list[_Refused]) -> J
             checked = check(_limit, key, table[key])
             if checked is not None:
                 limits_body[key] = checked[0]
-    window = check(_start_end, table)
-    if window:
-        limits_body.update(window)
+    bounds = check(_start_end, table)
+    if bounds:
+        limits_body.update(bounds)
     run_on = check(_run_on, table)
     alerts = check(_alerts, table)
     if out:

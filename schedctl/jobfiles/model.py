@@ -69,7 +69,8 @@ class Job:
     path: Path
     line: int
     # the REST schedule object ({"cron", "timezone"} | {"every"} | {"run_at"}); None: @reboot
-    schedule: dict[str, Any] | None
+    # (dicts are left out of the hash, so that a Job can be a set member or a dict key)
+    schedule: dict[str, Any] | None = field(hash=False)
     command: tuple[str, ...] | None = None
     shell: str | None = None
     shell_path: str = DEFAULT_SHELL
@@ -79,7 +80,7 @@ class Job:
     workdir: str | None = None
     env: tuple[tuple[str, str], ...] = ()
     # the limits in the REST shape, only those the file sets (timeout, retry, grace, ...)
-    limits: dict[str, Any] = field(default_factory=dict)
+    limits: dict[str, Any] = field(default_factory=dict, hash=False)
     run_on: RunOn = RunOn()
     alerts: Alerts = Alerts()
     enabled: bool = True

@@ -143,6 +143,7 @@ def test_digest_follows_the_definition() -> None:
     moved = parse_text("\n\n" + EXAMPLE, "b.toml").jobs[0]
     changed = parse_text(EXAMPLE.replace("--full", "--incremental"), "a.toml").jobs[0]
     assert first.digest() == moved.digest() != changed.digest()
+    assert len({first, changed, first}) == 2
 
 
 @pytest.mark.parametrize(
