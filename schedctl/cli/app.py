@@ -20,6 +20,7 @@ from schedctl.cli import (
     cron_cmd,
     db,
     dlq,
+    import_crontab,
     jobs,
     runs,
     status,
@@ -140,6 +141,7 @@ app.add_typer(cron_cmd.app, name="cron")
 app.command("audit")(audit.audit)
 app.command("status")(status.status)
 app.add_typer(dlq.app, name="dlq")
+app.command("import-crontab")(import_crontab.import_crontab)
 for _name, _command in (
     ("allow", tenant_allow.allow),
     ("disallow", tenant_allow.disallow),

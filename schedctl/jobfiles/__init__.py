@@ -1,0 +1,48 @@
+"""Job files (`/etc/scheduled/jobs.d/*.toml`): the format, its validation and its writing.
+
+load_dir(DIR) -> [JobFile]      every file validated together (JobFilesError lists all)
+load_file(PATH) / parse_text(TEXT, PATH) -> JobFile
+Job.job_body(queue)             the REST / `job create` body: schedule, limits and the
+                                reference (file, name) as payload -- never the command
+render(jobs) -> TOML text       what import-crontab writes (loads back through load_*)
+"""
+
+from __future__ import annotations
+
+from schedctl.jobfiles.load import (
+    DEFAULT_DIR,
+    JOB_KEYS,
+    load_dir,
+    load_file,
+    parse_text,
+    resolve,
+)
+from schedctl.jobfiles.model import (
+    Alerts,
+    Job,
+    JobFile,
+    JobFilesError,
+    JobRef,
+    Problem,
+    RunOn,
+    RunOnKind,
+)
+from schedctl.jobfiles.render import render
+
+__all__ = [
+    "DEFAULT_DIR",
+    "JOB_KEYS",
+    "Alerts",
+    "Job",
+    "JobFile",
+    "JobFilesError",
+    "JobRef",
+    "Problem",
+    "RunOn",
+    "RunOnKind",
+    "load_dir",
+    "load_file",
+    "parse_text",
+    "render",
+    "resolve",
+]

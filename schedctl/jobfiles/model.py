@@ -1,0 +1,175 @@
+"""Owns the validated shape of a job file: Job, JobFile, where a job runs, its alerts, and
+the errors that name file, line and key.
+
+A Job holds everything its host needs to run it (command, user, environment); what goes
+to the central store is only `job_body()` (schedule and limits) and `ref` (file + name):
+commands never leave the host.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from schedctl import errors
+
+DEFAULT_SHELL = "/bin/sh"
+
+
+class RunOnKind(enum.StrEnum):
+    this_host = "this-host"
+    host_group = "host-group"
+    every_host = "every-host"
+
+
+@dataclass(frozen=True)
+class RunOn:
+    """Where a job runs: the host whose file it is, one host of a group, or every live host
+    (of a group, when given)."""
+
+    kind: RunOnKind = RunOnKind.this_host
+    group: str | None = None
+
+    def __str__(self) -> str:
+        return self.kind.value + (f":{self.group}" if self.group else "")
+
+
+@dataclass(frozen=True)
+class Alerts:
+    """Validated alert targets (delivered by the alerting part, not here)."""
+
+    email: tuple[str, ...] = ()
+    webhook: tuple[str, ...] = ()
+    command: tuple[str, ...] = ()
+    on: tuple[str, ...] = ("dead_letter",)
+    no_success_seconds: int | None = None
+
+    @property
+    def any(self) -> bool:
+        return bool(self.email or self.webhook or self.command)
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """What the central store keeps instead of a command: the file and the job's name."""
+
+    path: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Job:
+    """One validated [[job]] table."""
+
+    name: str
+    path: Path
+    line: int
+    # the REST schedule object ({"cron", "timezone"} | {"every"} | {"run_at"}); None: @reboot
+    # (dicts are left out of the hash, so that a Job can be a set member or a dict key)
+    schedule: dict[str, Any] | None = field(hash=False)
+    command: tuple[str, ...] | None = None
+    shell: str | None = None
+    shell_path: str = DEFAULT_SHELL
+    stdin: str | None = None
+    user: str | None = None
+    group: str | None = None
+    workdir: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    # the limits in the REST shape, only those the file sets (timeout, retry, grace, ...)
+    limits: dict[str, Any] = field(default_factory=dict, hash=False)
+    run_on: RunOn = RunOn()
+    alerts: Alerts = Alerts()
+    enabled: bool = True
+    description: str | None = None
+
+    @property
+    def is_boot(self) -> bool:
+        """An @reboot job: run once each time its host's worker starts, no central schedule."""
+        return self.schedule is None
+
+    @property
+    def ref(self) -> JobRef:
+        return JobRef(str(self.path), self.name)
+
+    def argv(self) -> list[str]:
+        """The command to execute: the argv list, or the shell line run by shell_path -c."""
+        if self.command is not None:
+            return list(self.command)
+        return [self.shell_path, "-c", self.shell or ""]
+
+    def job_body(self, queue: str) -> dict[str, Any]:
+        """What `schedctl job create` / POST /v1/jobs takes for this job, sent to `queue`:
+        schedule and limits, and as payload only the reference (file, name), never the
+        command. An @reboot job has no central schedule (its host's worker runs it)."""
+        if self.schedule is None:
+            raise errors.ValidationError(
+                f"job {self.name!r} runs at boot (@reboot) and has no central schedule",
+                field="cron",
+            )
+        return {
+            "name": self.name,
+            "schedule": dict(self.schedule),
+            "target": {"type": "queue", "name": queue},
+            "payload": {"job_file": str(self.path), "job": self.name},
+            **self.limits,
+        }
+
+    def digest(self) -> str:
+        """A hash of the whole definition (command included, file and line not): what
+        changed between two loads of the same job name."""
+        data = asdict(self)
+        data.pop("path")
+        data.pop("line")
+        text = json.dumps(data, sort_keys=True, default=str, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class JobFile:
+    """One *.toml file of the directory and the jobs it defines, in file order."""
+
+    path: Path
+    jobs: tuple[Job, ...]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One refusal: the file, the line (None when the file cannot be read) and the key."""
+
+    path: str
+    line: int | None
+    key: str
+    message: str
+    job: str | None = None
+
+    def __str__(self) -> str:
+        where = f"{self.path}:{self.line}" if self.line else self.path
+        job = f" (job {self.job!r})" if self.job else ""
+        # the project's form for configuration errors: "FIELD: FILE:LINE: problem"
+        return f"{self.key}: {where}: {self.message}{job}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "file": self.path,
+            "line": self.line,
+            "key": self.key,
+            "job": self.job,
+            "message": self.message,
+        }
+
+
+class JobFilesError(errors.ConfigError):
+    """One or more job files are invalid; nothing was loaded. `problems` lists each one."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = tuple(problems)
+        first = problems[0]
+        text = "\n".join(str(p) for p in problems)
+        if len(problems) > 1:
+            text = f"{len(problems)} problems in job files:\n{text}"
+        super().__init__(text, field=None)
+        self.field = first.key
