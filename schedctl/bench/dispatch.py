@@ -195,10 +195,11 @@ def burst(
     }
 
 
-def _by_worker_kind(store: Store, tenant_id: str) -> dict[str, list[float]]:
-    """Start lateness (attempt start minus the run's due time) of the tenant's succeeded
-    attempts, by the kind of worker that ran them ("direct" or "api": an API worker's lease
-    owner, kept in the attempt's `worker`, is `api:TOKEN_ID:DIGEST`)."""
+def _by_worker_kind(store: Store, tenant_id: str) -> tuple[dict[str, int], dict[str, list[float]]]:
+    """The tenant's succeeded attempts by the kind of worker that ran them ("direct" or
+    "api": an API worker's lease owner, kept in the attempt's `worker`, is
+    `api:TOKEN_ID:DIGEST`): their count, and their start lateness (attempt start minus the
+    run's due time), sorted."""
     a, r = schema.run_attempts, schema.runs
     with store.read() as connection:
         rows = connection.execute(
@@ -208,12 +209,14 @@ def _by_worker_kind(store: Store, tenant_id: str) -> dict[str, list[float]]:
             )
             .where(r.c.tenant_id == tenant_id, a.c.status == "succeeded")
         ).all()
-    found: dict[str, list[float]] = {"direct": [], "api": []}
+    counts = {"direct": 0, "api": 0}
+    late: dict[str, list[float]] = {"direct": [], "api": []}
     for worker, at, started in rows:
         kind = "api" if (worker or "").startswith("api:") else "direct"
+        counts[kind] += 1
         if started is not None:
-            found[kind].append((started - at).total_seconds())
-    return {kind: sorted(values) for kind, values in found.items()}
+            late[kind].append((started - at).total_seconds())
+    return counts, {kind: sorted(values) for kind, values in late.items()}
 
 
 def _executed(store: Store, tenant_id: str) -> int:
@@ -306,15 +309,15 @@ def steady(
     }
     if consumers is not None:
         started = _start_lateness(store, tenant_id)
-        by_kind = _by_worker_kind(store, tenant_id)
+        counts, by_kind = _by_worker_kind(store, tenant_id)
         result.update(
             {
                 "workers": workers,
                 "api_workers": api_workers,
                 "worker_concurrency": worker_concurrency,
                 "executed": _executed(store, tenant_id),
-                "executed_by_direct_workers": len(by_kind["direct"]),
-                "executed_by_api_workers": len(by_kind["api"]),
+                "executed_by_direct_workers": counts["direct"],
+                "executed_by_api_workers": counts["api"],
                 "start_lateness_p50_seconds": round(_pct(started, 0.50), 3),
                 "start_lateness_p99_seconds": round(_pct(started, 0.99), 3),
             }
