@@ -257,11 +257,8 @@ def steady(
     `api_workers`, a `scheduled-d api` and that many tenant workers over it (no database
     setting, the tenant's token) consume the same queue, beside or instead of those."""
     tenant_id, token = _bench_tenant(store)
-    start = datetime.now(UTC) + timedelta(seconds=5)
     total = int(rate * duration)
-    times = [start + timedelta(seconds=i / rate) for i in range(total)]
     queue = f"bench-steady-{tenant_id[-8:]}"
-    insert_once_jobs(store, tenant_id, times, name="bench-steady", queue=queue)
     consumers = None
     if workers or api_workers:
         consumers = Consumers(
@@ -278,7 +275,11 @@ def steady(
     exits: dict[str, int | None] = {}
     try:
         if consumers is not None:
-            consumers.start()  # the API answers before its workers start: it takes seconds
+            # before the load: the API takes seconds to answer, which must not eat the lead
+            consumers.start()
+        start = datetime.now(UTC) + timedelta(seconds=5)
+        times = [start + timedelta(seconds=i / rate) for i in range(total)]
+        insert_once_jobs(store, tenant_id, times, name="bench-steady", queue=queue)
         dispatchers.start()
         claimed = _wait_claimed(store, tenant_id, total, duration + 60)
         if consumers is not None:
