@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select, text, update
+from sqlalchemy import and_, func, select, text, update
 
 from schedctl import errors
 from schedctl.bench.consumers import Consumers
@@ -80,8 +80,9 @@ class Dispatchers:
                 process.wait(10)
 
 
-def _bench_tenant(store: Store) -> str:
-    tenant, _token = TenantRepo(store).create(f"bench-{uuid.uuid4().hex[:8]}", actor="bench")
+def _bench_tenant(store: Store) -> tuple[str, str]:
+    """A fresh tenant without dispatch pacing: (its id, its API token)."""
+    tenant, token = TenantRepo(store).create(f"bench-{uuid.uuid4().hex[:8]}", actor="bench")
     with store.tx() as connection:
         # no pacing in a benchmark of raw claim speed
         connection.execute(
@@ -89,7 +90,7 @@ def _bench_tenant(store: Store) -> str:
             .where(schema.tenants.c.tenant_id == tenant.tenant_id)
             .values(dispatch_rate_per_second=10_000_000)
         )
-    return tenant.tenant_id
+    return tenant.tenant_id, token
 
 
 def _claimed(store: Store, tenant_id: str) -> int:
@@ -149,7 +150,7 @@ def burst(
 ) -> dict[str, Any]:
     """`jobs` one-time runs all due at one instant `lead_seconds` after the dispatchers
     start; the figure is how long after that instant the last one was claimed."""
-    tenant_id = _bench_tenant(store)
+    tenant_id, _token = _bench_tenant(store)
     due_at = datetime.now(UTC) + timedelta(seconds=lead_seconds + 30)
     load_started = time.monotonic()
     insert_once_jobs(store, tenant_id, [due_at] * jobs, name="bench-burst")
@@ -194,6 +195,30 @@ def burst(
     }
 
 
+def _by_worker_kind(store: Store, tenant_id: str) -> tuple[dict[str, int], dict[str, list[float]]]:
+    """The tenant's succeeded attempts by the kind of worker that ran them ("direct" or
+    "api": an API worker's lease owner, kept in the attempt's `worker`, is
+    `api:TOKEN_ID:DIGEST`): their count, and their start lateness (attempt start minus the
+    run's due time), sorted."""
+    a, r = schema.run_attempts, schema.runs
+    with store.read() as connection:
+        rows = connection.execute(
+            select(a.c.worker, r.c.scheduled_at, a.c.started_at)
+            .select_from(
+                a.join(r, and_(a.c.job_id == r.c.job_id, a.c.scheduled_at == r.c.scheduled_at))
+            )
+            .where(r.c.tenant_id == tenant_id, a.c.status == "succeeded")
+        ).all()
+    counts = {"direct": 0, "api": 0}
+    late: dict[str, list[float]] = {"direct": [], "api": []}
+    for worker, at, started in rows:
+        kind = "api" if (worker or "").startswith("api:") else "direct"
+        counts[kind] += 1
+        if started is not None:
+            late[kind].append((started - at).total_seconds())
+    return counts, {kind: sorted(values) for kind, values in late.items()}
+
+
 def _executed(store: Store, tenant_id: str) -> int:
     with store.read() as connection:
         return int(
@@ -223,19 +248,19 @@ def steady(
     dispatchers: Dispatchers,
     workers: int = 2,
     worker_concurrency: int = 16,
+    api_workers: int = 0,
 ) -> dict[str, Any]:
     """`rate` runs a second, each due at its own instant, for `duration` seconds; reports
     the lateness (claim time minus fire time) distribution. With `workers`, a relay and
     that many `scheduled-d worker` processes running /bin/true consume the queue meanwhile,
-    so claims compete with real leases and acks; their start lateness is reported too."""
-    tenant_id = _bench_tenant(store)
-    start = datetime.now(UTC) + timedelta(seconds=5)
+    so claims compete with real leases and acks; their start lateness is reported too. With
+    `api_workers`, a `scheduled-d api` and that many tenant workers over it (no database
+    setting, the tenant's token) consume the same queue, beside or instead of those."""
+    tenant_id, token = _bench_tenant(store)
     total = int(rate * duration)
-    times = [start + timedelta(seconds=i / rate) for i in range(total)]
     queue = f"bench-steady-{tenant_id[-8:]}"
-    insert_once_jobs(store, tenant_id, times, name="bench-steady", queue=queue)
     consumers = None
-    if workers:
+    if workers or api_workers:
         consumers = Consumers(
             dispatchers.url,
             queue,
@@ -243,13 +268,19 @@ def steady(
             concurrency=worker_concurrency,
             tenant=_tenant_name(store, tenant_id),
             logdir=dispatchers.logdir,
+            api_workers=api_workers,
+            api_token=token,
         )
-    dispatchers.start()
     executed = 0
     exits: dict[str, int | None] = {}
     try:
         if consumers is not None:
+            # before the load: the API takes seconds to answer, which must not eat the lead
             consumers.start()
+        start = datetime.now(UTC) + timedelta(seconds=5)
+        times = [start + timedelta(seconds=i / rate) for i in range(total)]
+        insert_once_jobs(store, tenant_id, times, name="bench-steady", queue=queue)
+        dispatchers.start()
         claimed = _wait_claimed(store, tenant_id, total, duration + 60)
         if consumers is not None:
             deadline = time.monotonic() + duration + 120
@@ -279,13 +310,25 @@ def steady(
     }
     if consumers is not None:
         started = _start_lateness(store, tenant_id)
+        counts, by_kind = _by_worker_kind(store, tenant_id)
         result.update(
             {
                 "workers": workers,
+                "api_workers": api_workers,
                 "worker_concurrency": worker_concurrency,
                 "executed": _executed(store, tenant_id),
+                "executed_by_direct_workers": counts["direct"],
+                "executed_by_api_workers": counts["api"],
                 "start_lateness_p50_seconds": round(_pct(started, 0.50), 3),
                 "start_lateness_p99_seconds": round(_pct(started, 0.99), 3),
+            }
+        )
+        for kind, values in by_kind.items():
+            if values:
+                result[f"{kind}_start_lateness_p50_seconds"] = round(_pct(values, 0.50), 3)
+                result[f"{kind}_start_lateness_p99_seconds"] = round(_pct(values, 0.99), 3)
+        result.update(
+            {
                 "consumer_exit_codes": exits,
                 "consumer_log_trouble": sum(len(v) for v in consumers.trouble().values()),
             }

@@ -112,13 +112,25 @@ def steady(
             "consume the queue during the run; 0: claims only.",
         ),
     ] = 2,
+    api_workers: Annotated[
+        int,
+        typer.Option(
+            "--api-workers",
+            min=0,
+            max=64,
+            help="Tenant workers over the REST API (`scheduled-d worker --api`, the bench "
+            "tenant's token, no database setting) running /bin/true beside the --workers, "
+            "with a `scheduled-d api` on a free loopback port; 0: none.",
+        ),
+    ] = 0,
     worker_concurrency: Annotated[
         int, typer.Option("--worker-concurrency", min=1, max=256, help="Commands per worker.")
     ] = 16,
     output: OutputOption = None,
 ) -> None:
-    """A steady stream of due runs: the dispatch lateness distribution, with workers
-    executing the runs meanwhile. Use a scratch database: it adds a tenant and its jobs."""
+    """A steady stream of due runs: the dispatch lateness distribution, with workers (direct,
+    and over the API with --api-workers) executing the runs meanwhile. Use a scratch
+    database: it adds a tenant and its jobs."""
     result = dispatch.steady(
         cli_state(ctx).store(),
         rate=rate,
@@ -126,6 +138,7 @@ def steady(
         dispatchers=dispatch.Dispatchers(_url(ctx), dispatchers, zookeeper, batch_size),
         workers=workers,
         worker_concurrency=worker_concurrency,
+        api_workers=api_workers,
     )
     emit(result, output_format(ctx, output), title="steady")
 

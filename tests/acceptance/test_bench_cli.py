@@ -38,6 +38,26 @@ def test_steady_reports_lateness_percentiles(sqlite_url: str) -> None:
     assert result["consumer_log_trouble"] == 0
 
 
+def test_steady_with_api_workers_executes_every_run_through_the_api(db_url: str) -> None:
+    # a `scheduled-d api` process and one tenant worker over it (no database setting, the
+    # bench tenant's token) are the only consumers: every run goes through the REST API
+    result = bench(
+        db_url, "steady", "--rate", "20", "--duration", "2", "--workers", "0", "--api-workers", "1"
+    )
+    assert result["claimed"] == result["runs"] == 40
+    assert result["executed"] == result["executed_by_api_workers"] == 40
+    assert result["executed_by_direct_workers"] == 0
+    assert result["api_start_lateness_p99_seconds"] >= result["api_start_lateness_p50_seconds"]
+    assert result["consumer_exit_codes"] == {"relay": 0, "api-worker-0": 0, "api": 0}
+    assert result["consumer_log_trouble"] == 0
+
+
+def test_steady_rejects_a_negative_api_worker_count(sqlite_url: str) -> None:
+    result = runner.invoke(app, ["--db", sqlite_url, "bench", "steady", "--api-workers", "-1"])
+    assert result.exit_code == 2
+    assert "--api-workers" in result.output
+
+
 def test_delivery_reports_http_and_queue_rates(sqlite_url: str) -> None:
     result = bench(sqlite_url, "delivery", "--runs", "50", "--timeout", "120")
     assert result["http_received"] == 50

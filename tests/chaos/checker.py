@@ -16,7 +16,11 @@ checked.
      owner's epoch write got its id before that write committed, and the new owner's claims
      start after it, so correctly fenced claims are in epoch order. Rows a worker rewrote
      since (leased, acked) carry the worker's transaction id instead and are left out; the
-     chaos test leaves one queue unconsumed so that this check keeps its coverage.
+     chaos test leaves one queue unconsumed so that this check keeps its coverage;
+   - executions: no run has two succeeded attempts (an ack is fenced by its lease, whether a
+     direct worker or a tenant worker over the API made it). Succeeded attempts are counted
+     by the kind of worker: an API worker's lease owner, kept in the attempt, is
+     `api:TOKEN_ID:DIGEST`; a direct worker's is its node name.
 2. Nothing lost: every one-time job due by the cutoff has its run, and every recurring job
    has a run at every occurrence from its first up to the cutoff (contiguous; the workload's
    misfire policy, run_all, never skips one); a cancelled job's runs form a gap-free prefix.
@@ -102,6 +106,8 @@ class History:
     deliveries: list[Key]  # one entry per outbox row and per queue message
     cutoff: datetime  # every run due at or before it must exist
     faults: list[str] = field(default_factory=list)
+    # one entry per succeeded attempt: the run and the worker (lease owner) that ran it
+    executions: list[tuple[Key, str | None]] = field(default_factory=list)
 
 
 @dataclass
@@ -114,6 +120,8 @@ class Report:
     occurrences_expected: int = 0
     deliveries_checked: int = 0
     partitions_checked: int = 0
+    executed_direct: int = 0  # runs whose succeeded attempt a direct worker made
+    executed_api: int = 0  # ... a tenant worker over the REST API made
     faults: list[str] = field(default_factory=list)
     duplicate_runs: list[Key] = field(default_factory=list)
     duplicate_deliveries: list[Key] = field(default_factory=list)
@@ -124,15 +132,17 @@ class Report:
     missing: list[Key] = field(default_factory=list)
     unexpected: list[Key] = field(default_factory=list)
     after_cancel: list[Key] = field(default_factory=list)
+    executed_twice: list[Key] = field(default_factory=list)
 
     @property
     def duplicates(self) -> int:
-        """Every sign of a double claim or double delivery."""
+        """Every sign of a double claim, a double delivery or a double execution."""
         return (
             len(self.duplicate_runs)
             + len(self.duplicate_deliveries)
             + len(self.version_reuse)
             + len(self.epoch_regressions)
+            + len(self.executed_twice)
         )
 
     @property
@@ -152,9 +162,12 @@ class Report:
             f"{self.cancelled_jobs}; occurrences due by the cutoff {self.occurrences_expected}; "
             f"deliveries {self.deliveries_checked}; partitions {self.partitions_checked})",
             f"faults injected: {len(self.faults)} ({', '.join(self.faults) or 'none'})",
+            f"executed by workers: {self.executed_direct + self.executed_api} runs (direct "
+            f"workers {self.executed_direct}, API workers {self.executed_api})",
             f"duplicates: {self.duplicates} (run rows {len(self.duplicate_runs)}, deliveries "
             f"{len(self.duplicate_deliveries)}, job versions claimed twice "
-            f"{len(self.version_reuse)}, epochs going backwards {len(self.epoch_regressions)})",
+            f"{len(self.version_reuse)}, epochs going backwards {len(self.epoch_regressions)}, "
+            f"runs executed twice {len(self.executed_twice)})",
             f"missing: {len(self.missing)} (undelivered runs {len(self.undelivered)}, "
             f"runs at no occurrence {len(self.unexpected)}, deliveries without a run "
             f"{len(self.orphan_deliveries)})",
@@ -172,6 +185,7 @@ class Report:
             "missing",
             "unexpected",
             "after_cancel",
+            "executed_twice",
         ):
             found = getattr(self, name)
             if found:
@@ -205,6 +219,7 @@ def check(history: History) -> Report:
         faults=list(history.faults),
     )
     _check_deliveries(history, report)
+    _check_executions(history, report)
     _check_versions(history, report)
     _check_fencing(history, report)
     _check_complete(history, report)
@@ -226,6 +241,21 @@ def _check_deliveries(history: History, report: Report) -> None:
         elif count > 1:
             report.duplicate_deliveries.append(run.key)
     report.orphan_deliveries += sorted(k for k in delivered if k not in rows)
+
+
+def _check_executions(history: History, report: Report) -> None:
+    succeeded = Counter(key for key, _ in history.executions)
+    report.executed_twice = sorted(k for k, n in succeeded.items() if n > 1)
+    for _, worker in history.executions:
+        if is_api_worker(worker):
+            report.executed_api += 1
+        else:
+            report.executed_direct += 1
+
+
+def is_api_worker(worker: str | None) -> bool:
+    """Whether a lease owner is a tenant worker's over the API (`api:TOKEN_ID:DIGEST`)."""
+    return worker is not None and worker.startswith("api:")
 
 
 def _check_versions(history: History, report: Report) -> None:
@@ -335,6 +365,7 @@ def load_history(store: Store, cutoff: datetime, faults: Sequence[str] = ()) -> 
     if not store.is_postgres:
         raise ValueError("the chaos checker reads transaction ids: Postgres only")
     j, r, o, m = schema.jobs, schema.runs, schema.outbox, schema.queue_messages
+    a = schema.run_attempts
     xmin: Any = literal_column("runs.xmin::text::bigint").label("claim_order")
     with store.read() as connection:
         job_rows = connection.execute(
@@ -366,6 +397,12 @@ def load_history(store: Store, cutoff: datetime, faults: Sequence[str] = ()) -> 
             (row[0], row[1])
             for table in (o, m)
             for row in connection.execute(select(table.c.job_id, table.c.scheduled_at)).all()
+        ]
+        executions: list[tuple[Key, str | None]] = [
+            ((row[0], row[1]), row[2])
+            for row in connection.execute(
+                select(a.c.job_id, a.c.scheduled_at, a.c.worker).where(a.c.status == "succeeded")
+            ).all()
         ]
     # workers run during the faults: a run whose message was leased and acknowledged (or
     # is being retried) left the queue; its status says it reached a worker
@@ -403,4 +440,11 @@ def load_history(store: Store, cutoff: datetime, faults: Sequence[str] = ()) -> 
         )
         for row in run_rows
     ]
-    return History(jobs=jobs, runs=runs, deliveries=deliveries, cutoff=cutoff, faults=list(faults))
+    return History(
+        jobs=jobs,
+        runs=runs,
+        deliveries=deliveries,
+        cutoff=cutoff,
+        faults=list(faults),
+        executions=executions,
+    )

@@ -1,13 +1,15 @@
-"""Owns the chaos harness: real `scheduled-d dispatcher`, `relay` and `worker` processes
-(started, stopped with SIGTERM, killed with SIGKILL, paused with SIGSTOP and continued), each
-logging to its own file, and the outside views the tests poll: who owns which partition
-under which epoch, and who is a member in ZooKeeper.
+"""Owns the chaos harness: real `scheduled-d dispatcher`, `relay`, `worker` and `api`
+processes and tenant workers over the API (`worker --api`) (started, stopped with SIGTERM,
+killed with SIGKILL, paused with SIGSTOP and continued), each logging to its own file, and
+the outside views the tests poll: who owns which partition under which epoch, and who is a
+member in ZooKeeper.
 
 Every daemon is configured through the environment only (SCHEDULED_DATABASE_URL,
 SCHEDULED_ZOOKEEPER, SCHEDULED_ZOOKEEPER_ROOT, SCHEDULED_NODE_NAME,
 SCHEDULED_SESSION_TIMEOUT_SECONDS, SCHEDULED_POLL_INTERVAL_SECONDS) plus an empty config file,
-so nothing from the machine's /etc leaks in. `close()` continues and kills every process it
-started, by PID; every wait here is bounded in both count and time.
+so nothing from the machine's /etc leaks in. A tenant worker over the API gets none of these:
+only the API's URL and the tenant's token (SCHEDULED_API_TOKEN). `close()` continues and
+kills every process it started, by PID; every wait here is bounded in both count and time.
 """
 
 from __future__ import annotations
@@ -26,12 +28,19 @@ from typing import IO, TypeVar
 from sqlalchemy import text
 
 from schedctl import errors
+from schedctl.bench.api_workers import (
+    api_argv,
+    api_url,
+    api_worker_argv,
+    api_worker_env,
+    wait_healthy,
+)
 from schedctl.bench.consumers import worker_argv
 from schedctl.cluster_status import read_members
 from schedctl.coordination.assignment import assignment
 from schedctl.storage.partitions import PartitionRepo
 from schedctl.storage.store import Store
-from tests.services.ports import tail
+from tests.services.ports import free_port, tail
 
 SCHEDULED_D = Path(sys.executable).parent / "scheduled-d"
 STOP_TIMEOUT_SECONDS = 30.0
@@ -49,9 +58,10 @@ class Daemon:
     """One daemon name; a restart is a new process under the same name (and log file)."""
 
     name: str
-    mode: str  # "dispatcher", "relay" or "worker"
+    mode: str  # "dispatcher", "relay", "worker", "api" or "api-worker"
     log_path: Path
     argv: list[str] = field(default_factory=list)  # after scheduled-d
+    env: dict[str, str] | None = None  # instead of the cluster's (an API worker's)
     process: subprocess.Popen[bytes] | None = None
     log_file: IO[bytes] | None = None
     paused: bool = False
@@ -131,14 +141,40 @@ class Cluster:
         argv = worker_argv(queue, ["/bin/true"], tenant=tenant, concurrency=4, lease_seconds=10)
         return self.start(name, "worker", argv=argv[1:])
 
+    def start_api(self, name: str = "api", timeout: float = 60.0) -> str:
+        """`scheduled-d api` on a free loopback port; returns its URL once /healthz answers
+        (DaemonDied if it exits first, RuntimeError if it is not healthy in `timeout`)."""
+        port = free_port()
+        self.start(name, "api", argv=api_argv(port)[1:])
+        url = api_url(port)
+        if not wait_healthy(url, timeout, self.daemons[name].running):
+            self.check_alive([name])
+            raise RuntimeError(f"{name} at {url} not healthy after {timeout:g} s")
+        return url
+
+    def start_api_worker(self, name: str, queue: str, url: str, token: str) -> Daemon:
+        """A tenant worker over the API at `url` running /bin/true for each run of the
+        token's tenant's `queue`; its environment holds no database setting at all."""
+        argv = api_worker_argv(url, queue, ["/bin/true"], concurrency=4, lease_seconds=10)
+        env = api_worker_env(
+            self._env, token, SCHEDULED_LOG_LEVEL="INFO", SCHEDULED_CONFIG=str(self.config_path)
+        )
+        return self.start(name, "api-worker", argv=argv[1:], env=env)
+
     def start(
-        self, name: str, mode: str = "dispatcher", *, argv: list[str] | None = None
+        self,
+        name: str,
+        mode: str = "dispatcher",
+        *,
+        argv: list[str] | None = None,
+        env: dict[str, str] | None = None,
     ) -> Daemon:
         """Start (or restart) daemon `name` in `mode` (`argv`: the arguments after
-        scheduled-d, default just the mode); returns at once."""
+        scheduled-d, default just the mode; `env`: its whole environment, default the
+        cluster's); returns at once."""
         daemon = self.daemons.get(name)
         if daemon is None:
-            daemon = Daemon(name, mode, self.workdir / f"{name}.log", argv=argv or [mode])
+            daemon = Daemon(name, mode, self.workdir / f"{name}.log", argv=argv or [mode], env=env)
             self.daemons[name] = daemon
         if daemon.running():
             raise RuntimeError(f"{name} is already running (pid {daemon.pid})")
@@ -148,7 +184,7 @@ class Cluster:
         daemon.log_file.flush()
         daemon.process = subprocess.Popen(
             [str(SCHEDULED_D), *daemon.argv],
-            env={**self._env, "SCHEDULED_NODE_NAME": name},
+            env={**(daemon.env or self._env), "SCHEDULED_NODE_NAME": name},
             stdin=subprocess.DEVNULL,
             stdout=daemon.log_file,
             stderr=subprocess.STDOUT,

@@ -1,10 +1,14 @@
-"""Owns the chaos tests: 3 dispatchers, a relay, Postgres and ZooKeeper (standalone, and a
-3-server ensemble) under a steady load of one-time and every-second recurring jobs, some of
-them cancelled along the way, through a sequence of faults:
+"""Owns the chaos tests: 3 dispatchers, a relay, workers, Postgres and ZooKeeper (standalone,
+and a 3-server ensemble) under a steady load of one-time and every-second recurring jobs, some
+of them cancelled along the way, through a sequence of faults:
 
     kill -9 of a dispatcher (then restarted)      SIGSTOP of one until its session expires
     restart of a ZooKeeper server (the leader)    restart of Postgres (stop -m fast, start)
     a dispatcher added                            a dispatcher removed (SIGTERM)
+
+Workers consume the queues meanwhile: direct workers (database access) and, for one tenant,
+tenant workers over the REST API (a `scheduled-d api` process; the workers hold the tenant's
+token and no database setting), which ride through the Postgres restart on 503s and retries.
 
 The invariant checker (checker.py) then proves over the run history, the outbox and the
 queue that no run was claimed twice, no due run was lost and nothing was claimed after its
@@ -38,6 +42,7 @@ from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.storage import schema
 from schedctl.storage.jobs import JobRepo
 from schedctl.storage.store import Store
+from schedctl.storage.tenants import TenantRepo
 from tests.chaos.checker import (
     WORKER_STATUSES,
     History,
@@ -60,6 +65,10 @@ DISPATCHERS = ["d1", "d2", "d3"]
 # claim's, and the fencing check orders claims by it (checker.py).
 WORKLOAD_QUEUES = ["chaos-recurring", "chaos-live"]
 TENANTS = ["alpha", "bravo", "charlie"]
+# This tenant's queues are consumed through the API: its recurring queue by an API worker
+# alone, its live queue by an API worker and a direct worker side by side.
+API_TENANT = "alpha"
+API_ONLY_QUEUES = ["chaos-recurring"]
 # Catch-up is paced per tenant at its dispatch rate: low enough to engage after a fault.
 TENANT_DISPATCH_RATE = 200
 RECURRING_JOBS = 120  # every second each, from a few seconds after the start
@@ -243,6 +252,19 @@ def pending(store: Store, cutoff: datetime) -> Pending:
             select(func.count()).where(o.c.scheduled_at <= cutoff)
         ).scalar_one()
     return Pending(int(due), int(outbox))
+
+
+def api_executions_since(store: Store, at: datetime) -> int:
+    """Succeeded attempts that a tenant worker over the API started after `at`."""
+    a = schema.run_attempts
+    with store.read() as connection:
+        return int(
+            connection.execute(
+                select(func.count()).where(
+                    a.c.status == "succeeded", a.c.worker.like("api:%"), a.c.started_at > at
+                )
+            ).scalar_one()
+        )
 
 
 def lateness(runs: Iterable[RunRecord]) -> str:
@@ -457,7 +479,8 @@ def test_no_run_claimed_twice_lost_or_claimed_after_cancel_under_faults(
         + (f"; at the cutoff: {seen[0]}" if seen else "")
     )
     dead = cluster.dead()
-    exits = {name: cluster.terminate(name) for name in [*members, "relay", *workers]}
+    # the API last: its workers settle what they hold through it
+    exits = {name: cluster.terminate(name) for name in [*members, "relay", *workers, "api"]}
     figures.note(f"daemons stopped with SIGTERM, exit codes: {exits}")
 
     history = load_history(store, cutoff, figures.faults)
@@ -470,6 +493,20 @@ def test_no_run_claimed_twice_lost_or_claimed_after_cancel_under_faults(
     )
     executed = Counter(r.status for r in history.runs if r.status in WORKER_STATUSES)
     figures.note(f"runs that reached the workers (/bin/true) by status: {dict(executed)}")
+    api_workers = [n for n in workers if n.startswith("api-worker")]
+    logged = cluster.count_in_logs(": succeeded")
+    retried = cluster.count_in_logs("retrying")
+    unavailable = cluster.count_in_logs('" 503').get("api", 0)  # uvicorn's access log
+    restarted = dict(figures.marks).get("postgres restart")
+    api_after_restart = api_executions_since(store, restarted) if restarted else 0
+    figures.note(
+        f"runs executed by direct workers: {report.executed_direct}, by API workers: "
+        f"{report.executed_api} (the API workers' logs: "
+        f"{sum(logged.get(n, 0) for n in api_workers)} successes, "
+        f"{sum(retried.get(n, 0) for n in api_workers)} retries; the API answered "
+        f"{unavailable} requests with 503); "
+        f"by API workers after the Postgres restart: {api_after_restart}"
+    )
     figures.note(f"claim lateness, faults included: {lateness(history.runs)}")
     figures.note("claim lateness by phase:\n" + lateness_by_phase(history, figures.marks))
     figures.note("checker:\n" + report.summary())
@@ -483,21 +520,36 @@ def test_no_run_claimed_twice_lost_or_claimed_after_cancel_under_faults(
     assert report.runs_checked > 0 and report.occurrences_expected > 0
     assert report.ok, report.summary()
     assert executed["succeeded"] > 0, "the workers executed nothing"
+    assert report.executed_direct > 0, "the direct workers executed nothing"
+    assert report.executed_api > 0, "the API workers executed nothing"
+    if restarted:
+        assert api_after_restart > 0, "the API workers executed nothing after Postgres restarted"
     assert not dead, f"daemons exited by themselves: {dead}"
     assert aborted is None, f"the cluster did not recover: {aborted}"
     assert exits == dict.fromkeys(exits, 0), f"a daemon did not stop cleanly: {exits}"
 
 
 def start_workers(cluster: Cluster, workload: Workload) -> list[str]:
-    """Direct workers consuming every queue of the workload during the faults: one per
-    queue, or one per (tenant, queue) where `scheduled-d worker` takes --tenant."""
+    """Workers consuming every queue of the workload during the faults: direct workers, one
+    per queue, or one per (tenant, queue) where `scheduled-d worker` takes --tenant; and a
+    `scheduled-d api` with a tenant worker over it on each queue of API_TENANT (alone on
+    API_ONLY_QUEUES), holding a token made here and no database setting."""
     per_tenant = worker_accepts_tenant()
     names = []
     for queue in WORKLOAD_QUEUES:
         for tenant in TENANTS if per_tenant else [None]:
+            if tenant == API_TENANT and queue in API_ONLY_QUEUES:
+                continue
             name = f"worker-{queue}" + (f"-{tenant}" if tenant else "")
             cluster.start_worker(name, queue, tenant=tenant)
             names.append(name)
+    tenant_id = workload.tenants[TENANTS.index(API_TENANT)]
+    token = TenantRepo(workload.store).new_token(tenant_id, actor="chaos")
+    url = cluster.start_api("api")
+    for queue in WORKLOAD_QUEUES:
+        name = f"api-worker-{queue}-{API_TENANT}"
+        cluster.start_api_worker(name, queue, url, token)
+        names.append(name)
     return names
 
 
@@ -578,6 +630,15 @@ def test_the_checker_reports_an_undelivered_run_and_a_delivery_without_run() -> 
     history.deliveries.append(stray)
     report = _checked(history)
     assert report.undelivered == [lost] and report.orphan_deliveries == [stray]
+
+
+def test_the_checker_counts_executions_by_worker_kind_and_reports_a_run_executed_twice() -> None:
+    history = _clean_history()
+    once, twice = history.runs[0].key, history.runs[1].key
+    history.executions = [(once, "worker-a"), (twice, "api:tok:digest"), (twice, "worker-b")]
+    report = _checked(history)
+    assert (report.executed_direct, report.executed_api) == (2, 1)
+    assert report.executed_twice == [twice] and report.duplicates == 1 and not report.ok
 
 
 def test_the_checker_reports_a_run_claimed_after_cancel() -> None:
