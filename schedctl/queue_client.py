@@ -79,6 +79,7 @@ class ApiLeaseBackend:
         *,
         timeout: float = DEFAULT_TIMEOUT_SECONDS,
         session: requests.Session | None = None,
+        connections: int = 10,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise errors.ConfigError(
@@ -91,7 +92,14 @@ class ApiLeaseBackend:
             )
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
-        self.session = session or requests.Session()
+        if session is None:
+            session = requests.Session()
+            # one kept-alive connection per command that may heartbeat or settle at once, plus
+            # the lease loop's: a smaller pool drops connections and warns at every run
+            adapter = requests.adapters.HTTPAdapter(pool_maxsize=max(connections, 1) + 1)
+            session.mount("http://", adapter)
+            session.mount("https://", adapter)
+        self.session = session
         self.session.headers.update(
             {"Authorization": f"Bearer {token}", "User-Agent": f"scheduled-d/{__version__}"}
         )

@@ -801,7 +801,12 @@ def run_api_worker(
     from scheduled_d.signals import stop_on_signals
 
     heartbeat = min(5.0, lease_seconds / 3)
-    backend = ApiLeaseBackend(api_url, token, timeout=max(1.0, min(10.0, lease_seconds / 3)))
+    backend = ApiLeaseBackend(
+        api_url,
+        token,
+        timeout=max(1.0, min(10.0, lease_seconds / 3)),
+        connections=concurrency,
+    )
     try:
         with stop_on_signals() as (stop, force):
             worker = Worker(
