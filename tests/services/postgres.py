@@ -25,13 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from tests.services.ports import (
-    ServiceError,
-    child_pids,
-    free_port,
-    pid_alive,
-    tail,
-)
+from tests.services.ports import ServiceError, child_pids, free_port, pid_alive, tail
+from tests.services.process import failure, kill_and_reap
 
 SERVER_USER = "postgres"
 _START_TIMEOUT_S = 60
@@ -192,9 +187,10 @@ class PostgresServer:
         )
         if result.returncode != 0 and self.is_running():
             self.kill()
-            raise ServiceError(
+            raise failure(
                 f"pg_ctl stop -m {mode} failed (rc={result.returncode}); server was killed\n"
-                f"{result.stdout}{result.stderr}\n--- log tail ---\n{self.log_tail()}"
+                f"{result.stdout}{result.stderr}",
+                self.logs(),
             )
 
     def kill(self) -> None:
@@ -208,20 +204,7 @@ class PostgresServer:
         shmid = self._lock_shmid()
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGSTOP)  # freeze it so it forks no new backend meanwhile
-        children = child_pids(pid)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        for child in children:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child, signal.SIGKILL)
-        victims = [pid, *children]
-        deadline = time.monotonic() + 15
-        for _ in range(1500):
-            if not any(pid_alive(p) for p in victims):
-                break
-            if time.monotonic() > deadline:
-                raise ServiceError(f"postgres processes {victims} survived SIGKILL")
-            time.sleep(0.01)
+        kill_and_reap([pid, *child_pids(pid)])
         self._remove_stale_lock(shmid)
 
     def restart(self, mode: str = "fast") -> None:
@@ -329,6 +312,10 @@ class PostgresServer:
         """The last lines of the server log."""
         return tail(self.log_path, lines)
 
+    def logs(self, lines: int = 40) -> dict[str, str]:
+        """The server log's tail, titled, for failure reports."""
+        return {f"postgres log ({self.log_path})": self.log_tail(lines)}
+
     # -- internals -------------------------------------------------------------------
 
     def _prepare_dirs(self) -> None:
@@ -399,10 +386,10 @@ class PostgresServer:
         if result.returncode != 0 or not self.is_running():
             if self.is_running():
                 self.kill()
-            raise ServiceError(
+            raise failure(
                 f"pg_ctl start failed (rc={result.returncode}) on port {self.port}\n"
-                f"{result.stdout}{result.stderr}\n--- {self.log_path} tail ---\n"
-                f"{self.log_tail()}"
+                f"{result.stdout}{result.stderr}",
+                self.logs(),
             )
 
     def _run(
