@@ -15,10 +15,12 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 
 import pytest
+from sqlalchemy import func, select
 
 from schedctl.coordination.base import Coordinator
 from schedctl.coordination.local import LocalCoordinator
 from schedctl.coordination.zookeeper import ZooKeeperCoordinator
+from schedctl.storage import schema
 from schedctl.storage.claim import Claimer
 from schedctl.storage.partitions import PartitionRepo
 from schedctl.storage.store import Store
@@ -109,9 +111,14 @@ def test_a_claim_under_a_replaced_owners_epochs_commits_nothing(make: Make, stor
     now = datetime.now(UTC)
     due = Claimer(store, "old").load_due(ALL, now)
     assert due
-    old.stop()  # or lost: either way the partitions move on
+    old.stop()  # or lost, or paused: either way the partitions move on
     new = make("new")
+    assert all(epoch > old_epochs[p] for p, epoch in new.owned().items())
     fenced = Claimer(store, "old").claim(due, old_epochs, now)
     assert fenced.dispatched == [] and fenced.fenced
+    with store.read() as connection:
+        assert connection.execute(select(func.count()).select_from(schema.runs)).scalar() == 0
+    # nor can the old owner take a partition back under its old epoch
+    assert PartitionRepo(store).acquire([0], old_epochs[0], "old") == set()
     claimed = Claimer(store, "new").claim(due, dict(new.owned()), now)
     assert len(claimed.dispatched) == 10
