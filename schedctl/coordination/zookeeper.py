@@ -47,9 +47,6 @@ log = logging.getLogger(__name__)
 # Re-read the members and re-check every partition this often even when no watch fires:
 # a safety net for a missed watch, not the normal path (watches make changes immediate).
 RESYNC_SECONDS = 5.0
-# While not stable (a partition still held by its old owner, a failed operation), rounds
-# are retried with retrying.ZOOKEEPER_ROUND's backoff; the owner node's watch usually wakes
-# us sooner.
 # One batch of ZooKeeper operations (hundreds of pipelined creates) must finish in this.
 OP_TIMEOUT_SECONDS = 10.0
 # How long stop() waits for the worker thread, and then for the deletes to be answered.
@@ -331,6 +328,8 @@ class ZooKeeperCoordinator:
     # -- the worker thread -----------------------------------------------------------------
 
     def _run(self) -> None:
+        # while not stable (a partition still held by its old owner, a failed operation),
+        # rounds are retried after a growing wait; the owner node's watch usually wakes us
         backoff = retrying.Backoff(retrying.ZOOKEEPER_ROUND)
         while not self._stop_requested.is_set():
             stable = False
