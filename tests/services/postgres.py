@@ -23,10 +23,9 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 
 from tests.services.ports import ServiceError, child_pids, free_port, pid_alive, tail
-from tests.services.process import failure, kill_and_reap
+from tests.services.process import Service, failure, kill_and_reap, run_until_enter
 
 SERVER_USER = "postgres"
 _START_TIMEOUT_S = 60
@@ -86,7 +85,7 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-class PostgresServer:
+class PostgresServer(Service):
     """One throwaway PostgreSQL cluster on 127.0.0.1.
 
     ``start()`` runs initdb on first use, then starts the server; ``stop()``, ``kill()``
@@ -125,18 +124,6 @@ class PostgresServer:
         self._atexit_registered = False
 
     # -- context manager -------------------------------------------------------------
-
-    def __enter__(self) -> PostgresServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.cleanup()
 
     def __repr__(self) -> str:
         return (
@@ -471,11 +458,10 @@ class PostgresServer:
 def _main(argv: Sequence[str]) -> int:
     """``python -m tests.services.postgres``: run a throwaway server until Enter is pressed."""
     del argv
-    with PostgresServer() as server:
-        print(f"postgres running: {server.url()}  (dir {server.base_dir})", flush=True)
-        with contextlib.suppress(EOFError, KeyboardInterrupt):
-            input("press Enter to stop and delete it ")
-    return 0
+    server = PostgresServer()
+    return run_until_enter(
+        server, lambda: f"postgres running: {server.url()}  (dir {server.base_dir})"
+    )
 
 
 if __name__ == "__main__":

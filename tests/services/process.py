@@ -16,7 +16,8 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
+from types import TracebackType
+from typing import Self, TypeVar
 
 from tests.services.ports import ServiceError, child_pids, pid_alive, tail
 
@@ -197,3 +198,35 @@ class ServerProcess:
         except PermissionError:
             with contextlib.suppress(ProcessLookupError):
                 popen.send_signal(sig)
+
+
+class Service:
+    """A test server used as a context manager: started on entering the block, stopped and
+    deleted on leaving it. Subclasses define ``start()`` and ``cleanup()``."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def cleanup(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.cleanup()
+
+
+def run_until_enter(service: Service, describe: Callable[[], str]) -> int:
+    """``python -m tests.services.X``: run the service until Enter is pressed, then delete it."""
+    with service:
+        print(describe(), flush=True)
+        with contextlib.suppress(EOFError, KeyboardInterrupt):
+            input("press Enter to stop and delete it ")
+    return 0

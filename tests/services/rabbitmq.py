@@ -19,10 +19,9 @@ import sys
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 
 from tests.services.ports import ServiceError, free_port, tail
-from tests.services.process import ServerProcess, poll_ready
+from tests.services.process import ServerProcess, Service, poll_ready, run_until_enter
 
 _START_TIMEOUT_S = 90
 _STOP_TIMEOUT_S = 30
@@ -42,7 +41,7 @@ def find_server() -> Path:
     raise ServiceError(_INSTALL_HINT)
 
 
-class RabbitMQServer:
+class RabbitMQServer(Service):
     """One RabbitMQ node on 127.0.0.1; ``start()`` returns once it accepts AMQP connections.
 
     ``stop()`` (SIGTERM, then SIGKILL) and ``kill()`` keep the data directory, so a restarted
@@ -70,18 +69,6 @@ class RabbitMQServer:
             env=self._env(),
         )
         self._atexit = False
-
-    def __enter__(self) -> RabbitMQServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.cleanup()
 
     def __repr__(self) -> str:
         return f"RabbitMQServer(port={self.port}, base_dir={str(self.base_dir)!r})"
@@ -205,11 +192,10 @@ class RabbitMQServer:
 def _main(argv: Sequence[str]) -> int:
     """``python -m tests.services.rabbitmq``: run a throwaway broker until Enter is pressed."""
     del argv
-    with RabbitMQServer() as server:
-        print(f"rabbitmq running: {server.url()}  (dir {server.base_dir})", flush=True)
-        with contextlib.suppress(EOFError, KeyboardInterrupt):
-            input("press Enter to stop and delete it ")
-    return 0
+    server = RabbitMQServer()
+    return run_until_enter(
+        server, lambda: f"rabbitmq running: {server.url()}  (dir {server.base_dir})"
+    )
 
 
 if __name__ == "__main__":

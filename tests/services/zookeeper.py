@@ -21,10 +21,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
 from tests.services.ports import ServiceError, free_ports
-from tests.services.process import ServerProcess, poll_ready
+from tests.services.process import ServerProcess, Service, poll_ready, run_until_enter
 
 JAVA_DIR = Path("/usr/share/java")
 ZOOKEEPER_JAR = JAVA_DIR / "zookeeper.jar"
@@ -105,7 +104,7 @@ class _Server:
         return self.directory / "server.log"
 
 
-class ZooKeeperEnsemble:
+class ZooKeeperEnsemble(Service):
     """``size`` ZooKeeper servers on 127.0.0.1: standalone if 1, a quorum ensemble if more."""
 
     def __init__(self, size: int = 1, base_dir: Path | None = None) -> None:
@@ -146,18 +145,6 @@ class ZooKeeperEnsemble:
         self._atexit_registered = False
 
     # -- context manager -------------------------------------------------------------
-
-    def __enter__(self) -> ZooKeeperEnsemble:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.cleanup()
 
     def __repr__(self) -> str:
         return f"ZooKeeperEnsemble(size={self.size}, hosts={self.hosts!r})"
@@ -377,12 +364,10 @@ class ZooKeeperEnsemble:
 
 def _main(argv: Sequence[str]) -> int:
     """``python -m tests.services.zookeeper [SIZE]``: run servers until Enter is pressed."""
-    size = int(argv[0]) if argv else 1
-    with ZooKeeperEnsemble(size) as ensemble:
-        print(f"zookeeper running: {ensemble.hosts}  (dir {ensemble.base_dir})", flush=True)
-        with contextlib.suppress(EOFError, KeyboardInterrupt):
-            input("press Enter to stop and delete it ")
-    return 0
+    ensemble = ZooKeeperEnsemble(int(argv[0]) if argv else 1)
+    return run_until_enter(
+        ensemble, lambda: f"zookeeper running: {ensemble.hosts}  (dir {ensemble.base_dir})"
+    )
 
 
 if __name__ == "__main__":
