@@ -123,8 +123,6 @@ class PostgresServer(Service):
         self._as_server_user = os.geteuid() == 0
         self._atexit_registered = False
 
-    # -- context manager -------------------------------------------------------------
-
     def __repr__(self) -> str:
         return (
             f"PostgresServer(port={self.port}, base_dir={str(self.base_dir)!r}, "

@@ -144,8 +144,6 @@ class ZooKeeperEnsemble(Service):
         self._configured = False
         self._atexit_registered = False
 
-    # -- context manager -------------------------------------------------------------
-
     def __repr__(self) -> str:
         return f"ZooKeeperEnsemble(size={self.size}, hosts={self.hosts!r})"
 
