@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.services.postgres import PostgresServer
+from tests.services.rabbitmq import RabbitMQServer
 from tests.services.zookeeper import ZooKeeperEnsemble
 
 for _name in [name for name in os.environ if name.startswith("SCHEDULED_")]:
@@ -196,27 +197,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _log_sections(item: pytest.Item) -> list[tuple[str, str]]:
-    services: list[PostgresServer | ZooKeeperEnsemble] = []
+    services: list[PostgresServer | ZooKeeperEnsemble | RabbitMQServer] = []
     if item.get_closest_marker("postgres") is not None and "postgres" in _SESSION_SERVICES:
         services.append(_SESSION_SERVICES["postgres"])
     if item.get_closest_marker("zookeeper") is not None and "zookeeper" in _SESSION_SERVICES:
         services.append(_SESSION_SERVICES["zookeeper"])
     funcargs: dict[str, object] = getattr(item, "funcargs", {})
     for value in funcargs.values():
-        if isinstance(value, PostgresServer | ZooKeeperEnsemble) and value not in services:
+        if (
+            isinstance(value, PostgresServer | ZooKeeperEnsemble | RabbitMQServer)
+            and value not in services
+        ):
             services.append(value)
-    sections: list[tuple[str, str]] = []
-    for service in services:
-        if isinstance(service, PostgresServer):
-            sections.append(
-                (f"postgres log tail ({service.log_path})", service.log_tail(_LOG_TAIL_LINES))
-            )
-        else:
-            for i in range(service.size):
-                sections.append(
-                    (f"zookeeper server {i} log tail ({service.hosts})", service.log_tail(i))
-                )
-    return sections
+    return [
+        (f"{title} tail", text)
+        for service in services
+        for title, text in service.logs(_LOG_TAIL_LINES).items()
+    ]
 
 
 @pytest.hookimpl(wrapper=True)

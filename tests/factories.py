@@ -6,11 +6,11 @@ import hashlib
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from schedctl.bench.load import insert_once_jobs
 from schedctl.models import JobSpec, RetryPolicy, Target, TargetType
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import IntervalSchedule, OnceSchedule, Schedule
 from schedctl.storage import schema
+from schedctl.storage.bulk import insert_once_jobs
 from schedctl.storage.jobs import JobRepo
 from schedctl.storage.store import Store
 

@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
 
-from schedctl import errors
+from schedctl import errors, retrying
 from schedctl.coordination.base import Coordinator
 from schedctl.storage import schema
 from schedctl.storage.changes import ChangeFeed, open_change_feed
@@ -282,6 +282,7 @@ class Dispatcher:
     def run(self, stop: threading.Event) -> None:
         feed = self._feed or open_change_feed(self.store, self.poll_seconds)
         log.info("dispatcher started")
+        backoff = retrying.Backoff(retrying.STORE_UNAVAILABLE)
         try:
             while not stop.is_set():
                 try:
@@ -289,7 +290,9 @@ class Dispatcher:
                 except errors.StoreUnavailable as exc:
                     log.warning("database unavailable, retrying: %s", exc)
                     self._full_reload_at = float("-inf")
-                    stop.wait(1.0)
+                    backoff.wait(stop)
+                    continue
+                backoff.reset()
         finally:
             feed.close()
             self._pool.shutdown(wait=True)

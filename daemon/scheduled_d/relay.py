@@ -36,7 +36,7 @@ from typing import Any
 
 from prometheus_client import Counter, Histogram
 
-from schedctl import errors
+from schedctl import errors, retrying
 from schedctl.config import Config
 from schedctl.delivery.http import (
     DEFAULT_TIMEOUT_SECONDS,
@@ -63,9 +63,6 @@ from schedctl.storage.store import Store
 
 log = logging.getLogger(__name__)
 
-# Backoff while the database is away: short at first, never long enough to matter after.
-STORE_RETRY_MIN_SECONDS = 0.5
-STORE_RETRY_MAX_SECONDS = 5.0
 # RabbitMQ publishes are quick: one slot publishes up to this many runs in a row.
 RABBITMQ_PER_SLOT = 50
 # After a slot frees, wait this long for others before claiming again: one claim
@@ -254,7 +251,7 @@ class Relay:
         """Relay until `stop` is set, then finish the deliveries in flight (each is bounded
         by the HTTP timeout) and record them; database outages are waited out."""
         self._start_settler()
-        retry = STORE_RETRY_MIN_SECONDS
+        backoff = retrying.Backoff(retrying.STORE_UNAVAILABLE)
         unavailable = False
         try:
             last_full = float("-inf")
@@ -278,13 +275,12 @@ class Relay:
                     if not unavailable:
                         log.warning("relay: database unavailable: %s; retrying", exc)
                     unavailable = True
-                    stop.wait(retry)
-                    retry = min(retry * 2, STORE_RETRY_MAX_SECONDS)
+                    backoff.wait(stop)
                     continue
                 if unavailable:
                     log.info("relay: database reachable again")
                     unavailable = False
-                    retry = STORE_RETRY_MIN_SECONDS
+                    backoff.reset()
                 if moved >= self.batch_size:
                     continue  # a full batch: more are probably waiting
                 self._sleep(stop)
@@ -613,7 +609,7 @@ class Relay:
             self._heartbeat.start()
 
     def _settle_loop(self) -> None:
-        retry = STORE_RETRY_MIN_SECONDS
+        backoff = retrying.Backoff(retrying.STORE_UNAVAILABLE)
         pending: list[Outcome] = []
         while True:
             if not pending:
@@ -642,11 +638,10 @@ class Relay:
                 if self._settler_stop.is_set():
                     self._forget(len(pending))
                     return
-                self._settler_stop.wait(retry)
-                retry = min(retry * 2, STORE_RETRY_MAX_SECONDS)
+                backoff.wait(self._settler_stop)
                 continue
             pending = []
-            retry = STORE_RETRY_MIN_SECONDS
+            backoff.reset()
 
     def _settle(self, outcomes: Sequence[Outcome]) -> None:
         result = self.outbox.settle(outcomes)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from schedctl import errors
+from schedctl import errors, retrying
 from schedctl.config import command_env
 from schedctl.leasing import CANCELLED_RUNNING_ERROR, Beat, LeaseBackend
 from schedctl.leasing import LeasedRun as Lease
@@ -47,7 +47,6 @@ READ_CHUNK = 65536
 DRAIN_SECONDS = 2.0
 # The longest the run loop sleeps between checks of the process, the clock and `force`.
 TICK_SECONDS = 0.25
-STORE_RETRY_SECONDS = 1.0
 # The only variables of the worker's own environment that reach a command (when set): the
 # rest -- SCHEDULED_DATABASE_URL, SCHEDULED_PAYLOAD_KEYS, SCHEDULED_API_TOKEN... -- never do.
 INHERITED_VARIABLES = ("PATH", "LANG", "TZ", "HOME")
@@ -189,6 +188,7 @@ class Worker:
         self._force = force if force is not None else threading.Event()
         taken = 0
         next_reap = 0.0
+        backoff = retrying.Backoff(retrying.STORE_UNAVAILABLE)
         log.info(
             "worker %s: tenant %s, queue %r, concurrency %d, command %s",
             self.owner,
@@ -215,9 +215,10 @@ class Worker:
                         )
                     except errors.StoreUnavailable as exc:
                         self._store_down("cannot lease", exc)
-                        stop.wait(STORE_RETRY_SECONDS)
+                        backoff.wait(stop)
                         continue
                     self._store_up()
+                    backoff.reset()
                     for lease in leases:
                         self._start(lease)
                     taken += len(leases)
@@ -629,27 +630,28 @@ class Worker:
     def _record(self, lease: Lease, action: Callable[[], bool]) -> bool:
         """Store an outcome, retrying while the backend is away; after a whole lease of
         retries the run belongs to the reaper (it will be redelivered: at least once)."""
-        give_up = time.monotonic() + max(self.lease_seconds, 10.0)
-        while True:
-            try:
-                recorded = action()
-                break
-            except errors.StoreUnavailable as exc:
-                if time.monotonic() >= give_up or self._force.is_set():
-                    log.error(
-                        "run %s attempt %d: could not record the outcome: %s; the run "
-                        "will be redelivered after its lease expires",
-                        lease.idempotency_key,
-                        lease.attempt,
-                        exc,
-                    )
-                    return False
-                log.warning(
+        try:
+            recorded = retrying.call_with_retries(
+                action,
+                policy=retrying.STORE_UNAVAILABLE,
+                retry_on=errors.StoreUnavailable,
+                give_up_after=max(self.lease_seconds, 10.0),
+                stop=self._force,
+                on_retry=lambda exc: log.warning(
                     "run %s: recording the outcome failed: %s; retrying",
                     lease.idempotency_key,
                     exc,
-                )
-                time.sleep(STORE_RETRY_SECONDS)
+                ),
+            )
+        except errors.StoreUnavailable as exc:
+            log.error(
+                "run %s attempt %d: could not record the outcome: %s; the run "
+                "will be redelivered after its lease expires",
+                lease.idempotency_key,
+                lease.attempt,
+                exc,
+            )
+            return False
         if not recorded:
             log.warning(
                 "run %s attempt %d: finished after its lease was lost; outcome not recorded",

@@ -20,8 +20,8 @@ from sqlalchemy import and_, func, select, text, update
 
 from schedctl import errors
 from schedctl.bench.consumers import Consumers
-from schedctl.bench.load import insert_once_jobs
 from schedctl.storage import schema
+from schedctl.storage.bulk import insert_once_jobs
 from schedctl.storage.store import Store
 from schedctl.storage.tenants import TenantRepo
 

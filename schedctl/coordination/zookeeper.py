@@ -37,7 +37,7 @@ from kazoo.hosts import collect_hosts
 from kazoo.protocol.states import KazooState
 from kazoo.retry import KazooRetry
 
-from schedctl import errors
+from schedctl import errors, retrying
 from schedctl.coordination.assignment import partitions_for
 from schedctl.storage.partitions import PartitionRepo
 from schedctl.storage.store import Store
@@ -47,9 +47,6 @@ log = logging.getLogger(__name__)
 # Re-read the members and re-check every partition this often even when no watch fires:
 # a safety net for a missed watch, not the normal path (watches make changes immediate).
 RESYNC_SECONDS = 5.0
-# While not stable (a partition still held by its old owner, a failed operation), retry
-# this often; the owner node's watch usually wakes us sooner.
-RETRY_SECONDS = 1.0
 # One batch of ZooKeeper operations (hundreds of pipelined creates) must finish in this.
 OP_TIMEOUT_SECONDS = 10.0
 # How long stop() waits for the worker thread, and then for the deletes to be answered.
@@ -331,6 +328,9 @@ class ZooKeeperCoordinator:
     # -- the worker thread -----------------------------------------------------------------
 
     def _run(self) -> None:
+        # while not stable (a partition still held by its old owner, a failed operation),
+        # rounds are retried after a growing wait; the owner node's watch usually wakes us
+        backoff = retrying.Backoff(retrying.ZOOKEEPER_ROUND)
         while not self._stop_requested.is_set():
             stable = False
             with self._lock:
@@ -346,7 +346,11 @@ class ZooKeeperCoordinator:
                 self._rounds += 1
                 self._cond.notify_all()
             self._notify_change()
-            self._wake.wait(RESYNC_SECONDS if stable else RETRY_SECONDS)
+            if stable:
+                backoff.reset()
+                self._wake.wait(RESYNC_SECONDS)
+            else:
+                backoff.wait(self._wake)  # stop() sets _wake: a stop never waits it out
             self._wake.clear()
 
     def _notify_change(self) -> None:

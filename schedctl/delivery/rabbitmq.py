@@ -36,7 +36,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pika  # type: ignore[import-untyped]
 import pika.exceptions  # type: ignore[import-untyped]
 
-from schedctl import errors
+from schedctl import errors, retrying
 from schedctl.delivery.http import DeliveryResult, Verdict, delivery_body
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.signing import BROKER_METHOD, signed_headers
@@ -170,8 +170,8 @@ class RabbitPublisher:
             app_id=APP_ID,
             headers={**headers, "X-Sched-Attempt": message.attempt},
         )
-        fresh = self._connection is None
-        for _try in range(2):
+
+        def send() -> None:
             try:
                 self._open()
                 self._ensure_queue(message.queue)
@@ -182,26 +182,34 @@ class RabbitPublisher:
                     properties=properties,
                     mandatory=True,
                 )
-                self.last_used = time.monotonic()
-                return DeliveryResult(
-                    Verdict.succeeded,
-                    detail=f"confirmed by the broker into queue {message.queue!r}",
-                    seconds=time.monotonic() - started,
-                )
-            except pika.exceptions.UnroutableError:
-                self._declared.discard(message.queue)
-                error = f"the broker returned the message: queue {message.queue!r} is missing"
-            except pika.exceptions.NackError:
-                error = "the broker refused the message (nack)"
-            except (pika.exceptions.AMQPError, OSError) as exc:
-                self.close()
-                error = f"broker error: {type(exc).__name__}: {_text(exc)}"
-                if not fresh:
-                    # a pooled connection may have died while idle: one fresh try is
-                    # part of the same attempt, not a retry
-                    fresh = True
-                    continue
-            break
+            except _CONNECTION_ERRORS as exc:
+                if _connection_trouble(exc):
+                    self.close()
+                raise
+
+        try:
+            retrying.call_with_retries(
+                send,
+                policy=retrying.BROKER_RECONNECT,
+                retry_on=_connection_trouble,
+                # a pooled connection may have died while idle: one fresh connection is
+                # part of the same attempt, not a retry
+                attempts=1 if self._connection is None else 2,
+            )
+        except pika.exceptions.UnroutableError:
+            self._declared.discard(message.queue)
+            error = f"the broker returned the message: queue {message.queue!r} is missing"
+        except pika.exceptions.NackError:
+            error = "the broker refused the message (nack)"
+        except _CONNECTION_ERRORS as exc:
+            error = f"broker error: {type(exc).__name__}: {_text(exc)}"
+        else:
+            self.last_used = time.monotonic()
+            return DeliveryResult(
+                Verdict.succeeded,
+                detail=f"confirmed by the broker into queue {message.queue!r}",
+                seconds=time.monotonic() - started,
+            )
         return DeliveryResult(Verdict.retry, error=error, seconds=time.monotonic() - started)
 
     def close(self) -> None:
@@ -261,6 +269,16 @@ class BrokerPool:
             self._lock.notify_all()
         for publisher in publishers:
             publisher.close()
+
+
+_CONNECTION_ERRORS = (pika.exceptions.AMQPError, OSError)
+
+
+def _connection_trouble(exc: BaseException) -> bool:
+    """A broken connection or channel (worth a fresh connection), not the broker's answer
+    about this message (returned or refused, which a new connection would not change)."""
+    answers = (pika.exceptions.UnroutableError, pika.exceptions.NackError)
+    return isinstance(exc, _CONNECTION_ERRORS) and not isinstance(exc, answers)
 
 
 def _text(exc: BaseException) -> str:

@@ -9,20 +9,24 @@ The DST rule (DESIGN.md, "Scheduling semantics"):
   of a repeated hour included, nothing inside a gap;
 * fire times strictly increase, so wall times that land on the same instant fire once.
 
-croniter is deliberately not used for iteration: it fires `30 2 * * *` twice on a
-fall-back night. Fields are expanded to integer sets here and the walk over local wall
-times is our own.
+Each field is validated here (so an error names the field and the value), then croniter
+expands the validated fields to integer sets. croniter is deliberately not used for
+iteration: it fires `30 2 * * *` twice on a fall-back night; the walk over local wall times
+is our own.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import re
 from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
 
 from schedctl.errors import ValidationError
 
@@ -131,10 +135,11 @@ def _value(token: str, spec: _FieldSpec) -> int:
     return number
 
 
-def _expand(text: str, spec: _FieldSpec) -> tuple[frozenset[int], bool]:
-    """The field's values, and whether it starts with `*` (which Vixie cron treats as
-    unrestricted when choosing between the AND and OR day rules)."""
-    values: set[int] = set()
+def _validate(text: str, spec: _FieldSpec) -> tuple[str, bool]:
+    """The field checked and rewritten in plain numbers (`low-high/step`, names resolved),
+    and whether it starts with `*` (which Vixie cron treats as unrestricted when choosing
+    between the AND and OR day rules)."""
+    elements: list[str] = []
     span = spec.high - spec.low + (0 if spec.name == "day-of-week" else 1)
     for element in text.split(","):
         if _EXTENSION.search(element):
@@ -154,25 +159,41 @@ def _expand(text: str, spec: _FieldSpec) -> tuple[frozenset[int], bool]:
             if not 1 <= step <= span:
                 raise _fail(f"{spec.name}: step {step} out of range 1-{span}")
         if star:
-            low, high = spec.low, spec.high
+            elements.append(f"*/{step}")
+            continue
+        low = _value(first, spec)
+        if last is not None:
+            high = _value(last, spec)
+            # MON-SUN reads naturally; SUN is 0, so let it close the week as 7.
+            if spec.name == "day-of-week" and high == 0 and last.upper() == "SUN":
+                high = 7
+            if high < low:
+                raise _fail(f"{spec.name}: range '{element}' runs backwards")
+        elif step_text is not None:
+            high = spec.high  # `5/15` = from 5 to the end, every 15
         else:
-            low = _value(first, spec)
-            if last is not None:
-                high = _value(last, spec)
-                # MON-SUN reads naturally; SUN is 0, so let it close the week as 7.
-                if spec.name == "day-of-week" and high == 0 and last.upper() == "SUN":
-                    high = 7
-                if high < low:
-                    raise _fail(f"{spec.name}: range '{element}' runs backwards")
-            elif step_text is not None:
-                high = spec.high  # `5/15` = from 5 to the end, every 15
-            else:
-                high = low
-        values.update(range(low, high + 1, step))
-    if spec.name == "day-of-week" and 7 in values:
-        values.discard(7)
-        values.add(0)
-    return frozenset(values), text.startswith("*")
+            high = low
+        # croniter reads `5-5` as the whole cycle round from 5 back to 5: one value is one
+        elements.append(str(low) if low == high else f"{low}-{high}/{step}")
+    return ",".join(elements), text.startswith("*")
+
+
+@functools.lru_cache(maxsize=4096)
+def _expand(fields: tuple[str, ...]) -> tuple[frozenset[int], ...]:
+    """croniter's expansion of validated fields to the values each one matches (cached:
+    the claim path parses the schedule of every due job, and expanding costs more than the
+    rest of the parse)."""
+    expanded, _ = croniter.expand(" ".join(fields))
+    sets: list[frozenset[int]] = []
+    for values, spec in zip(expanded, _FIELDS, strict=True):
+        if "*" in values:
+            numbers = set(range(spec.low, spec.high + 1))
+        else:
+            numbers = {int(value) for value in values}
+        if spec.name == "day-of-week":
+            numbers = {number % 7 for number in numbers}  # Sunday is 0, whether 0 or 7
+        sets.append(frozenset(numbers))
+    return tuple(sets)
 
 
 @dataclass(frozen=True)
@@ -216,8 +237,9 @@ class CronSchedule:
                 f"expected 5 fields (minute hour day-of-month month day-of-week), "
                 f"got {len(parts)} in '{text}'"
             )
-        expanded = [_expand(part, spec) for part, spec in zip(parts, _FIELDS, strict=True)]
-        (minutes, _), (hours, _), (doms, dom_star), (months, _), (dows, dow_star) = expanded
+        checked = [_validate(part, spec) for part, spec in zip(parts, _FIELDS, strict=True)]
+        minutes, hours, doms, months, dows = _expand(tuple(field for field, _ in checked))
+        dom_star, dow_star = checked[2][1], checked[4][1]
         day_or = not dom_star and not dow_star
         if not dom_star and dow_star:
             # AND rule with a restricted day of month: some listed day must exist in some

@@ -264,24 +264,6 @@ def test_cancel_racing_claims_on_postgres(pg_url: str) -> None:
         store.close()
 
 
-def test_a_fenced_claim_commits_nothing(store: Store) -> None:
-    tenant = make_tenant(store)
-    old_epochs = own_all(store, "old-owner")
-    bulk_once_jobs(store, tenant, [ago(5)] * 30)
-    claimer = Claimer(store, "old-owner")
-    now = datetime.now(UTC)
-    snapshot = claimer.load_due(ALL, now)
-    # the partitions move to a new owner with a higher epoch while the old one is paused
-    new_epochs = own_all(store, "new-owner")
-    assert all(new_epochs[p] > old_epochs[p] for p in new_epochs)
-    result = claimer.claim(snapshot, old_epochs, now)
-    assert result.dispatched == [] and result.fenced
-    assert run_keys(store) == []
-    assert PartitionRepo(store).acquire([0], old_epochs[0], "old-owner") == set()
-    fresh = Claimer(store, "new-owner").claim(snapshot, new_epochs, now)
-    assert len(fresh.dispatched) == 30
-
-
 def test_misfire_skip_records_missed_runs_and_waits_for_the_next(store: Store) -> None:
     tenant = make_tenant(store)
     epochs = own_all(store)

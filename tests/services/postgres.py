@@ -23,15 +23,9 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 
-from tests.services.ports import (
-    ServiceError,
-    child_pids,
-    free_port,
-    pid_alive,
-    tail,
-)
+from tests.services.ports import ServiceError, child_pids, free_port, pid_alive, tail
+from tests.services.process import Service, failure, kill_and_reap, run_until_enter
 
 SERVER_USER = "postgres"
 _START_TIMEOUT_S = 60
@@ -91,7 +85,7 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-class PostgresServer:
+class PostgresServer(Service):
     """One throwaway PostgreSQL cluster on 127.0.0.1.
 
     ``start()`` runs initdb on first use, then starts the server; ``stop()``, ``kill()``
@@ -128,20 +122,6 @@ class PostgresServer:
         self.bindir = find_bindir()
         self._as_server_user = os.geteuid() == 0
         self._atexit_registered = False
-
-    # -- context manager -------------------------------------------------------------
-
-    def __enter__(self) -> PostgresServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.cleanup()
 
     def __repr__(self) -> str:
         return (
@@ -192,9 +172,10 @@ class PostgresServer:
         )
         if result.returncode != 0 and self.is_running():
             self.kill()
-            raise ServiceError(
+            raise failure(
                 f"pg_ctl stop -m {mode} failed (rc={result.returncode}); server was killed\n"
-                f"{result.stdout}{result.stderr}\n--- log tail ---\n{self.log_tail()}"
+                f"{result.stdout}{result.stderr}",
+                self.logs(),
             )
 
     def kill(self) -> None:
@@ -208,20 +189,7 @@ class PostgresServer:
         shmid = self._lock_shmid()
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGSTOP)  # freeze it so it forks no new backend meanwhile
-        children = child_pids(pid)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        for child in children:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child, signal.SIGKILL)
-        victims = [pid, *children]
-        deadline = time.monotonic() + 15
-        for _ in range(1500):
-            if not any(pid_alive(p) for p in victims):
-                break
-            if time.monotonic() > deadline:
-                raise ServiceError(f"postgres processes {victims} survived SIGKILL")
-            time.sleep(0.01)
+        kill_and_reap([pid, *child_pids(pid)])
         self._remove_stale_lock(shmid)
 
     def restart(self, mode: str = "fast") -> None:
@@ -329,6 +297,10 @@ class PostgresServer:
         """The last lines of the server log."""
         return tail(self.log_path, lines)
 
+    def logs(self, lines: int = 40) -> dict[str, str]:
+        """The server log's tail, titled, for failure reports."""
+        return {f"postgres log ({self.log_path})": self.log_tail(lines)}
+
     # -- internals -------------------------------------------------------------------
 
     def _prepare_dirs(self) -> None:
@@ -399,10 +371,10 @@ class PostgresServer:
         if result.returncode != 0 or not self.is_running():
             if self.is_running():
                 self.kill()
-            raise ServiceError(
+            raise failure(
                 f"pg_ctl start failed (rc={result.returncode}) on port {self.port}\n"
-                f"{result.stdout}{result.stderr}\n--- {self.log_path} tail ---\n"
-                f"{self.log_tail()}"
+                f"{result.stdout}{result.stderr}",
+                self.logs(),
             )
 
     def _run(
@@ -484,11 +456,10 @@ class PostgresServer:
 def _main(argv: Sequence[str]) -> int:
     """``python -m tests.services.postgres``: run a throwaway server until Enter is pressed."""
     del argv
-    with PostgresServer() as server:
-        print(f"postgres running: {server.url()}  (dir {server.base_dir})", flush=True)
-        with contextlib.suppress(EOFError, KeyboardInterrupt):
-            input("press Enter to stop and delete it ")
-    return 0
+    server = PostgresServer()
+    return run_until_enter(
+        server, lambda: f"postgres running: {server.url()}  (dir {server.base_dir})"
+    )
 
 
 if __name__ == "__main__":

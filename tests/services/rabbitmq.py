@@ -15,19 +15,17 @@ import contextlib
 import glob
 import os
 import shutil
-import signal
-import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 
-from tests.services.ports import ServiceError, child_pids, free_port, pid_alive, tail
+from tests.services.ports import ServiceError, free_port, tail
+from tests.services.process import ServerProcess, Service, poll_ready, run_until_enter
 
 _START_TIMEOUT_S = 90
 _STOP_TIMEOUT_S = 30
+_PROBE_TIMEOUT_S = 2.0
 _INSTALL_HINT = (
     "RabbitMQ not found (looked for /usr/lib/rabbitmq/bin/rabbitmq-server). `make deps` "
     "installs it with `apt-get install -y rabbitmq-server`."
@@ -43,7 +41,7 @@ def find_server() -> Path:
     raise ServiceError(_INSTALL_HINT)
 
 
-class RabbitMQServer:
+class RabbitMQServer(Service):
     """One RabbitMQ node on 127.0.0.1; ``start()`` returns once it accepts AMQP connections.
 
     ``stop()`` (SIGTERM, then SIGKILL) and ``kill()`` keep the data directory, so a restarted
@@ -61,21 +59,16 @@ class RabbitMQServer:
         self.node = f"schedtest{uuid.uuid4().hex[:8]}@localhost"
         self.log_path = self.base_dir / "rabbit.log"
         self.stdout_path = self.base_dir / "stdout.log"
-        self._process: subprocess.Popen[bytes] | None = None
-        self._epmd: subprocess.Popen[bytes] | None = None
+        self._process = ServerProcess(
+            "rabbitmq-server", [str(self.server)], log_path=self.stdout_path, env=self._env()
+        )
+        self._epmd = ServerProcess(
+            "epmd",
+            [self.epmd, "-port", str(self.epmd_port), "-address", "127.0.0.1"],
+            log_path=self.base_dir / "epmd.log",
+            env=self._env(),
+        )
         self._atexit = False
-
-    def __enter__(self) -> RabbitMQServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.cleanup()
 
     def __repr__(self) -> str:
         return f"RabbitMQServer(port={self.port}, base_dir={str(self.base_dir)!r})"
@@ -86,7 +79,13 @@ class RabbitMQServer:
         return f"amqp://guest:guest@127.0.0.1:{self.port}/{vhost}"
 
     def log_tail(self, lines: int = 40) -> str:
-        return tail(self.log_path, lines) + "\n--- stdout ---\n" + tail(self.stdout_path, lines)
+        return "\n\n".join(f"--- {title} ---\n{text}" for title, text in self.logs(lines).items())
+
+    def logs(self, lines: int = 40) -> dict[str, str]:
+        """The broker's log and its stdout, tails titled, for failure reports."""
+        return {f"rabbitmq log ({self.log_path})": tail(self.log_path, lines)} | (
+            self._process.logs(lines)
+        )
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -125,7 +124,7 @@ class RabbitMQServer:
         )
 
     def is_running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
+        return self._process.is_running()
 
     def start(self) -> None:
         if self.is_running():
@@ -134,105 +133,49 @@ class RabbitMQServer:
         if not self._atexit:
             atexit.register(self._at_exit)
             self._atexit = True
-        if self._epmd is None or self._epmd.poll() is not None:
-            self._epmd = subprocess.Popen(
-                [self.epmd, "-port", str(self.epmd_port), "-address", "127.0.0.1"],
-                cwd="/",
-                env=self._env(),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        with self.stdout_path.open("ab") as out:
-            self._process = subprocess.Popen(
-                [str(self.server)],
-                cwd="/",
-                env=self._env(),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self._wait_ready()
+        self._epmd.start()
+        self._process.start()
+        try:
+            self._wait_ready()
+        except ServiceError:
+            self.kill()
+            raise
 
     def _wait_ready(self) -> None:
         import pika  # type: ignore[import-untyped]
         import pika.exceptions  # type: ignore[import-untyped]
 
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        parameters = pika.URLParameters(self.url())
-        parameters.connection_attempts = 1
-        parameters.socket_timeout = 2
-        parameters.stack_timeout = 5
-        while True:
-            if not self.is_running():
-                raise ServiceError(f"rabbitmq-server exited while starting\n{self.log_tail()}")
+        def accepts(probe_timeout: float) -> bool | None:
+            parameters = pika.URLParameters(self.url())
+            parameters.connection_attempts = 1
+            parameters.socket_timeout = probe_timeout
+            parameters.stack_timeout = probe_timeout * 2
             try:
                 connection = pika.BlockingConnection(parameters)
             except pika.exceptions.AMQPError:
-                if time.monotonic() > deadline:
-                    self.kill()
-                    raise ServiceError(
-                        f"rabbitmq-server did not accept connections within "
-                        f"{_START_TIMEOUT_S} s\n{self.log_tail()}"
-                    ) from None
-                time.sleep(0.25)
-                continue
+                return None
             connection.close()
-            return
+            return True
 
-    def _group_pids(self) -> list[int]:
-        if self._process is None:
-            return []
-        pids = [self._process.pid]
-        # beam's helpers (erl_child_setup, inet_gethost) are its children
-        frontier = [self._process.pid]
-        for _ in range(4):
-            frontier = [c for p in frontier for c in child_pids(p)]
-            pids.extend(frontier)
-        return pids
+        poll_ready(
+            accepts,
+            what="rabbitmq-server (accepting AMQP connections)",
+            timeout=_START_TIMEOUT_S,
+            probe_timeout=_PROBE_TIMEOUT_S,
+            interval=0.25,
+            check_alive=self._process.check_alive,
+            logs=self.logs,
+        )
 
     def stop(self) -> None:
         """SIGTERM (a clean broker stop), SIGKILL after a grace period; epmd too."""
-        if self._process is not None and self._process.poll() is None:
-            pids = self._group_pids()
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self._process.pid, signal.SIGTERM)
-            try:
-                self._process.wait(_STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                pass
-            self._kill_pids(pids)
-        self._stop_epmd()
+        self._process.stop(_STOP_TIMEOUT_S, whole_tree=True)
+        self._epmd.stop(10)
 
     def kill(self) -> None:
         """SIGKILL the node and its helpers (a crash)."""
-        if self._process is not None:
-            self._kill_pids(self._group_pids())
-        self._stop_epmd()
-
-    def _kill_pids(self, pids: Sequence[int]) -> None:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        if self._process is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._process.wait(15)
-        deadline = time.monotonic() + 15
-        for _ in range(1500):
-            if not any(pid_alive(p) for p in pids) or time.monotonic() > deadline:
-                break
-            time.sleep(0.01)
-
-    def _stop_epmd(self) -> None:
-        if self._epmd is not None and self._epmd.poll() is None:
-            self._epmd.terminate()
-            try:
-                self._epmd.wait(10)
-            except subprocess.TimeoutExpired:
-                self._epmd.kill()
-                self._epmd.wait(10)
+        self._process.kill(whole_tree=True)
+        self._epmd.stop(10)
 
     def cleanup(self) -> None:
         try:
@@ -249,11 +192,10 @@ class RabbitMQServer:
 def _main(argv: Sequence[str]) -> int:
     """``python -m tests.services.rabbitmq``: run a throwaway broker until Enter is pressed."""
     del argv
-    with RabbitMQServer() as server:
-        print(f"rabbitmq running: {server.url()}  (dir {server.base_dir})", flush=True)
-        with contextlib.suppress(EOFError, KeyboardInterrupt):
-            input("press Enter to stop and delete it ")
-    return 0
+    server = RabbitMQServer()
+    return run_until_enter(
+        server, lambda: f"rabbitmq running: {server.url()}  (dir {server.base_dir})"
+    )
 
 
 if __name__ == "__main__":

@@ -5,27 +5,25 @@ its own fresh data directory, listening on 127.0.0.1 on free non-default ports, 
 a file. Ticks are short (500 ms) so sessions can be short too (minimum 1 s). Readiness is
 judged from the ``srvr`` four-letter command's ``Mode:`` line, every probe with a short
 socket timeout because a status command sent during startup can hang (ZOOKEEPER-5051).
-Servers are numbered from 0 (myid is index + 1).
+Servers are numbered from 0 (myid is index + 1). Starting, waiting and stopping are
+tests.services.process's.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
-from tests.services.ports import ServiceError, free_ports, tail
+from tests.services.ports import ServiceError, free_ports
+from tests.services.process import ServerProcess, Service, poll_ready, run_until_enter
 
 JAVA_DIR = Path("/usr/share/java")
 ZOOKEEPER_JAR = JAVA_DIR / "zookeeper.jar"
@@ -88,7 +86,6 @@ class _Server:
     peer_port: int
     election_port: int
     directory: Path
-    process: subprocess.Popen[bytes] | None = field(default=None)
 
     @property
     def myid(self) -> int:
@@ -107,7 +104,7 @@ class _Server:
         return self.directory / "server.log"
 
 
-class ZooKeeperEnsemble:
+class ZooKeeperEnsemble(Service):
     """``size`` ZooKeeper servers on 127.0.0.1: standalone if 1, a quorum ensemble if more."""
 
     def __init__(self, size: int = 1, base_dir: Path | None = None) -> None:
@@ -135,22 +132,17 @@ class ZooKeeperEnsemble:
             )
             for i in range(size)
         ]
+        self._processes = [
+            ServerProcess(
+                f"zookeeper server {s.index}",
+                self._command(s),
+                log_path=s.log_path,
+                cwd=s.directory,
+            )
+            for s in self._servers
+        ]
         self._configured = False
         self._atexit_registered = False
-
-    # -- context manager -------------------------------------------------------------
-
-    def __enter__(self) -> ZooKeeperEnsemble:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.cleanup()
 
     def __repr__(self) -> str:
         return f"ZooKeeperEnsemble(size={self.size}, hosts={self.hosts!r})"
@@ -182,13 +174,17 @@ class ZooKeeperEnsemble:
     def start_server(self, i: int) -> None:
         """Start server ``i`` (no-op if running); does not wait for it to serve."""
         server = self._server(i)
-        if server.process is not None and server.process.poll() is None:
+        if self._processes[i].is_running():
             return
         self._write_config()
         if not self._atexit_registered:
             atexit.register(self._at_exit)
             self._atexit_registered = True
-        cmd = [
+        server.directory.mkdir(parents=True, exist_ok=True)
+        self._processes[i].start(banner=f"starting server {i} (myid {server.myid})")
+
+    def _command(self, server: _Server) -> list[str]:
+        return [
             self.java,
             "-Xms32m",
             "-Xmx256m",
@@ -205,43 +201,14 @@ class ZooKeeperEnsemble:
             MAIN_CLASS,
             str(server.cfg_path),
         ]
-        with server.log_path.open("ab") as log:
-            log.write(f"\n===== starting server {i} (myid {server.myid}) =====\n".encode())
-            log.flush()
-            server.process = subprocess.Popen(
-                cmd,
-                cwd=server.directory,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
 
     def stop_server(self, i: int, timeout: float = _STOP_TIMEOUT_S) -> None:
         """SIGTERM server ``i``'s process group and wait; SIGKILL it if it does not exit."""
-        server = self._server(i)
-        process = server.process
-        if process is None:
-            return
-        if process.poll() is None:
-            self._signal_group(process, signal.SIGTERM)
-            try:
-                process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self._signal_group(process, signal.SIGKILL)
-                process.wait(timeout=timeout)
-        server.process = None
+        self._process(i).stop(timeout)
 
     def kill_server(self, i: int) -> None:
         """SIGKILL server ``i``'s process group (a crash) and reap it."""
-        server = self._server(i)
-        process = server.process
-        if process is None:
-            return
-        if process.poll() is None:
-            self._signal_group(process, signal.SIGKILL)
-            process.wait(timeout=_STOP_TIMEOUT_S)
-        server.process = None
+        self._process(i).kill()
 
     def restart_server(self, i: int, wait: bool = True, timeout: float = 60.0) -> None:
         """Stop then start server ``i`` on the same data and ports; by default wait for it."""
@@ -266,13 +233,11 @@ class ZooKeeperEnsemble:
 
     def is_running(self, i: int) -> bool:
         """True if server ``i``'s process is alive."""
-        process = self._server(i).process
-        return process is not None and process.poll() is None
+        return self._process(i).is_running()
 
     def pid(self, i: int) -> int | None:
         """Server ``i``'s PID while it runs."""
-        process = self._server(i).process
-        return process.pid if process is not None and process.poll() is None else None
+        return self._process(i).pid
 
     # -- readiness -------------------------------------------------------------------
 
@@ -294,20 +259,20 @@ class ZooKeeperEnsemble:
     def wait_server_ready(self, i: int, timeout: float = 60.0) -> str:
         """Wait until server ``i`` serves (standalone, or leader/follower); return its mode."""
         wanted = {"standalone"} if self.size == 1 else {"leader", "follower"}
-        deadline = time.monotonic() + timeout
-        max_polls = int(timeout / _POLL_INTERVAL_S) + 10
-        mode: str | None = None
-        for _ in range(max_polls):
-            self._check_alive(i)
-            mode = self.mode(i)
-            if mode in wanted:
-                return mode
-            if time.monotonic() > deadline:
-                break
-            time.sleep(_POLL_INTERVAL_S)
-        raise ServiceError(
-            f"ZooKeeper server {i} ({self.host(i)}) not serving after {timeout}s "
-            f"(last mode {mode!r})\n--- {self._server(i).log_path} tail ---\n{self.log_tail(i)}"
+        process = self._process(i)
+
+        def serving(probe_timeout: float) -> str | None:
+            mode = parse_mode(self.srvr(i, probe_timeout))
+            return mode if mode in wanted else None
+
+        return poll_ready(
+            serving,
+            what=f"ZooKeeper server {i} ({self.host(i)})",
+            timeout=timeout,
+            probe_timeout=_PROBE_TIMEOUT_S,
+            interval=_POLL_INTERVAL_S,
+            check_alive=process.check_alive,
+            logs=process.logs,
         )
 
     def wait_ready(self, timeout: float = 60.0) -> dict[int, str]:
@@ -323,21 +288,29 @@ class ZooKeeperEnsemble:
                 modes[i] = self.wait_server_ready(i, remaining)
         if not modes:
             raise ServiceError("no ZooKeeper server is running")
-        if self.size > 1:
-            max_polls = int(timeout / _POLL_INTERVAL_S) + 10
-            for _ in range(max_polls):
-                if "leader" in modes.values():
-                    return modes
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(_POLL_INTERVAL_S)
-                modes = {i: self.mode(i) or "none" for i in modes}
-            raise ServiceError(f"ZooKeeper ensemble has no leader after {timeout}s: {modes}")
-        return modes
+        if self.size == 1 or "leader" in modes.values():
+            return modes
+
+        def with_leader(probe_timeout: float) -> dict[int, str] | None:
+            found = {i: parse_mode(self.srvr(i, probe_timeout)) or "none" for i in modes}
+            return found if "leader" in found.values() else None
+
+        return poll_ready(
+            with_leader,
+            what="a leader of the ZooKeeper ensemble",
+            timeout=max(0.1, deadline - time.monotonic()),
+            probe_timeout=_PROBE_TIMEOUT_S,
+            interval=_POLL_INTERVAL_S,
+            logs=self.logs,
+        )
+
+    def logs(self, lines: int = 40) -> dict[str, str]:
+        """Every server's log tail, titled, for failure reports."""
+        return {title: text for p in self._processes for title, text in p.logs(lines).items()}
 
     def log_tail(self, i: int, lines: int = 40) -> str:
         """The last lines of server ``i``'s log."""
-        return tail(self._server(i).log_path, lines)
+        return self._process(i).log_tail(lines)
 
     # -- internals -------------------------------------------------------------------
 
@@ -346,17 +319,9 @@ class ZooKeeperEnsemble:
             raise IndexError(f"server index {i} out of range 0..{self.size - 1}")
         return self._servers[i]
 
-    def _check_alive(self, i: int) -> None:
-        process = self._server(i).process
-        if process is None:
-            raise ServiceError(f"ZooKeeper server {i} is not started")
-        code = process.poll()
-        if code is not None:
-            self._server(i).process = None
-            raise ServiceError(
-                f"ZooKeeper server {i} exited with code {code}\n"
-                f"--- {self._server(i).log_path} tail ---\n{self.log_tail(i)}"
-            )
+    def _process(self, i: int) -> ServerProcess:
+        self._server(i)  # the index check
+        return self._processes[i]
 
     def _write_config(self) -> None:
         if self._configured:
@@ -386,16 +351,6 @@ class ZooKeeperEnsemble:
             server.cfg_path.write_text("\n".join(lines) + "\n")
         self._configured = True
 
-    @staticmethod
-    def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-        try:
-            os.killpg(process.pid, sig)  # its own group: start_new_session=True
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(sig)
-
     def _at_exit(self) -> None:
         """Last resort at interpreter exit: never leave a server running."""
         with contextlib.suppress(Exception):
@@ -407,12 +362,10 @@ class ZooKeeperEnsemble:
 
 def _main(argv: Sequence[str]) -> int:
     """``python -m tests.services.zookeeper [SIZE]``: run servers until Enter is pressed."""
-    size = int(argv[0]) if argv else 1
-    with ZooKeeperEnsemble(size) as ensemble:
-        print(f"zookeeper running: {ensemble.hosts}  (dir {ensemble.base_dir})", flush=True)
-        with contextlib.suppress(EOFError, KeyboardInterrupt):
-            input("press Enter to stop and delete it ")
-    return 0
+    ensemble = ZooKeeperEnsemble(int(argv[0]) if argv else 1)
+    return run_until_enter(
+        ensemble, lambda: f"zookeeper running: {ensemble.hosts}  (dir {ensemble.base_dir})"
+    )
 
 
 if __name__ == "__main__":

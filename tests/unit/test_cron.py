@@ -418,3 +418,25 @@ def test_end_of_calendar_is_an_error_not_a_hang() -> None:
     schedule = CronSchedule.parse("0 0 29 2 *", "UTC")
     with pytest.raises(ValidationError, match="no fire time"):
         schedule.next_after(utc("9996-03-01T00:00:00Z"))
+
+
+@pytest.mark.parametrize(
+    ("expr", "field", "expected"),
+    [
+        # croniter alone reads a one-value range as the whole cycle round back to it
+        ("5-5 * * * *", "_minutes", {5}),
+        ("5-5/7 * * * *", "_minutes", {5}),
+        ("0 3-3 * * *", "_hours", {3}),
+        ("0 0 9-9/2 * *", "_doms", {9}),
+        ("0 0 * NOV-11/7 *", "_months", {11}),
+        ("0 0 * * WED-3", "_dows", {3}),
+        # `N/step` runs to the end of the field: Sunday as 7 is in the week
+        ("0 0 * * 1/1", "_dows", {0, 1, 2, 3, 4, 5, 6}),
+        ("0 0 * * 1/3", "_dows", {0, 1, 4}),
+        ("0 0 * * SAT-SUN", "_dows", {0, 6}),
+        ("0 0 * * */7", "_dows", {0}),
+        ("*/25,7 * * * *", "_minutes", {0, 7, 25, 50}),
+    ],
+)
+def test_field_expansion_edge_cases(expr: str, field: str, expected: set[int]) -> None:
+    assert getattr(CronSchedule.parse(expr, "UTC"), field) == expected

@@ -1,4 +1,5 @@
-"""Bulk loading of benchmark jobs straight into the jobs table (bypassing per-job API cost)."""
+"""Bulk loading of one-time jobs straight into the jobs table, bypassing per-job API cost
+(benchmarks, soak runs and test data)."""
 
 from __future__ import annotations
 
