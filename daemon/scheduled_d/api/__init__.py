@@ -1,5 +1,8 @@
-"""Owns the tenant REST API (`scheduled-d api`): the /v1 routes, bearer-token auth, JSON errors,
-request size limits, the OpenAPI document, /healthz, and the uvicorn server that serves them.
+"""Owns `create_app`, the tenant REST API (`scheduled-d api`) assembled from its parts: the
+routers of routes/ (jobs, runs, tenant and /healthz, the workers' leases), the error handlers
+(errors.py), the size-limit and metrics layer (middleware.py); schemas.py holds the documented
+shapes, auth.py the caller and body dependencies, server.py the uvicorn server
+(scheduled_d.runtime.run_api serves it as the `api` mode).
 
 Every route is scoped to the tenant of the caller's token: another tenant's job is 404, the
 same answer as a job that does not exist. Every error, FastAPI's and Starlette's own
