@@ -69,7 +69,9 @@ def validation_error(request: Request, exc: Exception) -> JSONResponse:
         location = ".".join(parts) or "request"
         field = field or location
         problems.append(f"{location}: {item.get('msg', 'invalid')}")
-    return error_response(422, "invalid", "; ".join(problems) or "invalid request", field=field)
+    invalid = errors.ValidationError
+    message = "; ".join(problems) or "invalid request"
+    return error_response(invalid.http_status, invalid.code, message, field=field)
 
 
 def http_error(request: Request, exc: Exception) -> JSONResponse:

@@ -103,7 +103,10 @@ class Guard:
         except Exception as exc:
             _log_internal(scope, exc)
             if not started():
-                response = error_response(500, "internal", "internal error (logged)")
+                internal = errors.SchedError
+                response = error_response(
+                    internal.http_status, internal.code, "internal error (logged)"
+                )
                 await response(scope, receive, send)
 
     @staticmethod
