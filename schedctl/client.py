@@ -2,7 +2,8 @@
 
 It has the job and run methods of `schedctl.service.Scheduler` with the same names, arguments
 and return types, and raises the same SchedError subclasses (rebuilt from the JSON error
-bodies), so `schedctl --api URL` runs the job commands against a remote API unchanged.
+bodies' codes by schedctl.errors.from_code, the one table of codes), so
+`schedctl --api URL` runs the job commands against a remote API unchanged.
 
 Differences that follow from HTTP: the token decides the tenant (a `tenant` argument must
 name the token's own tenant), the audit log records the token id rather than `actor`, and
