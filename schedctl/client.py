@@ -2,7 +2,8 @@
 
 It has the job and run methods of `schedctl.service.Scheduler` with the same names, arguments
 and return types, and raises the same SchedError subclasses (rebuilt from the JSON error
-bodies), so `schedctl --api URL` runs the job commands against a remote API unchanged.
+bodies' codes by schedctl.errors.from_code, the one table of codes), so
+`schedctl --api URL` runs the job commands against a remote API unchanged.
 
 Differences that follow from HTTP: the token decides the tenant (a `tenant` argument must
 name the token's own tenant), the audit log records the token id rather than `actor`, and
@@ -20,37 +21,9 @@ import requests
 
 from schedctl import __version__, errors
 from schedctl.models import Job, JobStatus, Page, Run
-from schedctl.service import MAX_JOBS_RETRY_AFTER_SECONDS, OverQuota
 from schedctl.views import job_from_dict, run_from_dict
 
 DEFAULT_TIMEOUT_SECONDS = 30.0
-
-_BY_CODE: dict[str, type[errors.SchedError]] = {
-    "invalid": errors.ValidationError,
-    "malformed": errors.ValidationError,
-    "unsupported_media_type": errors.ValidationError,
-    "payload_too_large": errors.PayloadTooLarge,
-    "request_too_large": errors.PayloadTooLarge,
-    "not_found": errors.NotFound,
-    "conflict": errors.Conflict,
-    "fenced": errors.FencingError,
-    "quota_exceeded": errors.QuotaExceeded,
-    "unauthorized": errors.Unauthorized,
-    "unavailable": errors.StoreUnavailable,
-    "config": errors.ConfigError,
-}
-_BY_STATUS: dict[int, type[errors.SchedError]] = {
-    400: errors.ValidationError,
-    401: errors.Unauthorized,
-    404: errors.NotFound,
-    405: errors.ValidationError,
-    409: errors.Conflict,
-    413: errors.PayloadTooLarge,
-    415: errors.ValidationError,
-    422: errors.ValidationError,
-    429: errors.QuotaExceeded,
-    503: errors.StoreUnavailable,
-}
 
 
 class ApiClient:
@@ -239,22 +212,21 @@ def _body(response: requests.Response) -> dict[str, Any]:
 
 
 def _error(response: requests.Response) -> errors.SchedError:
-    """The SchedError a JSON error body describes."""
+    """The SchedError a JSON error body describes: the class of its code (schedctl.errors),
+    else of the answer's status."""
+    by_status = errors.from_status(response.status_code) or errors.SchedError
     try:
         detail = response.json()["error"]
         code, message = str(detail["code"]), str(detail["message"])
         field = detail.get("field")
     except (ValueError, KeyError, TypeError):
-        kind = _BY_STATUS.get(response.status_code, errors.SchedError)
-        return kind(f"the API answered {response.status_code} {response.reason} ({response.url})")
-    kind = _BY_CODE.get(code) or _BY_STATUS.get(response.status_code, errors.SchedError)
+        return by_status(
+            f"the API answered {response.status_code} {response.reason} ({response.url})"
+        )
+    kind = errors.from_code(code) or by_status
     field = field if isinstance(field, str) else None
     if issubclass(kind, errors.QuotaExceeded):
         retry = response.headers.get("Retry-After", "")
-        seconds = (
-            int(retry)
-            if retry.isascii() and retry.isdigit() and len(retry) <= 6
-            else MAX_JOBS_RETRY_AFTER_SECONDS
-        )
-        return OverQuota(message, field=field, retry_after=seconds)
+        seconds = int(retry) if retry.isascii() and retry.isdigit() and len(retry) <= 6 else None
+        return kind(message, field=field, retry_after=seconds)
     return kind(message, field=field)

@@ -1,16 +1,25 @@
-"""The one error hierarchy: every failure a user can see is a SchedError with an exit code.
+"""The one error hierarchy, and the one table of error codes: every failure a user can see is
+a SchedError whose class says its `code`, `exit_code` and `http_status`.
 
 The CLI maps `exit_code` to the process exit status and prints `str(error)`; the API
-maps `http_status` and `code` to a JSON error body. A traceback reaching a user is a bug.
+maps `http_status` and `code` to a JSON error body; the API's clients (schedctl.client,
+schedctl.queue_client) turn a body's code back into its class with `from_code`, or its
+status with `from_status`. Nothing else keeps a copy of these mappings. A traceback
+reaching a user is a bug.
 """
 
 from __future__ import annotations
 
 
 class SchedError(Exception):
-    """Something went wrong."""
+    """Something went wrong.
+
+    Each class says its `code` (an API error body's), `exit_code` (the CLI's) and
+    `http_status`; a class that owns an exit code a CLI user can meet says what it means in
+    `exit_meaning` (`schedctl --help` lists them)."""
 
     exit_code = 1
+    exit_meaning = "internal error"
     http_status = 500
     code = "internal"
 
@@ -36,6 +45,7 @@ class ValidationError(SchedError):
     """The input is invalid."""
 
     exit_code = 2
+    exit_meaning = "invalid input or usage"
     http_status = 422
     code = "invalid"
 
@@ -47,10 +57,38 @@ class PayloadTooLarge(ValidationError):
     code = "payload_too_large"
 
 
+class MalformedRequest(ValidationError):
+    """The request is malformed."""
+
+    http_status = 400
+    code = "malformed"
+
+
+class MethodNotAllowed(ValidationError):
+    """The method is not allowed on this path."""
+
+    http_status = 405
+    code = "method_not_allowed"
+
+
+class UnsupportedMediaType(ValidationError):
+    """The body must be JSON."""
+
+    http_status = 415
+    code = "unsupported_media_type"
+
+
+class RequestTooLarge(PayloadTooLarge):
+    """The request body is larger than the limit."""
+
+    code = "request_too_large"
+
+
 class NotFound(SchedError):
     """No such object."""
 
     exit_code = 3
+    exit_meaning = "not found"
     http_status = 404
     code = "not_found"
 
@@ -59,6 +97,7 @@ class Conflict(SchedError):
     """The request conflicts with the current state."""
 
     exit_code = 4
+    exit_meaning = "conflict"
     http_status = 409
     code = "conflict"
 
@@ -67,14 +106,31 @@ class QuotaExceeded(SchedError):
     """A quota or rate limit was exceeded."""
 
     exit_code = 5
+    exit_meaning = "quota exceeded"
     http_status = 429
     code = "quota_exceeded"
+
+    # the Retry-After of a refusal that does not know better (a quota that frees up only
+    # when something else changes)
+    DEFAULT_RETRY_AFTER_SECONDS = 60
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        field: str | None = None,
+        retry_after: int | None = None,
+    ) -> None:
+        super().__init__(message, field=field)
+        seconds = self.DEFAULT_RETRY_AFTER_SECONDS if retry_after is None else retry_after
+        self.retry_after = max(1, seconds)
 
 
 class Unauthorized(SchedError):
     """Missing or invalid credentials."""
 
     exit_code = 6
+    exit_meaning = "unauthorized"
     http_status = 401
     code = "unauthorized"
 
@@ -87,6 +143,7 @@ class StoreUnavailable(SchedError):
     not -- says only PUBLIC_MESSAGE."""
 
     exit_code = 7
+    exit_meaning = "database unavailable"
     http_status = 503
     code = "unavailable"
 
@@ -130,3 +187,46 @@ class ForbiddenDestination(ValidationError):
     """The HTTP destination is not allowed for this tenant (SSRF guard)."""
 
     code = "forbidden_destination"
+
+
+def _classes() -> tuple[type[SchedError], ...]:
+    """Every error class of this module, in the order written (a parent before its children)."""
+    found = [SchedError]
+    for value in list(globals().values()):
+        if isinstance(value, type) and issubclass(value, SchedError) and value is not SchedError:
+            if value.__module__ == __name__:
+                found.append(value)
+    return tuple(found)
+
+
+ERROR_CLASSES: tuple[type[SchedError], ...] = _classes()
+_BY_CODE: dict[str, type[SchedError]] = {}
+_BY_STATUS: dict[int, type[SchedError]] = {}
+for _kind in ERROR_CLASSES:
+    # a code names one class; 'code' is set on every class (a subclass without its own code
+    # would share its parent's, and from_code could not tell them apart)
+    assert "code" in vars(_kind), f"{_kind.__name__} has no code of its own"
+    assert _kind.code not in _BY_CODE, f"{_kind.code!r} is used twice"
+    _BY_CODE[_kind.code] = _kind
+    # a status names the first, most general class that answers with it
+    _BY_STATUS.setdefault(_kind.http_status, _kind)
+del _kind
+
+
+def from_code(code: str) -> type[SchedError] | None:
+    """The class whose `code` is `code` (an API error body's), or None if no class has it."""
+    return _BY_CODE.get(code)
+
+
+def from_status(status: int) -> type[SchedError] | None:
+    """The most general class answering with HTTP `status`, or None if none does."""
+    return _BY_STATUS.get(status)
+
+
+def exit_codes() -> dict[int, str]:
+    """The CLI's documented exit codes and what each means (0 is success)."""
+    meanings = {0: "ok"}
+    for kind in ERROR_CLASSES:
+        if "exit_meaning" in vars(kind):
+            meanings[kind.exit_code] = vars(kind)["exit_meaning"]
+    return dict(sorted(meanings.items()))

@@ -218,17 +218,20 @@ def _instant(value: Any) -> datetime:
 
 
 def _error(response: requests.Response) -> errors.SchedError:
-    """The SchedError of an error answer; 5xx and 429 are worth retrying (StoreUnavailable)."""
+    """The SchedError of an error answer, by its status (schedctl.errors.from_status); what
+    is worth retrying (a 5xx, a quota) is StoreUnavailable, which the worker waits out, and
+    any other refusal but a token's or a lease's is invalid input."""
     try:
         detail = response.json()["error"]
         message = str(detail["message"])
     except (ValueError, KeyError, TypeError):
         message = f"{response.status_code} {response.reason}"
     text = f"the API answered {response.status_code}: {message}"
-    if response.status_code >= 500 or response.status_code == 429:
+    kind = errors.from_status(response.status_code)
+    if response.status_code >= 500 or kind is errors.QuotaExceeded:
         return errors.StoreUnavailable(text)
-    if response.status_code == 401:
+    if kind is errors.Unauthorized:
         return errors.Unauthorized(text, field="token")
-    if response.status_code == 404:
+    if kind is errors.NotFound:
         return errors.NotFound(text)
     return errors.ValidationError(text)

@@ -221,7 +221,7 @@ def api(
     log_format: LogFormatOption = None,
 ) -> None:
     """Serve the tenant REST API (/v1, /healthz, /openapi.json) until SIGTERM."""
-    from scheduled_d.api import run as run_api
+    from scheduled_d.runtime import run_api
 
     try:
         # flag > environment > file, like every other setting

@@ -109,7 +109,7 @@ def _run_all(
     if config.api_enabled:
         # imported here: the dispatcher-only modes need no web stack
         from schedctl.service import Scheduler
-        from scheduled_d.api import ApiServer
+        from scheduled_d.api.server import ApiServer
 
         api_server = ApiServer(
             Scheduler(store, max_payload_bytes=config.max_payload_bytes), config.api_listen
@@ -245,6 +245,29 @@ def run_dispatcher(store: Store, config: Config) -> None:
         finally:
             metrics_stop.set()
         _died(supervisor)
+
+
+def run_api(store: Store, config: Config) -> None:
+    """The `scheduled-d api` mode: serve the tenant API on config.api_listen until
+    SIGTERM/SIGINT (and /metrics on config.metrics_listen, like every mode); healthy, for
+    /healthz and the systemd watchdog, while the server serves."""
+    # imported here: the dispatcher-only modes need no web stack
+    from schedctl.service import Scheduler
+    from scheduled_d.api.server import ApiServer
+
+    with stop_on_signals() as (stop, force):
+        server = ApiServer(
+            Scheduler(store, max_payload_bytes=config.max_payload_bytes), config.api_listen
+        )
+        server.start()
+        if config.metrics_listen:
+            serve_metrics(config.metrics_listen, server.is_serving, stop)
+        sdnotify.announce(f"api: {server.url}", server.is_serving, stop)
+        try:
+            while not stop.wait(0.5) and not force.is_set():
+                pass
+        finally:
+            server.stop(timeout=1.0 if force.is_set() else 15.0)
 
 
 def run_relay(store: Store, config: Config) -> None:

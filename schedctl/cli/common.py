@@ -1,8 +1,8 @@
 """Owns what every schedctl command shares: the root options' state (database or remote API,
 config, output format), opening the store, the actor name, and mapping errors to exit codes.
 
-Exit codes (documented in `schedctl --help`): 0 ok, 1 internal error, 2 invalid input or
-usage, 3 not found, 4 conflict, 5 quota exceeded, 6 unauthorized, 7 database unavailable.
+Exit codes (documented in `schedctl --help`) are the error classes' `exit_code`, listed
+with their `exit_meaning` from schedctl.errors.
 
 Command groups added later (dlq, status, bench, audit) get all of this for free: errors
 are mapped by `SchedGroup`, the root app's group class, around every subcommand; a leaf
@@ -40,9 +40,9 @@ from schedctl.storage.engine import make_engine, normalize_url
 from schedctl.storage.migrate import current_revision, head_revision, upgrade_engine
 from schedctl.storage.store import Store
 
+# from the error classes (schedctl.errors): a new exit code is documented where it is defined
 EXIT_CODES_HELP = (
-    "Exit codes: 0 ok, 1 internal error, 2 invalid input or usage, 3 not found, "
-    "4 conflict, 5 quota exceeded, 6 unauthorized, 7 database unavailable."
+    "Exit codes: " + ", ".join(f"{code} {what}" for code, what in errors.exit_codes().items()) + "."
 )
 
 OutputOption = Annotated[

@@ -23,7 +23,7 @@ from schedctl import limits
 from schedctl.cli.app import app
 from schedctl.service import Scheduler
 from schedctl.storage import schema
-from scheduled_d.api import ApiServer
+from scheduled_d.api.server import ApiServer
 
 runner = CliRunner()
 EXAMPLES = settings(

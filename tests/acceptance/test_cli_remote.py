@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from schedctl.cli.app import app
 from schedctl.service import Scheduler
 from schedctl.views import job_to_dict
-from scheduled_d.api import ApiServer
+from scheduled_d.api.server import ApiServer
 from tests.services.ports import free_port
 
 BIN = Path(sys.executable).parent

@@ -27,7 +27,7 @@ from schedctl.storage import schema
 from schedctl.storage.payloads import configure_payload_cipher, reset_payload_cipher
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
-from scheduled_d.api import ApiServer
+from scheduled_d.api.server import ApiServer
 
 QUEUE = {"type": "queue", "name": "digest-jobs"}
 MARKER = "PAYLOAD-MARKER-5c1e9d"

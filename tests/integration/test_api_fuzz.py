@@ -26,7 +26,7 @@ from schemathesis.specs.openapi import checks as openapi_checks
 
 from schedctl.service import Scheduler
 from schedctl.storage.queue import QueueRepo
-from scheduled_d.api import ApiServer
+from scheduled_d.api.server import ApiServer
 
 MAX_EXAMPLES = 100  # per operation, per generation mode
 CHECKS = [

@@ -26,7 +26,7 @@ from schedctl.leasing import CANCELLED_RUNNING_ERROR
 from schedctl.queue_client import ApiLeaseBackend
 from schedctl.service import Scheduler
 from schedctl.storage.queue import LOST_ERROR, QueueRepo
-from scheduled_d.api import ApiServer
+from scheduled_d.api.server import ApiServer
 from scheduled_d.relay import Relay
 from scheduled_d.worker import Worker
 from tests.integration.queue_support import (

@@ -16,7 +16,7 @@ from schedctl import errors
 from schedctl.service import Scheduler
 from schedctl.storage.engine import check_connection
 from schedctl.storage.store import Store
-from scheduled_d.api import ApiServer
+from scheduled_d.api.server import ApiServer
 from tests.services.ports import free_port
 
 SECRET_PASSWORD = "hunter2-db-password"

@@ -11,7 +11,7 @@ treats it as lost). The semantics are QueueRepo's, the direct worker's: heartbea
 visibility timeout and report a cancel; an expired lease is settled as lost by the reaper
 (the relay's, or a direct worker's) and the run redelivered per its retry policy.
 
-Included by scheduled_d.api.create_app; bodies are parsed by scheduled_d.api.json_body (a
+Included by scheduled_d.api.create_app; bodies are parsed by scheduled_d.api.auth.json_body (a
 malformed body is a 400) and checked by the pydantic models here (invalid input is a 422).
 """
 
@@ -32,7 +32,8 @@ from schedctl.leasing import Beat
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.service import Scheduler
 from schedctl.storage.queue import Lease, QueueRepo
-from scheduled_d.api import Caller, CallerDep, SchedulerDep, _errors, json_body
+from scheduled_d.api.auth import Caller, CallerDep, SchedulerDep, json_body
+from scheduled_d.api.schemas import error_responses
 
 MAX_LEASES_PER_CALL = 100
 MAX_LEASE_SECONDS = 3600
@@ -135,8 +136,8 @@ class SettledOut(BaseModel):
 
 
 def _responses(*codes: int) -> dict[int | str, dict[str, Any]]:
-    """api._errors, with 404 said of leases rather than jobs."""
-    result = _errors(*codes)
+    """schemas.error_responses, with 404 said of leases rather than jobs."""
+    result = error_responses(*codes)
     if 404 in result:
         result[404] = {
             **result[404],

@@ -1,0 +1,73 @@
+"""Owns the API's request dependencies: the bearer-token caller (its tenant and token id),
+the Scheduler of the app, and the JSON body (parsed by schedctl.limits, so that malformed
+JSON is a 400 naming the body and jobspec stays the one validator)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from schedctl import errors, limits
+from schedctl.errors import MalformedRequest, UnsupportedMediaType
+from schedctl.models import Tenant
+from schedctl.service import Scheduler
+
+
+@dataclass(frozen=True)
+class Caller:
+    tenant: Tenant
+    token_id: str
+
+    @property
+    def actor(self) -> str:
+        """What the audit log records: the token, never the token's secret."""
+        return f"token:{self.token_id}"
+
+
+_bearer = HTTPBearer(auto_error=False, description="The tenant's API token: `st_...`.")
+
+
+def get_scheduler(request: Request) -> Scheduler:
+    scheduler = request.app.state.scheduler
+    assert isinstance(scheduler, Scheduler)
+    return scheduler
+
+
+def get_caller(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Caller:
+    if credentials is None:
+        raise errors.Unauthorized(
+            "send the tenant's API token as 'Authorization: Bearer st_...'", field="token"
+        )
+    tenant, token_id = get_scheduler(request).tenants.authenticate_tenant(credentials.credentials)
+    caller = Caller(tenant, token_id)
+    request.state.caller = caller  # for the error handlers' metrics
+    return caller
+
+
+async def json_body(request: Request) -> Any:
+    """The request's JSON body. Parsed here rather than by FastAPI so that schedctl.jobspec is
+    the one validator (the CLI's), and malformed JSON is a 400, not a 422."""
+    content_type = request.headers.get("content-type", "")
+    media = content_type.split(";")[0].strip().lower()
+    if media and media != "application/json" and not media.endswith("+json"):
+        raise UnsupportedMediaType(
+            f"send the body as Content-Type: application/json, not {media!r}",
+            field="content-type",
+        )
+    raw = await request.body()
+    if not raw.strip():
+        raise MalformedRequest("the request has no body: send a JSON object", field="body")
+    # integers too long for int() and nesting deep enough for a RecursionError are refused
+    # naming their field (schedctl.limits), never a 500; malformed JSON is a 400
+    return limits.parse_json(raw, "body", malformed=MalformedRequest)
+
+
+SchedulerDep = Annotated[Scheduler, Depends(get_scheduler)]
+CallerDep = Annotated[Caller, Depends(get_caller)]
+BodyDep = Annotated[Any, Depends(json_body)]

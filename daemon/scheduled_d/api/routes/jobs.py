@@ -1,0 +1,181 @@
+"""Owns the /v1/jobs routes: create (with idempotency keys), list, read, reschedule, cancel,
+pause, resume and trigger a job of the caller's tenant."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import APIRouter, Response
+
+from schedctl import errors
+from schedctl.models import JobStatus
+from schedctl.views import job_to_dict, run_to_dict
+from scheduled_d.api.auth import BodyDep, CallerDep, SchedulerDep
+from scheduled_d.api.routes.params import (
+    CursorQuery,
+    IdempotencyHeader,
+    JobIdPath,
+    LimitQuery,
+    StatusQuery,
+    checked_job_id,
+)
+from scheduled_d.api.schemas import (
+    JOB_REQUEST_EXAMPLES,
+    JOB_REQUEST_SCHEMA,
+    RESCHEDULE_SCHEMA,
+    JobOut,
+    JobPage,
+    RunOut,
+    error_responses,
+    json_request_body,
+)
+
+router = APIRouter(prefix="/v1")
+
+
+@router.post(
+    "/jobs",
+    status_code=201,
+    response_model=JobOut,
+    summary="Create a job",
+    responses={
+        201: {
+            "description": "Created",
+            "headers": {"Location": {"schema": {"type": "string"}, "required": True}},
+        },
+        200: {"model": JobOut, "description": "The job an earlier request with this key made"},
+        **error_responses(400, 409, 413, 415, 422, 429),
+    },
+    openapi_extra=json_request_body(JOB_REQUEST_SCHEMA, JOB_REQUEST_EXAMPLES),
+)
+def create_job(
+    response: Response,
+    scheduler: SchedulerDep,
+    caller: CallerDep,
+    body: BodyDep,
+    idempotency_key: IdempotencyHeader = None,
+) -> dict[str, Any]:
+    if isinstance(body, dict) and idempotency_key is not None:
+        in_body = body.get("idempotency_key")
+        if in_body is not None and in_body != idempotency_key:
+            raise errors.ValidationError(
+                "the Idempotency-Key header and the body's idempotency_key differ",
+                field="idempotency_key",
+            )
+        body = {**body, "idempotency_key": idempotency_key}
+    job, created = scheduler.create_job(caller.tenant, body, actor=caller.actor)
+    if created:
+        response.headers["Location"] = f"/v1/jobs/{job.job_id}"
+    else:
+        response.status_code = 200
+        response.headers["Idempotent-Replayed"] = "true"
+    return job_to_dict(job)
+
+
+@router.get("/jobs", response_model=JobPage, summary="List jobs", responses=error_responses(422))
+def list_jobs(
+    scheduler: SchedulerDep,
+    caller: CallerDep,
+    cursor: CursorQuery = None,
+    limit: LimitQuery = 50,
+    status: StatusQuery = None,
+) -> dict[str, Any]:
+    """Jobs in creation order. A cursor stays valid while jobs are added: new jobs come
+    after every job already listed, so no page shifts or repeats."""
+    page = scheduler.list_jobs(caller.tenant, status, limit=limit, cursor=cursor)
+    return {"items": [job_to_dict(j) for j in page.items], "next_cursor": page.next_cursor}
+
+
+@router.get(
+    "/jobs/{job_id}", response_model=JobOut, summary="One job", responses=error_responses(404)
+)
+def get_job(job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep) -> dict[str, Any]:
+    return job_to_dict(scheduler.get_job(checked_job_id(job_id), caller.tenant))
+
+
+@router.patch(
+    "/jobs/{job_id}",
+    response_model=JobOut,
+    summary="Reschedule a job",
+    responses=error_responses(400, 404, 409, 413, 415, 422),
+    openapi_extra=json_request_body(RESCHEDULE_SCHEMA),
+)
+def reschedule_job(
+    job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep, body: BodyDep
+) -> dict[str, Any]:
+    """Replace the schedule; the next run is recomputed in the same transaction."""
+    job_id = checked_job_id(job_id)
+    if not isinstance(body, Mapping):
+        raise errors.ValidationError('must be an object: {"schedule": {...}}', field="body")
+    unknown = sorted(str(k) for k in body if k != "schedule")
+    if unknown:
+        raise errors.ValidationError(
+            "unknown key: only the schedule can be changed", field=unknown[0]
+        )
+    if "schedule" not in body:
+        raise errors.ValidationError(
+            "is required: one of run_at, delay, cron, every", field="schedule"
+        )
+    job = scheduler.reschedule_job(job_id, body["schedule"], caller.tenant, actor=caller.actor)
+    return job_to_dict(job)
+
+
+@router.delete(
+    "/jobs/{job_id}",
+    status_code=204,
+    response_class=Response,
+    summary="Cancel a job",
+    responses={
+        204: {"description": "Cancelled (or already cancelled)"},
+        **error_responses(404, 409),
+    },
+)
+def cancel_job(job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep) -> Response:
+    """Cancel all future runs; a run already dispatched still completes. Cancelling a
+    cancelled job is a no-op (DELETE is idempotent)."""
+    job_id = checked_job_id(job_id)
+    try:
+        scheduler.cancel_job(job_id, caller.tenant, actor=caller.actor)
+    except errors.Conflict:
+        if scheduler.get_job(job_id, caller.tenant).status is not JobStatus.cancelled:
+            raise
+    return Response(status_code=204)
+
+
+@router.post(
+    "/jobs/{job_id}/pause",
+    response_model=JobOut,
+    summary="Pause a job",
+    responses=error_responses(404, 409),
+)
+def pause_job(job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep) -> dict[str, Any]:
+    return job_to_dict(
+        scheduler.pause_job(checked_job_id(job_id), caller.tenant, actor=caller.actor)
+    )
+
+
+@router.post(
+    "/jobs/{job_id}/resume",
+    response_model=JobOut,
+    summary="Resume a paused job",
+    responses=error_responses(404, 409),
+)
+def resume_job(job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep) -> dict[str, Any]:
+    """Continue from the next scheduled time after now."""
+    return job_to_dict(
+        scheduler.resume_job(checked_job_id(job_id), caller.tenant, actor=caller.actor)
+    )
+
+
+@router.post(
+    "/jobs/{job_id}/trigger",
+    status_code=202,
+    response_model=RunOut,
+    summary="Run a job now",
+    responses=error_responses(404, 409),
+)
+def trigger_job(job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep) -> dict[str, Any]:
+    """One manual run now, in addition to the schedule; delivered like any other run."""
+    run = scheduler.trigger_job(checked_job_id(job_id), caller.tenant, actor=caller.actor)
+    return run_to_dict(run)

@@ -1,0 +1,57 @@
+"""Owns the path and query parameters the job and run routes share: the job id (hex, else
+404 before any query), the page limit and cursor, the status filter and the Idempotency-Key
+header."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from fastapi import Header, Path, Query
+from pydantic import BeforeValidator
+
+from schedctl import errors, limits
+from schedctl.models import JobStatus
+from schedctl.storage.jobs import MAX_PAGE
+
+_JOB_ID = re.compile(r"[0-9a-f]{1,40}")
+
+
+JobIdPath = Annotated[str, Path(description="The job id.")]
+
+
+def _ascii_integer(value: Any) -> Any:
+    # pydantic's lax int takes "1.0" and " 1 "; a query integer is ASCII digits (limits)
+    if isinstance(value, str) and not (value.isascii() and value.isdigit() and len(value) < 20):
+        raise ValueError("must be an integer (ASCII digits)")
+    return value
+
+
+LimitQuery = Annotated[
+    int,
+    BeforeValidator(_ascii_integer),
+    Query(ge=1, le=MAX_PAGE, description=f"Items per page (1-{MAX_PAGE})."),
+]
+CursorQuery = Annotated[
+    str | None,
+    Query(max_length=limits.MAX_CURSOR_LENGTH, description="The next_cursor of the previous page."),
+]
+StatusQuery = Annotated[JobStatus | None, Query(description="Only jobs in this status.")]
+IdempotencyHeader = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        description=(
+            "Same key and same body: the same job again (200). Same key, other body: 409. "
+            "Keys are kept as long as their job (at least 24 h)."
+        ),
+    ),
+]
+
+
+def checked_job_id(job_id: str) -> str:
+    # ids are hex; anything else cannot exist, and must not reach the database as is
+    # (Postgres refuses NUL characters in text with an error, not an empty result)
+    if not _JOB_ID.fullmatch(job_id):
+        raise errors.NotFound(f"no job {job_id!r}", field="job_id")
+    return job_id
