@@ -348,10 +348,15 @@ def test_timeout_kills_the_command_and_the_failure_is_recorded(env: Env) -> None
 
 def test_nonzero_exit_is_retried_with_its_exit_code(env: Env) -> None:
     job, at = ready_run(env, env.acme, max_attempts=2)
+    # the worker runs until the second attempt is dead-lettered: "failed" after the first
+    # would stop it before the retry
     run_api_worker(
-        env, env.acme, ["sh", "-c", "echo nope >&2; exit 3"], finished(env, job, at), "the runs"
+        env,
+        env.acme,
+        ["sh", "-c", "echo nope >&2; exit 3"],
+        lambda: run_row(env.sched.store, job, at)["status"] == "dead",
+        "the dead letter",
     )
-    wait_for(lambda: run_row(env.sched.store, job, at)["status"] == "dead", "the dead letter")
     history = attempts(env.sched.store, job, at)
     assert [(a["attempt"], a["status"], a["exit_code"]) for a in history] == [
         (1, "failed", 3),
