@@ -477,12 +477,27 @@ class OutboxRepo:
         prefix = f"{owner}/"
         with self.store.tx() as connection:
             now = db_now(connection)
+            # rows locked in id order like every other multi-row write of the outbox, and
+            # those being settled right now skipped (their settle ends the lease anyway): a
+            # heartbeat neither waits nor takes part in a deadlock
+            mine = (
+                connection.execute(
+                    select(o.c.id)
+                    .where(
+                        o.c.id.in_(wanted),
+                        func.substr(o.c.lease_owner, 1, len(prefix)) == prefix,
+                    )
+                    .order_by(o.c.id)
+                    .with_for_update(skip_locked=True)
+                )
+                .scalars()
+                .all()
+            )
+            if not mine:
+                return 0
             outcome = connection.execute(
                 update(o)
-                .where(
-                    o.c.id.in_(wanted),
-                    func.substr(o.c.lease_owner, 1, len(prefix)) == prefix,
-                )
+                .where(o.c.id.in_(mine))
                 .values(available_at=now + timedelta(seconds=lease_seconds))
             )
             return int(outcome.rowcount)
