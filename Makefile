@@ -2,6 +2,10 @@
 # `deps` is idempotent: on a fresh Debian 12 machine (as root) it installs PostgreSQL,
 # ZooKeeper and RabbitMQ from apt, creates .venv and installs the project; on later runs it
 # does nothing.
+# Operators: `make install` / `make uninstall` (as root; PREFIX=/usr/local, DESTDIR= stages
+# below a directory and leaves the machine alone), and `make onefile`: dist/scheduled.pyz,
+# schedctl and scheduled-d in one executable file. Both are described at their targets
+# below and in README.md ("Install").
 
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
