@@ -106,6 +106,9 @@ PREFIX ?= /usr/local
 MANDIR ?= $(PREFIX)/share/man
 SYSTEMD_DIR ?= /etc/systemd/system
 INSTALL_VENV ?= /opt/scheduled
+# The venv's python is a link to this interpreter, so the scheduled user must be able to
+# run it: the system's, not one below a home directory (pyenv's /root is 0700).
+INSTALL_PYTHON ?= $(if $(wildcard /usr/bin/python3),/usr/bin/python3,$(PYTHON))
 SYSCONF := /etc/scheduled
 STATE_DIR := /var/lib/scheduled
 # written into the venv by install; uninstall removes only a venv that has it
@@ -122,13 +125,13 @@ install:
 		echo "make install: run it as root (or stage it: make install DESTDIR=/some/dir)" >&2; \
 		exit 1; \
 	fi
-	@if ! $(PYTHON) -c 'import ensurepip, venv' >/dev/null 2>&1; then \
-		echo "make install: $(PYTHON) has no venv module: apt-get install python3-venv" >&2; \
+	@if ! $(INSTALL_PYTHON) -c 'import ensurepip, venv' >/dev/null 2>&1; then \
+		echo "make install: $(INSTALL_PYTHON) has no venv module: apt-get install python3-venv" >&2; \
 		exit 1; \
 	fi
 	@# the venv and the project in it; pip reinstalls the project from this tree every time
 	if [ ! -x "$(DESTDIR)$(INSTALL_VENV)/bin/python" ]; then \
-		$(PYTHON) -m venv "$(DESTDIR)$(INSTALL_VENV)"; \
+		$(INSTALL_PYTHON) -m venv "$(DESTDIR)$(INSTALL_VENV)"; \
 	fi
 	"$(DESTDIR)$(INSTALL_VENV)/bin/python" -m pip install -q --disable-pip-version-check \
 		--no-compile --upgrade .
@@ -179,6 +182,13 @@ install:
 	fi
 	install -d -m 0750 "$(DESTDIR)$(STATE_DIR)"
 	if $(LIVE); then chown scheduled:scheduled "$(STATE_DIR)"; fi
+	@# the daemon runs as scheduled: it must be able to start the venv's interpreter
+	if $(LIVE) && ! runuser -u scheduled -- "$(INSTALL_VENV)/bin/python" -c '' 2>/dev/null; then \
+		echo "make install: the scheduled user cannot run $(INSTALL_VENV)/bin/python" \
+			"($$(readlink -f $(INSTALL_VENV)/bin/python)); make uninstall, then" \
+			"make install INSTALL_PYTHON=/usr/bin/python3" >&2; \
+		exit 1; \
+	fi
 	if $(LIVE) && command -v mandb >/dev/null 2>&1; then mandb -q || true; fi
 	if $(LIVE) && [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then \
 		systemctl daemon-reload; \

@@ -165,3 +165,82 @@ def test_uninstall_leaves_a_directory_that_install_did_not_make(tmp_path: Path) 
     removed = make("uninstall", root)
     assert removed.returncode == 0, removed.stdout + removed.stderr
     assert (other / "precious").read_text() == "x"
+
+
+# The live install (no DESTDIR: the user, chown, mandb, runuser) inside a private mount
+# namespace whose /etc, /usr/local, /var and /opt are overlays on directories below
+# tmp_path: every write lands there. The script stops before `make` unless all four are
+# overlays in that namespace, so a failed mount cannot let it reach the machine.
+LIVE_SCRIPT = r"""
+set -euo pipefail
+upper="$1"
+for dir in etc usr/local var opt; do
+    name="${dir//\//_}"
+    mkdir -p "$upper/$name/up" "$upper/$name/work"
+    mount -t overlay overlay \
+        -o "lowerdir=/$dir,upperdir=$upper/$name/up,workdir=$upper/$name/work" "/$dir" \
+        || exit 97
+    [ "$(findmnt -no FSTYPE --mountpoint "/$dir")" = overlay ] || exit 97
+done
+cd "$2"
+make --no-print-directory install >"$upper/install.log" 2>&1
+getent passwd scheduled | cut -d: -f1,6,7
+stat -c '%U:%G %a %n' /var/lib/scheduled /etc/scheduled/scheduled.toml /etc/scheduled/jobs.d
+runuser -u scheduled -- scheduled-d --version
+runuser -u scheduled -- scheduled-d check-config --no-bind /etc/scheduled/scheduled.toml
+schedctl --version
+man -w schedctl
+make --no-print-directory uninstall >"$upper/uninstall.log" 2>&1
+for path in /opt/scheduled /usr/local/bin/schedctl /usr/local/bin/scheduled-d \
+        /etc/systemd/system/scheduled-d-all.service; do
+    [ ! -e "$path" ] || echo "left: $path"
+done
+man -w schedctl 2>/dev/null || echo "no man page"
+stat -c 'kept %n' /etc/scheduled/scheduled.toml /var/lib/scheduled
+getent passwd scheduled | cut -d: -f1
+"""
+
+
+@pytest.mark.timeout(900)
+def test_live_install_in_a_private_mount_namespace(tmp_path: Path) -> None:
+    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("runuser") is None:
+        pytest.skip("needs root, unshare and runuser")
+    probe = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "--fork", "true"],
+        capture_output=True,
+        timeout=60,
+    )
+    if probe.returncode != 0:
+        pytest.skip("cannot make a mount namespace here")
+    before = live_state()
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    env.pop("DESTDIR", None)
+    result = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "--fork",
+         "bash", "-c", LIVE_SCRIPT, "live", str(tmp_path), str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=800,
+        env=env,
+    )  # fmt: skip
+    if result.returncode == 97:
+        pytest.skip(f"no overlay mounts here: {result.stderr.strip()}")
+    logs = "".join(
+        p.read_text() for p in (tmp_path / "install.log", tmp_path / "uninstall.log") if p.exists()
+    )
+    assert result.returncode == 0, result.stdout + result.stderr + logs[-4000:]
+    assert result.stdout.splitlines() == [
+        "scheduled:/var/lib/scheduled:/usr/sbin/nologin",
+        "scheduled:scheduled 750 /var/lib/scheduled",
+        "root:scheduled 640 /etc/scheduled/scheduled.toml",
+        "root:root 755 /etc/scheduled/jobs.d",
+        f"scheduled-d {__version__}",
+        "/etc/scheduled/scheduled.toml: ok (0 [[worker]] table(s))",
+        f"schedctl {__version__}",
+        next(line for line in result.stdout.splitlines() if line.endswith("/man1/schedctl.1")),
+        "no man page",
+        "kept /etc/scheduled/scheduled.toml",
+        "kept /var/lib/scheduled",
+        "scheduled",
+    ], result.stderr
+    assert live_state() == before
