@@ -2,6 +2,10 @@
 # `deps` is idempotent: on a fresh Debian 12 machine (as root) it installs PostgreSQL,
 # ZooKeeper and RabbitMQ from apt, creates .venv and installs the project; on later runs it
 # does nothing.
+# Operators: `make install` / `make uninstall` (as root; PREFIX=/usr/local, DESTDIR= stages
+# below a directory and leaves the machine alone), and `make onefile`: dist/scheduled.pyz,
+# schedctl and scheduled-d in one executable file. Both are described at their targets
+# below and in README.md ("Install").
 
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
@@ -80,3 +84,175 @@ clean:
 
 distclean: clean
 	rm -rf $(VENV)
+
+# ---------------------------------------------------------------------------------------
+# install / uninstall: the project on this machine (as root), or staged below DESTDIR.
+#
+# Installed: a venv in $(INSTALL_VENV) with the project (not editable), the commands
+# $(PREFIX)/bin/schedctl and scheduled-d (small Python scripts run by that venv's python),
+# the man pages in $(MANDIR)/man{1,5,8}, the units in $(SYSTEMD_DIR) (ExecStart= on
+# $(PREFIX)/bin/scheduled-d), /etc/scheduled/scheduled.toml (the commented example; an
+# existing file is never overwritten), an empty /etc/scheduled/jobs.d, the `scheduled`
+# system user and group, and /var/lib/scheduled (owned by it). Logs go to the journal.
+#
+# With DESTDIR set, everything goes below it and the machine itself is not touched: no
+# user, no chown, no systemctl, no mandb; the installed files name their final paths
+# (#! lines, pyvenv.cfg), so the tree can be copied to / as it is.
+#
+# uninstall removes the commands, man pages, units (stopping and disabling them first)
+# and the venv, and keeps the data: /etc/scheduled, /var/lib/scheduled and the user.
+
+PREFIX ?= /usr/local
+MANDIR ?= $(PREFIX)/share/man
+SYSTEMD_DIR ?= /etc/systemd/system
+INSTALL_VENV ?= /opt/scheduled
+# The venv's python is a link to this interpreter, so the scheduled user must be able to
+# run it: the system's, not one below a home directory (pyenv's /root is 0700).
+INSTALL_PYTHON ?= $(if $(wildcard /usr/bin/python3),/usr/bin/python3,$(PYTHON))
+SYSCONF := /etc/scheduled
+STATE_DIR := /var/lib/scheduled
+# written into the venv by install; uninstall removes only a venv that has it
+VENV_MARK := .scheduled-install
+UNIT_FILES := $(notdir $(wildcard systemd/*.service))
+MAN_PAGES := $(notdir $(wildcard man/*.[158]))
+# true when the real machine is the target (no DESTDIR)
+LIVE := $(if $(DESTDIR),false,true)
+
+.PHONY: install uninstall
+
+install:
+	@if $(LIVE) && [ "$$(id -u)" != 0 ]; then \
+		echo "make install: run it as root (or stage it: make install DESTDIR=/some/dir)" >&2; \
+		exit 1; \
+	fi
+	@if ! $(INSTALL_PYTHON) -c 'import ensurepip, venv' >/dev/null 2>&1; then \
+		echo "make install: $(INSTALL_PYTHON) has no venv module: apt-get install python3-venv" >&2; \
+		exit 1; \
+	fi
+	@# the venv and the project in it; pip reinstalls the project from this tree every time
+	if [ ! -x "$(DESTDIR)$(INSTALL_VENV)/bin/python" ]; then \
+		$(INSTALL_PYTHON) -m venv "$(DESTDIR)$(INSTALL_VENV)"; \
+	fi
+	"$(DESTDIR)$(INSTALL_VENV)/bin/python" -m pip install -q --disable-pip-version-check \
+		--no-compile --upgrade .
+	@# staged: the venv's own #! lines and pyvenv.cfg name the final path, not DESTDIR
+	if [ -n "$(DESTDIR)" ]; then \
+		grep -rlsF "$(DESTDIR)$(INSTALL_VENV)" "$(DESTDIR)$(INSTALL_VENV)/bin" \
+			"$(DESTDIR)$(INSTALL_VENV)/pyvenv.cfg" \
+		| while read -r file; do \
+			sed -i "s|$(DESTDIR)$(INSTALL_VENV)|$(INSTALL_VENV)|g" "$$file"; \
+		done; \
+	fi
+	@# byte-compiled once here (the venv is not writable by the daemon), with final paths
+	"$(DESTDIR)$(INSTALL_VENV)/bin/python" -m compileall -q -j 0 \
+		$(if $(DESTDIR),-f -s "$(DESTDIR)" -p /) "$(DESTDIR)$(INSTALL_VENV)/lib" >/dev/null || true
+	touch "$(DESTDIR)$(INSTALL_VENV)/$(VENV_MARK)"
+	install -d "$(DESTDIR)$(PREFIX)/bin"
+	printf '%s\n' '#!$(INSTALL_VENV)/bin/python' \
+		'# installed by make install: schedctl from the venv in $(INSTALL_VENV)' \
+		'import sys' 'from schedctl.cli.app import main' 'sys.exit(main())' \
+		> "$(DESTDIR)$(PREFIX)/bin/schedctl"
+	printf '%s\n' '#!$(INSTALL_VENV)/bin/python' \
+		'# installed by make install: scheduled-d from the venv in $(INSTALL_VENV)' \
+		'import sys' 'from scheduled_d.__main__ import main' 'sys.exit(main())' \
+		> "$(DESTDIR)$(PREFIX)/bin/scheduled-d"
+	chmod 0755 "$(DESTDIR)$(PREFIX)/bin/schedctl" "$(DESTDIR)$(PREFIX)/bin/scheduled-d"
+	for page in $(MAN_PAGES); do \
+		install -D -m 0644 "man/$$page" "$(DESTDIR)$(MANDIR)/man$${page##*.}/$$page"; \
+	done
+	install -d "$(DESTDIR)$(SYSTEMD_DIR)"
+	for unit in $(UNIT_FILES); do \
+		sed 's|/usr/local/bin/scheduled-d|$(PREFIX)/bin/scheduled-d|g' "systemd/$$unit" \
+			> "$(DESTDIR)$(SYSTEMD_DIR)/$$unit"; \
+		chmod 0644 "$(DESTDIR)$(SYSTEMD_DIR)/$$unit"; \
+	done
+	@# the system user first: the configuration and the state directory are its group's
+	if $(LIVE) && ! getent passwd scheduled >/dev/null; then \
+		group=--user-group; \
+		if getent group scheduled >/dev/null; then group="--gid scheduled"; fi; \
+		useradd --system $$group --home-dir $(STATE_DIR) --no-create-home \
+			--shell /usr/sbin/nologin --comment "scheduled-d daemon" scheduled; \
+	fi
+	install -d -m 0755 "$(DESTDIR)$(SYSCONF)" "$(DESTDIR)$(SYSCONF)/jobs.d"
+	if [ -e "$(DESTDIR)$(SYSCONF)/scheduled.toml" ]; then \
+		echo "keeping the existing $(DESTDIR)$(SYSCONF)/scheduled.toml"; \
+	else \
+		install -m 0640 config/scheduled.toml "$(DESTDIR)$(SYSCONF)/scheduled.toml"; \
+		if $(LIVE); then chgrp scheduled "$(SYSCONF)/scheduled.toml"; fi; \
+	fi
+	install -d -m 0750 "$(DESTDIR)$(STATE_DIR)"
+	if $(LIVE); then chown scheduled:scheduled "$(STATE_DIR)"; fi
+	@# the daemon runs as scheduled: it must be able to start the venv's interpreter
+	if $(LIVE) && ! runuser -u scheduled -- "$(INSTALL_VENV)/bin/python" -c '' 2>/dev/null; then \
+		echo "make install: the scheduled user cannot run $(INSTALL_VENV)/bin/python" \
+			"($$(readlink -f $(INSTALL_VENV)/bin/python)); make uninstall, then" \
+			"make install INSTALL_PYTHON=/usr/bin/python3" >&2; \
+		exit 1; \
+	fi
+	if $(LIVE) && command -v mandb >/dev/null 2>&1; then mandb -q || true; fi
+	if $(LIVE) && [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then \
+		systemctl daemon-reload; \
+	fi
+	@echo "installed: $(PREFIX)/bin/schedctl, $(PREFIX)/bin/scheduled-d (venv $(INSTALL_VENV));" \
+		"next: edit $(SYSCONF)/scheduled.toml, scheduled-d check-config," \
+		"systemctl enable --now scheduled-d-all"
+
+uninstall:
+	@if $(LIVE) && [ "$$(id -u)" != 0 ]; then \
+		echo "make uninstall: run it as root (or DESTDIR=... for a staged install)" >&2; \
+		exit 1; \
+	fi
+	@# stop and disable our units (worker instances included) before their files go
+	if $(LIVE) && [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then \
+		units="$$(systemctl list-units --all --plain --no-legend --type=service \
+			'scheduled-d-*' | awk '{print $$1}')"; \
+		enabled="$$(find $(SYSTEMD_DIR) -path '*.wants/scheduled-d-*.service' \
+			-printf '%f\n' 2>/dev/null | sort -u)"; \
+		if [ -n "$$units$$enabled" ]; then \
+			systemctl disable --now $$units $$enabled || true; \
+		fi; \
+	fi
+	rm -f "$(DESTDIR)$(PREFIX)/bin/schedctl" "$(DESTDIR)$(PREFIX)/bin/scheduled-d"
+	for page in $(MAN_PAGES); do rm -f "$(DESTDIR)$(MANDIR)/man$${page##*.}/$$page"; done
+	for unit in $(UNIT_FILES); do rm -f "$(DESTDIR)$(SYSTEMD_DIR)/$$unit"; done
+	@# only a venv that install made (a wrong INSTALL_VENV must not delete anything else)
+	if [ -f "$(DESTDIR)$(INSTALL_VENV)/$(VENV_MARK)" ]; then \
+		rm -rf "$(DESTDIR)$(INSTALL_VENV)"; \
+	fi
+	if $(LIVE) && command -v mandb >/dev/null 2>&1; then mandb -q || true; fi
+	if $(LIVE) && [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then \
+		systemctl daemon-reload; \
+	fi
+	@echo "kept: $(SYSCONF) (configuration, jobs.d), $(STATE_DIR) (data) and the scheduled" \
+		"user; remove them by hand: rm -r $(SYSCONF) $(STATE_DIR); userdel scheduled"
+
+# ---------------------------------------------------------------------------------------
+# onefile: dist/scheduled.pyz, schedctl and scheduled-d in one executable file (shiv: the
+# dependencies are inside; on its first run it unpacks them, compiled parts included, to
+# ~/.shiv or $$SHIV_ROOT). Needs only python3 (3.11, as the wheels inside are built for
+# it) on the target. Rebuilt only when the sources or pyproject.toml changed. Dispatch:
+# scheduled_d/onefile.py.
+
+SHIV_VERSION := 1.0.8
+SHIV_VENV := build/shiv-venv
+ONEFILE := dist/scheduled.pyz
+ONEFILE_SOURCES := pyproject.toml $(shell find schedctl daemon -type f \
+	\( -name '*.py' -o -name '*.ini' -o -name '*.mako' -o -name '*.typed' \) \
+	-not -path '*/__pycache__/*' 2>/dev/null)
+
+.PHONY: onefile
+
+onefile: $(ONEFILE)
+
+$(SHIV_VENV)/bin/shiv:
+	$(PYTHON) -m venv $(SHIV_VENV)
+	$(SHIV_VENV)/bin/pip install -q --disable-pip-version-check shiv==$(SHIV_VERSION)
+
+$(ONEFILE): $(ONEFILE_SOURCES) | $(SHIV_VENV)/bin/shiv
+	mkdir -p $(dir $@)
+	@# built next to the target and renamed: a reader never sees half a file
+	$(SHIV_VENV)/bin/shiv --quiet --compile-pyc --reproducible \
+		--python '/usr/bin/env python3' --entry-point scheduled_d.onefile:main \
+		--output-file $@.tmp . --disable-pip-version-check
+	mv -f $@.tmp $@
+	@ls -l $@

@@ -3,6 +3,8 @@
 It creates a throwaway SQLite database, a tenant, a cron job, a one-time job and an
 interval job with the real `schedctl` commands, starts `scheduled-d all` with a worker,
 waits until each job has run, shows the run history, and stops the daemon with SIGTERM.
+With SCHEDULED_DEMO_ONEFILE=PATH (set by `scheduled.pyz demo`) both commands are that one
+file (`python3 PATH schedctl ...`), so the tour runs without the source tree or a venv.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
+ONEFILE_ENV = "SCHEDULED_DEMO_ONEFILE"
 DEADLINE_SECONDS = 150.0
 
 WORKER_SCRIPT = (
@@ -30,11 +33,21 @@ def say(text: str) -> None:
     print(f"\n\033[1m== {text}\033[0m", flush=True)
 
 
+def command(tool: str) -> list[str]:
+    """How to start `schedctl` or `scheduled-d`: the one file if the demo runs from it
+    (through this interpreter: the file's own #! may not name it), else the console script
+    next to this interpreter."""
+    onefile = os.environ.get(ONEFILE_ENV)
+    if onefile:
+        return [sys.executable, onefile, tool]
+    return [str(BIN / tool)]
+
+
 def schedctl(db: str, *args: str, show: bool = True) -> str:
-    command = [str(BIN / "schedctl"), "--db", db, *args]
+    command_line = [*command("schedctl"), "--db", db, *args]
     if show:
         print("$ schedctl " + " ".join(shlex.quote(a) for a in args), flush=True)
-    done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=60)
+    done = subprocess.run(command_line, capture_output=True, text=True, check=False, timeout=60)
     if done.returncode != 0:
         sys.stderr.write(done.stdout + done.stderr)
         raise SystemExit(f"schedctl {' '.join(args)} failed with exit code {done.returncode}")
@@ -87,7 +100,7 @@ def main() -> int:
     log_path = workdir / "scheduled-d.log"
     with log_path.open("w") as log:
         daemon = subprocess.Popen(
-            [str(BIN / "scheduled-d"), "all", "--db", db, "--config", str(config)],
+            [*command("scheduled-d"), "all", "--db", db, "--config", str(config)],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "SCHEDULED_LOG_LEVEL": "INFO"},
