@@ -35,8 +35,6 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import Counter, Histogram
 from pydantic import BaseModel, BeforeValidator, Field
-from sqlalchemy import text
-from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -44,9 +42,10 @@ from schedctl import errors, limits
 from schedctl.config import Config
 from schedctl.models import JobStatus, Tenant
 from schedctl.service import MAX_JOBS_RETRY_AFTER_SECONDS, OverQuota, Scheduler
-from schedctl.storage.engine import first_line
+from schedctl.storage.engine import first_line, is_database_error
 from schedctl.storage.jobs import MAX_PAGE
 from schedctl.storage.payloads import payload_cipher
+from schedctl.storage.status import check_reachable
 from schedctl.storage.store import Store
 from schedctl.views import job_to_dict, run_to_dict, tenant_to_dict
 from scheduled_d import sdnotify
@@ -671,11 +670,7 @@ def healthz(scheduler: SchedulerDep) -> dict[str, str]:
     """Liveness and database reachability; no token needed. A database that cannot be
     reached is a 503 saying "database unavailable": where it is, and what the driver said,
     go to the log only."""
-    try:
-        with scheduler.store.read() as connection:
-            connection.execute(text("SELECT 1"))
-    except SQLAlchemyError as exc:  # what Store.read does not wrap (a pool timeout, ...)
-        raise errors.StoreUnavailable(f"database error: {first_line(exc)}") from exc
+    check_reachable(scheduler.store)
     return {"status": "ok"}
 
 
@@ -851,7 +846,7 @@ def _content_length(scope: Scope) -> int | None:
 
 def _log_internal(scope: Scope, exc: BaseException) -> None:
     # SQLAlchemy's message carries the statement's parameters: log the driver's first line
-    if isinstance(exc, SQLAlchemyError):
+    if is_database_error(exc):
         message = first_line(exc)
     else:
         message = str(exc).splitlines()[0][:300] if str(exc) else ""

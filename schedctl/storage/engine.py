@@ -106,3 +106,9 @@ def first_line(exc: BaseException) -> str:
     original = getattr(exc, "orig", None) or exc
     lines = str(original).strip().splitlines()
     return lines[0] if lines else type(original).__name__
+
+
+def is_database_error(exc: BaseException) -> bool:
+    """An error from the database layer, whose message may carry a statement and its
+    parameters: log `first_line(exc)` of it, never the whole."""
+    return isinstance(exc, SQLAlchemyError)
