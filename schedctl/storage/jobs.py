@@ -33,6 +33,7 @@ from schedctl.storage.payloads import encode_payload
 from schedctl.storage.rows import job_from_row, run_from_row
 from schedctl.storage.store import Store
 
+# MAX_PAGE (defined in cursors.py) is re-exported: the API takes its page bound from here
 __all__ = ["MAX_PAGE", "JobRepo", "new_job_id", "partition_of"]
 
 
