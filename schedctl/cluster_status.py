@@ -22,16 +22,17 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, func, select, text
-from sqlalchemy.engine import Connection
-
 from schedctl import errors
 from schedctl.config import Config
 from schedctl.coordination.assignment import assignment
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.storage import schema
-from schedctl.storage.jobs import db_now
 from schedctl.storage.queue import QueueRepo, QueueStat
+from schedctl.storage.status import (
+    LagStatus,
+    OutboxStatus,
+    PartitionStatus,
+    read_database_status,
+)
 from schedctl.storage.store import Store
 
 # One bound for the whole ZooKeeper read (connect, list, read each member).
@@ -63,31 +64,6 @@ class MemberStatus:
     partitions: tuple[int, ...]
     epoch_min: int | None
     epoch_max: int | None
-
-
-@dataclass(frozen=True)
-class PartitionStatus:
-    partition: int
-    owner: str | None
-    epoch: int
-    updated_at: datetime | None
-
-
-@dataclass(frozen=True)
-class LagStatus:
-    oldest_due_at: datetime | None  # the oldest due, unclaimed run's fire time
-    seconds: float  # now - oldest_due_at; 0 when nothing is due
-    due: int  # active jobs due now and not claimed yet
-
-
-@dataclass(frozen=True)
-class OutboxStatus:
-    depth: int  # rows still to deliver
-    ready: int  # of those, deliverable now (including leases of relays that went away)
-    delivering: int  # held by a relay under a lease that has not run out
-    waiting: int  # waiting for a retry backoff to pass
-    oldest_ready_at: datetime | None
-    age_seconds: float  # now - oldest_ready_at; 0 when nothing is ready
 
 
 @dataclass(frozen=True)
@@ -252,78 +228,6 @@ def _member_info(name: str, data: bytes | None) -> MemberInfo:
     )
 
 
-# -- the database ----------------------------------------------------------------------------
-
-
-def _partitions(connection: Connection) -> list[PartitionStatus]:
-    t = schema.partitions
-    rows = connection.execute(
-        select(t.c.partition, t.c.owner, t.c.epoch, t.c.updated_at).order_by(t.c.partition)
-    ).all()
-    return [
-        PartitionStatus(int(p), owner, int(epoch), updated) for p, owner, epoch, updated in rows
-    ]
-
-
-def _lag(connection: Connection, now: datetime, partition_count: int) -> LagStatus:
-    if connection.dialect.name == "postgresql":
-        # one probe of the (partition, next_fire_at) index per partition
-        row = connection.execute(
-            text(
-                """
-                SELECT min(d.oldest), coalesce(sum(d.due), 0)
-                  FROM generate_series(0, :last) AS p(partition)
-                 CROSS JOIN LATERAL (
-                       SELECT min(j.next_fire_at) AS oldest, count(*) AS due
-                         FROM jobs AS j
-                        WHERE j.partition = p.partition
-                          AND j.next_fire_at <= :now
-                          AND j.status = 'active'
-                       ) AS d
-                """
-            ),
-            {"last": partition_count - 1, "now": now},
-        ).one()
-        oldest, due = row[0], int(row[1])
-    else:
-        j = schema.jobs
-        oldest, due = connection.execute(
-            select(func.min(j.c.next_fire_at), func.count()).where(
-                j.c.next_fire_at <= now, j.c.status == "active"
-            )
-        ).one()
-        due = int(due)
-    if oldest is None:
-        return LagStatus(None, 0.0, due)
-    return LagStatus(oldest, max(0.0, (now - oldest).total_seconds()), due)
-
-
-def _outbox(connection: Connection, now: datetime) -> OutboxStatus:
-    o = schema.outbox
-    # available_at is the due time, or the end of the lease while a relay delivers the row
-    ready_now = o.c.available_at <= now
-    leased = and_(o.c.available_at > now, o.c.lease_owner.is_not(None))
-    depth, ready, delivering, oldest = connection.execute(
-        select(
-            func.count(),
-            func.count().filter(ready_now),
-            func.count().filter(leased),
-            func.min(o.c.available_at).filter(ready_now),
-        )
-    ).one()
-    depth, ready, delivering = int(depth), int(ready or 0), int(delivering or 0)
-    age = max(0.0, (now - oldest).total_seconds()) if oldest is not None else 0.0
-    return OutboxStatus(depth, ready, delivering, depth - ready - delivering, oldest, age)
-
-
-def _dead_letters(connection: Connection) -> tuple[int, int]:
-    d = schema.dead_letters
-    pending, total = connection.execute(
-        select(func.count().filter(d.c.replayed_at.is_(None)), func.count())
-    ).one()
-    return int(pending or 0), int(total)
-
-
 # -- putting it together ---------------------------------------------------------------------
 
 
@@ -340,12 +244,9 @@ def gather_status(
     """One snapshot of the cluster. Raises StoreUnavailable when the database is away; a
     ZooKeeper that does not answer is reported in `zookeeper_error`, not raised."""
     partition_count = store.partition_count
-    with store.read() as connection:
-        now = db_now(connection)
-        partitions = _partitions(connection)
-        lag = _lag(connection, now, partition_count)
-        outbox = _outbox(connection, now)
-        dead_pending, dead_total = _dead_letters(connection)
+    database = read_database_status(store, partition_count)
+    now, partitions, lag, outbox = database.at, database.partitions, database.lag, database.outbox
+    dead_pending, dead_total = database.dead_letters, database.dead_letters_total
     queues = QueueRepo(store).stats()
 
     live: Mapping[str, MemberInfo] | None = None

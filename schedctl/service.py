@@ -9,32 +9,22 @@ tenant's jobs (another tenant's job is NotFound, never Forbidden: ids are no ora
 
 from __future__ import annotations
 
-import json
 import math
 import re
-import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
 
-from sqlalchemy import func, select
-from sqlalchemy.engine import Connection
-
-from schedctl import errors, limits
+from schedctl import errors
 from schedctl.delivery.ssrf import check_at_creation
 from schedctl.jobspec import parse_job_request, parse_schedule
 from schedctl.limits import DEFAULT_MAX_PAYLOAD_BYTES
 from schedctl.models import Job, JobStatus, Page, Run, Tenant
-from schedctl.storage import schema
-from schedctl.storage.jobs import (
-    MAX_PAGE,
-    JobRepo,
-    db_now,
-    decode_cursor,
-    encode_cursor,
-)
+from schedctl.storage.audit import AuditRepo
+from schedctl.storage.cursors import check_page_limit, decode_cursor
+from schedctl.storage.jobs import JobRepo
+from schedctl.storage.quotas import QuotaUse, quota_guard
 from schedctl.storage.store import Store
 from schedctl.storage.tenants import TenantRepo, TokenInfo, token_id_of
 
@@ -64,23 +54,12 @@ class OverQuota(errors.QuotaExceeded):
         self.retry_after = max(1, retry_after)
 
 
-@dataclass(frozen=True)
-class AuditEntry:
-    id: int
-    at: datetime
-    tenant_id: str | None
-    tenant: str | None  # the tenant's name, for people
-    actor: str  # "cli:USER", "token:TOKEN_ID", ...
-    action: str
-    job_id: str | None
-    detail: dict[str, Any] | None
-
-
 class Scheduler:
     def __init__(self, store: Store, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> None:
         self.store = store
         self.max_payload_bytes = max_payload_bytes
         self.jobs = JobRepo(store)
+        self.audit_log = AuditRepo(store)
         self.tenants = TenantRepo(store)
 
     @classmethod
@@ -172,47 +151,22 @@ class Scheduler:
             # the SSRF guard at creation; every delivery checks again
             check_at_creation(spec.target.url, found.allow_list)
 
-        def quotas(connection: Connection) -> None:
-            max_jobs, rate = self._lock_tenant(connection, found.tenant_id)
-            self._check_rate(connection, found, rate, db_now(connection))
-            self._check_max_jobs(connection, found, max_jobs)
+        def quotas(use: QuotaUse) -> None:
+            self._check_rate(use, found)
+            self._check_max_jobs(use, found)
 
-        return self.jobs.create(found.tenant_id, spec, actor=actor, guard=quotas)
-
-    @staticmethod
-    def _lock_tenant(connection: Connection, tenant_id: str) -> tuple[int, int]:
-        """The tenant's current quotas, its row locked until commit. FOR NO KEY UPDATE:
-        it serializes creates of this tenant but not the foreign-key checks of other
-        writers (those take KEY SHARE)."""
-        tenants = schema.tenants
-        query = select(tenants.c.max_jobs, tenants.c.create_rate_per_minute).where(
-            tenants.c.tenant_id == tenant_id
+        return self.jobs.create(
+            found.tenant_id, spec, actor=actor, guard=quota_guard(found.tenant_id, quotas)
         )
-        if connection.dialect.name == "postgresql":
-            query = query.with_for_update(key_share=True)
-        row = connection.execute(query).first()
-        if row is None:
-            raise errors.NotFound(f"no tenant {tenant_id!r}", field="tenant")
-        return int(row.max_jobs), int(row.create_rate_per_minute)
 
     @staticmethod
-    def _check_rate(connection: Connection, tenant: Tenant, rate: int, now: datetime) -> None:
-        jobs = schema.jobs
-        since = now - RATE_WINDOW
-        # ids are time-ordered, so this is a short range of the (tenant_id, job_id) index,
-        # not a scan of every job the tenant ever had
-        floor = max(0, int((time.time() - (RATE_WINDOW + CLOCK_SKEW).total_seconds()) * 1000))
-        count, oldest = connection.execute(
-            select(func.count(), func.min(jobs.c.created_at)).where(
-                jobs.c.tenant_id == tenant.tenant_id,
-                jobs.c.job_id >= f"{floor:012x}",
-                jobs.c.created_at > since,
-            )
-        ).one()
+    def _check_rate(use: QuotaUse, tenant: Tenant) -> None:
+        rate = use.create_rate_per_minute
+        count, oldest = use.created_since(RATE_WINDOW, CLOCK_SKEW)
         if count < rate:
             return
         retry = (
-            math.ceil((oldest + RATE_WINDOW - now).total_seconds())
+            math.ceil((oldest + RATE_WINDOW - use.now).total_seconds())
             if oldest is not None
             else math.ceil(RATE_WINDOW.total_seconds())
         )
@@ -224,17 +178,9 @@ class Scheduler:
         )
 
     @staticmethod
-    def _check_max_jobs(connection: Connection, tenant: Tenant, max_jobs: int) -> None:
-        jobs = schema.jobs
-        active = connection.execute(
-            select(func.count())
-            .select_from(jobs)
-            .where(
-                jobs.c.tenant_id == tenant.tenant_id,
-                jobs.c.status.in_([JobStatus.active.value, JobStatus.paused.value]),
-            )
-        ).scalar_one()
-        if active >= max_jobs:
+    def _check_max_jobs(use: QuotaUse, tenant: Tenant) -> None:
+        max_jobs = use.max_jobs
+        if use.active_jobs() >= max_jobs:
             raise OverQuota(
                 f"tenant {tenant.name!r} has reached its limit of {max_jobs} active jobs "
                 "(cancel some, or ask an operator to raise max_jobs)",
@@ -324,42 +270,14 @@ class Scheduler:
     ) -> Page:
         """Audit log entries, newest first: who created, changed, cancelled, paused,
         resumed or triggered what, and when."""
-        if not 1 <= limit <= MAX_PAGE:
-            raise errors.ValidationError(f"must be between 1 and {MAX_PAGE}", field="limit")
-        log, tenants = schema.audit_log, schema.tenants
-        query = (
-            select(log, tenants.c.name.label("tenant_name"))
-            .select_from(log.outerjoin(tenants, tenants.c.tenant_id == log.c.tenant_id))
-            .order_by(log.c.id.desc())
-            .limit(limit + 1)
+        check_page_limit(limit)
+        return self.audit_log.list(
+            tenant_id=self._tenant_id(tenant),
+            job_id=job_id,
+            action=action,
+            limit=limit,
+            cursor=cursor,
         )
-        tenant_id = self._tenant_id(tenant)
-        if tenant_id is not None:
-            query = query.where(log.c.tenant_id == tenant_id)
-        if job_id is not None:
-            query = query.where(log.c.job_id == job_id)
-        if action is not None:
-            query = query.where(log.c.action == action)
-        if cursor:
-            (before,) = decode_cursor(cursor, 1)
-            query = query.where(log.c.id < limits.cursor_id(before))
-        with self.store.read() as connection:
-            rows = connection.execute(query).mappings().all()
-        items = tuple(
-            AuditEntry(
-                id=int(r["id"]),
-                at=r["at"],
-                tenant_id=r["tenant_id"],
-                tenant=r["tenant_name"],
-                actor=r["actor"],
-                action=r["action"],
-                job_id=r["job_id"],
-                detail=json.loads(r["detail"]) if r["detail"] else None,
-            )
-            for r in rows[:limit]
-        )
-        next_cursor = encode_cursor(str(items[-1].id)) if len(rows) > limit else None
-        return Page(items, next_cursor)
 
 
 def _status(status: str | JobStatus | None) -> JobStatus | None:

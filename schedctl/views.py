@@ -28,7 +28,7 @@ from schedctl.scheduling.schedules import schedule_from_dict, schedule_to_dict
 from schedctl.scheduling.timeparse import format_instant
 
 if TYPE_CHECKING:
-    from schedctl.service import AuditEntry
+    from schedctl.storage.audit import AuditEntry
     from schedctl.storage.tenants import TokenInfo
 
 

@@ -100,16 +100,11 @@ def check_configuration(file: str | None, *, bind: bool = True) -> str:
 
 
 def _check_database_url(config: Config, path: Path | None, text: str) -> None:
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
+    from schedctl.storage.engine import is_database_url, normalize_url
 
-    from schedctl.storage.engine import normalize_url
-
-    try:
-        make_url(normalize_url(config.database_url))
-    except ArgumentError as exc:
+    if not is_database_url(normalize_url(config.database_url)):
         raise errors.ConfigError(
             _at(
                 path, text, "database_url", "not a database URL (postgresql://... or sqlite:///...)"
             )
-        ) from exc
+        )

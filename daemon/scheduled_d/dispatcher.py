@@ -15,14 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import select
-
 from schedctl import errors, retrying
 from schedctl.coordination.base import Coordinator
-from schedctl.storage import schema
 from schedctl.storage.changes import ChangeFeed, open_change_feed
 from schedctl.storage.claim import Claimer, ClaimResult, DueJob
 from schedctl.storage.store import Store
+from schedctl.storage.tenants import TenantRepo
 from scheduled_d import metrics
 
 log = logging.getLogger(__name__)
@@ -159,11 +157,7 @@ class Dispatcher:
         self._extend_at = time.monotonic() + (0.0 if truncated else self.extend_seconds)
 
     def _load_rates(self) -> None:
-        with self.store.read() as connection:
-            rows = connection.execute(
-                select(schema.tenants.c.tenant_id, schema.tenants.c.dispatch_rate_per_second)
-            ).all()
-        self._rates = {r[0]: float(r[1]) for r in rows}
+        self._rates = TenantRepo(self.store).dispatch_rates()
 
     def add_changed(self, job_ids: tuple[str, ...], owned: Mapping[int, int]) -> None:
         for item in self.claimer.load_jobs(job_ids, owned.keys(), self._horizon):

@@ -22,7 +22,6 @@ from typing import Annotated, Any
 
 import requests
 import typer
-from sqlalchemy import delete, func, select, text, update
 
 from schedctl import errors
 from schedctl.cli.common import (
@@ -34,14 +33,12 @@ from schedctl.cli.common import (
 )
 from schedctl.cli.output import emit
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.storage import schema
+from schedctl.storage import bench as bench_rows
 from schedctl.storage.jobs import new_job_id, partition_of
 from schedctl.storage.store import Store
 from schedctl.storage.tenants import TenantRepo
 
 app = typer.Typer(help="Delivery benchmark (measured, not asserted).")
-
-CHUNK = 2000
 
 
 # The endpoint runs in its own process: in this one it would compete with the relay for
@@ -119,17 +116,16 @@ class _Endpoint:
 
 def _tenant(store: Store, concurrency: int) -> str:
     tenant, _token = TenantRepo(store).create(f"bench-{uuid.uuid4().hex[:8]}", actor="bench")
-    with store.tx() as connection:
-        connection.execute(
-            update(schema.tenants)
-            .where(schema.tenants.c.tenant_id == tenant.tenant_id)
-            .values(
-                # no pacing: this measures delivery, not the rate limit
-                dispatch_rate_per_second=10_000_000,
-                delivery_concurrency=concurrency,
-                allow_list=json.dumps(["127.0.0.1/32"]),
-            )
-        )
+    bench_rows.set_tenant_columns(
+        store,
+        tenant.tenant_id,
+        {
+            # no pacing: this measures delivery, not the rate limit
+            "dispatch_rate_per_second": 10_000_000,
+            "delivery_concurrency": concurrency,
+            "allow_list": json.dumps(["127.0.0.1/32"]),
+        },
+    )
     return tenant.tenant_id
 
 
@@ -139,89 +135,63 @@ def _claimed_runs(store: Store, tenant_id: str, target_type: str, target: str, c
     job_id = new_job_id()
     # read before the write transaction: on SQLite a second connection would wait for it
     partition = partition_of(job_id, store.partition_count)
-    with store.tx() as connection:
-        connection.execute(
-            schema.jobs.insert().values(
-                job_id=job_id,
-                tenant_id=tenant_id,
-                name="bench-delivery",
-                schedule=json.dumps({"kind": "once", "run_at": format_instant(now)}),
-                target_type=target_type,
-                target=target,
-                payload=json.dumps({"bench": True}),
-                max_attempts=3,
-                retry_base_seconds=1.0,
-                retry_max_seconds=10.0,
-                misfire_policy="run_once",
-                grace_seconds=60,
-                window_seconds=0,
-                max_concurrency=0,
-                timeout_seconds=0,
-                status="completed",
-                partition=partition,
-                version=2,
-                request_hash="bench",
-                created_at=now,
-                updated_at=now,
-            )
-        )
-        times = [now - timedelta(microseconds=i) for i in range(count)]
-        for start in range(0, count, CHUNK):
-            chunk = times[start : start + CHUNK]
-            connection.execute(
-                schema.runs.insert(),
-                [
-                    {
-                        "job_id": job_id,
-                        "scheduled_at": at,
-                        "tenant_id": tenant_id,
-                        "partition": 0,
-                        "trigger": "manual",
-                        "status": "dispatched",
-                        "attempt": 1,
-                        "fire_at": at,
-                        "dispatched_at": now,
-                    }
-                    for at in chunk
-                ],
-            )
-            connection.execute(
-                schema.outbox.insert(),
-                [
-                    {
-                        "job_id": job_id,
-                        "scheduled_at": at,
-                        "tenant_id": tenant_id,
-                        "target_type": target_type,
-                        "target": target,
-                        "attempt": 1,
-                        "available_at": now,
-                        "created_at": now,
-                    }
-                    for at in chunk
-                ],
-            )
+    job = {
+        "job_id": job_id,
+        "tenant_id": tenant_id,
+        "name": "bench-delivery",
+        "schedule": json.dumps({"kind": "once", "run_at": format_instant(now)}),
+        "target_type": target_type,
+        "target": target,
+        "payload": json.dumps({"bench": True}),
+        "max_attempts": 3,
+        "retry_base_seconds": 1.0,
+        "retry_max_seconds": 10.0,
+        "misfire_policy": "run_once",
+        "grace_seconds": 60,
+        "window_seconds": 0,
+        "max_concurrency": 0,
+        "timeout_seconds": 0,
+        "status": "completed",
+        "partition": partition,
+        "version": 2,
+        "request_hash": "bench",
+        "created_at": now,
+        "updated_at": now,
+    }
+    times = [now - timedelta(microseconds=i) for i in range(count)]
+    runs = [
+        {
+            "job_id": job_id,
+            "scheduled_at": at,
+            "tenant_id": tenant_id,
+            "partition": 0,
+            "trigger": "manual",
+            "status": "dispatched",
+            "attempt": 1,
+            "fire_at": at,
+            "dispatched_at": now,
+        }
+        for at in times
+    ]
+    outbox = [
+        {
+            "job_id": job_id,
+            "scheduled_at": at,
+            "tenant_id": tenant_id,
+            "target_type": target_type,
+            "target": target,
+            "attempt": 1,
+            "available_at": now,
+            "created_at": now,
+        }
+        for at in times
+    ]
+    bench_rows.insert_claimed(store, job, runs, outbox)
     return job_id
 
 
 def _outbox_left(store: Store, job_id: str) -> int:
-    with store.read() as connection:
-        return int(
-            connection.execute(
-                select(func.count())
-                .select_from(schema.outbox)
-                .where(schema.outbox.c.job_id == job_id)
-            ).scalar_one()
-        )
-
-
-def _settings(store: Store) -> str:
-    if not store.is_postgres:
-        return "sqlite (WAL, synchronous=NORMAL)"
-    with store.read() as connection:
-        fsync = connection.execute(text("SHOW fsync")).scalar_one()
-        sync = connection.execute(text("SHOW synchronous_commit")).scalar_one()
-    return f"postgres (fsync={fsync}, synchronous_commit={sync})"
+    return bench_rows.outbox_left(store, job_id)
 
 
 def _drain(store: Store, job_id: str, deadline: float) -> float:
@@ -290,14 +260,11 @@ def run_delivery_bench(
     try:
         queue_rate = _drain(store, queue_job, deadline)
     finally:
-        with store.tx() as connection:
-            connection.execute(
-                delete(schema.queue_messages).where(schema.queue_messages.c.queue == queue)
-            )
+        bench_rows.delete_queue_messages(store, queue)
     result: dict[str, Any] = {
         "runs": runs,
         "tenant_delivery_concurrency": concurrency,
-        "database": _settings(store),
+        "database": bench_rows.database_settings(store),
         "http_deliveries_per_second": round(http_rate, 1),
         "http_received": received["count"],
         "http_received_per_second": round((received["count"] - 1) / span, 1) if span else None,

@@ -16,11 +16,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import and_, func, select, text, update
-
 from schedctl import errors
 from schedctl.bench.consumers import Consumers
-from schedctl.storage import schema
+from schedctl.storage import bench as bench_rows
 from schedctl.storage.bulk import insert_once_jobs
 from schedctl.storage.store import Store
 from schedctl.storage.tenants import TenantRepo
@@ -83,34 +81,17 @@ class Dispatchers:
 def _bench_tenant(store: Store) -> tuple[str, str]:
     """A fresh tenant without dispatch pacing: (its id, its API token)."""
     tenant, token = TenantRepo(store).create(f"bench-{uuid.uuid4().hex[:8]}", actor="bench")
-    with store.tx() as connection:
-        # no pacing in a benchmark of raw claim speed
-        connection.execute(
-            update(schema.tenants)
-            .where(schema.tenants.c.tenant_id == tenant.tenant_id)
-            .values(dispatch_rate_per_second=10_000_000)
-        )
+    # no pacing in a benchmark of raw claim speed
+    bench_rows.set_tenant_columns(store, tenant.tenant_id, {"dispatch_rate_per_second": 10_000_000})
     return tenant.tenant_id, token
 
 
 def _claimed(store: Store, tenant_id: str) -> int:
-    with store.read() as connection:
-        return int(
-            connection.execute(
-                select(func.count())
-                .select_from(schema.runs)
-                .where(schema.runs.c.tenant_id == tenant_id)
-            ).scalar_one()
-        )
+    return bench_rows.count_runs(store, tenant_id)
 
 
 def _lateness(store: Store, tenant_id: str) -> list[float]:
-    with store.read() as connection:
-        rows = connection.execute(
-            select(schema.runs.c.fire_at, schema.runs.c.dispatched_at).where(
-                schema.runs.c.tenant_id == tenant_id
-            )
-        ).all()
+    rows = bench_rows.claim_times(store, tenant_id)
     return sorted((d - f).total_seconds() for f, d in rows if f is not None and d is not None)
 
 
@@ -121,12 +102,7 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def _settings(store: Store) -> str:
-    if not store.is_postgres:
-        return "sqlite (WAL, synchronous=NORMAL)"
-    with store.read() as connection:
-        fsync = connection.execute(text("SHOW fsync")).scalar_one()
-        sync = connection.execute(text("SHOW synchronous_commit")).scalar_one()
-    return f"postgres (fsync={fsync}, synchronous_commit={sync})"
+    return bench_rows.database_settings(store)
 
 
 def _wait_claimed(store: Store, tenant_id: str, total: int, timeout: float) -> int:
@@ -157,23 +133,13 @@ def burst(
     load_seconds = time.monotonic() - load_started
     # the instant is set once loading is done, so it is the same lead for any size
     due_at = datetime.now(UTC) + timedelta(seconds=lead_seconds)
-    with store.tx() as connection:
-        connection.execute(
-            update(schema.jobs)
-            .where(schema.jobs.c.tenant_id == tenant_id)
-            .values(next_run_at=due_at, next_fire_at=due_at)
-        )
+    bench_rows.move_jobs_due(store, tenant_id, due_at)
     dispatchers.start()
     try:
         claimed = _wait_claimed(store, tenant_id, jobs, timeout + lead_seconds)
     finally:
         dispatchers.stop()
-    with store.read() as connection:
-        last = connection.execute(
-            select(func.max(schema.runs.c.dispatched_at)).where(
-                schema.runs.c.tenant_id == tenant_id
-            )
-        ).scalar_one()
+    last = bench_rows.last_dispatched(store, tenant_id)
     late = _lateness(store, tenant_id)
     return {
         "benchmark": "burst",
@@ -200,18 +166,9 @@ def _by_worker_kind(store: Store, tenant_id: str) -> tuple[dict[str, int], dict[
     "api": an API worker's lease owner, kept in the attempt's `worker`, is
     `api:TOKEN_ID:DIGEST`): their count, and their start lateness (attempt start minus the
     run's due time), sorted."""
-    a, r = schema.run_attempts, schema.runs
-    with store.read() as connection:
-        rows = connection.execute(
-            select(a.c.worker, r.c.scheduled_at, a.c.started_at)
-            .select_from(
-                a.join(r, and_(a.c.job_id == r.c.job_id, a.c.scheduled_at == r.c.scheduled_at))
-            )
-            .where(r.c.tenant_id == tenant_id, a.c.status == "succeeded")
-        ).all()
     counts = {"direct": 0, "api": 0}
     late: dict[str, list[float]] = {"direct": [], "api": []}
-    for worker, at, started in rows:
+    for worker, at, started in bench_rows.succeeded_attempts(store, tenant_id):
         kind = "api" if (worker or "").startswith("api:") else "direct"
         counts[kind] += 1
         if started is not None:
@@ -220,23 +177,11 @@ def _by_worker_kind(store: Store, tenant_id: str) -> tuple[dict[str, int], dict[
 
 
 def _executed(store: Store, tenant_id: str) -> int:
-    with store.read() as connection:
-        return int(
-            connection.execute(
-                select(func.count())
-                .select_from(schema.runs)
-                .where(schema.runs.c.tenant_id == tenant_id, schema.runs.c.status == "succeeded")
-            ).scalar_one()
-        )
+    return bench_rows.count_runs(store, tenant_id, status="succeeded")
 
 
 def _start_lateness(store: Store, tenant_id: str) -> list[float]:
-    with store.read() as connection:
-        rows = connection.execute(
-            select(schema.runs.c.scheduled_at, schema.runs.c.started_at).where(
-                schema.runs.c.tenant_id == tenant_id, schema.runs.c.started_at.is_not(None)
-            )
-        ).all()
+    rows = bench_rows.start_times(store, tenant_id)
     return sorted((started - at).total_seconds() for at, started in rows)
 
 
@@ -338,22 +283,11 @@ def steady(
 
 
 def _tenant_name(store: Store, tenant_id: str) -> str:
-    with store.read() as connection:
-        return str(
-            connection.execute(
-                select(schema.tenants.c.name).where(schema.tenants.c.tenant_id == tenant_id)
-            ).scalar_one()
-        )
+    return bench_rows.tenant_name(store, tenant_id)
 
 
 def _owners(store: Store) -> dict[int, tuple[str | None, int]]:
-    with store.read() as connection:
-        rows = connection.execute(
-            select(
-                schema.partitions.c.partition, schema.partitions.c.owner, schema.partitions.c.epoch
-            )
-        ).all()
-    return {int(p): (o, int(e)) for p, o, e in rows}
+    return bench_rows.partition_owners(store)
 
 
 def _wait_owned(store: Store, names: set[str], partitions: int, timeout: float) -> float:

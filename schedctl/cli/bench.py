@@ -22,7 +22,6 @@ from typing import Annotated, Any
 
 import requests
 import typer
-from sqlalchemy import delete
 
 from schedctl import errors
 from schedctl.cli.common import (
@@ -36,7 +35,7 @@ from schedctl.cli.common import (
 )
 from schedctl.cli.output import OutputFormat, emit
 from schedctl.service import Scheduler
-from schedctl.storage import schema
+from schedctl.storage import bench as bench_rows
 from schedctl.storage.engine import redact
 from schedctl.storage.payloads import payload_cipher
 
@@ -294,17 +293,7 @@ def _wait_healthy(base_url: str, process: subprocess.Popen[bytes], log_path: Pat
 
 def _delete_tenant(scheduler: Scheduler, tenant_id: str) -> None:
     """Remove what the benchmark made: its jobs (and any runs), tokens, audit rows, tenant."""
-    with scheduler.store.tx() as connection:
-        for table in (
-            schema.outbox,
-            schema.queue_messages,
-            schema.runs,
-            schema.jobs,
-            schema.api_tokens,
-            schema.audit_log,
-            schema.tenants,
-        ):
-            connection.execute(delete(table).where(table.c.tenant_id == tenant_id))
+    bench_rows.delete_tenant(scheduler.store, tenant_id)
 
 
 if __name__ == "__main__":  # pragma: no cover

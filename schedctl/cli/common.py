@@ -28,7 +28,6 @@ from typing import Annotated, Any
 
 import typer
 from rich.text import Text
-from sqlalchemy.engine import make_url
 from typer.core import TyperGroup
 
 from schedctl import errors, limits
@@ -36,7 +35,7 @@ from schedctl.cli.output import OutputFormat, console, err_console
 from schedctl.client import ApiClient
 from schedctl.config import Config, default_database_url, load_config
 from schedctl.service import Scheduler
-from schedctl.storage.engine import make_engine, normalize_url
+from schedctl.storage.engine import database_of, make_engine, normalize_url
 from schedctl.storage.migrate import current_revision, head_revision, upgrade_engine
 from schedctl.storage.store import Store
 
@@ -134,7 +133,7 @@ def open_store(config: Config) -> Store:
     url = normalize_url(config.database_url)
     if not is_embedded_default(url):
         return Store.open(url)
-    database = make_url(url).database
+    database = database_of(url)
     fresh = not database or not Path(database).exists()
     store = Store(make_engine(url))
     try:

@@ -9,11 +9,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.storage import schema
+from schedctl.storage import bench as bench_rows
 from schedctl.storage.jobs import new_job_id, partition_of
 from schedctl.storage.store import Store
-
-CHUNK = 2000
 
 
 def insert_once_jobs(
@@ -63,7 +61,5 @@ def insert_once_jobs(
                 "updated_at": now,
             }
         )
-    with store.tx() as connection:
-        for start in range(0, len(rows), CHUNK):
-            connection.execute(schema.jobs.insert(), rows[start : start + CHUNK])
+    bench_rows.insert_jobs(store, rows)
     return ids

@@ -34,6 +34,20 @@ def redact(url: str) -> str:
         return "<unparseable URL>"
 
 
+def is_database_url(url: str) -> bool:
+    """Whether SQLAlchemy can parse `url` (already normalized) as a database URL."""
+    try:
+        make_url(url)
+    except ArgumentError:
+        return False
+    return True
+
+
+def database_of(url: str) -> str | None:
+    """The database part of a parsed URL: a SQLite file's path, a Postgres database name."""
+    return make_url(url).database
+
+
 def make_engine(url: str, **kwargs: Any) -> Engine:
     url = normalize_url(url)
     try:
@@ -106,3 +120,9 @@ def first_line(exc: BaseException) -> str:
     original = getattr(exc, "orig", None) or exc
     lines = str(original).strip().splitlines()
     return lines[0] if lines else type(original).__name__
+
+
+def is_database_error(exc: BaseException) -> bool:
+    """An error from the database layer, whose message may carry a statement and its
+    parameters: log `first_line(exc)` of it, never the whole."""
+    return isinstance(exc, SQLAlchemyError)

@@ -3,21 +3,19 @@ reschedule, trigger and run history; every change bumps the version and writes t
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import json
 import os
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, text, update
+from sqlalchemy import func, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from schedctl import errors, limits
+from schedctl import errors
 from schedctl.models import Job, JobSpec, JobStatus, Page, Run, RunStatus, RunTrigger
 from schedctl.scheduling.schedules import (
     OnceSchedule,
@@ -27,12 +25,16 @@ from schedctl.scheduling.schedules import (
 )
 from schedctl.scheduling.windows import fire_time
 from schedctl.storage import schema
+from schedctl.storage.audit import audit
 from schedctl.storage.changes import notify_job_change
+from schedctl.storage.clock import db_now
+from schedctl.storage.cursors import MAX_PAGE, check_page_limit, decode_cursor, encode_cursor
 from schedctl.storage.payloads import encode_payload
 from schedctl.storage.rows import job_from_row, run_from_row
 from schedctl.storage.store import Store
 
-MAX_PAGE = limits.MAX_PAGE
+# MAX_PAGE (defined in cursors.py) is re-exported: the API takes its page bound from here
+__all__ = ["MAX_PAGE", "JobRepo", "new_job_id", "partition_of"]
 
 
 def new_job_id() -> str:
@@ -43,53 +45,6 @@ def new_job_id() -> str:
 def partition_of(job_id: str, partition_count: int) -> int:
     # a stable hash: Python's hash() differs between processes
     return int.from_bytes(hashlib.sha256(job_id.encode()).digest()[:4], "big") % partition_count
-
-
-def db_now(connection: Connection) -> datetime:
-    if connection.dialect.name == "postgresql":
-        value = connection.execute(text("SELECT clock_timestamp()")).scalar_one()
-        assert isinstance(value, datetime)
-        return value.astimezone(UTC)
-    return datetime.now(UTC)
-
-
-def encode_cursor(*parts: str) -> str:
-    return base64.urlsafe_b64encode("|".join(parts).encode()).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str, count: int) -> list[str]:
-    limits.check_cursor(cursor)
-    try:
-        padded = cursor + "=" * (-len(cursor) % 4)
-        raw = base64.b64decode(padded.encode(), altchars=b"-_", validate=True)
-        parts = raw.decode().split("|")
-    except (ValueError, UnicodeDecodeError, binascii.Error) as exc:
-        raise errors.ValidationError("not a cursor this server issued", field="cursor") from exc
-    if len(parts) != count:
-        raise errors.ValidationError("not a cursor this server issued", field="cursor")
-    return parts
-
-
-def audit(
-    connection: Connection,
-    *,
-    at: datetime,
-    tenant_id: str | None,
-    actor: str,
-    action: str,
-    job_id: str | None = None,
-    detail: dict[str, Any] | None = None,
-) -> None:
-    connection.execute(
-        schema.audit_log.insert().values(
-            at=at,
-            tenant_id=tenant_id,
-            actor=actor,
-            action=action,
-            job_id=job_id,
-            detail=json.dumps(detail) if detail is not None else None,
-        )
-    )
 
 
 class JobRepo:
@@ -245,7 +200,7 @@ class JobRepo:
         limit: int = 50,
         cursor: str | None = None,
     ) -> Page:
-        limit = _check_limit(limit)
+        limit = check_page_limit(limit)
         query = select(schema.jobs).order_by(schema.jobs.c.job_id).limit(limit + 1)
         if tenant_id is not None:
             query = query.where(schema.jobs.c.tenant_id == tenant_id)
@@ -469,7 +424,7 @@ class JobRepo:
         cursor: str | None = None,
     ) -> Page:
         """Newest first; the cursor is the last scheduled_at seen."""
-        limit = _check_limit(limit)
+        limit = check_page_limit(limit)
         with self.store.read() as connection:
             self._get(connection, job_id, tenant_id)
             query = (
@@ -493,9 +448,3 @@ class JobRepo:
             encode_cursor(items[-1].scheduled_at.isoformat()) if len(rows) > limit else None
         )
         return Page(items, next_cursor)
-
-
-def _check_limit(limit: int) -> int:
-    if not 1 <= limit <= MAX_PAGE:
-        raise errors.ValidationError(f"must be between 1 and {MAX_PAGE}", field="limit")
-    return limit

@@ -37,7 +37,9 @@ from schedctl.delivery.limits import Lane
 from schedctl.models import JobStatus, Page, RunStatus
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
-from schedctl.storage.jobs import MAX_PAGE, audit, db_now, decode_cursor, encode_cursor
+from schedctl.storage.audit import audit
+from schedctl.storage.clock import db_now
+from schedctl.storage.cursors import MAX_PAGE, decode_cursor, encode_cursor
 from schedctl.storage.settle import (
     Attempt,
     Ending,

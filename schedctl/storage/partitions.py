@@ -9,7 +9,7 @@ from sqlalchemy import func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from schedctl.storage import schema
-from schedctl.storage.jobs import db_now
+from schedctl.storage.clock import db_now
 from schedctl.storage.store import Store
 
 

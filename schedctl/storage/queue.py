@@ -30,7 +30,7 @@ from schedctl.leasing import Beat
 from schedctl.models import JobStatus, RunStatus, TargetType
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
-from schedctl.storage.jobs import db_now
+from schedctl.storage.clock import db_now
 from schedctl.storage.payloads import decode_payload
 from schedctl.storage.settle import (
     CANCELLED_ERROR,

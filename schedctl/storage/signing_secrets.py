@@ -33,7 +33,7 @@ from sqlalchemy.engine import Connection
 from schedctl import errors
 from schedctl.crypto import PayloadCipher, is_encrypted
 from schedctl.storage import schema
-from schedctl.storage.jobs import db_now
+from schedctl.storage.clock import db_now
 from schedctl.storage.payloads import payload_cipher
 from schedctl.storage.store import Store
 from schedctl.storage.tenants import TenantRepo, change_tenant

@@ -5,14 +5,15 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 
-from sqlalchemy import select, text
+from sqlalchemy import select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
 from schedctl import errors
 from schedctl.storage import schema
+from schedctl.storage.clock import dialect_now
 from schedctl.storage.engine import check_connection, first_line, make_engine, redact
 from schedctl.storage.migrate import current_revision, head_revision, upgrade_engine
 
@@ -115,12 +116,7 @@ class Store:
 
     def now(self) -> datetime:
         """The database's clock: every dispatcher agrees on "now" whatever its own clock says."""
-        if not self.is_postgres:
-            return datetime.now(UTC)
-        with self.tx() as connection:
-            value = connection.execute(text("SELECT clock_timestamp()")).scalar_one()
-        assert isinstance(value, datetime)
-        return value.astimezone(UTC)
+        return dialect_now(self.dialect, self.tx)
 
     def clock_offset(self, samples: int = 3) -> float:
         """Seconds to add to this machine's clock to get the database's: the midpoint

@@ -27,7 +27,8 @@ from sqlalchemy.exc import IntegrityError
 from schedctl import errors, limits
 from schedctl.models import Tenant
 from schedctl.storage import schema
-from schedctl.storage.jobs import audit, db_now
+from schedctl.storage.audit import audit
+from schedctl.storage.clock import db_now
 from schedctl.storage.rows import tenant_from_row
 from schedctl.storage.store import Store
 
@@ -176,6 +177,16 @@ class TenantRepo:
                 .all()
             )
         return [tenant_from_row(r) for r in rows]
+
+    def dispatch_rates(self) -> dict[str, float]:
+        """Every tenant's dispatch rate (runs per second), by tenant id: the dispatcher's
+        catch-up pacing."""
+        tenants = schema.tenants
+        with self.store.read() as connection:
+            rows = connection.execute(
+                select(tenants.c.tenant_id, tenants.c.dispatch_rate_per_second)
+            ).all()
+        return {r[0]: float(r[1]) for r in rows}
 
     def signing_secret(self, name_or_id: str) -> str:
         """The HMAC key for the tenant's HTTP deliveries (the receiver verifies with it),

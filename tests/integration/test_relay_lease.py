@@ -20,7 +20,7 @@ import pytest
 
 from schedctl.delivery.limits import Lane
 from schedctl.signing import IDEMPOTENCY_HEADER
-from schedctl.storage.jobs import db_now
+from schedctl.storage.clock import db_now
 from schedctl.storage.outbox import HTTP, OutboxRepo
 from schedctl.storage.store import Store
 from scheduled_d.relay import DEFAULT_LEASE_SECONDS, Relay

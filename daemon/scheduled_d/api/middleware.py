@@ -11,12 +11,11 @@ import traceback
 from collections.abc import Callable
 
 from prometheus_client import Counter, Histogram
-from sqlalchemy.exc import SQLAlchemyError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from schedctl import errors
 from schedctl.errors import RequestTooLarge
-from schedctl.storage.engine import first_line
+from schedctl.storage.engine import first_line, is_database_error
 from scheduled_d.api.errors import error_response
 
 log = logging.getLogger("scheduled_d.api")
@@ -137,7 +136,7 @@ def _content_length(scope: Scope) -> int | None:
 
 def _log_internal(scope: Scope, exc: BaseException) -> None:
     # SQLAlchemy's message carries the statement's parameters: log the driver's first line
-    if isinstance(exc, SQLAlchemyError):
+    if is_database_error(exc):
         message = first_line(exc)
     else:
         message = str(exc).splitlines()[0][:300] if str(exc) else ""

@@ -5,11 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from sqlalchemy import text
-from sqlalchemy.exc import SQLAlchemyError
 
-from schedctl import errors
-from schedctl.storage.engine import first_line
+from schedctl.storage.status import check_reachable
 from schedctl.views import tenant_to_dict
 from scheduled_d.api.auth import CallerDep, SchedulerDep
 from scheduled_d.api.schemas import TenantOut, error_responses
@@ -29,9 +26,5 @@ def healthz(scheduler: SchedulerDep) -> dict[str, str]:
     """Liveness and database reachability; no token needed. A database that cannot be
     reached is a 503 saying "database unavailable": where it is, and what the driver said,
     go to the log only."""
-    try:
-        with scheduler.store.read() as connection:
-            connection.execute(text("SELECT 1"))
-    except SQLAlchemyError as exc:  # what Store.read does not wrap (a pool timeout, ...)
-        raise errors.StoreUnavailable(f"database error: {first_line(exc)}") from exc
+    check_reachable(scheduler.store)
     return {"status": "ok"}

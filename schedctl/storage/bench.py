@@ -1,0 +1,176 @@
+"""Owns the benchmarks' direct reads and writes: bulk loads that bypass the per-job API
+cost, the raw counts and timings a benchmark reports, and removing what it made. Only
+`schedctl bench` uses these; a scheduler never does."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, delete, func, select, text, update
+
+from schedctl.storage import schema
+from schedctl.storage.store import Store
+
+# rows per INSERT statement of a bulk load
+CHUNK = 2000
+
+
+def insert_jobs(store: Store, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Job rows as they are, in one transaction."""
+    with store.tx() as connection:
+        for start in range(0, len(rows), CHUNK):
+            connection.execute(schema.jobs.insert(), list(rows[start : start + CHUNK]))
+
+
+def insert_claimed(
+    store: Store,
+    job: Mapping[str, Any],
+    runs: Sequence[Mapping[str, Any]],
+    outbox: Sequence[Mapping[str, Any]],
+) -> None:
+    """One job row and run and outbox rows of it, as a claim leaves them, in one transaction."""
+    with store.tx() as connection:
+        connection.execute(schema.jobs.insert().values(**job))
+        for start in range(0, max(len(runs), len(outbox)), CHUNK):
+            run_chunk = list(runs[start : start + CHUNK])
+            outbox_chunk = list(outbox[start : start + CHUNK])
+            if run_chunk:
+                connection.execute(schema.runs.insert(), run_chunk)
+            if outbox_chunk:
+                connection.execute(schema.outbox.insert(), outbox_chunk)
+
+
+def set_tenant_columns(store: Store, tenant_id: str, values: Mapping[str, Any]) -> None:
+    """Overwrite tenant columns directly (a benchmark's unpaced tenant), no audit entry."""
+    with store.tx() as connection:
+        connection.execute(
+            update(schema.tenants).where(schema.tenants.c.tenant_id == tenant_id).values(**values)
+        )
+
+
+def move_jobs_due(store: Store, tenant_id: str, due_at: datetime) -> None:
+    """Every job of the tenant due (and firing) at `due_at`."""
+    with store.tx() as connection:
+        connection.execute(
+            update(schema.jobs)
+            .where(schema.jobs.c.tenant_id == tenant_id)
+            .values(next_run_at=due_at, next_fire_at=due_at)
+        )
+
+
+def tenant_name(store: Store, tenant_id: str) -> str:
+    with store.read() as connection:
+        return str(
+            connection.execute(
+                select(schema.tenants.c.name).where(schema.tenants.c.tenant_id == tenant_id)
+            ).scalar_one()
+        )
+
+
+def count_runs(store: Store, tenant_id: str, *, status: str | None = None) -> int:
+    """The tenant's runs (claimed ones), or only those in `status`."""
+    runs = schema.runs
+    query = select(func.count()).select_from(runs).where(runs.c.tenant_id == tenant_id)
+    if status is not None:
+        query = query.where(runs.c.status == status)
+    with store.read() as connection:
+        return int(connection.execute(query).scalar_one())
+
+
+def claim_times(store: Store, tenant_id: str) -> list[tuple[datetime | None, datetime | None]]:
+    """(fire_at, dispatched_at) of every run of the tenant."""
+    runs = schema.runs
+    with store.read() as connection:
+        rows = connection.execute(
+            select(runs.c.fire_at, runs.c.dispatched_at).where(runs.c.tenant_id == tenant_id)
+        ).all()
+    return [(f, d) for f, d in rows]
+
+
+def start_times(store: Store, tenant_id: str) -> list[tuple[datetime, datetime]]:
+    """(scheduled_at, started_at) of every started run of the tenant."""
+    runs = schema.runs
+    with store.read() as connection:
+        rows = connection.execute(
+            select(runs.c.scheduled_at, runs.c.started_at).where(
+                runs.c.tenant_id == tenant_id, runs.c.started_at.is_not(None)
+            )
+        ).all()
+    return [(at, started) for at, started in rows]
+
+
+def succeeded_attempts(
+    store: Store, tenant_id: str
+) -> list[tuple[str | None, datetime, datetime | None]]:
+    """(worker, scheduled_at, started_at) of every succeeded attempt of the tenant's runs."""
+    a, r = schema.run_attempts, schema.runs
+    with store.read() as connection:
+        rows = connection.execute(
+            select(a.c.worker, r.c.scheduled_at, a.c.started_at)
+            .select_from(
+                a.join(r, and_(a.c.job_id == r.c.job_id, a.c.scheduled_at == r.c.scheduled_at))
+            )
+            .where(r.c.tenant_id == tenant_id, a.c.status == "succeeded")
+        ).all()
+    return [(w, at, started) for w, at, started in rows]
+
+
+def last_dispatched(store: Store, tenant_id: str) -> datetime | None:
+    runs = schema.runs
+    with store.read() as connection:
+        value = connection.execute(
+            select(func.max(runs.c.dispatched_at)).where(runs.c.tenant_id == tenant_id)
+        ).scalar_one()
+    return value if isinstance(value, datetime) else None
+
+
+def partition_owners(store: Store) -> dict[int, tuple[str | None, int]]:
+    """partition -> (owner, epoch)."""
+    p = schema.partitions
+    with store.read() as connection:
+        rows = connection.execute(select(p.c.partition, p.c.owner, p.c.epoch)).all()
+    return {int(partition): (owner, int(epoch)) for partition, owner, epoch in rows}
+
+
+def outbox_left(store: Store, job_id: str) -> int:
+    outbox = schema.outbox
+    with store.read() as connection:
+        return int(
+            connection.execute(
+                select(func.count()).select_from(outbox).where(outbox.c.job_id == job_id)
+            ).scalar_one()
+        )
+
+
+def database_settings(store: Store) -> str:
+    """The durability settings a figure was measured under."""
+    if not store.is_postgres:
+        return "sqlite (WAL, synchronous=NORMAL)"
+    with store.read() as connection:
+        fsync = connection.execute(text("SHOW fsync")).scalar_one()
+        sync = connection.execute(text("SHOW synchronous_commit")).scalar_one()
+    return f"postgres (fsync={fsync}, synchronous_commit={sync})"
+
+
+def delete_queue_messages(store: Store, queue: str) -> None:
+    with store.tx() as connection:
+        connection.execute(
+            delete(schema.queue_messages).where(schema.queue_messages.c.queue == queue)
+        )
+
+
+def delete_tenant(store: Store, tenant_id: str) -> None:
+    """A benchmark tenant and everything it made: jobs (and any runs), tokens, audit rows."""
+    with store.tx() as connection:
+        for table in (
+            schema.outbox,
+            schema.queue_messages,
+            schema.runs,
+            schema.jobs,
+            schema.api_tokens,
+            schema.audit_log,
+            schema.tenants,
+        ):
+            connection.execute(delete(table).where(table.c.tenant_id == tenant_id))

@@ -1,0 +1,87 @@
+"""Owns reading a tenant's quota use inside a job create's transaction: its quotas (the row
+locked until commit), its creates in the rate window, and its active jobs. What is over a
+quota is the service's decision; this only counts."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select
+from sqlalchemy.engine import Connection
+
+from schedctl import errors
+from schedctl.models import JobStatus
+from schedctl.storage import schema
+from schedctl.storage.clock import db_now
+
+
+@dataclass(frozen=True)
+class QuotaUse:
+    """One tenant's quotas and what counts against them, read under its row lock."""
+
+    tenant_id: str
+    max_jobs: int
+    create_rate_per_minute: int
+    now: datetime  # the database's clock
+    _connection: Connection
+
+    def created_since(self, window: timedelta, skew: timedelta) -> tuple[int, datetime | None]:
+        """Jobs created in the last `window` and the oldest one's created_at. Job ids start
+        with their creator's clock in milliseconds: only ids from `window` plus `skew` (for
+        API servers whose clocks run behind) are read, a short range of the (tenant_id,
+        job_id) index, not a scan of every job the tenant ever had."""
+        jobs = schema.jobs
+        floor = max(0, int((time.time() - (window + skew).total_seconds()) * 1000))
+        count, oldest = self._connection.execute(
+            select(func.count(), func.min(jobs.c.created_at)).where(
+                jobs.c.tenant_id == self.tenant_id,
+                jobs.c.job_id >= f"{floor:012x}",
+                jobs.c.created_at > self.now - window,
+            )
+        ).one()
+        return int(count), oldest
+
+    def active_jobs(self) -> int:
+        """Jobs that hold a max_jobs slot: active or paused."""
+        jobs = schema.jobs
+        return int(
+            self._connection.execute(
+                select(func.count())
+                .select_from(jobs)
+                .where(
+                    jobs.c.tenant_id == self.tenant_id,
+                    jobs.c.status.in_([JobStatus.active.value, JobStatus.paused.value]),
+                )
+            ).scalar_one()
+        )
+
+
+def lock_quota_use(connection: Connection, tenant_id: str) -> QuotaUse:
+    """The tenant's current quotas, its row locked until commit. FOR NO KEY UPDATE: it
+    serializes creates of this tenant but not the foreign-key checks of other writers
+    (those take KEY SHARE)."""
+    tenants = schema.tenants
+    query = select(tenants.c.max_jobs, tenants.c.create_rate_per_minute).where(
+        tenants.c.tenant_id == tenant_id
+    )
+    if connection.dialect.name == "postgresql":
+        query = query.with_for_update(key_share=True)
+    row = connection.execute(query).first()
+    if row is None:
+        raise errors.NotFound(f"no tenant {tenant_id!r}", field="tenant")
+    return QuotaUse(
+        tenant_id=tenant_id,
+        max_jobs=int(row.max_jobs),
+        create_rate_per_minute=int(row.create_rate_per_minute),
+        now=db_now(connection),
+        _connection=connection,
+    )
+
+
+def quota_guard(tenant_id: str, check: Callable[[QuotaUse], None]) -> Callable[[Connection], None]:
+    """A JobRepo.create guard: `check` sees the tenant's quota use in the create's own
+    transaction, so a check that passes is atomic with the insert."""
+    return lambda connection: check(lock_quota_use(connection, tenant_id))
