@@ -23,7 +23,6 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 
 from schedctl import errors, limits
-from schedctl.delivery.ssrf import check_at_creation
 from schedctl.jobspec import parse_job_request, parse_schedule
 from schedctl.limits import DEFAULT_MAX_PAYLOAD_BYTES
 from schedctl.models import Job, JobStatus, Page, Run, Tenant
@@ -170,6 +169,9 @@ class Scheduler:
         )
         if spec.target.url is not None:
             # the SSRF guard at creation; every delivery checks again
+            # the SSRF guard loads requests: only a command that creates an HTTP job needs it
+            from schedctl.delivery.ssrf import check_at_creation
+
             check_at_creation(spec.target.url, found.allow_list)
 
         def quotas(connection: Connection) -> None:

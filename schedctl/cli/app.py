@@ -12,7 +12,6 @@ from typing import Annotated
 import typer
 
 from schedctl import __version__
-from schedctl.bench import delivery as bench_delivery
 from schedctl.cli import (
     audit,
     bench,
@@ -31,6 +30,7 @@ from schedctl.cli.common import (
     CliState,
     SchedGroup,
     debug_enabled,
+    exit_closed_pipe,
     report_exception,
 )
 from schedctl.cli.output import OutputFormat, console
@@ -48,7 +48,9 @@ app = typer.Typer(
         + EXIT_CODES_HELP
     ),
     no_args_is_help=True,
-    add_completion=False,
+    # --install-completion and --show-completion [bash|zsh|fish]: typer's scripts call
+    # `schedctl` back with _SCHEDCTL_COMPLETE set; cheap, since --help loads no database
+    add_completion=True,
     # errors are reported by SchedGroup as one line; never a rich traceback
     pretty_exceptions_enable=False,
 )
@@ -148,7 +150,7 @@ for _name, _command in (
 ):
     tenants.app.command(_name)(_command)
 tenants.app.add_typer(tenant_allow.signing_app, name="signing-secret")
-bench.app.command("delivery")(bench_delivery.delivery)
+bench.app.command("delivery")(bench_dispatch.delivery)
 bench.app.command("burst")(bench_dispatch.burst)
 bench.app.command("steady")(bench_dispatch.steady)
 bench.app.command("failover")(bench_dispatch.failover)
@@ -158,7 +160,14 @@ app.add_typer(bench.app, name="bench")
 def main() -> None:
     """The `schedctl` console script."""
     try:
-        app()
+        try:
+            app()
+        finally:
+            # what is still buffered goes out now, where a closed pipe can be handled,
+            # rather than at interpreter exit
+            sys.stdout.flush()
+    except BrokenPipeError:
+        exit_closed_pipe()
     except SystemExit:
         raise
     except BaseException as exc:

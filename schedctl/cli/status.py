@@ -3,13 +3,17 @@ epochs, lag, outbox, queue and dead-letter depths) as rich tables or --output js
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 from rich.table import Table
 from rich.text import Text
 
 from schedctl.cli.common import OutputOption, cli_state, output_format, say
 from schedctl.cli.output import OutputFormat, console, emit_json, format_time
-from schedctl.cluster_status import ClusterStatus, MemberStatus, gather_status
+
+if TYPE_CHECKING:
+    from schedctl.cluster_status import ClusterStatus, MemberStatus
 
 
 def status(ctx: typer.Context, output: OutputOption = None) -> None:
@@ -21,6 +25,8 @@ def status(ctx: typer.Context, output: OutputOption = None) -> None:
     Members come from ZooKeeper when it is configured ($SCHEDULED_ZOOKEEPER or the config
     file), else from the partitions table. A ZooKeeper that does not answer within a few
     seconds is reported, not fatal."""
+    from schedctl.cluster_status import gather_status
+
     state = cli_state(ctx)
     snapshot = gather_status(state.store(), state.config())
     if output_format(ctx, output) is OutputFormat.json:
