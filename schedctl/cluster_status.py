@@ -33,6 +33,7 @@ from schedctl.storage import schema
 from schedctl.storage.jobs import db_now
 from schedctl.storage.queue import QueueRepo, QueueStat
 from schedctl.storage.store import Store
+from schedctl.storage.workers import WorkerRepo
 
 # One bound for the whole ZooKeeper read (connect, list, read each member).
 ZOOKEEPER_TIMEOUT_SECONDS = 5.0
@@ -110,6 +111,8 @@ class ClusterStatus:
     dead_letters: int  # not replayed
     dead_letters_total: int
     notes: tuple[str, ...] = field(default=())
+    # live workers' names by (tenant_id, queue) (storage/workers.py)
+    workers: Mapping[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (`schedctl status --output json`); instants in RFC 3339 UTC."""
@@ -171,12 +174,31 @@ class ClusterStatus:
                     "delayed": q.depth.delayed,
                     "leased": q.depth.leased,
                     "total": q.depth.total,
+                    "oldest_ready_age_seconds": round(q.oldest_ready_seconds, 3),
+                    "live_workers": list(self.live_workers(q)),
+                    "unserved": self.unserved(q),
                 }
                 for q in self.queues
             ],
             "dead_letters": {"pending": self.dead_letters, "total": self.dead_letters_total},
             "notes": list(self.notes),
         }
+
+    def live_workers(self, queue: QueueStat) -> tuple[str, ...]:
+        return self.workers.get((queue.tenant_id, queue.queue), ())
+
+    def unserved(self, queue: QueueStat) -> bool:
+        """Ready runs and no live worker: they wait until someone starts one."""
+        return queue.depth.ready > 0 and not self.live_workers(queue)
+
+
+def _unserved_notes(queues: Sequence[QueueStat], workers: Mapping[Any, Any]) -> tuple[str, ...]:
+    return tuple(
+        f"queue {q.queue!r} of tenant {q.tenant} has {q.depth.ready} ready run(s), the oldest "
+        f"waiting {q.oldest_ready_seconds:.0f} s, and no live worker"
+        for q in queues
+        if q.depth.ready > 0 and not workers.get((q.tenant_id, q.queue))
+    )
 
 
 def _instant(value: datetime | None) -> str | None:
@@ -347,6 +369,7 @@ def gather_status(
         outbox = _outbox(connection, now)
         dead_pending, dead_total = _dead_letters(connection)
     queues = QueueRepo(store).stats()
+    workers = WorkerRepo(store).live()
 
     live: Mapping[str, MemberInfo] | None = None
     zookeeper_error: str | None = None
@@ -361,6 +384,7 @@ def gather_status(
     members, moving, notes = _members(partitions, partition_count, live)
     if zookeeper_error is not None:
         notes = (f"members unknown: {zookeeper_error}", *notes)
+    notes = (*notes, *_unserved_notes(queues, workers))
     by_number = {p.partition: p for p in partitions}
     unowned = tuple(
         p for p in range(partition_count) if p not in by_number or by_number[p].owner is None
@@ -379,6 +403,7 @@ def gather_status(
         lag=lag,
         outbox=outbox,
         queues=tuple(queues),
+        workers=workers,
         dead_letters=dead_pending,
         dead_letters_total=dead_total,
         notes=notes,
