@@ -32,6 +32,7 @@ from schedctl.cli.common import (
     debug_enabled,
     exit_closed_pipe,
     report_exception,
+    stdout_is_devnull,
 )
 from schedctl.cli.output import OutputFormat, console
 
@@ -159,16 +160,20 @@ app.add_typer(bench.app, name="bench")
 
 def main() -> None:
     """The `schedctl` console script."""
+    to_devnull = stdout_is_devnull()
     try:
         try:
             app()
         finally:
             # what is still buffered goes out now, where a closed pipe can be handled,
             # rather than at interpreter exit
-            sys.stdout.flush()
+            if sys.stdout is not None:
+                sys.stdout.flush()
     except BrokenPipeError:
         exit_closed_pipe()
-    except SystemExit:
+    except SystemExit as exc:
+        if exc.code == 1 and not to_devnull and stdout_is_devnull():
+            exit_closed_pipe()  # help text (typer's own console) met a closed pipe
         raise
     except BaseException as exc:
         # SchedGroup reports errors inside commands; this catches what happens around them

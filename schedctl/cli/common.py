@@ -233,6 +233,15 @@ def exit_closed_pipe() -> NoReturn:
     raise SystemExit(CLOSED_PIPE_EXIT)
 
 
+def stdout_is_devnull() -> bool:
+    """Whether stdout is /dev/null: where rich and typer point it when its pipe closed
+    while they printed help text, before they exit 1 on their own."""
+    try:
+        return os.path.samestat(os.fstat(sys.stdout.fileno()), os.stat(os.devnull))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def report_exception(exc: BaseException, *, debug: bool) -> int:
     """Print one readable line for `exc` and return the exit code it maps to."""
     if isinstance(exc, errors.SchedError):

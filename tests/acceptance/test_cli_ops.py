@@ -228,3 +228,29 @@ def test_status_json_into_a_closed_pipe(tmp_path: Path) -> None:
     _out, err = process.communicate(timeout=120)
     assert err == b"", err.decode()
     assert process.returncode == 141
+
+
+@pytest.mark.parametrize("args", [["--help"], ["job", "--help"]])
+def test_help_into_a_closed_pipe_ends_the_same_way(args: list[str], tmp_path: Path) -> None:
+    """Help text is printed by typer's own console, which would exit 1: 141 as well."""
+    read_end, write_end = _small_pipe()
+    os.close(read_end)
+    process = subprocess.Popen(
+        [*_schedctl(), *args], stdout=write_end, stderr=subprocess.PIPE, env=_env(tmp_path)
+    )
+    os.close(write_end)
+    _out, err = process.communicate(timeout=60)
+    assert err == b"", err.decode()
+    assert process.returncode == 141
+
+
+def test_an_error_with_stdout_on_dev_null_keeps_its_code(tmp_path: Path) -> None:
+    """Only a pipe that closed is 141: stdout on /dev/null from the start changes nothing."""
+    done = subprocess.run(
+        [*_schedctl(), "--db", "mysql://nowhere/x", "job", "list"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=_env(tmp_path),
+        timeout=60,
+    )
+    assert done.returncode == 2 and b"unsupported database" in done.stderr
