@@ -16,6 +16,7 @@ from schedctl.cli import (
     audit,
     bench,
     bench_dispatch,
+    completion,
     cron_cmd,
     db,
     dlq,
@@ -49,8 +50,9 @@ app = typer.Typer(
         + EXIT_CODES_HELP
     ),
     no_args_is_help=True,
-    # --install-completion and --show-completion [bash|zsh|fish]: typer's scripts call
-    # `schedctl` back with _SCHEDCTL_COMPLETE set; cheap, since --help loads no database
+    # --install-completion and --show-completion (for the shell it runs under) next to
+    # `schedctl completion SHELL`; the scripts call `schedctl` back with _SCHEDCTL_COMPLETE
+    # set, which is cheap, since --help loads no database
     add_completion=True,
     # errors are reported by SchedGroup as one line; never a rich traceback
     pretty_exceptions_enable=False,
@@ -156,6 +158,7 @@ bench.app.command("burst")(bench_dispatch.burst)
 bench.app.command("steady")(bench_dispatch.steady)
 bench.app.command("failover")(bench_dispatch.failover)
 app.add_typer(bench.app, name="bench")
+app.command("completion")(completion.completion)
 
 
 def main() -> None:

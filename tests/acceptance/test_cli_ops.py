@@ -101,10 +101,13 @@ def _schedctl() -> list[str]:
     return [found] if found else [sys.executable, "-m", "schedctl.cli.app"]
 
 
+SHELL_MARK = {"bash": "complete -o default -F", "zsh": "compdef", "fish": "complete --command"}
+
+
 @pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
-def test_show_completion_prints_a_script(shell: str, tmp_path: Path) -> None:
+def test_completion_prints_the_script_of_that_shell(shell: str, tmp_path: Path) -> None:
     done = subprocess.run(
-        [*_schedctl(), "--show-completion", shell],
+        [*_schedctl(), "completion", shell],
         capture_output=True,
         text=True,
         env=_env(tmp_path),
@@ -112,7 +115,44 @@ def test_show_completion_prints_a_script(shell: str, tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "schedctl" in done.stdout and "_SCHEDCTL_COMPLETE" in done.stdout
-    assert len(done.stdout.strip().splitlines()) >= 3
+    assert SHELL_MARK[shell] in done.stdout, done.stdout
+    for other, mark in SHELL_MARK.items():
+        if other != shell:
+            assert mark not in done.stdout
+
+
+def test_completion_of_an_unknown_shell_is_exit_2(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [*_schedctl(), "completion", "tcsh"],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path),
+        timeout=60,
+    )
+    assert done.returncode == 2 and "tcsh" in done.stderr
+
+
+def test_show_completion_prints_a_script_for_the_current_shell(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [*_schedctl(), "--show-completion", "bash"],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path) | {"SHELL": "/bin/bash"},
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "_SCHEDCTL_COMPLETE" in done.stdout
+
+
+def test_zsh_and_fish_completion_complete_commands(tmp_path: Path) -> None:
+    for shell in ("zsh", "fish"):
+        env = _env(tmp_path) | {
+            "_SCHEDCTL_COMPLETE": f"complete_{shell}",
+            "_TYPER_COMPLETE_ARGS": "schedctl db ",
+            "_TYPER_COMPLETE_FISH_ACTION": "get-args",
+        }
+        done = subprocess.run(_schedctl(), capture_output=True, text=True, env=env, timeout=60)
+        assert "upgrade" in done.stdout and "status" in done.stdout, (shell, done.stdout)
 
 
 def test_bash_completion_completes_commands(tmp_path: Path) -> None:
@@ -141,7 +181,7 @@ def test_bash_completion_script_works_in_bash(tmp_path: Path) -> None:
     if len(schedctl) != 1:
         pytest.skip("no schedctl console script")
     script = subprocess.run(
-        [*schedctl, "--show-completion", "bash"],
+        [*schedctl, "completion", "bash"],
         capture_output=True,
         text=True,
         env=_env(tmp_path),
