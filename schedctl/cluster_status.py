@@ -34,6 +34,7 @@ from schedctl.storage.status import (
     read_database_status,
 )
 from schedctl.storage.store import Store
+from schedctl.storage.workers import WorkerRepo
 
 # One bound for the whole ZooKeeper read (connect, list, read each member).
 ZOOKEEPER_TIMEOUT_SECONDS = 5.0
@@ -86,6 +87,8 @@ class ClusterStatus:
     dead_letters: int  # not replayed
     dead_letters_total: int
     notes: tuple[str, ...] = field(default=())
+    # live workers' names by (tenant_id, queue) (storage/workers.py)
+    workers: Mapping[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (`schedctl status --output json`); instants in RFC 3339 UTC."""
@@ -147,12 +150,31 @@ class ClusterStatus:
                     "delayed": q.depth.delayed,
                     "leased": q.depth.leased,
                     "total": q.depth.total,
+                    "oldest_ready_age_seconds": round(q.oldest_ready_seconds, 3),
+                    "live_workers": list(self.live_workers(q)),
+                    "unserved": self.unserved(q),
                 }
                 for q in self.queues
             ],
             "dead_letters": {"pending": self.dead_letters, "total": self.dead_letters_total},
             "notes": list(self.notes),
         }
+
+    def live_workers(self, queue: QueueStat) -> tuple[str, ...]:
+        return self.workers.get((queue.tenant_id, queue.queue), ())
+
+    def unserved(self, queue: QueueStat) -> bool:
+        """Ready runs and no live worker: they wait until someone starts one."""
+        return queue.depth.ready > 0 and not self.live_workers(queue)
+
+
+def _unserved_notes(queues: Sequence[QueueStat], workers: Mapping[Any, Any]) -> tuple[str, ...]:
+    return tuple(
+        f"queue {q.queue!r} of tenant {q.tenant} has {q.depth.ready} ready run(s), the oldest "
+        f"waiting {q.oldest_ready_seconds:.0f} s, and no live worker"
+        for q in queues
+        if q.depth.ready > 0 and not workers.get((q.tenant_id, q.queue))
+    )
 
 
 def _instant(value: datetime | None) -> str | None:
@@ -248,6 +270,7 @@ def gather_status(
     now, partitions, lag, outbox = database.at, database.partitions, database.lag, database.outbox
     dead_pending, dead_total = database.dead_letters, database.dead_letters_total
     queues = QueueRepo(store).stats()
+    workers = WorkerRepo(store).live()
 
     live: Mapping[str, MemberInfo] | None = None
     zookeeper_error: str | None = None
@@ -262,6 +285,7 @@ def gather_status(
     members, moving, notes = _members(partitions, partition_count, live)
     if zookeeper_error is not None:
         notes = (f"members unknown: {zookeeper_error}", *notes)
+    notes = (*notes, *_unserved_notes(queues, workers))
     by_number = {p.partition: p for p in partitions}
     unowned = tuple(
         p for p in range(partition_count) if p not in by_number or by_number[p].owner is None
@@ -280,6 +304,7 @@ def gather_status(
         lag=lag,
         outbox=outbox,
         queues=tuple(queues),
+        workers=workers,
         dead_letters=dead_pending,
         dead_letters_total=dead_total,
         notes=notes,

@@ -154,6 +154,15 @@ class StoreUnavailable(SchedError):
         return self.PUBLIC_MESSAGE
 
 
+class SchemaOutdated(SchedError):
+    """The database's schema is not the one this version needs: `schedctl db upgrade`
+    (exit 2: the operator's step is missing, waiting will not help)."""
+
+    exit_code = 2
+    http_status = 503
+    code = "schema_outdated"
+
+
 class LockRace(StoreUnavailable):
     """The transaction lost a lock race (deadlock or serialization failure); nothing was
     committed and the same work can simply be tried again."""

@@ -17,7 +17,6 @@ from types import TracebackType
 from typing import Any
 
 from schedctl import errors
-from schedctl.delivery.ssrf import check_at_creation
 from schedctl.jobspec import parse_job_request, parse_schedule
 from schedctl.limits import DEFAULT_MAX_PAYLOAD_BYTES
 from schedctl.models import Job, JobStatus, Page, Run, Tenant
@@ -149,6 +148,9 @@ class Scheduler:
         )
         if spec.target.url is not None:
             # the SSRF guard at creation; every delivery checks again
+            # the SSRF guard loads requests: only a command that creates an HTTP job needs it
+            from schedctl.delivery.ssrf import check_at_creation
+
             check_at_creation(spec.target.url, found.allow_list)
 
         def quotas(use: QuotaUse) -> None:

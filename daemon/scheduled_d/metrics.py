@@ -47,7 +47,10 @@ QueueStats = Callable[[], Sequence[QueueStat]]
 
 class _QueueDepths(Collector):
     """scheduled_queue_messages{tenant, queue, state}: the built-in queues per tenant (a
-    queue is a tenant's), read from the database at each scrape."""
+    queue is a tenant's), and scheduled_queue_oldest_ready_age_seconds{tenant, queue}: how
+    long each queue's oldest ready run has waited for a worker (0 when none is ready; alert
+    on it: a queue that no worker reads grows it without bound). Read from the database at
+    each scrape."""
 
     def __init__(self) -> None:
         self.source: QueueStats | None = None
@@ -57,6 +60,11 @@ class _QueueDepths(Collector):
             "scheduled_queue_messages",
             "Built-in queue messages by tenant, queue and state (ready, delayed, leased).",
             labels=["tenant", "queue", "state"],
+        )
+        oldest = GaugeMetricFamily(
+            "scheduled_queue_oldest_ready_age_seconds",
+            "Seconds the oldest ready (not leased) message of each built-in queue has waited.",
+            labels=["tenant", "queue"],
         )
         source = self.source
         if source is not None:
@@ -72,7 +80,9 @@ class _QueueDepths(Collector):
                     ("leased", q.depth.leased),
                 ):
                     family.add_metric([q.tenant, q.queue, state], value)
+                oldest.add_metric([q.tenant, q.queue], q.oldest_ready_seconds)
         yield family
+        yield oldest
 
 
 _QUEUE_DEPTHS = _QueueDepths()

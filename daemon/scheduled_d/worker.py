@@ -678,10 +678,22 @@ class DirectBackend:
         self.tenant_id = worker_tenant(store, tenant)
 
     def lease(self, queue: str, owner: str, lease_seconds: float, limit: int) -> list[Lease]:
-        return list(self.repo.lease(queue, owner, lease_seconds, limit, tenant_id=self.tenant_id))
+        from schedctl.storage.workers import record_presence
+
+        leases: list[Lease] = list(
+            self.repo.lease(queue, owner, lease_seconds, limit, tenant_id=self.tenant_id)
+        )
+        # a poll says this worker serves the queue (`schedctl status`); throttled
+        record_presence(self.store, self.tenant_id, queue, owner, lease_seconds)
+        return leases
 
     def beat(self, lease: Lease, lease_seconds: float) -> Beat:
-        return self.repo.beat(_stored(lease), lease_seconds)
+        from schedctl.storage.workers import record_presence
+
+        stored = _stored(lease)
+        # a busy worker polls no more: its heartbeats say it is still there
+        record_presence(self.store, stored.tenant_id, stored.queue, stored.owner, lease_seconds)
+        return self.repo.beat(stored, lease_seconds)
 
     def ack(
         self,

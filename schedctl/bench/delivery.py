@@ -1,4 +1,5 @@
-"""Owns `schedctl bench delivery`: how many claimed runs a relay delivers per second to a
+"""Owns the delivery benchmark behind `schedctl bench delivery` (cli/bench_dispatch.py):
+how many claimed runs a relay delivers per second to a
 loopback HTTP endpoint (signed POSTs through the SSRF guard, one tenant lane) and into the
 built-in queue, on the configured database. Measured and reported, never asserted.
 
@@ -18,28 +19,16 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import requests
-import typer
 
 from schedctl import errors
-from schedctl.cli.common import (
-    OutputOption,
-    cli_state,
-    int_parser,
-    number_parser,
-    output_format,
-)
-from schedctl.cli.output import emit
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import bench as bench_rows
 from schedctl.storage.jobs import new_job_id, partition_of
 from schedctl.storage.store import Store
 from schedctl.storage.tenants import TenantRepo
-
-app = typer.Typer(help="Delivery benchmark (measured, not asserted).")
-
 
 # The endpoint runs in its own process: in this one it would compete with the relay for
 # the interpreter lock, and the figure would be half the relay's.
@@ -296,50 +285,3 @@ def _rabbitmq(store: Store, tenant_id: str, url: str, runs: int, deadline: float
             connection.close()
         except pika.exceptions.AMQPError:
             pass  # the queue stays; its name says where it came from
-
-
-@app.command("delivery")
-def delivery(
-    ctx: typer.Context,
-    runs: Annotated[
-        int,
-        typer.Option(
-            "--runs", parser=int_parser("runs", 1, 200_000), help="Runs per target kind (1-200000)."
-        ),
-    ] = 5000,
-    concurrency: Annotated[
-        int,
-        typer.Option(
-            "--concurrency",
-            parser=int_parser("concurrency", 1, 256),
-            help="The tenant's HTTP lane width (1-256).",
-        ),
-    ] = 16,
-    timeout: Annotated[
-        float,
-        typer.Option(
-            "--timeout",
-            parser=number_parser("timeout", 1.0, 3600.0),
-            help="Give up after this (1-3600).",
-        ),
-    ] = 300.0,
-    rabbitmq: Annotated[
-        str | None,
-        typer.Option(
-            "--rabbitmq",
-            help="Also publish to this broker (amqp://...; a scratch queue, deleted after).",
-        ),
-    ] = None,
-    output: OutputOption = None,
-) -> None:
-    """Deliveries per second from the outbox to a loopback HTTP endpoint and into the
-    built-in queue (and RabbitMQ with --rabbitmq). Use a scratch database: it adds a
-    tenant, jobs and runs."""
-    result = run_delivery_bench(
-        cli_state(ctx).store(),
-        runs=runs,
-        concurrency=concurrency,
-        timeout=timeout,
-        rabbitmq_url=rabbitmq,
-    )
-    emit(result, output_format(ctx, output), title="delivery")

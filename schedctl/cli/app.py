@@ -12,11 +12,11 @@ from typing import Annotated
 import typer
 
 from schedctl import __version__
-from schedctl.bench import delivery as bench_delivery
 from schedctl.cli import (
     audit,
     bench,
     bench_dispatch,
+    completion,
     cron_cmd,
     db,
     dlq,
@@ -32,7 +32,9 @@ from schedctl.cli.common import (
     CliState,
     SchedGroup,
     debug_enabled,
+    exit_closed_pipe,
     report_exception,
+    stdout_is_devnull,
 )
 from schedctl.cli.output import OutputFormat, console
 
@@ -49,7 +51,10 @@ app = typer.Typer(
         + EXIT_CODES_HELP
     ),
     no_args_is_help=True,
-    add_completion=False,
+    # --install-completion and --show-completion (for the shell it runs under) next to
+    # `schedctl completion SHELL`; the scripts call `schedctl` back with _SCHEDCTL_COMPLETE
+    # set, which is cheap, since --help loads no database
+    add_completion=True,
     # errors are reported by SchedGroup as one line; never a rich traceback
     pretty_exceptions_enable=False,
 )
@@ -150,18 +155,30 @@ for _name, _command in (
 ):
     tenants.app.command(_name)(_command)
 tenants.app.add_typer(tenant_allow.signing_app, name="signing-secret")
-bench.app.command("delivery")(bench_delivery.delivery)
+bench.app.command("delivery")(bench_dispatch.delivery)
 bench.app.command("burst")(bench_dispatch.burst)
 bench.app.command("steady")(bench_dispatch.steady)
 bench.app.command("failover")(bench_dispatch.failover)
 app.add_typer(bench.app, name="bench")
+app.command("completion")(completion.completion)
 
 
 def main() -> None:
     """The `schedctl` console script."""
+    to_devnull = stdout_is_devnull()
     try:
-        app()
-    except SystemExit:
+        try:
+            app()
+        finally:
+            # what is still buffered goes out now, where a closed pipe can be handled,
+            # rather than at interpreter exit
+            if sys.stdout is not None:
+                sys.stdout.flush()
+    except BrokenPipeError:
+        exit_closed_pipe()
+    except SystemExit as exc:
+        if exc.code == 1 and not to_devnull and stdout_is_devnull():
+            exit_closed_pipe()  # help text (typer's own console) met a closed pipe
         raise
     except BaseException as exc:
         # SchedGroup reports errors inside commands; this catches what happens around them

@@ -18,9 +18,8 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import requests
 import typer
 
 from schedctl import errors
@@ -34,10 +33,11 @@ from schedctl.cli.common import (
     say,
 )
 from schedctl.cli.output import OutputFormat, emit
-from schedctl.service import Scheduler
-from schedctl.storage import bench as bench_rows
-from schedctl.storage.engine import redact
-from schedctl.storage.payloads import payload_cipher
+
+if TYPE_CHECKING:
+    # requests and the storage modules are imported where they are used: `schedctl --help`
+    # must not load them
+    from schedctl.service import Scheduler
 
 app = typer.Typer(help="Benchmarks on the configured database (measured, not asserted).")
 
@@ -138,6 +138,8 @@ def _run(
     max_seconds: float,
     payload_bytes: int,
 ) -> tuple[_Results, float]:
+    import requests
+
     body = {
         "schedule": {"delay": "365d"},
         "target": {"type": "queue", "name": "bench"},
@@ -207,6 +209,9 @@ def _report(
     tenant: str,
     keep: bool,
 ) -> dict[str, Any]:
+    from schedctl.storage.engine import redact
+    from schedctl.storage.payloads import payload_cipher
+
     created = len(results.latencies)
     other = {str(k): v for k, v in sorted(results.statuses.items()) if k != 201}
     other.update(results.failures)
@@ -275,6 +280,8 @@ def _api_process(database_url: str) -> Any:
 
 
 def _wait_healthy(base_url: str, process: subprocess.Popen[bytes], log_path: Path) -> None:
+    import requests
+
     deadline = time.monotonic() + API_START_SECONDS
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -293,6 +300,8 @@ def _wait_healthy(base_url: str, process: subprocess.Popen[bytes], log_path: Pat
 
 def _delete_tenant(scheduler: Scheduler, tenant_id: str) -> None:
     """Remove what the benchmark made: its jobs (and any runs), tokens, audit rows, tenant."""
+    from schedctl.storage import bench as bench_rows
+
     bench_rows.delete_tenant(scheduler.store, tenant_id)
 
 

@@ -1,5 +1,8 @@
-"""`schedctl bench burst` and `bench steady`: dispatch benchmarks against real dispatcher
-processes (schedctl.bench.dispatch); registered on the `bench` group in app.py."""
+"""`schedctl bench burst`, `bench steady`, `bench failover` and `bench delivery`: the commands
+of the dispatch benchmarks against real dispatcher processes (schedctl.bench.dispatch) and of
+the delivery benchmark (schedctl.bench.delivery); registered on the `bench` group in app.py.
+The benchmarks themselves are imported when a command runs: they load sqlalchemy, requests
+and pika, which `schedctl --help` must not."""
 
 from __future__ import annotations
 
@@ -7,7 +10,6 @@ from typing import Annotated
 
 import typer
 
-from schedctl.bench import dispatch
 from schedctl.cli.common import (
     OutputOption,
     cli_state,
@@ -73,6 +75,8 @@ def burst(
 ) -> None:
     """Runs all due at one instant: how soon after it the last one is claimed. Use a
     scratch database: it adds a tenant and its jobs."""
+    from schedctl.bench import dispatch
+
     result = dispatch.burst(
         cli_state(ctx).store(),
         jobs=jobs,
@@ -131,6 +135,8 @@ def steady(
     """A steady stream of due runs: the dispatch lateness distribution, with workers (direct,
     and over the API with --api-workers) executing the runs meanwhile. Use a scratch
     database: it adds a tenant and its jobs."""
+    from schedctl.bench import dispatch
+
     result = dispatch.steady(
         cli_state(ctx).store(),
         rate=rate,
@@ -167,6 +173,8 @@ def failover(
     """Recovery time: three dispatchers, then kill -9, SIGSTOP and SIGTERM of one each;
     the seconds until its partitions are owned again. Use a scratch database."""
     store = cli_state(ctx).store()
+    from schedctl.bench import dispatch
+
     result = dispatch.failover(
         store,
         url=_url(ctx),
@@ -175,3 +183,51 @@ def failover(
         timeout=timeout,
     )
     emit(result, output_format(ctx, output), title="failover")
+
+
+def delivery(
+    ctx: typer.Context,
+    runs: Annotated[
+        int,
+        typer.Option(
+            "--runs", parser=int_parser("runs", 1, 200_000), help="Runs per target kind (1-200000)."
+        ),
+    ] = 5000,
+    concurrency: Annotated[
+        int,
+        typer.Option(
+            "--concurrency",
+            parser=int_parser("concurrency", 1, 256),
+            help="The tenant's HTTP lane width (1-256).",
+        ),
+    ] = 16,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout",
+            parser=number_parser("timeout", 1.0, 3600.0),
+            help="Give up after this (1-3600).",
+        ),
+    ] = 300.0,
+    rabbitmq: Annotated[
+        str | None,
+        typer.Option(
+            "--rabbitmq",
+            help="Also publish to this broker (amqp://...; a scratch queue, deleted after).",
+        ),
+    ] = None,
+    output: OutputOption = None,
+) -> None:
+    """Deliveries per second from the outbox to a loopback HTTP endpoint and into the
+    built-in queue (and RabbitMQ with --rabbitmq). Use a scratch database: it adds a
+    tenant, jobs and runs."""
+    from schedctl.bench.delivery import run_delivery_bench
+
+    result = run_delivery_bench(
+        cli_state(ctx).store(),
+        runs=runs,
+        concurrency=concurrency,
+        timeout=timeout,
+        rabbitmq_url=rabbitmq,
+    )
+    emit(result, output_format(ctx, output), title="delivery")

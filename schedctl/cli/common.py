@@ -23,8 +23,7 @@ import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.text import Text
@@ -32,17 +31,27 @@ from typer.core import TyperGroup
 
 from schedctl import errors, limits
 from schedctl.cli.output import OutputFormat, console, err_console
-from schedctl.client import ApiClient
 from schedctl.config import Config, default_database_url, load_config
-from schedctl.service import Scheduler
-from schedctl.storage.engine import database_of, make_engine, normalize_url
-from schedctl.storage.migrate import current_revision, head_revision, upgrade_engine
-from schedctl.storage.store import Store
+
+if TYPE_CHECKING:
+    # imported where a command needs them: `schedctl --help` must not load sqlalchemy,
+    # alembic, the database drivers, requests or pika (tests/unit/test_cli_imports.py)
+    from schedctl.client import ApiClient
+    from schedctl.service import Scheduler
+    from schedctl.storage.store import Store
 
 # from the error classes (schedctl.errors): a new exit code is documented where it is defined
 EXIT_CODES_HELP = (
-    "Exit codes: " + ", ".join(f"{code} {what}" for code, what in errors.exit_codes().items()) + "."
+    "Exit codes: "
+    + ", ".join(f"{code} {what}" for code, what in errors.exit_codes().items())
+    + ", 141 output pipe closed (as `head` does)."
 )
+
+# A reader that went away (`schedctl status -o json | head -1`) ends the command the way
+# SIGPIPE ends cat or grep: silently, with the status a shell shows for them (128 + 13).
+# Not SIG_DFL for SIGPIPE itself: that would also kill us on a socket the database or the
+# API closed, where an error message is owed.
+CLOSED_PIPE_EXIT = 141
 
 OutputOption = Annotated[
     OutputFormat | None,
@@ -81,6 +90,8 @@ class CliState:
         return self._config
 
     def database_url(self) -> str:
+        from schedctl.storage.engine import normalize_url
+
         self._refuse_api()
         return normalize_url(self.config().database_url)
 
@@ -88,6 +99,8 @@ class CliState:
         """Jobs and runs: the remote API with --api, else the database."""
         if self.api_url:
             if self._client is None:
+                from schedctl.client import ApiClient
+
                 self._client = ApiClient(self.api_url, self.api_token or "")
             return self._client
         return self.database()
@@ -96,6 +109,8 @@ class CliState:
         """The database's library API; refused with --api (the command needs the database)."""
         self._refuse_api()
         if self._scheduler is None:
+            from schedctl.service import Scheduler
+
             config = self.config()
             self._scheduler = Scheduler(
                 open_store(config), max_payload_bytes=config.max_payload_bytes
@@ -123,24 +138,39 @@ class CliState:
 
 
 def is_embedded_default(url: str) -> bool:
+    from schedctl.storage.engine import normalize_url
+
     return normalize_url(url) == normalize_url(default_database_url())
 
 
 def open_store(config: Config) -> Store:
-    """The configured database, checked to be at the current schema. The embedded default
-    (a SQLite file nobody configured) sets itself up, so `schedctl tenant create demo` works
-    on a fresh machine; any other database is upgraded only by `schedctl db upgrade`."""
+    """The configured database, checked to be at the current schema. A SQLite database
+    sets itself up on first use, as scheduled-d does: a new or empty file gets the schema
+    (so `schedctl tenant create demo` works on a fresh machine), and the embedded default
+    (a file nobody configured) is also upgraded when it is behind. Any other database is
+    migrated only by `schedctl db upgrade`: SchemaOutdated (exit 2) says so."""
+    from schedctl.storage.engine import check_connection, make_engine, normalize_url, redact
+    from schedctl.storage.migrate import current_revision, head_revision, is_empty
+    from schedctl.storage.store import Store
+
     url = normalize_url(config.database_url)
-    if not is_embedded_default(url):
-        return Store.open(url)
-    database = database_of(url)
-    fresh = not database or not Path(database).exists()
     store = Store(make_engine(url))
     try:
-        if fresh or current_revision(store.engine) != head_revision():
-            upgrade_engine(store.engine)
-            store.ensure_settings(config.partition_count)
-        store.require_current_schema()
+        check_connection(store.engine)
+        current, head = current_revision(store.engine), head_revision()
+        if current != head:
+            new = current is None and is_empty(store.engine)
+            if store.dialect == "sqlite" and (new or is_embedded_default(url)):
+                from schedctl.storage.migrate import upgrade_engine
+
+                upgrade_engine(store.engine)
+                store.ensure_settings(config.partition_count)
+            else:
+                raise errors.SchemaOutdated(
+                    f"the database at {redact(url)} is at schema revision "
+                    f"{current or 'none (empty)'}, this version needs {head}: "
+                    "run `schedctl db upgrade`"
+                )
     except BaseException:
         store.close()
         raise
@@ -191,6 +221,28 @@ def print_error(message: str) -> None:
     err_console.print(Text(f"error: {message}", style="red"), soft_wrap=True)
 
 
+def exit_closed_pipe() -> NoReturn:
+    """Stdout's reader is gone: end quietly with CLOSED_PIPE_EXIT. Stdout is pointed at
+    /dev/null first, so the interpreter's final flush of what is still buffered cannot
+    fail again (and print `Exception ignored ... BrokenPipeError`)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass  # stdout is no real file (captured): nothing will flush into a closed pipe
+    raise SystemExit(CLOSED_PIPE_EXIT)
+
+
+def stdout_is_devnull() -> bool:
+    """Whether stdout is /dev/null: where rich and typer point it when its pipe closed
+    while they printed help text, before they exit 1 on their own."""
+    try:
+        return os.path.samestat(os.fstat(sys.stdout.fileno()), os.stat(os.devnull))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def report_exception(exc: BaseException, *, debug: bool) -> int:
     """Print one readable line for `exc` and return the exit code it maps to."""
     if isinstance(exc, errors.SchedError):
@@ -229,6 +281,8 @@ class SchedGroup(TyperGroup):
     def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
+        except BrokenPipeError:
+            exit_closed_pipe()
         except Exception as exc:
             if _is_cli_control_flow(exc):
                 raise

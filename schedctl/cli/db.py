@@ -10,12 +10,11 @@ import typer
 
 from schedctl.cli.common import OutputOption, cli_state, output_format, say
 from schedctl.cli.output import OutputFormat, emit
-from schedctl.crypto import PayloadCipher
-from schedctl.storage.engine import check_connection, make_engine, redact
-from schedctl.storage.migrate import current_revision, head_revision, upgrade_engine
-from schedctl.storage.payloads import payload_cipher, rotate_payloads
-from schedctl.storage.signing_secrets import rotate_signing_secrets
-from schedctl.storage.store import Store
+
+# the storage modules (sqlalchemy, alembic, the drivers) are imported inside each command:
+# `schedctl --help` must not load them
+
+SCHEMA_BEHIND_EXIT = 2  # `db status`: the schema is not this version's (see --help)
 
 app = typer.Typer(
     help=(
@@ -29,6 +28,10 @@ app = typer.Typer(
 @app.command()
 def upgrade(ctx: typer.Context, output: OutputOption = None) -> None:
     """Migrate the database to this version's schema (safe to run again: then a no-op)."""
+    from schedctl.storage.engine import make_engine, redact
+    from schedctl.storage.migrate import upgrade_engine
+    from schedctl.storage.store import Store
+
     state = cli_state(ctx)
     config = state.config()
     store = Store(make_engine(state.database_url()))
@@ -63,7 +66,11 @@ def upgrade(ctx: typer.Context, output: OutputOption = None) -> None:
 
 @app.command()
 def status(ctx: typer.Context, output: OutputOption = None) -> None:
-    """The database's schema revision and the one this version needs."""
+    """The database's schema revision and the one this version needs; exits 2 when they
+    differ (run `schedctl db upgrade`), 0 when the schema is current."""
+    from schedctl.storage.engine import check_connection, make_engine, redact
+    from schedctl.storage.migrate import current_revision, head_revision
+
     state = cli_state(ctx)
     engine = make_engine(state.database_url())
     try:
@@ -81,10 +88,12 @@ def status(ctx: typer.Context, output: OutputOption = None) -> None:
     fmt = output_format(ctx, output)
     if fmt is OutputFormat.json:
         emit(result, fmt)
-        return
-    emit(result, fmt, title="schema")
+    else:
+        emit(result, fmt, title="schema")
+        if current != head:
+            say("run `schedctl db upgrade` to bring it up to date")
     if current != head:
-        say("run `schedctl db upgrade` to bring it up to date")
+        raise typer.Exit(SCHEMA_BEHIND_EXIT)
 
 
 @app.command("new-payload-key")
@@ -94,6 +103,8 @@ def new_payload_key() -> None:
     To rotate: put the new key FIRST in the key file and keep the old ones after it; restart
     the daemons and API servers; run `schedctl db rotate-payload-key`; then remove the old
     keys and restart again."""
+    from schedctl.crypto import PayloadCipher
+
     say(PayloadCipher.generate_key())
 
 
@@ -102,6 +113,9 @@ def rotate_payload_key(ctx: typer.Context, output: OutputOption = None) -> None:
     """Re-encrypt every stored job payload and tenant signing secret with the current
     (first) key; plaintext ones written before encryption was enabled get encrypted too. Safe
     to run again, and while the scheduler runs."""
+    from schedctl.storage.payloads import payload_cipher, rotate_payloads
+    from schedctl.storage.signing_secrets import rotate_signing_secrets
+
     cipher = payload_cipher()
     store = cli_state(ctx).store()
     result = rotate_payloads(store, cipher)

@@ -10,7 +10,7 @@ it is purged.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -28,7 +28,9 @@ from schedctl.cli.common import (
 )
 from schedctl.cli.output import OutputFormat, emit
 from schedctl.scheduling.timeparse import format_instant, parse_duration
-from schedctl.storage.outbox import DeadLetter, DeadLetterRepo
+
+if TYPE_CHECKING:
+    from schedctl.storage.outbox import DeadLetter, DeadLetterRepo
 
 app = typer.Typer(
     help="Dead letters: runs that exhausted their retries. list, show, replay, purge.",
@@ -82,6 +84,8 @@ def _row(letter: DeadLetter) -> dict[str, Any]:
 
 
 def _repo(ctx: typer.Context) -> DeadLetterRepo:
+    from schedctl.storage.outbox import DeadLetterRepo
+
     return DeadLetterRepo(cli_state(ctx).store())
 
 

@@ -26,7 +26,6 @@ from schedctl.cli.common import (
     say,
 )
 from schedctl.cli.output import OutputFormat, emit
-from schedctl.client import ApiClient
 from schedctl.models import Job
 from schedctl.views import job_to_dict, run_to_dict, schedule_summary
 
@@ -221,6 +220,8 @@ def create(
     }
     body.update({k: v for k, v in optional.items() if v is not None})
     scheduler = cli_state(ctx).scheduler()
+    from schedctl.client import ApiClient
+
     if isinstance(scheduler, ApiClient):
         job, created = scheduler.create_job(tenant, body, actor=actor())
     elif tenant is None:

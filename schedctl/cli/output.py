@@ -12,7 +12,16 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-console = Console()
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        # rich would exit 1 by itself; the CLI entry point ends a closed pipe its own way
+        # (schedctl.cli.common.exit_closed_pipe), the same for tables and JSON
+        self.quiet = True
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+console = _Console()
 err_console = Console(stderr=True)
 
 

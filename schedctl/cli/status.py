@@ -3,13 +3,17 @@ epochs, lag, outbox, queue and dead-letter depths) as rich tables or --output js
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 from rich.table import Table
 from rich.text import Text
 
 from schedctl.cli.common import OutputOption, cli_state, output_format, say
 from schedctl.cli.output import OutputFormat, console, emit_json, format_time
-from schedctl.cluster_status import ClusterStatus, MemberStatus, gather_status
+
+if TYPE_CHECKING:
+    from schedctl.cluster_status import ClusterStatus, MemberStatus
 
 
 def status(ctx: typer.Context, output: OutputOption = None) -> None:
@@ -18,9 +22,15 @@ def status(ctx: typer.Context, output: OutputOption = None) -> None:
     Lag is the age of the oldest due and unclaimed run; depths cover the outbox, the
     built-in queues (per tenant: a queue is a tenant's) and the dead letters.
 
+    Each queue shows how long its oldest ready run has waited and its live workers (seen
+    leasing or heartbeating within max(15 s, their lease time)); a queue with ready runs and
+    no live worker is flagged ("none!", a warning line, "unserved": true in JSON).
+
     Members come from ZooKeeper when it is configured ($SCHEDULED_ZOOKEEPER or the config
     file), else from the partitions table. A ZooKeeper that does not answer within a few
     seconds is reported, not fatal."""
+    from schedctl.cluster_status import gather_status
+
     state = cli_state(ctx)
     snapshot = gather_status(state.store(), state.config())
     if output_format(ctx, output) is OutputFormat.json:
@@ -39,9 +49,11 @@ def _render(snapshot: ClusterStatus) -> None:
     console.print(_summary_table(snapshot))
     if snapshot.queues:
         queues = Table(title="queues")
-        for column in ("tenant", "queue", "ready", "delayed", "leased", "total"):
+        columns = ("tenant", "queue", "ready", "delayed", "leased", "total", "oldest ready")
+        for column in (*columns, "workers"):
             queues.add_column(column, justify="left" if column in ("tenant", "queue") else "right")
         for q in snapshot.queues:
+            live = len(snapshot.live_workers(q))
             queues.add_row(
                 Text(q.tenant),
                 Text(q.queue),
@@ -49,10 +61,13 @@ def _render(snapshot: ClusterStatus) -> None:
                 str(q.depth.delayed),
                 str(q.depth.leased),
                 str(q.depth.total),
+                f"{q.oldest_ready_seconds:.0f} s" if q.depth.ready else "",
+                # a queue with ready runs and nobody to run them is the one to look at
+                Text("none!", style="bold red") if snapshot.unserved(q) else str(live),
             )
         console.print(queues)
     for note in snapshot.notes:
-        say(f"note: {note}")
+        say(f"{'warning' if 'no live worker' in note else 'note'}: {note}")
 
 
 def _live(member: MemberStatus) -> Text:

@@ -9,7 +9,7 @@ They are defined on this module's own `app`; the tenant group attaches the funct
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from typer.core import TyperGroup
@@ -18,9 +18,9 @@ from schedctl import errors, limits
 from schedctl.cli.common import OutputOption, actor, cli_state, int_parser, output_format, say
 from schedctl.cli.output import OutputFormat, emit
 from schedctl.scheduling.timeparse import format_instant, parse_duration
-from schedctl.storage.allowlist import TenantDeliveryRepo
-from schedctl.storage.signing_secrets import DEFAULT_GRACE, SigningSecretRepo
-from schedctl.storage.tenants import TenantRepo
+
+if TYPE_CHECKING:
+    from schedctl.storage.allowlist import TenantDeliveryRepo
 
 app = typer.Typer(help="Tenant delivery settings: allow-list, limits, broker, signing secret.")
 
@@ -35,6 +35,8 @@ EntryArgument = Annotated[
 
 
 def _repo(ctx: typer.Context) -> TenantDeliveryRepo:
+    from schedctl.storage.allowlist import TenantDeliveryRepo
+
     return TenantDeliveryRepo(cli_state(ctx).store())
 
 
@@ -160,6 +162,8 @@ def signing_secret(
 ) -> None:
     """Print the secret TENANT verifies its deliveries' signatures with (see
     schedctl.signing.verify); hand it over like a password."""
+    from schedctl.storage.tenants import TenantRepo
+
     repo = TenantRepo(cli_state(ctx).store())
     secret = repo.signing_secret(tenant)
     if output_format(ctx, output) is OutputFormat.json:
@@ -185,6 +189,8 @@ def rotate_signing_secret(
     """Give TENANT a new signing secret and print it. During the grace period every
     delivery carries two signatures (`v2=<new>, v2=<old>`), so the receiver can switch to the
     new secret at any time within it; afterwards only the new secret signs."""
+    from schedctl.storage.signing_secrets import DEFAULT_GRACE, SigningSecretRepo
+
     period = parse_duration(grace, "grace") if grace.strip() else DEFAULT_GRACE
     keys, secret = SigningSecretRepo(cli_state(ctx).store()).rotate(
         tenant, grace=period, actor=actor()

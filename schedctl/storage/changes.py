@@ -8,13 +8,16 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import psycopg
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from schedctl.storage.store import Store
+
+if TYPE_CHECKING:
+    # the driver is loaded by the Postgres feed only: a CLI command on SQLite never needs it
+    import psycopg
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +71,15 @@ class PostgresChangeFeed:
         self._connection: psycopg.Connection[tuple[object, ...]] | None = None
 
     def _connect(self) -> psycopg.Connection[tuple[object, ...]]:
+        import psycopg
+
         connection = psycopg.connect(self._dsn, autocommit=True, connect_timeout=5)
         connection.execute(f"LISTEN {CHANNEL}")
         return connection
 
     def wait(self, timeout: float) -> Changes:
+        import psycopg
+
         deadline = time.monotonic() + timeout
         if self._connection is None or self._connection.closed:
             try:
@@ -97,6 +104,8 @@ class PostgresChangeFeed:
         return Changes(job_ids=tuple(job_ids))
 
     def close(self) -> None:
+        import psycopg
+
         if self._connection is not None:
             try:
                 self._connection.close()

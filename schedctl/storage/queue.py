@@ -112,6 +112,8 @@ class QueueStat:
     tenant: str  # the tenant's name (its id if the tenant row is gone)
     queue: str
     depth: QueueDepth
+    # how long the oldest ready message has been ready (0: none is); live workers: 0008
+    oldest_ready_seconds: float = 0.0
 
 
 class QueueRepo:
@@ -521,20 +523,22 @@ class QueueRepo:
     # -- observability ---------------------------------------------------------------------
 
     def stats(self) -> list[QueueStat]:
-        """Ready, delayed and leased message counts per tenant and queue (queues with
-        messages only), by tenant name and queue name."""
+        """Ready, delayed and leased message counts and the oldest ready message's age per
+        tenant and queue (queues with messages only), by tenant name and queue name."""
         m, t = schema.queue_messages, schema.tenants
         with self.store.read() as connection:
             now = db_now(connection)
             unleased = m.c.leased_until.is_(None)
+            ready = and_(unleased, m.c.available_at <= now)
             rows = connection.execute(
                 select(
                     m.c.tenant_id,
                     t.c.name,
                     m.c.queue,
-                    func.sum(case((and_(unleased, m.c.available_at <= now), 1), else_=0)),
+                    func.sum(case((ready, 1), else_=0)),
                     func.sum(case((and_(unleased, m.c.available_at > now), 1), else_=0)),
                     func.sum(case((unleased, 0), else_=1)),
+                    func.min(m.c.available_at).filter(ready),
                 )
                 .select_from(m.outerjoin(t, t.c.tenant_id == m.c.tenant_id))
                 .group_by(m.c.tenant_id, t.c.name, m.c.queue)
@@ -545,8 +549,9 @@ class QueueRepo:
                 tenant=str(name if name is not None else tenant_id),
                 queue=str(q),
                 depth=QueueDepth(ready=int(r or 0), delayed=int(d or 0), leased=int(le or 0)),
+                oldest_ready_seconds=max(0.0, (now - oldest).total_seconds()) if oldest else 0.0,
             )
-            for tenant_id, name, q, r, d, le in rows
+            for tenant_id, name, q, r, d, le, oldest in rows
         ]
         return sorted(stats, key=lambda s: (s.tenant, s.queue))
 

@@ -228,3 +228,16 @@ audit_log = Table(
     Column("detail", Text, nullable=True),  # JSON; never the payload
     Index("ix_audit_log_tenant", "tenant_id", "id"),
 )
+
+# Worker presence (0008): the workers of each tenant's built-in queue, by name, with when
+# they last leased or heartbeat and until when that makes them live (storage/workers.py).
+workers = Table(
+    "workers",
+    metadata,
+    Column("tenant_id", String(40), nullable=False),
+    Column("queue", String(200), nullable=False),
+    Column("worker", String(200), nullable=False),
+    Column("last_seen", UTCDateTime, nullable=False),
+    Column("live_until", UTCDateTime, nullable=False),
+    PrimaryKeyConstraint("tenant_id", "queue", "worker", name="pk_workers"),
+)

@@ -15,7 +15,6 @@ from schedctl import errors
 from schedctl.storage import schema
 from schedctl.storage.clock import dialect_now
 from schedctl.storage.engine import check_connection, first_line, make_engine, redact
-from schedctl.storage.migrate import current_revision, head_revision, upgrade_engine
 
 DEFAULT_PARTITION_COUNT = 1024
 
@@ -72,6 +71,9 @@ class Store:
         """Connect; with upgrade=True migrate to head first (the embedded default does)."""
         store = cls(make_engine(url))
         if upgrade:
+            # migrating loads alembic: only here, not for every CLI command
+            from schedctl.storage.migrate import upgrade_engine
+
             upgrade_engine(store.engine)
             store.ensure_settings()
         elif check:
@@ -83,6 +85,8 @@ class Store:
         self.engine.dispose()
 
     def require_current_schema(self) -> None:
+        from schedctl.storage.migrate import current_revision, head_revision
+
         current, head = current_revision(self.engine), head_revision()
         if current != head:
             raise errors.StoreUnavailable(

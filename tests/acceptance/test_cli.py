@@ -66,8 +66,12 @@ def create_job(db: str, *options: str) -> dict[str, Any]:
 )
 def test_db_upgrade_is_idempotent(backend: str, request: pytest.FixtureRequest) -> None:
     url = request.getfixturevalue("empty_sqlite_url" if backend == "sqlite" else "empty_pg_url")
-    status = ok_json("db", "status", db=url)
+    behind = invoke("db", "status", "-o", "json", db=url)
+    assert behind.exit_code == 2, behind.output  # a schema behind is not a success
+    status = json.loads(behind.stdout)
     assert status["current"] is None and status["up_to_date"] is False
+    table = invoke("db", "status", db=url)
+    assert table.exit_code == 2 and "schedctl db upgrade" in table.stdout
     first = ok_json("db", "upgrade", db=url)
     assert first["before"] is None and first["after"] == status["head"] and first["changed"]
     assert first["partition_count"] == 1024
@@ -81,10 +85,33 @@ def test_db_upgrade_is_idempotent(backend: str, request: pytest.FixtureRequest) 
     assert "already at revision" in ok("db", "upgrade", db=url).stdout
 
 
-def test_explicit_database_that_is_not_migrated(empty_sqlite_url: str) -> None:
-    result = invoke("tenant", "list", db=empty_sqlite_url)
-    assert result.exit_code == 7
+def test_a_new_sqlite_file_gets_its_schema_on_first_use(empty_sqlite_url: str) -> None:
+    # as scheduled-d does: a new (or empty) SQLite file is set up by the first command
+    created = invoke("tenant", "create", "demo", db=empty_sqlite_url)
+    assert created.exit_code == 0, created.output
+    assert ok_json("db", "status", db=empty_sqlite_url)["up_to_date"] is True
+    assert [t["name"] for t in ok_json("tenant", "list", db=empty_sqlite_url)] == ["demo"]
+
+
+def test_a_sqlite_file_behind_is_not_upgraded_behind_the_operators_back(tmp_path: Path) -> None:
+    from schedctl.storage.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    upgrade(url, "0001")
+    result = invoke("tenant", "list", db=url)
+    assert result.exit_code == 2, result.output
+    assert "revision 0001" in result.stderr and "schedctl db upgrade" in result.stderr
+    assert ok_json("db", "upgrade", db=url)["before"] == "0001"
+    assert invoke("tenant", "list", db=url).exit_code == 0
+
+
+@pytest.mark.postgres
+def test_postgres_without_the_schema_says_to_upgrade(empty_pg_url: str) -> None:
+    result = invoke("tenant", "create", "demo", db=empty_pg_url)
+    assert result.exit_code == 2, result.output
     assert "schedctl db upgrade" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert invoke("db", "status", db=empty_pg_url).exit_code == 2  # nothing was created
 
 
 def test_unreachable_database() -> None:

@@ -127,17 +127,19 @@ def test_local_owner_lag_outbox_queues_and_dead_letters(store: Store) -> None:
     data = status.to_dict()
     assert data["members"][0]["partition_count"] == P
     assert data["partitions"]["owned"] == P and data["partitions"]["unowned"] == []
-    assert data["queues"] == [
-        {
-            "tenant": name,
-            "tenant_id": tenant,
-            "queue": "q1",
-            "ready": 1,
-            "delayed": 0,
-            "leased": 0,
-            "total": 1,
-        }
-    ]
+    (listed,) = data["queues"]
+    assert 0 <= listed.pop("oldest_ready_age_seconds") < 600
+    assert listed == {
+        "tenant": name,
+        "tenant_id": tenant,
+        "queue": "q1",
+        "ready": 1,
+        "delayed": 0,
+        "leased": 0,
+        "total": 1,
+        "live_workers": [],  # nobody reads q1 (tests/integration/test_worker_presence.py)
+        "unserved": True,
+    }
     assert data["dead_letters"] == {"pending": 1, "total": 2}
     assert data["lag"]["due"] == 1 and data["at"].endswith("Z")
 

@@ -32,6 +32,7 @@ from schedctl.leasing import Beat
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.service import Scheduler
 from schedctl.storage.queue import Lease, QueueRepo
+from schedctl.storage.workers import api_worker, record_presence
 from scheduled_d.api.auth import Caller, CallerDep, SchedulerDep, json_body
 from scheduled_d.api.schemas import error_responses
 
@@ -250,6 +251,7 @@ def lease_runs(
         request.limit,
         tenant_id=caller.tenant.tenant_id,
     )
+    record_presence(scheduler.store, *api_worker(caller, name), request.lease_seconds)
     return {"items": [_lease_out(lease, secret) for lease in leases]}
 
 
@@ -268,6 +270,7 @@ def heartbeat(
     no longer the caller's: stop the command, another worker has the run."""
     request = _parse(HeartbeatRequest, body)
     lease = _held(scheduler, caller, lease_id)
+    record_presence(scheduler.store, *api_worker(caller, lease.queue), request.lease_seconds)
     beat = QueueRepo(scheduler.store).beat(lease, request.lease_seconds)
     if beat is Beat.lost:
         raise errors.NotFound("the lease expired and the run was redelivered", field="lease_id")

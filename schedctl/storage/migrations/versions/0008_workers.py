@@ -1,0 +1,31 @@
+"""Worker presence: each worker of a built-in queue (a direct worker, or an API worker by
+its token) records when it was last seen leasing or heartbeating, so `schedctl status`
+can say which queues have ready runs and no live worker (schedctl/storage/workers.py).
+
+Revision ID: 0008
+Revises: 0007
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+from schedctl.storage.types import UTCDateTime
+
+revision = "0008"
+down_revision = "0007"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "workers",
+        sa.Column("tenant_id", sa.String(40), nullable=False),
+        sa.Column("queue", sa.String(200), nullable=False),
+        sa.Column("worker", sa.String(200), nullable=False),
+        sa.Column("last_seen", UTCDateTime, nullable=False),
+        sa.Column("live_until", UTCDateTime, nullable=False),
+        sa.PrimaryKeyConstraint("tenant_id", "queue", "worker", name="pk_workers"),
+    )
