@@ -26,7 +26,7 @@ from schedctl.storage import schema, workers
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
 from schedctl.storage.workers import LIVE_SECONDS, Presence, WorkerRepo
-from scheduled_d.api import ApiServer
+from scheduled_d.api.server import ApiServer
 from scheduled_d.metrics import export_queue_depths
 from scheduled_d.worker import DirectBackend, Worker
 from tests.factories import make_tenant

@@ -158,7 +158,8 @@ def test_the_queue_client_retries_what_is_transient(
 def test_the_cli_exit_codes_help_comes_from_the_classes() -> None:
     assert EXIT_CODES_HELP == (
         "Exit codes: 0 ok, 1 internal error, 2 invalid input or usage, 3 not found, "
-        "4 conflict, 5 quota exceeded, 6 unauthorized, 7 database unavailable."
+        "4 conflict, 5 quota exceeded, 6 unauthorized, 7 database unavailable, "
+        "141 output pipe closed (as `head` does)."
     )
     for code, meaning in errors.exit_codes().items():
         assert f"{code} {meaning}" in EXIT_CODES_HELP
