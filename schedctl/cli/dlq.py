@@ -28,7 +28,7 @@ from schedctl.cli.common import (
 )
 from schedctl.cli.output import OutputFormat, emit
 from schedctl.scheduling.timeparse import format_instant, parse_duration
-from schedctl.storage.outbox import DeadLetter, DeadLetterRepo
+from schedctl.storage.dead_letters import DeadLetter, DeadLetterRepo
 
 app = typer.Typer(
     help="Dead letters: runs that exhausted their retries. list, show, replay, purge.",

@@ -17,9 +17,10 @@ from typer.core import TyperGroup
 from schedctl import errors, limits
 from schedctl.cli.common import OutputOption, actor, cli_state, int_parser, output_format, say
 from schedctl.cli.output import OutputFormat, emit
+from schedctl.delivery.ssrf import normalize_entry
 from schedctl.scheduling.timeparse import format_instant, parse_duration
-from schedctl.storage.allowlist import TenantDeliveryRepo
 from schedctl.storage.signing_secrets import DEFAULT_GRACE, SigningSecretRepo
+from schedctl.storage.tenant_delivery import TenantDeliveryRepo
 from schedctl.storage.tenants import TenantRepo
 
 app = typer.Typer(help="Tenant delivery settings: allow-list, limits, broker, signing secret.")
@@ -47,7 +48,7 @@ def allow(
 ) -> None:
     """Let TENANT's HTTP jobs call HOST or CIDR even where the SSRF guard refuses by default
     (loopback, private, link-local, CGNAT, ...). Public destinations need no entry."""
-    entries, changed = _repo(ctx).allow(tenant, entry, actor=actor())
+    entries, changed = _repo(ctx).allow(tenant, normalize_entry(entry), actor=actor())
     fmt = output_format(ctx, output)
     if fmt is OutputFormat.json:
         emit({"tenant": tenant, "allow_list": entries, "changed": changed}, fmt)
@@ -65,7 +66,11 @@ def disallow(
 ) -> None:
     """Remove HOST or CIDR from TENANT's allow-list; deliveries check it at once, so runs
     already scheduled to that destination are refused from now on."""
-    entries = _repo(ctx).disallow(tenant, entry, actor=actor())
+    try:
+        canonical = normalize_entry(entry)
+    except errors.ValidationError:
+        canonical = entry.strip().lower()  # as stored, whatever it is
+    entries = _repo(ctx).disallow(tenant, canonical, actor=actor(), given=entry)
     fmt = output_format(ctx, output)
     if fmt is OutputFormat.json:
         emit({"tenant": tenant, "allow_list": entries, "changed": True}, fmt)

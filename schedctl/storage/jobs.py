@@ -496,6 +496,4 @@ class JobRepo:
 
 
 def _check_limit(limit: int) -> int:
-    if not 1 <= limit <= MAX_PAGE:
-        raise errors.ValidationError(f"must be between 1 and {MAX_PAGE}", field="limit")
-    return limit
+    return limits.check_page(limit)

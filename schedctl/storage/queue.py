@@ -27,7 +27,7 @@ from sqlalchemy.engine import Connection, RowMapping
 
 from schedctl import errors
 from schedctl.leasing import Beat
-from schedctl.models import JobStatus, RunStatus, TargetType
+from schedctl.models import JobStatus, RunStatus, TargetType, run_key
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
 from schedctl.storage.jobs import db_now
@@ -83,7 +83,7 @@ class Lease:
     @property
     def idempotency_key(self) -> str:
         """`JOB_ID:SCHEDULED_AT` (RFC 3339 UTC with Z), the same for every attempt."""
-        return f"{self.job_id}:{format_instant(self.scheduled_at)}"
+        return run_key(self.job_id, self.scheduled_at)
 
     def __repr__(self) -> str:
         # never the payload: leases end up in logs and tracebacks
