@@ -22,7 +22,7 @@ from typing import Annotated, Any
 
 import requests
 import typer
-from sqlalchemy import delete, func, select, text, update
+from sqlalchemy import delete, func, select, update
 
 from schedctl import errors
 from schedctl.cli.common import (
@@ -216,12 +216,8 @@ def _outbox_left(store: Store, job_id: str) -> int:
 
 
 def _settings(store: Store) -> str:
-    if not store.is_postgres:
-        return "sqlite (WAL, synchronous=NORMAL)"
     with store.read() as connection:
-        fsync = connection.execute(text("SHOW fsync")).scalar_one()
-        sync = connection.execute(text("SHOW synchronous_commit")).scalar_one()
-    return f"postgres (fsync={fsync}, synchronous_commit={sync})"
+        return store.dialect.describe(connection)
 
 
 def _drain(store: Store, job_id: str, deadline: float) -> float:

@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select, text, update
+from sqlalchemy import func, select, update
 
 from schedctl import errors
 from schedctl.bench.consumers import Consumers
@@ -120,12 +120,8 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def _settings(store: Store) -> str:
-    if not store.is_postgres:
-        return "sqlite (WAL, synchronous=NORMAL)"
     with store.read() as connection:
-        fsync = connection.execute(text("SHOW fsync")).scalar_one()
-        sync = connection.execute(text("SHOW synchronous_commit")).scalar_one()
-    return f"postgres (fsync={fsync}, synchronous_commit={sync})"
+        return store.dialect.describe(connection)
 
 
 def _wait_claimed(store: Store, tenant_id: str, total: int, timeout: float) -> int:

@@ -10,10 +10,10 @@ import json
 import os
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, text, update
+from sqlalchemy import func, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
@@ -28,6 +28,7 @@ from schedctl.scheduling.schedules import (
 from schedctl.scheduling.windows import fire_time
 from schedctl.storage import schema
 from schedctl.storage.changes import notify_job_change
+from schedctl.storage.dialect import dialect_of
 from schedctl.storage.payloads import encode_payload
 from schedctl.storage.rows import job_from_row, run_from_row
 from schedctl.storage.store import Store
@@ -46,11 +47,7 @@ def partition_of(job_id: str, partition_count: int) -> int:
 
 
 def db_now(connection: Connection) -> datetime:
-    if connection.dialect.name == "postgresql":
-        value = connection.execute(text("SELECT clock_timestamp()")).scalar_one()
-        assert isinstance(value, datetime)
-        return value.astimezone(UTC)
-    return datetime.now(UTC)
+    return dialect_of(connection).now(connection)
 
 
 def encode_cursor(*parts: str) -> str:
@@ -229,8 +226,8 @@ class JobRepo:
         query = select(schema.jobs).where(schema.jobs.c.job_id == job_id)
         if tenant_id is not None:
             query = query.where(schema.jobs.c.tenant_id == tenant_id)
-        if lock and connection.dialect.name == "postgresql":
-            query = query.with_for_update()
+        if lock:
+            query = dialect_of(connection).lock(query)
         row = connection.execute(query).mappings().first()
         if row is None:
             # the same answer for "absent" and "another tenant's": ids are not an oracle

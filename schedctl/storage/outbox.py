@@ -28,12 +28,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, func, select, text, update
+from sqlalchemy import and_, func, select, update
 from sqlalchemy.engine import Connection, RowMapping
 
 from schedctl import errors
 from schedctl.models import JobStatus, Lane, TargetType, Verdict, run_key
 from schedctl.storage import schema
+from schedctl.storage.dialect import Lock
 from schedctl.storage.jobs import db_now
 from schedctl.storage.settle import (
     Attempt,
@@ -167,16 +168,14 @@ class OutboxRepo:
         for tenant_id in tenant_ids:
             with self.store.tx() as connection:
                 broker = select(t.c.broker_url).where(t.c.tenant_id == tenant_id)
-                if self.store.is_postgres:
-                    broker = broker.with_for_update(read=True)
+                broker = self.store.dialect.lock(broker, Lock.share)
                 if connection.execute(broker).scalar_one_or_none() is None:
                     continue  # no broker (any more): its queue rows are the built-in queue's
                 ids = select(o.c.id).where(
                     o.c.tenant_id == tenant_id, o.c.target_type == TargetType.queue.value
                 )
                 ids = ids.limit(limit)
-                if self.store.is_postgres:
-                    ids = ids.with_for_update(skip_locked=True)
+                ids = self.store.dialect.lock(ids, skip_locked=True)
                 found = [r[0] for r in connection.execute(ids).all()]
                 if found:
                     connection.execute(
@@ -207,68 +206,7 @@ class OutboxRepo:
     def _due_rows(
         self, connection: Connection, wanted: Mapping[Lane, int], now: datetime
     ) -> list[RowMapping]:
-        if self.store.is_postgres:
-            lanes = sorted(wanted.items(), key=lambda item: (item[0].tenant_id, item[0].kind))
-            # one statement for every lane: a LATERAL range read of ix_outbox_lane each,
-            # locking what it takes and skipping rows another relay holds
-            statement = text(
-                """
-                SELECT o.id, o.job_id, o.scheduled_at, o.tenant_id, o.target_type, o.target,
-                       o.attempt, o.lease_owner
-                  FROM unnest(CAST(:tenants AS text[]), CAST(:kinds AS text[]),
-                              CAST(:caps AS integer[])) AS l(tenant_id, kind, cap)
-                 CROSS JOIN LATERAL (
-                        SELECT id, job_id, scheduled_at, tenant_id, target_type, target,
-                               attempt, lease_owner
-                          FROM outbox
-                         WHERE outbox.tenant_id = l.tenant_id
-                           AND outbox.target_type = l.kind
-                           AND outbox.available_at <= :now
-                         ORDER BY outbox.available_at
-                         LIMIT l.cap
-                           FOR UPDATE SKIP LOCKED) AS o
-                """
-            ).columns(scheduled_at=schema.outbox.c.scheduled_at.type)
-            return list(
-                connection.execute(
-                    statement,
-                    {
-                        "tenants": [lane.tenant_id for lane, _ in lanes],
-                        "kinds": [str(lane.kind) for lane, _ in lanes],
-                        "caps": [cap for _, cap in lanes],
-                        "now": now,
-                    },
-                )
-                .mappings()
-                .all()
-            )
-        o = schema.outbox
-        rows: list[RowMapping] = []
-        for lane, cap in wanted.items():
-            rows.extend(
-                connection.execute(
-                    select(
-                        o.c.id,
-                        o.c.job_id,
-                        o.c.scheduled_at,
-                        o.c.tenant_id,
-                        o.c.target_type,
-                        o.c.target,
-                        o.c.attempt,
-                        o.c.lease_owner,
-                    )
-                    .where(
-                        o.c.tenant_id == lane.tenant_id,
-                        o.c.target_type == str(lane.kind),
-                        o.c.available_at <= now,
-                    )
-                    .order_by(o.c.available_at)
-                    .limit(cap)
-                )
-                .mappings()
-                .all()
-            )
-        return rows
+        return self.store.dialect.due_outbox_rows(connection, wanted, now)
 
     def _lease(
         self,
@@ -396,8 +334,7 @@ class OutboxRepo:
                 # id order: two settlers (or a settler and a release) lock in one order
                 .order_by(o.c.id)
             )
-            if self.store.is_postgres:
-                query = query.with_for_update()
+            query = self.store.dialect.lock(query)
             held = {r.id: (r.lease_owner, r.attempt) for r in connection.execute(query).all()}
             valid: dict[int, Outcome] = {}
             for x in outcomes:

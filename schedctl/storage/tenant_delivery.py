@@ -19,6 +19,7 @@ from schedctl import errors, limits
 from schedctl.brokers import check_broker_url, redact_url
 from schedctl.models import TargetType, Tenant
 from schedctl.storage import schema
+from schedctl.storage.dialect import Lock
 from schedctl.storage.store import Store
 from schedctl.storage.tenants import TenantRepo, change_tenant
 
@@ -54,13 +55,12 @@ class TenantDeliveryRepo:
 
     def _lock(self, connection: Connection, tenant: str) -> Tenant:
         found = self._tenants._get(connection, tenant)
-        if connection.dialect.name == "postgresql":
-            # concurrent allow/disallow of one tenant must not lose each other's entries
-            connection.execute(
-                select(schema.tenants.c.tenant_id)
-                .where(schema.tenants.c.tenant_id == found.tenant_id)
-                .with_for_update(key_share=True)
-            )
+        # concurrent allow/disallow of one tenant must not lose each other's entries
+        self.store.dialect.lock_rows(
+            connection,
+            select(schema.tenants.c.tenant_id).where(schema.tenants.c.tenant_id == found.tenant_id),
+            Lock.no_key_update,
+        )
         return found
 
     def _allow_list(self, connection: Connection, tenant_id: str) -> list[str]:
