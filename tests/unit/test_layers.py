@@ -2,6 +2,7 @@
 no storage module imports schedctl.delivery (the value types both need live in
 schedctl.models and schedctl.backoff); and Postgres differs from SQLite in one place,
 storage/dialect*.py, so no other module branches on the backend."""
+
 from __future__ import annotations
 
 import ast
