@@ -149,7 +149,9 @@ def known_dialects() -> dict[str, Dialect]:
         from schedctl.storage.dialect_postgres import PostgresDialect
         from schedctl.storage.dialect_sqlite import SqliteDialect
 
-        for dialect in (PostgresDialect(), SqliteDialect()):
+        # typed: mypy proves each implementation has every method of the interface
+        implementations: tuple[Dialect, ...] = (PostgresDialect(), SqliteDialect())
+        for dialect in implementations:
             _DIALECTS[dialect.name] = dialect
     return _DIALECTS
 
