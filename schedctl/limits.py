@@ -49,7 +49,8 @@ MAX_AGE = timedelta(days=36525)
 MAX_CONCURRENCY = 10_000
 # tenant quotas (schedctl tenant quota)
 MAX_QUOTA = 1_000_000_000
-# tenant delivery settings (schedctl tenant delivery)
+# tenant delivery settings (schedctl tenant delivery, tenant allow)
+MAX_ALLOW_LIST = 200
 MAX_DELIVERY_CONCURRENCY = 1000
 MAX_RATE_PER_SECOND = 1_000_000
 # workers: visibility timeout of a lease, and commands run at once
@@ -170,6 +171,13 @@ def parse_id(value: Any, field: str = "id") -> int:
     if is_int(value):
         return check_int(value, field, 1, MAX_ID, what="an id")
     return parse_int(value, field, 1, MAX_ID)
+
+
+def check_page(limit: int) -> int:
+    """The page size of a listing (jobs, runs, dead letters, audit): 1 to MAX_PAGE."""
+    if not 1 <= limit <= MAX_PAGE:
+        raise errors.ValidationError(f"must be between 1 and {MAX_PAGE}", field="limit")
+    return limit
 
 
 def check_cursor(cursor: str | None) -> str | None:

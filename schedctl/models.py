@@ -1,4 +1,5 @@
-"""Frozen value types shared by the library, CLI and daemons: jobs, runs, targets, policies."""
+"""Frozen value types shared by the library, CLI and daemons: jobs, runs, targets, policies,
+the run key, and the delivery verdicts and lanes that storage records and delivery decides."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import Schedule
+from schedctl.scheduling.timeparse import format_instant
 
 
 class JobStatus(enum.StrEnum):
@@ -34,8 +36,34 @@ class RunTrigger(enum.StrEnum):
 
 
 class TargetType(enum.StrEnum):
+    """A job's target kind (queue, http), and the outbox's delivery kinds: rabbitmq is a
+    queue target of a tenant with a broker, as the relay routes it; never a job's own."""
+
     queue = "queue"
     http = "http"
+    rabbitmq = "rabbitmq"
+
+
+def run_key(job_id: str, scheduled_at: datetime) -> str:
+    """A run's idempotency key, `JOB_ID:SCHEDULED_AT` (RFC 3339 UTC with Z): what every
+    target receives, the same for every attempt."""
+    return f"{job_id}:{format_instant(scheduled_at)}"
+
+
+class Verdict(enum.StrEnum):
+    """What one delivery attempt came to; delivery decides it, settling records it."""
+
+    succeeded = "succeeded"
+    retry = "retry"  # try again after a backoff (and at least retry_after)
+    failed = "failed"  # permanent: no retry, straight to the dead letters
+
+
+@dataclass(frozen=True)
+class Lane:
+    """Where one tenant's deliveries of one kind (http, rabbitmq) queue up."""
+
+    tenant_id: str
+    kind: TargetType
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from schedctl.models import (
     Target,
     TargetType,
     Tenant,
+    run_key,
 )
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import schedule_from_dict, schedule_to_dict
@@ -70,7 +71,7 @@ def run_to_dict(run: Run) -> dict[str, Any]:
         "job_id": run.job_id,
         "scheduled_at": scheduled_at,
         # what every target receives as its idempotency key
-        "idempotency_key": f"{run.job_id}:{scheduled_at}",
+        "idempotency_key": run_key(run.job_id, run.scheduled_at),
         "tenant_id": run.tenant_id,
         "trigger": run.trigger.value,
         "status": run.status.value,

@@ -103,12 +103,11 @@ def _preflight(config: Config) -> None:
 
 def _open_store(config: Config, *, upgrade: bool) -> Store:
     # imported here: `worker --api` needs no database and loads no database code
-    from schedctl.storage.engine import normalize_url
+    from schedctl.storage.engine import normalize_url, sets_itself_up
     from schedctl.storage.store import Store
 
     url = normalize_url(config.database_url)
-    # the embedded SQLite default sets itself up; a shared Postgres is upgraded on purpose
-    return Store.open(url, upgrade=upgrade or url.startswith("sqlite"))
+    return Store.open(url, upgrade=upgrade or sets_itself_up(url))
 
 
 def _run_threads(targets: list[tuple[str, Callable[[], None]]]) -> list[threading.Thread]:

@@ -38,23 +38,12 @@ from prometheus_client import Counter, Histogram
 
 from schedctl import errors, retrying
 from schedctl.config import Config
-from schedctl.delivery.http import (
-    DEFAULT_TIMEOUT_SECONDS,
-    DeliveryResult,
-    HttpDelivery,
-    Verdict,
-)
-from schedctl.delivery.limits import DeliveryLimits, Lane
+from schedctl.delivery.http import DEFAULT_TIMEOUT_SECONDS, DeliveryResult, HttpDelivery
+from schedctl.delivery.limits import DeliveryLimits
 from schedctl.delivery.rabbitmq import BrokerPool, Message
 from schedctl.delivery.ssrf import Resolver
-from schedctl.storage.outbox import (
-    HTTP,
-    RABBITMQ,
-    Delivery,
-    OutboxRepo,
-    Outcome,
-    TenantSettings,
-)
+from schedctl.models import Lane, TargetType, Verdict
+from schedctl.storage.outbox import Delivery, OutboxRepo, Outcome, TenantSettings
 from schedctl.storage.payloads import decode_payload
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.settle import unexpected_error
@@ -98,7 +87,7 @@ DELIVERY_SECONDS = Histogram(
 
 
 def _per_slot(lane: Lane) -> int:
-    return RABBITMQ_PER_SLOT if lane.kind == RABBITMQ else 1
+    return RABBITMQ_PER_SLOT if lane.kind == TargetType.rabbitmq else 1
 
 
 @dataclass
@@ -372,9 +361,9 @@ class Relay:
     def _lanes(self) -> list[Lane]:
         lanes = []
         for tenant in self._tenants.values():
-            lanes.append(Lane(tenant.tenant_id, HTTP))
+            lanes.append(Lane(tenant.tenant_id, TargetType.http))
             if tenant.broker_url:
-                lanes.append(Lane(tenant.tenant_id, RABBITMQ))
+                lanes.append(Lane(tenant.tenant_id, TargetType.rabbitmq))
         # a different lane goes first each pass: when the whole relay is at max_in_flight,
         # the slots that free up are shared round-robin, not always won by the first tenant
         if lanes:
@@ -463,7 +452,7 @@ class Relay:
                         break
                     batch = waiting.popleft()
                 try:
-                    if lane.kind == RABBITMQ:
+                    if lane.kind == TargetType.rabbitmq:
                         self._publish(batch)
                     else:
                         for delivery in batch:

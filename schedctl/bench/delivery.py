@@ -270,7 +270,7 @@ def _rabbitmq(store: Store, tenant_id: str, url: str, runs: int, deadline: float
     """Persistent publishes with confirms to the broker at `url`, into a queue deleted after."""
     import pika  # type: ignore[import-untyped]
 
-    from schedctl.storage.allowlist import TenantDeliveryRepo
+    from schedctl.storage.tenant_delivery import TenantDeliveryRepo
 
     TenantDeliveryRepo(store).set_broker(tenant_id, url, actor="bench")
     queue = f"schedctl-bench-{uuid.uuid4().hex[:8]}"

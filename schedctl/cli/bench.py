@@ -217,7 +217,7 @@ def _report(
     other.update(results.failures)
     return {
         "database": redact(str(scheduler.store.engine.url)),
-        "dialect": scheduler.store.dialect,
+        "dialect": scheduler.store.dialect.name,
         "payload_encryption": payload_cipher() is not None,
         "requests": total,
         "threads": threads,

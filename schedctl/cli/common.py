@@ -149,7 +149,13 @@ def open_store(config: Config) -> Store:
     (so `schedctl tenant create demo` works on a fresh machine), and the embedded default
     (a file nobody configured) is also upgraded when it is behind. Any other database is
     migrated only by `schedctl db upgrade`: SchemaOutdated (exit 2) says so."""
-    from schedctl.storage.engine import check_connection, make_engine, normalize_url, redact
+    from schedctl.storage.engine import (
+        check_connection,
+        make_engine,
+        normalize_url,
+        redact,
+        sets_itself_up,
+    )
     from schedctl.storage.migrate import current_revision, head_revision, is_empty
     from schedctl.storage.store import Store
 
@@ -160,7 +166,7 @@ def open_store(config: Config) -> Store:
         current, head = current_revision(store.engine), head_revision()
         if current != head:
             new = current is None and is_empty(store.engine)
-            if store.dialect == "sqlite" and (new or is_embedded_default(url)):
+            if sets_itself_up(url) and (new or is_embedded_default(url)):
                 from schedctl.storage.migrate import upgrade_engine
 
                 upgrade_engine(store.engine)

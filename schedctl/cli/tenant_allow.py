@@ -20,7 +20,7 @@ from schedctl.cli.output import OutputFormat, emit
 from schedctl.scheduling.timeparse import format_instant, parse_duration
 
 if TYPE_CHECKING:
-    from schedctl.storage.allowlist import TenantDeliveryRepo
+    from schedctl.storage.tenant_delivery import TenantDeliveryRepo
 
 app = typer.Typer(help="Tenant delivery settings: allow-list, limits, broker, signing secret.")
 
@@ -35,7 +35,7 @@ EntryArgument = Annotated[
 
 
 def _repo(ctx: typer.Context) -> TenantDeliveryRepo:
-    from schedctl.storage.allowlist import TenantDeliveryRepo
+    from schedctl.storage.tenant_delivery import TenantDeliveryRepo
 
     return TenantDeliveryRepo(cli_state(ctx).store())
 
@@ -49,7 +49,9 @@ def allow(
 ) -> None:
     """Let TENANT's HTTP jobs call HOST or CIDR even where the SSRF guard refuses by default
     (loopback, private, link-local, CGNAT, ...). Public destinations need no entry."""
-    entries, changed = _repo(ctx).allow(tenant, entry, actor=actor())
+    from schedctl.delivery.ssrf import normalize_entry  # loads requests: only when needed
+
+    entries, changed = _repo(ctx).allow(tenant, normalize_entry(entry), actor=actor())
     fmt = output_format(ctx, output)
     if fmt is OutputFormat.json:
         emit({"tenant": tenant, "allow_list": entries, "changed": changed}, fmt)
@@ -67,7 +69,13 @@ def disallow(
 ) -> None:
     """Remove HOST or CIDR from TENANT's allow-list; deliveries check it at once, so runs
     already scheduled to that destination are refused from now on."""
-    entries = _repo(ctx).disallow(tenant, entry, actor=actor())
+    try:
+        from schedctl.delivery.ssrf import normalize_entry
+
+        canonical = normalize_entry(entry)
+    except errors.ValidationError:
+        canonical = entry.strip().lower()  # as stored, whatever it is
+    entries = _repo(ctx).disallow(tenant, canonical, actor=actor(), given=entry)
     fmt = output_format(ctx, output)
     if fmt is OutputFormat.json:
         emit({"tenant": tenant, "allow_list": entries, "changed": True}, fmt)

@@ -1,2 +1,2 @@
-"""Delivery to targets: retry backoff, signed HTTP calls, the SSRF guard, per-tenant limits
+"""Delivery to targets: signed HTTP calls, the SSRF guard, per-tenant limits
 and the RabbitMQ publisher, shared by the relay and the workers."""

@@ -22,7 +22,6 @@ without any connection being made.
 from __future__ import annotations
 
 import email.utils
-import enum
 import heapq
 import itertools
 import json
@@ -50,6 +49,7 @@ from schedctl.delivery.ssrf import (
     hide_addresses,
     pinned_url,
 )
+from schedctl.models import Verdict, run_key
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.signing import signed_headers
 
@@ -64,12 +64,6 @@ RESPONSE_SNIPPET_BYTES = 512
 MAX_RESPONSE_BYTES = 64 * 1024
 RETRY_STATUSES = frozenset({408, 429})
 USER_AGENT = f"scheduled-d/{__version__} (+schedctl)"
-
-
-class Verdict(enum.StrEnum):
-    succeeded = "succeeded"
-    retry = "retry"  # try again after a backoff (and at least retry_after)
-    failed = "failed"  # permanent: no retry, straight to the dead letters
 
 
 @dataclass(frozen=True)
@@ -189,7 +183,7 @@ class HttpDelivery:
         except errors.ValidationError as exc:
             return result(Verdict.failed, error=str(exc))
         body = delivery_body(job_id, scheduled_at, attempt, payload)
-        key = f"{job_id}:{format_instant(scheduled_at)}"
+        key = run_key(job_id, scheduled_at)
         target, host_header = pinned_url(destination, destination.addresses[0])
         headers = {
             "Host": host_header,

@@ -12,7 +12,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+
+from schedctl.models import Lane
 
 Clock = Callable[[], float]
 
@@ -61,14 +62,6 @@ class TokenBucket:
         if missing <= 0:
             return 0.0
         return missing / self.rate if self.rate > 0 else float("inf")
-
-
-@dataclass(frozen=True)
-class Lane:
-    """Where one tenant's deliveries of one kind ("http", "rabbitmq") queue up."""
-
-    tenant_id: str
-    kind: str
 
 
 class DeliveryLimits:

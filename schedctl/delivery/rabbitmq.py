@@ -31,14 +31,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import pika  # type: ignore[import-untyped]
 import pika.exceptions  # type: ignore[import-untyped]
 
 from schedctl import errors, retrying
-from schedctl.delivery.http import DeliveryResult, Verdict, delivery_body
-from schedctl.scheduling.timeparse import format_instant
+from schedctl.brokers import redact_url
+from schedctl.delivery.http import DeliveryResult, delivery_body
+from schedctl.models import Verdict, run_key
 from schedctl.signing import BROKER_METHOD, signed_headers
 
 log = logging.getLogger(__name__)
@@ -49,39 +49,6 @@ logging.getLogger("pika").setLevel(logging.CRITICAL)
 DEFAULT_TIMEOUT_SECONDS = 10.0
 APP_ID = "scheduled-d"
 PERSISTENT = 2
-
-
-def redact_url(url: str) -> str:
-    """The broker URL without its password (for logs, errors and `tenant show`)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<invalid URL>"
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[-1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
-
-
-def check_broker_url(url: str) -> str:
-    """A usable amqp:// or amqps:// URL, or ValidationError naming broker_url."""
-    text = url.strip()
-    try:
-        parts = urlsplit(text)
-        parts.port  # noqa: B018 -- raises for a port that is not a number
-    except ValueError as exc:
-        raise errors.ValidationError(f"not a URL: {exc}", field="broker_url") from exc
-    if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
-        raise errors.ValidationError(
-            "must be amqp://[user:password@]host[:port][/vhost] (or amqps://)",
-            field="broker_url",
-        )
-    try:
-        pika.URLParameters(text)
-    except (ValueError, TypeError) as exc:
-        raise errors.ValidationError(f"not a usable AMQP URL: {exc}", field="broker_url") from exc
-    return text
 
 
 @dataclass(frozen=True)
@@ -97,7 +64,7 @@ class Message:
 
     @property
     def idempotency_key(self) -> str:
-        return f"{self.job_id}:{format_instant(self.scheduled_at)}"
+        return run_key(self.job_id, self.scheduled_at)
 
 
 class RabbitPublisher:

@@ -46,7 +46,7 @@ import idna
 from requests import PreparedRequest
 from requests.adapters import HTTPAdapter
 
-from schedctl import errors
+from schedctl import errors, limits
 
 if TYPE_CHECKING:
     from requests.adapters import _HostParams, _PoolKwargs
@@ -59,7 +59,7 @@ Resolver = Callable[[str, int], Sequence[str]]
 log = logging.getLogger(__name__)
 
 MAX_ENTRY_LENGTH = 253
-MAX_ALLOW_LIST = 200
+MAX_ALLOW_LIST = limits.MAX_ALLOW_LIST
 MAX_LABEL_LENGTH = 63
 # one ASCII label of a host name: letters, digits, '-' inside, '_' (real DNS names have it)
 _ASCII_LABEL = re.compile(r"[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?")

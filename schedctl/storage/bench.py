@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, delete, func, select, text, update
+from sqlalchemy import and_, delete, func, select, update
 
 from schedctl.storage import schema
 from schedctl.storage.store import Store
@@ -146,12 +146,8 @@ def outbox_left(store: Store, job_id: str) -> int:
 
 def database_settings(store: Store) -> str:
     """The durability settings a figure was measured under."""
-    if not store.is_postgres:
-        return "sqlite (WAL, synchronous=NORMAL)"
     with store.read() as connection:
-        fsync = connection.execute(text("SHOW fsync")).scalar_one()
-        sync = connection.execute(text("SHOW synchronous_commit")).scalar_one()
-    return f"postgres (fsync={fsync}, synchronous_commit={sync})"
+        return store.dialect.describe(connection)
 
 
 def delete_queue_messages(store: Store, queue: str) -> None:

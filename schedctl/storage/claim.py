@@ -5,7 +5,7 @@ every job on the version it was read at, and (3) inserts the run rows, unique on
 (job_id, scheduled_at), and the outbox rows. A stale reader, a paused former owner or a
 cancel that committed first all make the conditional update match nothing, so nothing
 is claimed twice. On Postgres each step is one statement over arrays (unnest), so a batch
-of thousands of runs is a handful of round trips.
+of thousands of runs is a handful of round trips (the dialect's advance_jobs and insert_runs).
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
-from sqlalchemy.dialects import sqlite
+from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from schedctl import errors
@@ -26,6 +25,7 @@ from schedctl.scheduling.misfire import MisfirePolicy, plan_claim
 from schedctl.scheduling.schedules import Schedule, schedule_from_dict
 from schedctl.scheduling.windows import fire_time
 from schedctl.storage import schema
+from schedctl.storage.dialect import Lock
 from schedctl.storage.store import Store, is_lock_race
 
 
@@ -96,16 +96,6 @@ def due_query(
     if after is not None:
         query = query.where(schema.jobs.c.next_fire_at > after)
     return query
-
-
-def _pg_binary(connection: Connection, sql: str, params: dict[str, Any]) -> list[Any]:
-    """Run one statement on the transaction's own psycopg connection with parameters in
-    binary format: big arrays dump about 7 times faster than as text."""
-    driver = connection.connection.driver_connection
-    assert driver is not None
-    with driver.cursor() as cursor:
-        cursor.execute(sql, params)
-        return list(cursor.fetchall()) if cursor.description else []
 
 
 def _due_from_row(r: Any) -> DueJob:
@@ -277,82 +267,16 @@ class Claimer:
             # locked in partition order, like every writer of partition rows
             .order_by(schema.partitions.c.partition)
         )
-        if self.store.is_postgres:
-            # a new owner's epoch write waits for this claim to commit, and a claim that
-            # starts after that write sees the new epoch: there is no window between them
-            query = query.with_for_update(read=True)
+        # a new owner's epoch write waits for this claim to commit, and a claim that
+        # starts after that write sees the new epoch: there is no window between them
+        query = self.store.dialect.lock(query, Lock.share)
         stored = {int(p): int(e) for p, e in connection.execute(query).all()}
         return {p for p in partitions if p not in epochs or stored.get(p) != epochs[p]}
 
     def _advance_jobs(
         self, connection: Connection, updates: list[dict[str, Any]], now: datetime
     ) -> set[str]:
-        if self.store.is_postgres:
-            # Lock order: job rows are locked in job_id order before the update, whose join
-            # would otherwise lock them in whatever order its plan visits them. Every
-            # statement that locks several job rows does so in this order (or, like the
-            # worker's lease, takes advisory locks instead), so claims cannot deadlock with
-            # each other, cancels, updates or acks. FOR NO KEY UPDATE is what the UPDATE
-            # takes anyway, so there is no lock upgrade.
-            _pg_binary(
-                connection,
-                """
-                SELECT job_id FROM jobs
-                 WHERE job_id = ANY(CAST(%(job_ids)b AS text[]))
-                 ORDER BY job_id
-                   FOR NO KEY UPDATE
-                """,
-                {"job_ids": sorted(u["job_id"] for u in updates)},
-            )
-            statement = """
-                UPDATE jobs AS j
-                   SET next_run_at = v.next_run_at,
-                       next_fire_at = v.next_fire_at,
-                       status = v.status,
-                       version = j.version + 1,
-                       updated_at = %(now)b
-                  FROM unnest(CAST(%(job_ids)b AS text[]), CAST(%(versions)b AS bigint[]),
-                              CAST(%(next_run_ats)b AS timestamptz[]),
-                              CAST(%(next_fire_ats)b AS timestamptz[]),
-                              CAST(%(statuses)b AS text[]))
-                       AS v(job_id, version, next_run_at, next_fire_at, status)
-                 WHERE j.job_id = v.job_id AND j.version = v.version AND j.status = 'active'
-             RETURNING j.job_id
-                """
-            rows = _pg_binary(
-                connection,
-                statement,
-                {
-                    "now": now,
-                    "job_ids": [u["job_id"] for u in updates],
-                    "versions": [u["version"] for u in updates],
-                    "next_run_ats": [u["next_run_at"] for u in updates],
-                    "next_fire_ats": [u["next_fire_at"] for u in updates],
-                    "statuses": [u["status"] for u in updates],
-                },
-            )
-            return {r[0] for r in rows}
-        advanced: set[str] = set()
-        jobs = schema.jobs
-        for u in updates:
-            outcome = connection.execute(
-                update(jobs)
-                .where(
-                    jobs.c.job_id == u["job_id"],
-                    jobs.c.version == u["version"],
-                    jobs.c.status == JobStatus.active.value,
-                )
-                .values(
-                    next_run_at=u["next_run_at"],
-                    next_fire_at=u["next_fire_at"],
-                    status=u["status"],
-                    version=jobs.c.version + 1,
-                    updated_at=now,
-                )
-            )
-            if outcome.rowcount == 1:
-                advanced.add(u["job_id"])
-        return advanced
+        return self.store.dialect.advance_jobs(connection, updates, now)
 
     def _insert_runs(
         self, connection: Connection, rows: list[dict[str, Any]], now: datetime
@@ -361,94 +285,4 @@ class Claimer:
         row for each dispatched one inserted; returns the runs inserted."""
         if not rows:
             return []
-        if self.store.is_postgres:
-            return self._insert_runs_postgres(connection, rows, now)
-        inserted = []
-        outbox_rows = []
-        for row in rows:
-            run = {k: v for k, v in row.items() if k not in ("target_type", "target")}
-            outcome = connection.execute(
-                sqlite.insert(schema.runs).values(**run).on_conflict_do_nothing()
-            )
-            if outcome.rowcount != 1:
-                continue
-            inserted.append((row["job_id"], row["scheduled_at"], row["status"]))
-            if row["status"] != RunStatus.dispatched.value:
-                continue
-            outbox_rows.append(
-                {
-                    "job_id": row["job_id"],
-                    "scheduled_at": row["scheduled_at"],
-                    "tenant_id": row["tenant_id"],
-                    "target_type": row["target_type"],
-                    "target": row["target"],
-                    "attempt": 1,
-                    "available_at": now,
-                    "created_at": now,
-                }
-            )
-        if outbox_rows:
-            connection.execute(schema.outbox.insert(), outbox_rows)
-        return inserted
-
-    def _insert_runs_postgres(
-        self, connection: Connection, rows: list[dict[str, Any]], now: datetime
-    ) -> list[tuple[str, datetime, str]]:
-        # one statement for runs and outbox rows, one round trip; everything comes in
-        # arrays (a join to jobs would hang on the planner's row estimates)
-        statement = """
-            WITH v AS (
-                SELECT * FROM unnest(
-                    CAST(%(job_ids)b AS text[]), CAST(%(scheduled_ats)b AS timestamptz[]),
-                    CAST(%(statuses)b AS text[]), CAST(%(fire_ats)b AS timestamptz[]),
-                    CAST(%(epochs)b AS bigint[]), CAST(%(versions)b AS bigint[]),
-                    CAST(%(tenant_ids)b AS text[]), CAST(%(partitions)b AS integer[]),
-                    CAST(%(target_types)b AS text[]), CAST(%(targets)b AS text[]))
-                AS v(job_id, scheduled_at, status, fire_at, epoch, job_version, tenant_id,
-                     partition, target_type, target)
-            ), ins AS (
-                INSERT INTO runs (job_id, scheduled_at, tenant_id, partition, trigger, status,
-                                  attempt, fire_at, dispatched_at, finished_at, epoch,
-                                  job_version)
-                SELECT v.job_id, v.scheduled_at, v.tenant_id, v.partition, 'schedule', v.status,
-                       CASE WHEN v.status = 'dispatched' THEN 1 ELSE 0 END, v.fire_at,
-                       CASE WHEN v.status = 'dispatched' THEN CAST(%(now)b AS timestamptz) END,
-                       CASE WHEN v.status = 'dispatched' THEN NULL
-                            ELSE CAST(%(now)b AS timestamptz) END,
-                       v.epoch, v.job_version
-                  FROM v
-                ON CONFLICT DO NOTHING
-                RETURNING job_id, scheduled_at, status
-            ), ob AS (
-                INSERT INTO outbox (job_id, scheduled_at, tenant_id, target_type, target,
-                                    attempt, available_at, created_at)
-                SELECT v.job_id, v.scheduled_at, v.tenant_id, v.target_type, v.target, 1,
-                       CAST(%(now)b AS timestamptz), CAST(%(now)b AS timestamptz)
-                  FROM ins JOIN v ON v.job_id = ins.job_id AND v.scheduled_at = ins.scheduled_at
-                 WHERE ins.status = 'dispatched'
-            )
-            SELECT job_id, scheduled_at, status FROM ins
-            """
-        result = _pg_binary(
-            connection,
-            statement,
-            {
-                "now": now,
-                **{
-                    name: [r[column] for r in rows]
-                    for name, column in (
-                        ("job_ids", "job_id"),
-                        ("scheduled_ats", "scheduled_at"),
-                        ("statuses", "status"),
-                        ("fire_ats", "fire_at"),
-                        ("epochs", "epoch"),
-                        ("versions", "job_version"),
-                        ("tenant_ids", "tenant_id"),
-                        ("partitions", "partition"),
-                        ("target_types", "target_type"),
-                        ("targets", "target"),
-                    )
-                },
-            },
-        )
-        return [(r[0], r[1], r[2]) for r in result]
+        return self.store.dialect.insert_runs(connection, rows, now)

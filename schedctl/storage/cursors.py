@@ -28,7 +28,5 @@ def decode_cursor(cursor: str, count: int) -> list[str]:
     return parts
 
 
-def check_page_limit(limit: int) -> int:
-    if not 1 <= limit <= MAX_PAGE:
-        raise errors.ValidationError(f"must be between 1 and {MAX_PAGE}", field="limit")
-    return limit
+# one rule for every listing's page size
+check_page_limit = limits.check_page

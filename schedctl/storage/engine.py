@@ -27,6 +27,12 @@ def normalize_url(url: str) -> str:
     return url
 
 
+def sets_itself_up(url: str) -> bool:
+    """The embedded SQLite default migrates itself when opened; a shared Postgres is
+    upgraded on purpose (`schedctl db upgrade`)."""
+    return normalize_url(url).startswith("sqlite")
+
+
 def redact(url: str) -> str:
     try:
         return make_url(url).render_as_string(hide_password=True)

@@ -29,6 +29,7 @@ from schedctl.storage.audit import audit
 from schedctl.storage.changes import notify_job_change
 from schedctl.storage.clock import db_now
 from schedctl.storage.cursors import MAX_PAGE, check_page_limit, decode_cursor, encode_cursor
+from schedctl.storage.dialect import dialect_of
 from schedctl.storage.payloads import encode_payload
 from schedctl.storage.rows import job_from_row, run_from_row
 from schedctl.storage.store import Store
@@ -184,8 +185,8 @@ class JobRepo:
         query = select(schema.jobs).where(schema.jobs.c.job_id == job_id)
         if tenant_id is not None:
             query = query.where(schema.jobs.c.tenant_id == tenant_id)
-        if lock and connection.dialect.name == "postgresql":
-            query = query.with_for_update()
+        if lock:
+            query = dialect_of(connection).lock(query)
         row = connection.execute(query).mappings().first()
         if row is None:
             # the same answer for "absent" and "another tenant's": ids are not an oracle

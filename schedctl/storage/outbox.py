@@ -1,7 +1,7 @@
 """Owns the outbox as the HTTP and RabbitMQ relays use it -- per-lane claims under a lease,
 settling delivery outcomes (one run_attempts row per attempt, retry state kept in the outbox
-row, dead letters after the last attempt), routing queue rows of broker tenants -- and the
-dead-letter store behind `schedctl dlq` (list, show, replay, purge).
+row, dead letters after the last attempt), routing queue rows of broker tenants . The
+dead letters it writes are read and replayed through storage/dead_letters.py.
 
 Leases instead of held locks: a claim is one short transaction that moves the row's
 `available_at` to the end of a lease and names the relay in `lease_owner`; the slow part
@@ -28,18 +28,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, delete, func, select, text, update
+from sqlalchemy import and_, func, select, update
 from sqlalchemy.engine import Connection, RowMapping
 
-from schedctl import errors, limits
-from schedctl.delivery.http import Verdict
-from schedctl.delivery.limits import Lane
-from schedctl.models import JobStatus, Page, RunStatus
-from schedctl.scheduling.timeparse import format_instant
+from schedctl import errors
+from schedctl.models import JobStatus, Lane, TargetType, Verdict, run_key
 from schedctl.storage import schema
-from schedctl.storage.audit import audit
 from schedctl.storage.clock import db_now
-from schedctl.storage.cursors import MAX_PAGE, decode_cursor, encode_cursor
+from schedctl.storage.dialect import Lock
 from schedctl.storage.settle import (
     Attempt,
     Ending,
@@ -50,10 +46,6 @@ from schedctl.storage.settle import (
 )
 from schedctl.storage.store import Store
 
-HTTP = "http"
-QUEUE = "queue"  # built-in queue, or RabbitMQ before routing
-RABBITMQ = "rabbitmq"  # a queue row of a tenant with a broker, routed to its lane
-DELIVERY_KINDS = (HTTP, RABBITMQ)
 ROUTE_BATCH = 5000
 
 
@@ -81,7 +73,7 @@ class Delivery:
     job_id: str
     scheduled_at: datetime
     tenant_id: str
-    kind: str  # http | rabbitmq
+    kind: TargetType  # http | rabbitmq
     target: str  # URL or queue name
     attempt: int
     max_attempts: int
@@ -94,7 +86,7 @@ class Delivery:
 
     @property
     def idempotency_key(self) -> str:
-        return f"{self.job_id}:{format_instant(self.scheduled_at)}"
+        return run_key(self.job_id, self.scheduled_at)
 
     @property
     def lane(self) -> Lane:
@@ -115,7 +107,9 @@ class Outcome:
 
 
 @dataclass
-class ClaimResult:
+class OutboxClaim:
+    """What one relay claim leased (and what it settled instead of leasing)."""
+
     deliveries: list[Delivery] = field(default_factory=list)
     cancelled: int = 0  # runs of cancelled jobs, skipped instead of delivered
     lost: int = 0  # expired leases of a relay that stopped: a lost attempt each
@@ -127,25 +121,6 @@ class SettleResult:
     retried: int = 0
     dead: int = 0
     stale: int = 0  # the lease was no longer ours: another relay took over meanwhile
-
-
-@dataclass(frozen=True)
-class DeadLetter:
-    id: int
-    job_id: str
-    scheduled_at: datetime
-    tenant_id: str
-    tenant: str | None  # name
-    target_type: str
-    target: str
-    attempts: int
-    last_error: str | None
-    created_at: datetime
-    replayed_at: datetime | None
-
-    @property
-    def idempotency_key(self) -> str:
-        return f"{self.job_id}:{format_instant(self.scheduled_at)}"
 
 
 class OutboxRepo:
@@ -193,104 +168,45 @@ class OutboxRepo:
         for tenant_id in tenant_ids:
             with self.store.tx() as connection:
                 broker = select(t.c.broker_url).where(t.c.tenant_id == tenant_id)
-                if self.store.is_postgres:
-                    broker = broker.with_for_update(read=True)
+                broker = self.store.dialect.lock(broker, Lock.share)
                 if connection.execute(broker).scalar_one_or_none() is None:
                     continue  # no broker (any more): its queue rows are the built-in queue's
-                ids = select(o.c.id).where(o.c.tenant_id == tenant_id, o.c.target_type == QUEUE)
+                ids = select(o.c.id).where(
+                    o.c.tenant_id == tenant_id, o.c.target_type == TargetType.queue.value
+                )
                 ids = ids.limit(limit)
-                if self.store.is_postgres:
-                    ids = ids.with_for_update(skip_locked=True)
+                ids = self.store.dialect.lock(ids, skip_locked=True)
                 found = [r[0] for r in connection.execute(ids).all()]
                 if found:
                     connection.execute(
-                        update(o).where(o.c.id.in_(found)).values(target_type=RABBITMQ)
+                        update(o)
+                        .where(o.c.id.in_(found))
+                        .values(target_type=TargetType.rabbitmq.value)
                     )
                 routed += len(found)
         return routed
 
     # -- claiming ----------------------------------------------------------------------------
 
-    def claim(self, caps: Mapping[Lane, int], owner: str, lease_seconds: float) -> ClaimResult:
+    def claim(self, caps: Mapping[Lane, int], owner: str, lease_seconds: float) -> OutboxClaim:
         """Lease up to caps[lane] due rows of each lane, oldest first; returns them with
         what delivering needs. Rows of cancelled jobs are settled as skipped instead."""
         wanted = {lane: cap for lane, cap in caps.items() if cap > 0}
         if not wanted:
-            return ClaimResult()
+            return OutboxClaim()
         if lease_seconds <= 0:
             raise errors.ValidationError("must be positive", field="lease_seconds")
         with self.store.tx() as connection:
             now = db_now(connection)
             rows = self._due_rows(connection, wanted, now)
             if not rows:
-                return ClaimResult()
+                return OutboxClaim()
             return self._lease(connection, rows, owner, now, lease_seconds)
 
     def _due_rows(
         self, connection: Connection, wanted: Mapping[Lane, int], now: datetime
     ) -> list[RowMapping]:
-        if self.store.is_postgres:
-            lanes = sorted(wanted.items(), key=lambda item: (item[0].tenant_id, item[0].kind))
-            # one statement for every lane: a LATERAL range read of ix_outbox_lane each,
-            # locking what it takes and skipping rows another relay holds
-            statement = text(
-                """
-                SELECT o.id, o.job_id, o.scheduled_at, o.tenant_id, o.target_type, o.target,
-                       o.attempt, o.lease_owner
-                  FROM unnest(CAST(:tenants AS text[]), CAST(:kinds AS text[]),
-                              CAST(:caps AS integer[])) AS l(tenant_id, kind, cap)
-                 CROSS JOIN LATERAL (
-                        SELECT id, job_id, scheduled_at, tenant_id, target_type, target,
-                               attempt, lease_owner
-                          FROM outbox
-                         WHERE outbox.tenant_id = l.tenant_id
-                           AND outbox.target_type = l.kind
-                           AND outbox.available_at <= :now
-                         ORDER BY outbox.available_at
-                         LIMIT l.cap
-                           FOR UPDATE SKIP LOCKED) AS o
-                """
-            ).columns(scheduled_at=schema.outbox.c.scheduled_at.type)
-            return list(
-                connection.execute(
-                    statement,
-                    {
-                        "tenants": [lane.tenant_id for lane, _ in lanes],
-                        "kinds": [lane.kind for lane, _ in lanes],
-                        "caps": [cap for _, cap in lanes],
-                        "now": now,
-                    },
-                )
-                .mappings()
-                .all()
-            )
-        o = schema.outbox
-        rows: list[RowMapping] = []
-        for lane, cap in wanted.items():
-            rows.extend(
-                connection.execute(
-                    select(
-                        o.c.id,
-                        o.c.job_id,
-                        o.c.scheduled_at,
-                        o.c.tenant_id,
-                        o.c.target_type,
-                        o.c.target,
-                        o.c.attempt,
-                        o.c.lease_owner,
-                    )
-                    .where(
-                        o.c.tenant_id == lane.tenant_id,
-                        o.c.target_type == lane.kind,
-                        o.c.available_at <= now,
-                    )
-                    .order_by(o.c.available_at)
-                    .limit(cap)
-                )
-                .mappings()
-                .all()
-            )
-        return rows
+        return self.store.dialect.due_outbox_rows(connection, wanted, now)
 
     def _lease(
         self,
@@ -299,9 +215,9 @@ class OutboxRepo:
         owner: str,
         now: datetime,
         lease_seconds: float,
-    ) -> ClaimResult:
+    ) -> OutboxClaim:
         o, j, t = schema.outbox, schema.jobs, schema.tenants
-        result = ClaimResult()
+        result = OutboxClaim()
         jobs = {
             r.job_id: r
             for r in connection.execute(
@@ -352,7 +268,7 @@ class OutboxRepo:
                     job_id=row["job_id"],
                     scheduled_at=row["scheduled_at"],
                     tenant_id=row["tenant_id"],
-                    kind=row["target_type"],
+                    kind=TargetType(row["target_type"]),
                     target=row["target"],
                     attempt=row["attempt"],
                     max_attempts=job.max_attempts,
@@ -418,8 +334,7 @@ class OutboxRepo:
                 # id order: two settlers (or a settler and a release) lock in one order
                 .order_by(o.c.id)
             )
-            if self.store.is_postgres:
-                query = query.with_for_update()
+            query = self.store.dialect.lock(query)
             held = {r.id: (r.lease_owner, r.attempt) for r in connection.execute(query).all()}
             valid: dict[int, Outcome] = {}
             for x in outcomes:
@@ -482,16 +397,16 @@ class OutboxRepo:
             # rows locked in id order like every other multi-row write of the outbox, and
             # those being settled right now skipped (their settle ends the lease anyway): a
             # heartbeat neither waits nor takes part in a deadlock
-            mine = (
-                connection.execute(
-                    select(o.c.id)
-                    .where(
-                        o.c.id.in_(wanted),
-                        func.substr(o.c.lease_owner, 1, len(prefix)) == prefix,
-                    )
-                    .order_by(o.c.id)
-                    .with_for_update(skip_locked=True)
+            mine_query = (
+                select(o.c.id)
+                .where(
+                    o.c.id.in_(wanted),
+                    func.substr(o.c.lease_owner, 1, len(prefix)) == prefix,
                 )
+                .order_by(o.c.id)
+            )
+            mine = (
+                connection.execute(self.store.dialect.lock(mine_query, skip_locked=True))
                 .scalars()
                 .all()
             )
@@ -503,243 +418,6 @@ class OutboxRepo:
                 .values(available_at=now + timedelta(seconds=lease_seconds))
             )
             return int(outcome.rowcount)
-
-
-class DeadLetterRepo:
-    """The dead-letter store: runs whose delivery failed for good, with the last error."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-
-    def list_letters(
-        self,
-        *,
-        tenant_id: str | None = None,
-        job_id: str | None = None,
-        include_replayed: bool = False,
-        limit: int = 50,
-        cursor: str | None = None,
-    ) -> Page:
-        """Newest first; pass next_cursor back for the following page."""
-        if not 1 <= limit <= MAX_PAGE:
-            raise errors.ValidationError(f"must be between 1 and {MAX_PAGE}", field="limit")
-        d = schema.dead_letters
-        query = _select_letters().order_by(d.c.id.desc()).limit(limit + 1)
-        if tenant_id is not None:
-            query = query.where(d.c.tenant_id == tenant_id)
-        if job_id is not None:
-            query = query.where(d.c.job_id == job_id)
-        if not include_replayed:
-            query = query.where(d.c.replayed_at.is_(None))
-        if cursor:
-            (before,) = decode_cursor(cursor, 1)
-            query = query.where(d.c.id < limits.cursor_id(before))
-        with self.store.read() as connection:
-            rows = connection.execute(query).mappings().all()
-        items = tuple(_letter(r) for r in rows[:limit])
-        next_cursor = encode_cursor(str(items[-1].id)) if len(rows) > limit else None
-        return Page(items, next_cursor)
-
-    def get(self, letter_id: int, tenant_id: str | None = None) -> DeadLetter:
-        with self.store.read() as connection:
-            return self._get(connection, letter_id, tenant_id)
-
-    @staticmethod
-    def _get(connection: Connection, letter_id: int, tenant_id: str | None) -> DeadLetter:
-        d = schema.dead_letters
-        query = _select_letters().where(d.c.id == letter_id)
-        if tenant_id is not None:
-            query = query.where(d.c.tenant_id == tenant_id)
-        row = connection.execute(query).mappings().first()
-        if row is None:
-            # the same answer for absent and another tenant's
-            raise errors.NotFound(f"no dead letter {letter_id}", field="id")
-        return _letter(row)
-
-    def attempts(self, letter: DeadLetter) -> list[dict[str, Any]]:
-        """The run's attempt history, oldest first."""
-        a = schema.run_attempts
-        with self.store.read() as connection:
-            rows = (
-                connection.execute(
-                    select(a)
-                    .where(a.c.job_id == letter.job_id, a.c.scheduled_at == letter.scheduled_at)
-                    .order_by(a.c.id)
-                )
-                .mappings()
-                .all()
-            )
-        return [{k: v for k, v in r.items() if k != "id"} for r in rows]
-
-    def replay(self, letter_id: int, *, tenant_id: str | None = None, actor: str) -> DeadLetter:
-        """Deliver the run again from its first attempt (a fresh retry budget)."""
-        with self.store.tx() as connection:
-            letter = self._get(connection, letter_id, tenant_id)
-            if letter.replayed_at is not None:
-                raise errors.Conflict(
-                    f"dead letter {letter_id} was replayed already at "
-                    f"{format_instant(letter.replayed_at)}",
-                    field="id",
-                )
-            status = connection.execute(
-                select(schema.jobs.c.status).where(schema.jobs.c.job_id == letter.job_id)
-            ).scalar_one_or_none()
-            if status is None or status == JobStatus.cancelled.value:
-                raise errors.Conflict(
-                    f"cannot replay dead letter {letter_id}: job {letter.job_id} is cancelled",
-                    field="status",
-                )
-            self._requeue(connection, letter, actor=actor)
-            return self._get(connection, letter_id, tenant_id)
-
-    def replay_all(self, *, tenant_id: str | None = None, actor: str) -> tuple[int, int]:
-        """Replay every pending dead letter (of one tenant); (replayed, skipped because
-        their job is cancelled)."""
-        d, j = schema.dead_letters, schema.jobs
-        replayed = skipped = 0
-        after = 0
-        while True:
-            with self.store.tx() as connection:
-                query = (
-                    _select_letters()
-                    .add_columns(j.c.status.label("job_status"))
-                    .outerjoin(j, j.c.job_id == d.c.job_id)
-                    .where(d.c.replayed_at.is_(None), d.c.id > after)
-                    .order_by(d.c.id)
-                    .limit(500)
-                )
-                if tenant_id is not None:
-                    query = query.where(d.c.tenant_id == tenant_id)
-                rows = connection.execute(query).mappings().all()
-                if not rows:
-                    return replayed, skipped
-                for row in rows:
-                    after = row["id"]
-                    if row["job_status"] in (None, JobStatus.cancelled.value):
-                        skipped += 1
-                        continue
-                    self._requeue(connection, _letter(row), actor=actor)
-                    replayed += 1
-
-    @staticmethod
-    def _requeue(connection: Connection, letter: DeadLetter, *, actor: str) -> None:
-        now = db_now(connection)
-        marked = connection.execute(
-            update(schema.dead_letters)
-            .where(
-                schema.dead_letters.c.id == letter.id, schema.dead_letters.c.replayed_at.is_(None)
-            )
-            .values(replayed_at=now)
-        )
-        if marked.rowcount != 1:
-            raise errors.Conflict(f"dead letter {letter.id} was replayed meanwhile", field="id")
-        # RabbitMQ rows go back as queue rows: the tenant's broker setting routes them again
-        kind = HTTP if letter.target_type == HTTP else QUEUE
-        connection.execute(
-            schema.outbox.insert().values(
-                job_id=letter.job_id,
-                scheduled_at=letter.scheduled_at,
-                tenant_id=letter.tenant_id,
-                target_type=kind,
-                target=letter.target,
-                attempt=1,
-                available_at=now,
-                created_at=now,
-            )
-        )
-        connection.execute(
-            update(schema.runs)
-            .where(
-                schema.runs.c.job_id == letter.job_id,
-                schema.runs.c.scheduled_at == letter.scheduled_at,
-            )
-            .values(
-                status=RunStatus.dispatched.value,
-                attempt=1,
-                dispatched_at=now,
-                started_at=None,
-                finished_at=None,
-                exit_code=None,
-                error=None,
-                output_tail=None,
-            )
-        )
-        audit(
-            connection,
-            at=now,
-            tenant_id=letter.tenant_id,
-            actor=actor,
-            action="dlq_replay",
-            job_id=letter.job_id,
-            detail={"dead_letter": letter.id, "scheduled_at": format_instant(letter.scheduled_at)},
-        )
-
-    def purge(self, letter_id: int, *, tenant_id: str | None = None, actor: str) -> None:
-        with self.store.tx() as connection:
-            letter = self._get(connection, letter_id, tenant_id)
-            connection.execute(
-                delete(schema.dead_letters).where(schema.dead_letters.c.id == letter_id)
-            )
-            audit(
-                connection,
-                at=db_now(connection),
-                tenant_id=letter.tenant_id,
-                actor=actor,
-                action="dlq_purge",
-                job_id=letter.job_id,
-                detail={"dead_letter": letter_id},
-            )
-
-    def purge_all(
-        self,
-        *,
-        tenant_id: str | None = None,
-        older_than: timedelta | None = None,
-        actor: str,
-    ) -> int:
-        """Delete dead letters (of one tenant, older than a while); returns how many."""
-        d = schema.dead_letters
-        with self.store.tx() as connection:
-            now = db_now(connection)
-            conditions = []
-            if tenant_id is not None:
-                conditions.append(d.c.tenant_id == tenant_id)
-            if older_than is not None:
-                conditions.append(d.c.created_at < now - older_than)
-            outcome = connection.execute(delete(d).where(*conditions))
-            audit(
-                connection,
-                at=now,
-                tenant_id=tenant_id,
-                actor=actor,
-                action="dlq_purge",
-                detail={
-                    "count": outcome.rowcount,
-                    "older_than_seconds": older_than.total_seconds() if older_than else None,
-                },
-            )
-            return int(outcome.rowcount)
-
-
-def _select_letters() -> Any:
-    d, t = schema.dead_letters, schema.tenants
-    return select(d, t.c.name.label("tenant_name")).outerjoin(t, t.c.tenant_id == d.c.tenant_id)
-
-
-def _letter(row: RowMapping) -> DeadLetter:
-    return DeadLetter(
-        id=int(row["id"]),
-        job_id=row["job_id"],
-        scheduled_at=row["scheduled_at"],
-        tenant_id=row["tenant_id"],
-        tenant=row["tenant_name"],
-        target_type=row["target_type"],
-        target=row["target"],
-        attempts=row["attempts"],
-        last_error=row["last_error"],
-        created_at=row["created_at"],
-        replayed_at=row["replayed_at"],
-    )
 
 
 def _worker(lease: str) -> str:
@@ -771,7 +449,7 @@ def _held_of(delivery: Delivery) -> Held:
         job_id=delivery.job_id,
         scheduled_at=delivery.scheduled_at,
         tenant_id=delivery.tenant_id,
-        target_type=delivery.kind,
+        target_type=str(delivery.kind),
         target=delivery.target,
         attempt=delivery.attempt,
         max_attempts=delivery.max_attempts,

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from typing import Any
 
 from sqlalchemy import func, or_, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 
 from schedctl.storage import schema
 from schedctl.storage.clock import db_now
+from schedctl.storage.dialect import Lock
 from schedctl.storage.store import Store
 
 
@@ -29,7 +28,6 @@ class PartitionRepo:
         if not epochs:
             return set()
         table = schema.partitions
-        insert: Any = postgresql.insert if self.store.is_postgres else sqlite.insert
         acquired: set[int] = set()
         with self.store.tx() as connection:
             now = db_now(connection)
@@ -37,7 +35,7 @@ class PartitionRepo:
             ordered = sorted(epochs)
             for start in range(0, len(ordered), 500):
                 chunk = ordered[start : start + 500]
-                statement = insert(table).values(
+                statement = self.store.dialect.insert(table).values(
                     [
                         {"partition": p, "epoch": epochs[p], "owner": owner, "updated_at": now}
                         for p in chunk
@@ -64,15 +62,15 @@ class PartitionRepo:
         if not partitions:
             return
         with self.store.tx() as connection:
-            if self.store.is_postgres:
-                # rows locked in partition order first, like acquire() and the claim's
-                # FOR SHARE: the UPDATE alone would lock them in its scan's order
-                connection.execute(
-                    select(schema.partitions.c.partition)
-                    .where(schema.partitions.c.partition.in_(sorted(partitions)))
-                    .order_by(schema.partitions.c.partition)
-                    .with_for_update(key_share=True)
-                )
+            # rows locked in partition order first, like acquire() and the claim's FOR
+            # SHARE: the UPDATE alone would lock them in its scan's order
+            self.store.dialect.lock_rows(
+                connection,
+                select(schema.partitions.c.partition)
+                .where(schema.partitions.c.partition.in_(sorted(partitions)))
+                .order_by(schema.partitions.c.partition),
+                Lock.no_key_update,
+            )
             connection.execute(
                 update(schema.partitions)
                 .where(

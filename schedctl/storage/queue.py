@@ -21,13 +21,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, case, delete, func, or_, select, text, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import and_, case, delete, func, or_, select, update
 from sqlalchemy.engine import Connection, RowMapping
 
 from schedctl import errors
 from schedctl.leasing import Beat
-from schedctl.models import JobStatus, RunStatus, TargetType
+from schedctl.models import JobStatus, RunStatus, TargetType, run_key
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
 from schedctl.storage.clock import db_now
@@ -83,7 +82,7 @@ class Lease:
     @property
     def idempotency_key(self) -> str:
         """`JOB_ID:SCHEDULED_AT` (RFC 3339 UTC with Z), the same for every attempt."""
-        return f"{self.job_id}:{format_instant(self.scheduled_at)}"
+        return run_key(self.job_id, self.scheduled_at)
 
     def __repr__(self) -> str:
         # never the payload: leases end up in logs and tracebacks
@@ -149,8 +148,7 @@ class QueueRepo:
             )
             if exclude_tenants:
                 query = query.where(o.c.tenant_id.not_in(sorted(exclude_tenants)))
-            if self.store.is_postgres:
-                query = query.with_for_update(skip_locked=True)
+            query = self.store.dialect.lock(query, skip_locked=True)
             rows = connection.execute(query).mappings().all()
             if not rows:
                 return 0
@@ -164,11 +162,7 @@ class QueueRepo:
             deliver = [r for r in rows if statuses.get(r["job_id"]) != JobStatus.cancelled.value]
             cancelled = [r for r in rows if statuses.get(r["job_id"]) == JobStatus.cancelled.value]
             if deliver:
-                insert = (
-                    postgresql.insert(schema.queue_messages)
-                    if self.store.is_postgres
-                    else sqlite.insert(schema.queue_messages)
-                )
+                insert = self.store.dialect.insert(schema.queue_messages)
                 # a replay after a crash between insert and delete never duplicates a run
                 connection.execute(
                     insert.on_conflict_do_nothing(index_elements=["job_id", "scheduled_at"]),
@@ -268,8 +262,7 @@ class QueueRepo:
             # a few more than asked: several may belong to one job with a single slot left
             .limit(min(limit * 4, limit + 100))
         )
-        if self.store.is_postgres:
-            query = query.with_for_update(skip_locked=True, of=m)
+        query = self.store.dialect.lock(query, skip_locked=True, of=m)
         found = connection.execute(query).mappings().all()
         cancelled = [c for c in found if c["status"] == JobStatus.cancelled.value]
         if cancelled:
@@ -284,22 +277,9 @@ class QueueRepo:
         if not candidates:
             return []
         job_ids = sorted({c["job_id"] for c in candidates})
-        if self.store.is_postgres:
-            # Serialize the slot count per job: a second worker waits here and then counts
-            # the first one's committed lease, so two cannot both take the last slot. With
-            # transaction-scoped advisory locks on a hash of each job id, not job row locks:
-            # they conflict only with other leases (taken in sorted order, so leases never
-            # deadlock each other), never with the claim's, a cancel's or an update's row
-            # locks. Taken in hash order (the lock keys' order, whatever collides); a hash
-            # collision only serializes two jobs' leases a little more.
-            connection.execute(
-                text(
-                    "SELECT pg_advisory_xact_lock(h) FROM (SELECT DISTINCT"
-                    " hashtextextended(k, 0) AS h FROM unnest(CAST(:keys AS text[])) AS k) AS s"
-                    " ORDER BY h"
-                ),
-                {"keys": [f"lease:{job_id}" for job_id in job_ids]},
-            )
+        # Serialize the slot count per job: a second worker waits here and then counts the
+        # first one's committed lease, so two cannot both take the last slot.
+        self.store.dialect.lock_job_slots(connection, job_ids)
         counts: dict[str, int] = {job_id: 0 for job_id in job_ids}
         counts.update(
             connection.execute(
@@ -596,8 +576,7 @@ class QueueRepo:
         )
         if limit is not None:
             query = query.limit(limit)
-        if self.store.is_postgres:
-            query = query.with_for_update(skip_locked=skip_locked, of=m)
+        query = self.store.dialect.lock(query, skip_locked=skip_locked, of=m)
         return [
             (_held_from_row(r), r["lease_owner"])
             for r in connection.execute(query).mappings().all()

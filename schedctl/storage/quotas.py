@@ -16,6 +16,7 @@ from schedctl import errors
 from schedctl.models import JobStatus
 from schedctl.storage import schema
 from schedctl.storage.clock import db_now
+from schedctl.storage.dialect import Lock, dialect_of
 
 
 @dataclass(frozen=True)
@@ -67,9 +68,7 @@ def lock_quota_use(connection: Connection, tenant_id: str) -> QuotaUse:
     query = select(tenants.c.max_jobs, tenants.c.create_rate_per_minute).where(
         tenants.c.tenant_id == tenant_id
     )
-    if connection.dialect.name == "postgresql":
-        query = query.with_for_update(key_share=True)
-    row = connection.execute(query).first()
+    row = connection.execute(dialect_of(connection).lock(query, Lock.no_key_update)).first()
     if row is None:
         raise errors.NotFound(f"no tenant {tenant_id!r}", field="tenant")
     return QuotaUse(

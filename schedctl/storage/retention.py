@@ -1,12 +1,13 @@
-"""Run-history housekeeping: day partitions of `runs` on Postgres, made ahead and dropped
-after the retention period; on SQLite, old run rows are deleted."""
+"""Run-history housekeeping: day partitions of `runs` where the dialect partitions it
+(Postgres), made ahead and dropped after the retention period; old run rows deleted
+everywhere."""
 
 from __future__ import annotations
 
 import logging
 from datetime import UTC, date, datetime, time, timedelta
 
-from sqlalchemy import delete, text
+from sqlalchemy import delete
 from sqlalchemy.exc import DBAPIError
 
 from schedctl.storage import schema
@@ -28,28 +29,16 @@ def ensure_run_partitions(
     """Create the day partitions from today to `days_ahead`; returns those created. A day
     whose rows already sit in the default partition stays there (Postgres refuses to
     create it), which costs nothing but retention precision."""
-    if not store.is_postgres:
-        return []
     today = today or datetime.now(UTC).date()
     created = []
-    for offset in range(-1, days_ahead + 1):
-        day = today + timedelta(days=offset)
+    for day in store.dialect.run_partition_days(today, days_ahead):
         name = partition_name(day)
         start = datetime.combine(day, time(), UTC)
         end = start + timedelta(days=1)
         try:
             with store.tx() as connection:
-                exists = connection.execute(
-                    text("SELECT to_regclass(:name) IS NOT NULL"), {"name": name}
-                ).scalar_one()
-                if exists:
+                if not store.dialect.create_run_partition(connection, name, start, end):
                     continue
-                connection.execute(
-                    text(
-                        f"CREATE TABLE {name} PARTITION OF runs "
-                        f"FOR VALUES FROM ('{start.isoformat()}') TO ('{end.isoformat()}')"
-                    )
-                )
             created.append(name)
         except DBAPIError as exc:
             log.info("day partition %s not created: %s", name, str(exc.orig).splitlines()[0])
@@ -65,19 +54,7 @@ def drop_expired_runs(
     cutoff = datetime.combine(today - timedelta(days=retention_days), time(), UTC)
     removed = 0
     with store.tx() as connection:
-        if store.is_postgres:
-            names = connection.execute(
-                text(
-                    "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
-                    "JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = 'runs' "
-                    "AND c.relname ~ '^runs_[0-9]{8}$'"
-                )
-            ).scalars()
-            for name in list(names):
-                day = datetime.strptime(name[5:], "%Y%m%d").replace(tzinfo=UTC)
-                if day + timedelta(days=1) <= cutoff:
-                    connection.execute(text(f"DROP TABLE {name}"))
-                    removed += 1
+        removed += store.dialect.drop_run_partitions(connection, cutoff)
         result = connection.execute(delete(schema.runs).where(schema.runs.c.scheduled_at < cutoff))
         removed += result.rowcount or 0
         connection.execute(

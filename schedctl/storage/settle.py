@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import Table, bindparam, delete, insert, or_, update
 from sqlalchemy.engine import Connection
 
-from schedctl.delivery.backoff import backoff_delay
+from schedctl.backoff import backoff_delay
 
 # the worker side (no database) owns the text; settling records it
 from schedctl.leasing import CANCELLED_RUNNING_ERROR as CANCELLED_RUNNING_ERROR

@@ -34,6 +34,7 @@ from schedctl import errors
 from schedctl.crypto import PayloadCipher, is_encrypted
 from schedctl.storage import schema
 from schedctl.storage.clock import db_now
+from schedctl.storage.dialect import Lock
 from schedctl.storage.payloads import payload_cipher
 from schedctl.storage.store import Store
 from schedctl.storage.tenants import TenantRepo, change_tenant
@@ -151,13 +152,12 @@ class SigningSecretRepo:
         with self.store.tx() as connection:
             found = self._tenants._get(connection, tenant)
             t = schema.tenants
-            if connection.dialect.name == "postgresql":
-                # two rotations at once must not both keep the same "previous" secret
-                connection.execute(
-                    select(t.c.tenant_id)
-                    .where(t.c.tenant_id == found.tenant_id)
-                    .with_for_update(key_share=True)
-                )
+            # two rotations at once must not both keep the same "previous" secret
+            self.store.dialect.lock_rows(
+                connection,
+                select(t.c.tenant_id).where(t.c.tenant_id == found.tenant_id),
+                Lock.no_key_update,
+            )
             old = connection.execute(
                 select(t.c.signing_secret).where(t.c.tenant_id == found.tenant_id)
             ).scalar_one()

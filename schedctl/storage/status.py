@@ -19,6 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from schedctl import errors
 from schedctl.storage import schema
 from schedctl.storage.clock import db_now
+from schedctl.storage.dialect import dialect_of
 from schedctl.storage.engine import first_line
 from schedctl.storage.store import Store
 
@@ -59,33 +60,7 @@ def _partitions(connection: Connection) -> list[PartitionStatus]:
 
 
 def _lag(connection: Connection, now: datetime, partition_count: int) -> LagStatus:
-    if connection.dialect.name == "postgresql":
-        # one probe of the (partition, next_fire_at) index per partition
-        row = connection.execute(
-            text(
-                """
-                SELECT min(d.oldest), coalesce(sum(d.due), 0)
-                  FROM generate_series(0, :last) AS p(partition)
-                 CROSS JOIN LATERAL (
-                       SELECT min(j.next_fire_at) AS oldest, count(*) AS due
-                         FROM jobs AS j
-                        WHERE j.partition = p.partition
-                          AND j.next_fire_at <= :now
-                          AND j.status = 'active'
-                       ) AS d
-                """
-            ),
-            {"last": partition_count - 1, "now": now},
-        ).one()
-        oldest, due = row[0], int(row[1])
-    else:
-        j = schema.jobs
-        oldest, due = connection.execute(
-            select(func.min(j.c.next_fire_at), func.count()).where(
-                j.c.next_fire_at <= now, j.c.status == "active"
-            )
-        ).one()
-        due = int(due)
+    oldest, due = dialect_of(connection).due_lag(connection, now, partition_count)
     if oldest is None:
         return LagStatus(None, 0.0, due)
     return LagStatus(oldest, max(0.0, (now - oldest).total_seconds()), due)

@@ -1,4 +1,5 @@
-"""The Store: one engine, transactions that turn driver errors into SchedErrors, the DB clock."""
+"""The Store: one engine and its dialect, transactions that turn driver errors into SchedErrors,
+the DB clock."""
 
 from __future__ import annotations
 
@@ -13,20 +14,18 @@ from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
 from schedctl import errors
 from schedctl.storage import schema
-from schedctl.storage.clock import dialect_now
+from schedctl.storage.dialect import Dialect, dialect_named, known_dialects
 from schedctl.storage.engine import check_connection, first_line, make_engine, redact
 
 DEFAULT_PARTITION_COUNT = 1024
 
-# Postgres SQLSTATEs of a transaction that lost a lock race: deadlock_detected and
-# serialization_failure. Nothing was committed; the same work can be tried again.
-LOCK_RACE_SQLSTATES = frozenset({"40P01", "40001"})
-
 
 def is_lock_race(exc: BaseException | None) -> bool:
-    """True for a lost lock race however it arrives: the psycopg exception itself (a
+    """True for a lost lock race however it arrives: the driver's exception itself (a
     statement run on the raw driver cursor), its SQLAlchemy wrapper (`.orig`), or an
-    error raised from either (`__cause__`/`__context__`, e.g. StoreUnavailable)."""
+    error raised from either (`__cause__`/`__context__`, e.g. StoreUnavailable). Which
+    driver exception is one, each dialect says."""
+    dialects = known_dialects().values()
     seen: set[int] = set()
     pending = [exc]
     while pending:
@@ -36,7 +35,7 @@ def is_lock_race(exc: BaseException | None) -> bool:
         seen.add(id(current))
         if isinstance(current, errors.LockRace):
             return True
-        if getattr(current, "sqlstate", None) in LOCK_RACE_SQLSTATES:
+        if any(dialect.is_lock_race(current) for dialect in dialects):
             return True
         pending.append(getattr(current, "orig", None))
         pending.append(current.__cause__)
@@ -44,15 +43,12 @@ def is_lock_race(exc: BaseException | None) -> bool:
     return False
 
 
-_DRIVERS = ("psycopg", "sqlite3")
-
-
 def _is_driver_operational_error(exc: BaseException) -> bool:
     """The driver's own OperationalError (connection lost, server shutting down), raised
-    unwrapped by statements run on the raw psycopg cursor."""
+    unwrapped by statements run on the raw driver cursor."""
+    drivers = {dialect.driver for dialect in known_dialects().values()}
     return any(
-        cls.__name__ == "OperationalError"
-        and cls.__module__.split(".")[0] in ("psycopg", "sqlite3")
+        cls.__name__ == "OperationalError" and cls.__module__.split(".")[0] in drivers
         for cls in type(exc).__mro__
     )
 
@@ -62,8 +58,8 @@ class Store:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.dialect = engine.dialect.name
-        self.is_postgres = self.dialect == "postgresql"
+        # the one place a backend is chosen: everything that differs asks self.dialect
+        self.dialect: Dialect = dialect_named(engine.dialect.name)
         self._partition_count: int | None = None
 
     @classmethod
@@ -80,6 +76,11 @@ class Store:
             check_connection(store.engine)
             store.require_current_schema()
         return store
+
+    @property
+    def is_postgres(self) -> bool:
+        """For reports and tests; code that behaves differently asks `self.dialect`."""
+        return self.dialect.name == "postgresql"
 
     def close(self) -> None:
         self.engine.dispose()
@@ -120,7 +121,7 @@ class Store:
 
     def now(self) -> datetime:
         """The database's clock: every dispatcher agrees on "now" whatever its own clock says."""
-        return dialect_now(self.dialect, self.tx)
+        return self.dialect.clock(self.tx)
 
     def clock_offset(self, samples: int = 3) -> float:
         """Seconds to add to this machine's clock to get the database's: the midpoint

@@ -9,6 +9,8 @@ from sqlalchemy import DateTime
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
+from schedctl.storage.dialect import dialect_named
+
 
 class UTCDateTime(TypeDecorator[datetime]):
     """An instant: timestamptz on Postgres, sortable naive-UTC text on SQLite; always aware UTC."""
@@ -22,8 +24,8 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value.tzinfo is None:
             raise ValueError("naive datetime given to a UTC column")
         value = value.astimezone(UTC)
-        # SQLite compares the stored text, so every value must be naive UTC in one format
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+        # SQLite compares the stored text: there every value is naive UTC in one format
+        return value.replace(tzinfo=None) if dialect_named(dialect.name).naive_instants else value
 
     def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
         if value is None:

@@ -26,7 +26,8 @@ from sqlalchemy import select
 
 from schedctl import errors
 from schedctl.crypto import KEYS_ENV, KEYS_FILE_ENV, PayloadCipher, is_encrypted
-from schedctl.delivery.http import HttpDelivery, Verdict, parse_retry_after
+from schedctl.delivery.http import HttpDelivery, parse_retry_after
+from schedctl.models import Verdict
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.service import Scheduler
 from schedctl.signing import IDEMPOTENCY_HEADER, SIGNATURE_HEADER, verify
@@ -434,7 +435,7 @@ def test_the_guard_at_creation_names_target_url(db_url: str) -> None:
             assert caught.value.exit_code == 2 and caught.value.http_status == 422
         assert scheduler.list_jobs("acme").items == ()
         # allowed by name: accepted
-        from schedctl.storage.allowlist import TenantDeliveryRepo
+        from schedctl.storage.tenant_delivery import TenantDeliveryRepo
 
         TenantDeliveryRepo(scheduler.store).allow("acme", "localhost", actor="test")
         job, created = scheduler.create_job(

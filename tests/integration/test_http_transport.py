@@ -25,7 +25,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from schedctl.config import load_config
-from schedctl.delivery.http import DeliveryResult, HttpDelivery, Verdict
+from schedctl.delivery.http import DeliveryResult, HttpDelivery
+from schedctl.models import Verdict
 from schedctl.storage.store import Store
 from scheduled_d.relay import Relay
 from tests.factories import make_tenant

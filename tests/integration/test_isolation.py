@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from schedctl.delivery.limits import DeliveryLimits, Lane, TokenBucket
+from schedctl.delivery.limits import DeliveryLimits, TokenBucket
+from schedctl.models import Lane
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
 from schedctl.storage.jobs import new_job_id, partition_of

@@ -23,8 +23,8 @@ import pytest
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.signing import IDEMPOTENCY_HEADER, verify
 from schedctl.storage import schema
-from schedctl.storage.allowlist import TenantDeliveryRepo
 from schedctl.storage.store import Store
+from schedctl.storage.tenant_delivery import TenantDeliveryRepo
 from scheduled_d.relay import Relay
 from tests.factories import make_tenant
 from tests.integration.queue_support import (

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from schedctl.delivery.limits import Lane
+from schedctl.models import Lane, TargetType
 from schedctl.signing import IDEMPOTENCY_HEADER
 from schedctl.storage.clock import db_now
-from schedctl.storage.outbox import HTTP, OutboxRepo
+from schedctl.storage.outbox import OutboxRepo
 from schedctl.storage.store import Store
 from scheduled_d.relay import DEFAULT_LEASE_SECONDS, Relay
 from tests.factories import make_tenant
@@ -80,8 +80,8 @@ def test_extend_moves_only_this_relays_leases_in_one_statement(store: Store) -> 
     for job in [*ours, theirs]:
         trigger(store, job)
     repo = OutboxRepo(store)
-    mine = repo.claim({Lane("tenant-acme", HTTP): 10}, "relay-a", 5.0).deliveries
-    other = repo.claim({Lane(tenant, HTTP): 10}, "relay-a-two", 5.0).deliveries
+    mine = repo.claim({Lane("tenant-acme", TargetType.http): 10}, "relay-a", 5.0).deliveries
+    other = repo.claim({Lane(tenant, TargetType.http): 10}, "relay-a-two", 5.0).deliveries
     assert len(mine) == 3 and len(other) == 1
     before = {r["id"]: r["available_at"] for r in outbox_rows(store)}
     ids = [d.outbox_id for d in mine + other]

@@ -14,13 +14,11 @@ from typing import Any
 import pytest
 from sqlalchemy import select, text, update
 
-from schedctl.delivery.http import HttpDelivery, Verdict, parse_retry_after
-from schedctl.delivery.limits import Lane
-from schedctl.models import RunStatus
+from schedctl.delivery.http import HttpDelivery, parse_retry_after
+from schedctl.models import Lane, RunStatus, TargetType, Verdict
 from schedctl.storage import schema
-from schedctl.storage.allowlist import TenantDeliveryRepo
 from schedctl.storage.jobs import JobRepo
-from schedctl.storage.outbox import HTTP, QUEUE, RABBITMQ, OutboxRepo, Outcome
+from schedctl.storage.outbox import OutboxRepo, Outcome
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.settle import (
     CANCELLED_ERROR,
@@ -30,6 +28,7 @@ from schedctl.storage.settle import (
     clip,
 )
 from schedctl.storage.store import Store
+from schedctl.storage.tenant_delivery import TenantDeliveryRepo
 from scheduled_d.relay import Relay
 from tests.factories import make_tenant
 from tests.integration.queue_support import (
@@ -127,7 +126,7 @@ def test_retry_after_superscript_two_is_an_ordinary_retry(store: Store) -> None:
 def claim_and_let_expire(store: Store, tenant: str, owner: str) -> int:
     """Claim the tenant's HTTP rows under a lease that runs out at once; returns how many."""
     repo = OutboxRepo(store)
-    claimed = repo.claim({Lane(tenant, HTTP): 10}, owner, lease_seconds=0.05)
+    claimed = repo.claim({Lane(tenant, TargetType.http): 10}, owner, lease_seconds=0.05)
     wait_for(
         lambda: all(r["available_at"] < store.now() for r in outbox_rows(store)),
         "the lease to run out",
@@ -143,7 +142,7 @@ def test_a_lost_outbox_lease_counts_as_an_attempt(store: Store) -> None:
     for attempt in (1, 2):
         assert claim_and_let_expire(store, tenant, f"relay-{attempt}") == 1
         # the next claim finds the expired lease: a lost attempt, retried or dead-lettered
-        result = repo.claim({Lane(tenant, HTTP): 10}, "relay-next", lease_seconds=60)
+        result = repo.claim({Lane(tenant, TargetType.http): 10}, "relay-next", lease_seconds=60)
         assert (result.lost, result.deliveries) == (1, [])
         history = attempts(store, job, at)
         assert history[-1]["status"] == "lost" and history[-1]["error"] == LOST_ERROR
@@ -192,7 +191,9 @@ def test_both_paths_keep_the_end_of_long_output(store: Store) -> None:
     http = http_job(store, "http://127.0.0.1:9/hook", max_attempts=1)
     http_at = trigger(store, http)
     outbox = OutboxRepo(store)
-    (delivery,) = outbox.claim({Lane(tenant, HTTP): 10}, "relay", lease_seconds=60).deliveries
+    (delivery,) = outbox.claim(
+        {Lane(tenant, TargetType.http): 10}, "relay", lease_seconds=60
+    ).deliveries
     outcome = Outcome(delivery, Verdict.failed, now, now, error=long, detail=long)
     assert outbox.settle([outcome]).dead == 1
     for job_id, scheduled_at in ((job, at), (http, http_at)):
@@ -221,7 +222,7 @@ def test_both_paths_skip_a_cancelled_jobs_run_from_the_same_statuses(
         JobRepo(store).cancel(job, actor="test")
     tenant = run_row(store, queued, queued_at)["tenant_id"]
     assert QueueRepo(store).lease("q", "w1", 30, tenant_id=tenant) == []
-    result = OutboxRepo(store).claim({Lane(tenant, HTTP): 10}, "relay", lease_seconds=60)
+    result = OutboxRepo(store).claim({Lane(tenant, TargetType.http): 10}, "relay", lease_seconds=60)
     assert (result.cancelled, result.deliveries) == (1, [])
     for job, at in ((queued, queued_at), (http, http_at)):
         run = run_row(store, job, at)
@@ -243,7 +244,7 @@ def test_a_run_that_ended_is_not_skipped_by_a_cancel(store: Store) -> None:
         JobRepo(store).cancel(job, actor="test")
     tenant = run_row(store, queued, queued_at)["tenant_id"]
     assert QueueRepo(store).lease("q", "w1", 30, tenant_id=tenant) == []
-    OutboxRepo(store).claim({Lane(tenant, HTTP): 10}, "relay", lease_seconds=60)
+    OutboxRepo(store).claim({Lane(tenant, TargetType.http): 10}, "relay", lease_seconds=60)
     assert {
         run_row(store, j, at)["status"] for j, at in ((queued, queued_at), (http, http_at))
     } == {"succeeded"}
@@ -269,7 +270,7 @@ def test_routing_from_a_stale_tenant_list_after_the_broker_was_removed(store: St
     brokers.set_broker(tenant, None, actor="test")
     # the relay's list is up to a couple of seconds old: the routing transaction reads again
     assert repo.route_broker_rows(cached) == 0
-    assert target_types(store) == [QUEUE]
+    assert target_types(store) == [TargetType.queue]
     assert QueueRepo(store).move_outbox() == 1
 
 
@@ -302,8 +303,11 @@ def test_routing_while_the_broker_is_being_removed_strands_nothing(pg_url: str) 
             )
             removal.execute(
                 update(schema.outbox)
-                .where(schema.outbox.c.tenant_id == tenant, schema.outbox.c.target_type == RABBITMQ)
-                .values(target_type=QUEUE, lease_owner=None)
+                .where(
+                    schema.outbox.c.tenant_id == tenant,
+                    schema.outbox.c.target_type == TargetType.rabbitmq.value,
+                )
+                .values(target_type=TargetType.queue.value, lease_owner=None)
             )
             routed: list[int] = []
             router = threading.Thread(
@@ -317,7 +321,7 @@ def test_routing_while_the_broker_is_being_removed_strands_nothing(pg_url: str) 
             transaction.commit()
         router.join(60)
         assert routed == [0]
-        assert target_types(store) == [QUEUE]
+        assert target_types(store) == [TargetType.queue]
         assert QueueRepo(store).move_outbox() == 1
     finally:
         store.close()

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 import pytest
 
 from schedctl import errors
-from schedctl.delivery.http import HttpDelivery, Verdict
+from schedctl.delivery.http import HttpDelivery
 from schedctl.delivery.ssrf import (
     AllowList,
     UnresolvableHost,
@@ -26,6 +26,7 @@ from schedctl.delivery.ssrf import (
     normalize_entry,
     split_url,
 )
+from schedctl.models import Verdict
 
 
 def resolver(table: dict[str, Sequence[str]]):  # type: ignore[no-untyped-def]

@@ -1,4 +1,5 @@
-"""Retry delays: exponential backoff with full jitter, shared by every delivery path."""
+"""Retry delays: exponential backoff with full jitter, shared by every delivery path (settling
+uses it to schedule the next attempt)."""
 
 from __future__ import annotations
 

@@ -2,6 +2,9 @@
 (tenants.allow_list, a JSON list of host names and CIDRs), its delivery concurrency and
 rate, and its RabbitMQ broker. Every change is audited; the relays pick changes up within
 a few seconds, and every delivery checks the allow-list as it is then.
+
+Storage stores, delivery decides: an allow-list entry arrives here in the canonical form
+the SSRF guard gave it (schedctl.delivery.ssrf.normalize_entry, called by the command).
 """
 
 from __future__ import annotations
@@ -13,16 +16,16 @@ from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
 
 from schedctl import errors, limits
-from schedctl.delivery.rabbitmq import check_broker_url, redact_url
-from schedctl.delivery.ssrf import MAX_ALLOW_LIST, normalize_entry
-from schedctl.models import Tenant
+from schedctl.brokers import check_broker_url, redact_url
+from schedctl.models import TargetType, Tenant
 from schedctl.storage import schema
-from schedctl.storage.outbox import QUEUE, RABBITMQ
+from schedctl.storage.dialect import Lock
 from schedctl.storage.store import Store
 from schedctl.storage.tenants import TenantRepo, change_tenant
 
 MAX_DELIVERY_CONCURRENCY = limits.MAX_DELIVERY_CONCURRENCY
 MAX_RATE_PER_SECOND = limits.MAX_RATE_PER_SECOND
+MAX_ALLOW_LIST = limits.MAX_ALLOW_LIST
 
 
 @dataclass(frozen=True)
@@ -52,13 +55,12 @@ class TenantDeliveryRepo:
 
     def _lock(self, connection: Connection, tenant: str) -> Tenant:
         found = self._tenants._get(connection, tenant)
-        if connection.dialect.name == "postgresql":
-            # concurrent allow/disallow of one tenant must not lose each other's entries
-            connection.execute(
-                select(schema.tenants.c.tenant_id)
-                .where(schema.tenants.c.tenant_id == found.tenant_id)
-                .with_for_update(key_share=True)
-            )
+        # concurrent allow/disallow of one tenant must not lose each other's entries
+        self.store.dialect.lock_rows(
+            connection,
+            select(schema.tenants.c.tenant_id).where(schema.tenants.c.tenant_id == found.tenant_id),
+            Lock.no_key_update,
+        )
         return found
 
     def _allow_list(self, connection: Connection, tenant_id: str) -> list[str]:
@@ -81,9 +83,8 @@ class TenantDeliveryRepo:
             broker_url=redact_url(row.broker_url) if row.broker_url else None,
         )
 
-    def allow(self, tenant: str, entry: str, *, actor: str) -> tuple[list[str], bool]:
-        """Add a host name or CIDR; (the allow-list, whether it changed)."""
-        canonical = normalize_entry(entry)
+    def allow(self, tenant: str, canonical: str, *, actor: str) -> tuple[list[str], bool]:
+        """Add a host name or CIDR in canonical form; (the allow-list, whether it changed)."""
         with self.store.tx() as connection:
             found = self._lock(connection, tenant)
             entries = self._allow_list(connection, found.tenant_id)
@@ -99,15 +100,15 @@ class TenantDeliveryRepo:
             self._write(connection, found, entries, actor, "allow", canonical)
             return entries, True
 
-    def disallow(self, tenant: str, entry: str, *, actor: str) -> list[str]:
-        """Remove an entry (given as it was added, or in its canonical form)."""
+    def disallow(
+        self, tenant: str, canonical: str, *, actor: str, given: str | None = None
+    ) -> list[str]:
+        """Remove an entry in its canonical form (`given`: as the user wrote it, for the
+        error when it is not there)."""
+        entry = canonical if given is None else given
         with self.store.tx() as connection:
             found = self._lock(connection, tenant)
             entries = self._allow_list(connection, found.tenant_id)
-            try:
-                canonical = normalize_entry(entry)
-            except errors.ValidationError:
-                canonical = entry.strip().lower()
             if canonical not in entries:
                 raise errors.NotFound(
                     f"{entry!r} is not on tenant {found.name!r}'s allow-list "
@@ -191,7 +192,10 @@ class TenantDeliveryRepo:
             if url is None:
                 connection.execute(
                     update(o)
-                    .where(o.c.tenant_id == found.tenant_id, o.c.target_type == RABBITMQ)
-                    .values(target_type=QUEUE, lease_owner=None)
+                    .where(
+                        o.c.tenant_id == found.tenant_id,
+                        o.c.target_type == TargetType.rabbitmq.value,
+                    )
+                    .values(target_type=TargetType.queue.value, lease_owner=None)
                 )
         return self.settings(found.tenant_id)

@@ -1,0 +1,174 @@
+"""Owns where Postgres and SQLite differ: the Dialect interface the storage modules call, and
+the choice of one implementation per engine (storage/dialect_postgres.py and
+storage/dialect_sqlite.py). A change of locking, or a third backend, is one file.
+
+The differences: the database clock; row locks (FOR UPDATE / SKIP LOCKED / FOR SHARE on
+Postgres; SQLite's BEGIN IMMEDIATE transactions are serialized already); upserts and
+insert-or-ignore; how a lost lock race and a lost connection look; the per-job advisory
+locks of the worker lease; job-change notification (LISTEN/NOTIFY, or a counter the
+dispatcher polls); the batched claim and lane reads (arrays bound in one statement, or
+row by row); and the day partitions of run history.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import date, datetime
+from typing import Any, Protocol
+
+from sqlalchemy import Table
+from sqlalchemy.engine import Connection, Engine, RowMapping
+
+from schedctl.models import Lane
+
+
+class Lock(enum.Enum):
+    """How a locking read locks its rows (where the backend has row locks)."""
+
+    update = "update"  # FOR UPDATE: the row will be changed or deleted
+    no_key_update = "no_key_update"  # FOR NO KEY UPDATE: changed, but not its key
+    share = "share"  # FOR SHARE: read, and must not change until commit
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What changed since the last look: some jobs, or possibly anything (reload)."""
+
+    job_ids: tuple[str, ...] = ()
+    reload: bool = False
+
+
+class ChangeFeed(Protocol):
+    def wait(self, timeout: float) -> Changes:
+        """Block up to `timeout` seconds for changes; return early when there are some."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Dialect(Protocol):
+    """What storage asks of a backend. Every method runs inside the caller's transaction
+    unless it says otherwise."""
+
+    name: str  # SQLAlchemy's dialect name
+    driver: str  # the DB-API module, whose own OperationalError means "connection lost"
+    concurrent_claims: bool  # several claim threads of one dispatcher make progress at once
+    naive_instants: bool  # instants are bound as naive UTC (compared as stored text)
+
+    def now(self, connection: Connection) -> datetime:
+        """The database's clock, aware UTC: every process agrees on "now"."""
+        ...
+
+    def clock(self, begin: Callable[[], AbstractContextManager[Connection]]) -> datetime:
+        """`now` outside a transaction: `begin` opens one only if the clock needs it."""
+        ...
+
+    def insert(self, table: Table) -> Any:
+        """An INSERT that takes on_conflict_do_nothing / on_conflict_do_update."""
+        ...
+
+    def lock(
+        self, query: Any, mode: Lock = Lock.update, *, skip_locked: bool = False, of: Any = None
+    ) -> Any:
+        """The SELECT, locking the rows it reads; with skip_locked, rows another transaction
+        holds are left out instead of waited for."""
+        ...
+
+    def lock_rows(self, connection: Connection, query: Any, mode: Lock = Lock.update) -> None:
+        """Lock the rows `query` selects until commit (nothing to do where transactions
+        are serialized)."""
+        ...
+
+    def is_lock_race(self, exc: BaseException) -> bool:
+        """This one exception (not its causes) says the transaction lost a lock race
+        (deadlock, serialization failure): nothing committed, it may be tried again."""
+        ...
+
+    def lock_job_slots(self, connection: Connection, job_ids: Sequence[str]) -> None:
+        """Serialize the worker leases of these jobs until commit, without locking job rows."""
+        ...
+
+    def notify_job_change(self, connection: Connection, job_id: str, partition: int) -> None:
+        """Tell the dispatchers (at commit) that this job's next run may have moved."""
+        ...
+
+    def change_feed(self, engine: Engine, poll_seconds: float) -> ChangeFeed:
+        """A feed of job changes for one dispatcher (its own connection)."""
+        ...
+
+    def advance_jobs(
+        self, connection: Connection, updates: list[dict[str, Any]], now: datetime
+    ) -> set[str]:
+        """The claim's conditional advance: each job moves to its next run only at the
+        version it was read at and while active; returns the job ids advanced."""
+        ...
+
+    def insert_runs(
+        self, connection: Connection, rows: list[dict[str, Any]], now: datetime
+    ) -> list[tuple[str, datetime, str]]:
+        """Insert run rows, skipping any (job_id, scheduled_at) that exists, and an outbox
+        row for each dispatched one inserted; returns the runs inserted."""
+        ...
+
+    def due_outbox_rows(
+        self, connection: Connection, wanted: Mapping[Lane, int], now: datetime
+    ) -> list[RowMapping]:
+        """Up to wanted[lane] due outbox rows of each lane, oldest first, locked; rows
+        another relay holds are skipped."""
+        ...
+
+    def run_partition_days(self, today: date, days_ahead: int) -> list[date]:
+        """The days whose run-history partitions should exist (none: not partitioned)."""
+        ...
+
+    def create_run_partition(
+        self, connection: Connection, name: str, start: datetime, end: datetime
+    ) -> bool:
+        """Create the partition of runs from `start` to `end`; False if it exists."""
+        ...
+
+    def drop_run_partitions(self, connection: Connection, cutoff: datetime) -> int:
+        """Drop the day partitions of runs wholly before `cutoff`; returns how many."""
+        ...
+
+    def due_lag(
+        self, connection: Connection, now: datetime, partition_count: int
+    ) -> tuple[datetime | None, int]:
+        """The oldest due fire time of active jobs and how many are due, for `status`."""
+        ...
+
+    def describe(self, connection: Connection) -> str:
+        """The backend and its durability settings, for benchmark reports."""
+        ...
+
+
+_DIALECTS: dict[str, Dialect] = {}
+
+
+def known_dialects() -> dict[str, Dialect]:
+    """Every backend this version supports, by SQLAlchemy dialect name."""
+    if not _DIALECTS:
+        # imported here: the implementations import the schema, which imports this module
+        from schedctl.storage.dialect_postgres import PostgresDialect
+        from schedctl.storage.dialect_sqlite import SqliteDialect
+
+        # typed: mypy proves each implementation has every method of the interface
+        implementations: tuple[Dialect, ...] = (PostgresDialect(), SqliteDialect())
+        for dialect in implementations:
+            _DIALECTS[dialect.name] = dialect
+    return _DIALECTS
+
+
+def dialect_named(name: str) -> Dialect:
+    try:
+        return known_dialects()[name]
+    except KeyError:
+        raise ValueError(f"unsupported database {name!r}") from None
+
+
+def dialect_of(connection: Connection) -> Dialect:
+    """The Dialect of a connection (for functions handed only a connection)."""
+    return dialect_named(connection.dialect.name)

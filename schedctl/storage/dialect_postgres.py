@@ -1,0 +1,367 @@
+"""Owns the Postgres side of the Dialect (storage/dialect.py): clock_timestamp(), row locks
+with SKIP LOCKED, LISTEN/NOTIFY, advisory locks for worker leases, the claim's batched
+statements over arrays bound in binary, the relay's one-statement lane read, and the day
+partitions of run history."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from datetime import UTC, date, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Table, text
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Connection, Engine, RowMapping
+
+from schedctl.models import Lane
+from schedctl.storage import schema
+from schedctl.storage.dialect import ChangeFeed, Changes, Lock
+
+if TYPE_CHECKING:
+    # the driver is loaded by the change feed only: a CLI command needs it not
+    import psycopg
+
+log = logging.getLogger(__name__)
+
+# SQLSTATEs of a transaction that lost a lock race: deadlock_detected and
+# serialization_failure. Nothing was committed; the same work can be tried again.
+LOCK_RACE_SQLSTATES = frozenset({"40P01", "40001"})
+CHANNEL = "scheduled_jobs"
+
+
+class PostgresDialect:
+    name = "postgresql"
+    driver = "psycopg"
+    concurrent_claims = True  # row locks in job_id order: claim threads run side by side
+    naive_instants = False  # timestamptz
+
+    def now(self, connection: Connection) -> datetime:
+        value = connection.execute(text("SELECT clock_timestamp()")).scalar_one()
+        assert isinstance(value, datetime)
+        return value.astimezone(UTC)
+
+    def clock(self, begin: Callable[[], AbstractContextManager[Connection]]) -> datetime:
+        with begin() as connection:
+            return self.now(connection)
+
+    def insert(self, table: Table) -> Any:
+        return postgresql.insert(table)
+
+    def lock(
+        self, query: Any, mode: Lock = Lock.update, *, skip_locked: bool = False, of: Any = None
+    ) -> Any:
+        return query.with_for_update(
+            read=mode is Lock.share,
+            key_share=mode is Lock.no_key_update,
+            skip_locked=skip_locked,
+            of=of,
+        )
+
+    def lock_rows(self, connection: Connection, query: Any, mode: Lock = Lock.update) -> None:
+        connection.execute(self.lock(query, mode))
+
+    def is_lock_race(self, exc: BaseException) -> bool:
+        return getattr(exc, "sqlstate", None) in LOCK_RACE_SQLSTATES
+
+    def lock_job_slots(self, connection: Connection, job_ids: Sequence[str]) -> None:
+        # Transaction-scoped advisory locks on a hash of each job id, not job row locks:
+        # they conflict only with other leases (taken in sorted order, so leases never
+        # deadlock each other), never with the claim's, a cancel's or an update's row
+        # locks. Taken in hash order (the lock keys' order, whatever collides); a hash
+        # collision only serializes two jobs' leases a little more.
+        connection.execute(
+            text(
+                "SELECT pg_advisory_xact_lock(h) FROM (SELECT DISTINCT"
+                " hashtextextended(k, 0) AS h FROM unnest(CAST(:keys AS text[])) AS k) AS s"
+                " ORDER BY h"
+            ),
+            {"keys": [f"lease:{job_id}" for job_id in job_ids]},
+        )
+
+    def notify_job_change(self, connection: Connection, job_id: str, partition: int) -> None:
+        connection.execute(
+            text("SELECT pg_notify(:channel, :payload)"),
+            {"channel": CHANNEL, "payload": f"{partition}:{job_id}"},
+        )
+
+    def change_feed(self, engine: Engine, poll_seconds: float) -> ChangeFeed:
+        return PostgresChangeFeed(engine)
+
+    def advance_jobs(
+        self, connection: Connection, updates: list[dict[str, Any]], now: datetime
+    ) -> set[str]:
+        # Lock order: job rows are locked in job_id order before the update, whose join
+        # would otherwise lock them in whatever order its plan visits them. Every
+        # statement that locks several job rows does so in this order (or, like the
+        # worker's lease, takes advisory locks instead), so claims cannot deadlock with
+        # each other, cancels, updates or acks. FOR NO KEY UPDATE is what the UPDATE
+        # takes anyway, so there is no lock upgrade.
+        _pg_binary(
+            connection,
+            """
+            SELECT job_id FROM jobs
+             WHERE job_id = ANY(CAST(%(job_ids)b AS text[]))
+             ORDER BY job_id
+               FOR NO KEY UPDATE
+            """,
+            {"job_ids": sorted(u["job_id"] for u in updates)},
+        )
+        statement = """
+            UPDATE jobs AS j
+               SET next_run_at = v.next_run_at,
+                   next_fire_at = v.next_fire_at,
+                   status = v.status,
+                   version = j.version + 1,
+                   updated_at = %(now)b
+              FROM unnest(CAST(%(job_ids)b AS text[]), CAST(%(versions)b AS bigint[]),
+                          CAST(%(next_run_ats)b AS timestamptz[]),
+                          CAST(%(next_fire_ats)b AS timestamptz[]),
+                          CAST(%(statuses)b AS text[]))
+                   AS v(job_id, version, next_run_at, next_fire_at, status)
+             WHERE j.job_id = v.job_id AND j.version = v.version AND j.status = 'active'
+         RETURNING j.job_id
+            """
+        rows = _pg_binary(
+            connection,
+            statement,
+            {
+                "now": now,
+                "job_ids": [u["job_id"] for u in updates],
+                "versions": [u["version"] for u in updates],
+                "next_run_ats": [u["next_run_at"] for u in updates],
+                "next_fire_ats": [u["next_fire_at"] for u in updates],
+                "statuses": [u["status"] for u in updates],
+            },
+        )
+        return {r[0] for r in rows}
+
+    def insert_runs(
+        self, connection: Connection, rows: list[dict[str, Any]], now: datetime
+    ) -> list[tuple[str, datetime, str]]:
+        if not rows:
+            return []
+        # one statement for runs and outbox rows, one round trip; everything comes in
+        # arrays (a join to jobs would hang on the planner's row estimates)
+        statement = """
+            WITH v AS (
+                SELECT * FROM unnest(
+                    CAST(%(job_ids)b AS text[]), CAST(%(scheduled_ats)b AS timestamptz[]),
+                    CAST(%(statuses)b AS text[]), CAST(%(fire_ats)b AS timestamptz[]),
+                    CAST(%(epochs)b AS bigint[]), CAST(%(versions)b AS bigint[]),
+                    CAST(%(tenant_ids)b AS text[]), CAST(%(partitions)b AS integer[]),
+                    CAST(%(target_types)b AS text[]), CAST(%(targets)b AS text[]))
+                AS v(job_id, scheduled_at, status, fire_at, epoch, job_version, tenant_id,
+                     partition, target_type, target)
+            ), ins AS (
+                INSERT INTO runs (job_id, scheduled_at, tenant_id, partition, trigger, status,
+                                  attempt, fire_at, dispatched_at, finished_at, epoch,
+                                  job_version)
+                SELECT v.job_id, v.scheduled_at, v.tenant_id, v.partition, 'schedule', v.status,
+                       CASE WHEN v.status = 'dispatched' THEN 1 ELSE 0 END, v.fire_at,
+                       CASE WHEN v.status = 'dispatched' THEN CAST(%(now)b AS timestamptz) END,
+                       CASE WHEN v.status = 'dispatched' THEN NULL
+                            ELSE CAST(%(now)b AS timestamptz) END,
+                       v.epoch, v.job_version
+                  FROM v
+                ON CONFLICT DO NOTHING
+                RETURNING job_id, scheduled_at, status
+            ), ob AS (
+                INSERT INTO outbox (job_id, scheduled_at, tenant_id, target_type, target,
+                                    attempt, available_at, created_at)
+                SELECT v.job_id, v.scheduled_at, v.tenant_id, v.target_type, v.target, 1,
+                       CAST(%(now)b AS timestamptz), CAST(%(now)b AS timestamptz)
+                  FROM ins JOIN v ON v.job_id = ins.job_id AND v.scheduled_at = ins.scheduled_at
+                 WHERE ins.status = 'dispatched'
+            )
+            SELECT job_id, scheduled_at, status FROM ins
+            """
+        result = _pg_binary(
+            connection,
+            statement,
+            {
+                "now": now,
+                **{
+                    name: [r[column] for r in rows]
+                    for name, column in (
+                        ("job_ids", "job_id"),
+                        ("scheduled_ats", "scheduled_at"),
+                        ("statuses", "status"),
+                        ("fire_ats", "fire_at"),
+                        ("epochs", "epoch"),
+                        ("versions", "job_version"),
+                        ("tenant_ids", "tenant_id"),
+                        ("partitions", "partition"),
+                        ("target_types", "target_type"),
+                        ("targets", "target"),
+                    )
+                },
+            },
+        )
+        return [(r[0], r[1], r[2]) for r in result]
+
+    def due_outbox_rows(
+        self, connection: Connection, wanted: Mapping[Lane, int], now: datetime
+    ) -> list[RowMapping]:
+        lanes = sorted(wanted.items(), key=lambda item: (item[0].tenant_id, item[0].kind))
+        # one statement for every lane: a LATERAL range read of ix_outbox_lane each,
+        # locking what it takes and skipping rows another relay holds
+        statement = text(
+            """
+            SELECT o.id, o.job_id, o.scheduled_at, o.tenant_id, o.target_type, o.target,
+                   o.attempt, o.lease_owner
+              FROM unnest(CAST(:tenants AS text[]), CAST(:kinds AS text[]),
+                          CAST(:caps AS integer[])) AS l(tenant_id, kind, cap)
+             CROSS JOIN LATERAL (
+                    SELECT id, job_id, scheduled_at, tenant_id, target_type, target,
+                           attempt, lease_owner
+                      FROM outbox
+                     WHERE outbox.tenant_id = l.tenant_id
+                       AND outbox.target_type = l.kind
+                       AND outbox.available_at <= :now
+                     ORDER BY outbox.available_at
+                     LIMIT l.cap
+                       FOR UPDATE SKIP LOCKED) AS o
+            """
+        ).columns(scheduled_at=schema.outbox.c.scheduled_at.type)
+        return list(
+            connection.execute(
+                statement,
+                {
+                    "tenants": [lane.tenant_id for lane, _ in lanes],
+                    "kinds": [str(lane.kind) for lane, _ in lanes],
+                    "caps": [cap for _, cap in lanes],
+                    "now": now,
+                },
+            )
+            .mappings()
+            .all()
+        )
+
+    def run_partition_days(self, today: date, days_ahead: int) -> list[date]:
+        return [today + timedelta(days=offset) for offset in range(-1, days_ahead + 1)]
+
+    def create_run_partition(
+        self, connection: Connection, name: str, start: datetime, end: datetime
+    ) -> bool:
+        exists = connection.execute(
+            text("SELECT to_regclass(:name) IS NOT NULL"), {"name": name}
+        ).scalar_one()
+        if exists:
+            return False
+        connection.execute(
+            text(
+                f"CREATE TABLE {name} PARTITION OF runs "
+                f"FOR VALUES FROM ('{start.isoformat()}') TO ('{end.isoformat()}')"
+            )
+        )
+        return True
+
+    def drop_run_partitions(self, connection: Connection, cutoff: datetime) -> int:
+        names = connection.execute(
+            text(
+                "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+                "JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = 'runs' "
+                "AND c.relname ~ '^runs_[0-9]{8}$'"
+            )
+        ).scalars()
+        dropped = 0
+        for name in list(names):
+            day = datetime.strptime(name[5:], "%Y%m%d").replace(tzinfo=UTC)
+            if day + timedelta(days=1) <= cutoff:
+                connection.execute(text(f"DROP TABLE {name}"))
+                dropped += 1
+        return dropped
+
+    def due_lag(
+        self, connection: Connection, now: datetime, partition_count: int
+    ) -> tuple[datetime | None, int]:
+        # one probe of the (partition, next_fire_at) index per partition
+        row = connection.execute(
+            text(
+                """
+                SELECT min(d.oldest), coalesce(sum(d.due), 0)
+                  FROM generate_series(0, :last) AS p(partition)
+                 CROSS JOIN LATERAL (
+                       SELECT min(j.next_fire_at) AS oldest, count(*) AS due
+                         FROM jobs AS j
+                        WHERE j.partition = p.partition
+                          AND j.next_fire_at <= :now
+                          AND j.status = 'active'
+                       ) AS d
+                """
+            ),
+            {"last": partition_count - 1, "now": now},
+        ).one()
+        return row[0], int(row[1])
+
+    def describe(self, connection: Connection) -> str:
+        fsync = connection.execute(text("SHOW fsync")).scalar_one()
+        sync = connection.execute(text("SHOW synchronous_commit")).scalar_one()
+        return f"postgres (fsync={fsync}, synchronous_commit={sync})"
+
+
+class PostgresChangeFeed:
+    """A dedicated autocommit connection LISTENing on the jobs channel; after losing it
+    (a database restart), it reconnects and asks for a reload, since notifications sent
+    meanwhile are gone."""
+
+    def __init__(self, engine: Engine) -> None:
+        url = engine.url.set(drivername="postgresql")
+        self._dsn = url.render_as_string(hide_password=False)
+        self._connection: psycopg.Connection[tuple[object, ...]] | None = None
+
+    def _connect(self) -> psycopg.Connection[tuple[object, ...]]:
+        import psycopg
+
+        connection = psycopg.connect(self._dsn, autocommit=True, connect_timeout=5)
+        connection.execute(f"LISTEN {CHANNEL}")
+        return connection
+
+    def wait(self, timeout: float) -> Changes:
+        import psycopg
+
+        deadline = time.monotonic() + timeout
+        if self._connection is None or self._connection.closed:
+            try:
+                self._connection = self._connect()
+            except psycopg.Error as exc:
+                log.warning("cannot LISTEN for job changes: %s", str(exc).splitlines()[0])
+                time.sleep(max(0.0, min(timeout, 1.0)))
+                return Changes(reload=True)
+            return Changes(reload=True)  # anything may have changed while not listening
+        job_ids: list[str] = []
+        try:
+            remaining = max(0.0, deadline - time.monotonic())
+            for notice in self._connection.notifies(timeout=remaining, stop_after=1):
+                job_ids.append(notice.payload.partition(":")[2])
+            # drain what else arrived with it, without waiting again
+            for notice in self._connection.notifies(timeout=0.0, stop_after=10_000):
+                job_ids.append(notice.payload.partition(":")[2])
+        except psycopg.Error as exc:
+            log.warning("lost the LISTEN connection: %s", str(exc).splitlines()[0])
+            self.close()
+            return Changes(reload=True)
+        return Changes(job_ids=tuple(job_ids))
+
+    def close(self) -> None:
+        import psycopg
+
+        if self._connection is not None:
+            try:
+                self._connection.close()
+            except psycopg.Error:
+                pass
+            self._connection = None
+
+
+def _pg_binary(connection: Connection, sql: str, params: dict[str, Any]) -> list[Any]:
+    """Run one statement on the transaction's own psycopg connection with parameters in
+    binary format: big arrays dump about 7 times faster than as text."""
+    driver = connection.connection.driver_connection
+    assert driver is not None
+    with driver.cursor() as cursor:
+        cursor.execute(sql, params)
+        return list(cursor.fetchall()) if cursor.description else []

@@ -1,0 +1,213 @@
+"""Owns the SQLite side of the Dialect (storage/dialect.py): the embedded, one-machine
+backend. Its transactions are BEGIN IMMEDIATE, i.e. serialized, so there are no row locks,
+lock races or advisory locks to take; job changes bump a counter the dispatcher polls; the
+claim and the lane reads go row by row; run history is one table, pruned by retention."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from datetime import UTC, date, datetime
+from typing import Any
+
+from sqlalchemy import Table, func, select, text, update
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.engine import Connection, Engine, RowMapping
+
+from schedctl.models import JobStatus, Lane, RunStatus
+from schedctl.storage import schema
+from schedctl.storage.dialect import ChangeFeed, Changes, Lock
+
+COUNTER_KEY = "jobs_changed"
+
+
+class SqliteDialect:
+    name = "sqlite"
+    driver = "sqlite3"
+    concurrent_claims = False  # one writer at a time: a second claim thread only waits
+    # SQLite compares the stored text, so every value must be naive UTC in one format
+    naive_instants = True
+
+    def now(self, connection: Connection) -> datetime:
+        # one machine: its clock is every process's clock
+        return datetime.now(UTC)
+
+    def clock(self, begin: Callable[[], AbstractContextManager[Connection]]) -> datetime:
+        return datetime.now(UTC)
+
+    def insert(self, table: Table) -> Any:
+        return sqlite.insert(table)
+
+    def lock(
+        self, query: Any, mode: Lock = Lock.update, *, skip_locked: bool = False, of: Any = None
+    ) -> Any:
+        return query  # the transaction holds the whole database already
+
+    def lock_rows(self, connection: Connection, query: Any, mode: Lock = Lock.update) -> None:
+        return None
+
+    def is_lock_race(self, exc: BaseException) -> bool:
+        return False  # serialized transactions cannot deadlock
+
+    def lock_job_slots(self, connection: Connection, job_ids: Sequence[str]) -> None:
+        return None
+
+    def notify_job_change(self, connection: Connection, job_id: str, partition: int) -> None:
+        connection.execute(
+            text(
+                "INSERT INTO settings (key, value) VALUES (:key, '1') ON CONFLICT (key) "
+                "DO UPDATE SET value = CAST(CAST(settings.value AS INTEGER) + 1 AS TEXT)"
+            ),
+            {"key": COUNTER_KEY},
+        )
+
+    def change_feed(self, engine: Engine, poll_seconds: float) -> ChangeFeed:
+        return SqliteChangeFeed(engine, poll_seconds)
+
+    def advance_jobs(
+        self, connection: Connection, updates: list[dict[str, Any]], now: datetime
+    ) -> set[str]:
+        advanced: set[str] = set()
+        jobs = schema.jobs
+        for u in updates:
+            outcome = connection.execute(
+                update(jobs)
+                .where(
+                    jobs.c.job_id == u["job_id"],
+                    jobs.c.version == u["version"],
+                    jobs.c.status == JobStatus.active.value,
+                )
+                .values(
+                    next_run_at=u["next_run_at"],
+                    next_fire_at=u["next_fire_at"],
+                    status=u["status"],
+                    version=jobs.c.version + 1,
+                    updated_at=now,
+                )
+            )
+            if outcome.rowcount == 1:
+                advanced.add(u["job_id"])
+        return advanced
+
+    def insert_runs(
+        self, connection: Connection, rows: list[dict[str, Any]], now: datetime
+    ) -> list[tuple[str, datetime, str]]:
+        inserted = []
+        outbox_rows = []
+        for row in rows:
+            run = {k: v for k, v in row.items() if k not in ("target_type", "target")}
+            outcome = connection.execute(
+                sqlite.insert(schema.runs).values(**run).on_conflict_do_nothing()
+            )
+            if outcome.rowcount != 1:
+                continue
+            inserted.append((row["job_id"], row["scheduled_at"], row["status"]))
+            if row["status"] != RunStatus.dispatched.value:
+                continue
+            outbox_rows.append(
+                {
+                    "job_id": row["job_id"],
+                    "scheduled_at": row["scheduled_at"],
+                    "tenant_id": row["tenant_id"],
+                    "target_type": row["target_type"],
+                    "target": row["target"],
+                    "attempt": 1,
+                    "available_at": now,
+                    "created_at": now,
+                }
+            )
+        if outbox_rows:
+            connection.execute(schema.outbox.insert(), outbox_rows)
+        return inserted
+
+    def due_outbox_rows(
+        self, connection: Connection, wanted: Mapping[Lane, int], now: datetime
+    ) -> list[RowMapping]:
+        o = schema.outbox
+        rows: list[RowMapping] = []
+        for lane, cap in wanted.items():
+            rows.extend(
+                connection.execute(
+                    select(
+                        o.c.id,
+                        o.c.job_id,
+                        o.c.scheduled_at,
+                        o.c.tenant_id,
+                        o.c.target_type,
+                        o.c.target,
+                        o.c.attempt,
+                        o.c.lease_owner,
+                    )
+                    .where(
+                        o.c.tenant_id == lane.tenant_id,
+                        o.c.target_type == str(lane.kind),
+                        o.c.available_at <= now,
+                    )
+                    .order_by(o.c.available_at)
+                    .limit(cap)
+                )
+                .mappings()
+                .all()
+            )
+        return rows
+
+    def run_partition_days(self, today: date, days_ahead: int) -> list[date]:
+        return []  # one runs table; retention deletes old rows
+
+    def create_run_partition(
+        self, connection: Connection, name: str, start: datetime, end: datetime
+    ) -> bool:
+        return False
+
+    def drop_run_partitions(self, connection: Connection, cutoff: datetime) -> int:
+        return 0
+
+    def due_lag(
+        self, connection: Connection, now: datetime, partition_count: int
+    ) -> tuple[datetime | None, int]:
+        j = schema.jobs
+        oldest, due = connection.execute(
+            select(func.min(j.c.next_fire_at), func.count()).where(
+                j.c.next_fire_at <= now, j.c.status == "active"
+            )
+        ).one()
+        return oldest, int(due)
+
+    def describe(self, connection: Connection) -> str:
+        return "sqlite (WAL, synchronous=NORMAL)"
+
+
+class SqliteChangeFeed:
+    """Polls the change counter; when it moved, the dispatcher reloads its window, which
+    on one machine's SQLite is a cheap index read."""
+
+    def __init__(self, engine: Engine, poll_seconds: float = 0.25) -> None:
+        self._poll = poll_seconds
+        self._raw = engine.raw_connection()
+        self._version: int | None = None
+
+    def _counter(self) -> int:
+        cursor = self._raw.cursor()
+        try:
+            cursor.execute("SELECT value FROM settings WHERE key = ?", (COUNTER_KEY,))
+            row = cursor.fetchone()
+        finally:
+            cursor.close()
+        return int(row[0]) if row else 0
+
+    def wait(self, timeout: float) -> Changes:
+        deadline = time.monotonic() + timeout
+        while True:
+            version = self._counter()
+            changed = self._version is not None and version != self._version
+            self._version = version
+            if changed:
+                return Changes(reload=True)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return Changes()
+            time.sleep(min(self._poll, remaining))
+
+    def close(self) -> None:
+        self._raw.close()
