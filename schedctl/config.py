@@ -76,6 +76,14 @@ class Config:
     log_level: str = "INFO"  # SCHEDULED_LOG_LEVEL; re-read on SIGHUP
     log_format: str = "text"  # text | json; SCHEDULED_LOG_FORMAT, --log-format
     workers: tuple[WorkerConfig, ...] = ()
+    # e-mail alerts: the SMTP server (unset smtp_host: e-mail alerts wait, retried, and the
+    # relay logs why), its port, the From address, STARTTLS, and a file holding
+    # "user:password" for AUTH (never the secret itself in the configuration)
+    smtp_host: str | None = None
+    smtp_port: int = 25
+    smtp_from: str = "scheduled@localhost"
+    smtp_starttls: bool = False
+    smtp_credentials_file: str | None = None
     source: str = "defaults"  # where the config came from, for `schedctl status`
 
 
@@ -100,6 +108,11 @@ _SCALARS: dict[str, type] = {
     "http_ca_bundle": str,
     "log_level": str,
     "log_format": str,
+    "smtp_host": str,
+    "smtp_port": int,
+    "smtp_from": str,
+    "smtp_starttls": bool,
+    "smtp_credentials_file": str,
 }
 
 
