@@ -5,11 +5,15 @@ is retried without holding up deliveries; the per-tenant metrics count."""
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
+import sys
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from email import message_from_bytes
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,13 +27,16 @@ from schedctl.delivery.email import SmtpSettings
 from schedctl.signing import verify
 from schedctl.storage import alerts as alerts_repo
 from schedctl.storage import schema
+from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
 from scheduled_d.relay import Relay
+from scheduled_d.worker import Worker
 from tests.factories import make_tenant
 from tests.integration.queue_support import (
     answer,
     hook_server,
     http_job,
+    queue_job,
     run_row,
     running_relay,
     set_allow_list,
@@ -207,3 +214,41 @@ def test_bad_alert_settings_name_the_field() -> None:
         with pytest.raises(errors.ValidationError) as caught:
             parse_alerts(value)
         assert caught.value.field == field
+
+
+def test_a_dead_letter_runs_the_hosts_alert_command_on_its_worker(
+    store: Store, tmp_path: Path
+) -> None:
+    tenant = "tenant-acme"
+    out = tmp_path / "alert.json"
+    job = queue_job(store, max_attempts=1)
+    alerts_repo.set_settings(store, tenant, job, parse_alerts({"command": True}))
+    at = trigger(store, job)
+    QueueRepo(store).move_outbox()
+    w = Worker(
+        store,
+        "q",
+        ["sh", "-c", "exit 4"],
+        lease_seconds=5.0,
+        heartbeat_seconds=1.0,
+        poll_seconds=0.05,
+        # the host's own command: it gets the alert on stdin
+        alert_command=[
+            sys.executable,
+            "-c",
+            f"import sys; open({str(out)!r}, 'w').write(sys.stdin.read())",
+        ],
+    )
+    stop = threading.Event()
+    thread = threading.Thread(target=w.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: len(delivered(store)) == 1, "the command alert")
+    finally:
+        stop.set()
+        thread.join(60)
+    assert run_row(store, job, at)["status"] == "dead"
+    alert = json.loads(out.read_text())
+    assert (alert["alert"], alert["job_id"], alert["error"]) == ("dead_letter", job, "exit code 4")
+    (row,) = alerts_repo.list_alerts(store)
+    assert (row["channel"], row["destination"]) == ("command", "q")
