@@ -14,6 +14,7 @@ import typer
 from schedctl import __version__
 from schedctl.bench import delivery as bench_delivery
 from schedctl.cli import (
+    alerts,
     audit,
     bench,
     bench_dispatch,
@@ -150,6 +151,8 @@ for _name, _command in (
 ):
     tenants.app.command(_name)(_command)
 tenants.app.add_typer(tenant_allow.signing_app, name="signing-secret")
+tenants.app.command("alerts")(alerts.tenant_alerts)
+jobs.app.command("alerts")(alerts.job_alerts)
 bench.app.command("delivery")(bench_delivery.delivery)
 bench.app.command("burst")(bench_dispatch.burst)
 bench.app.command("steady")(bench_dispatch.steady)

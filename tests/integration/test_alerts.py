@@ -20,10 +20,13 @@ import pytest
 from aiosmtpd.controller import Controller
 from prometheus_client import REGISTRY
 from sqlalchemy import update
+from typer.testing import CliRunner
 
 from schedctl import errors
 from schedctl.alerts.model import parse_alerts
+from schedctl.cli.app import app as cli_app
 from schedctl.delivery.email import SmtpSettings
+from schedctl.service import Scheduler
 from schedctl.signing import verify
 from schedctl.storage import alerts as alerts_repo
 from schedctl.storage import schema
@@ -43,6 +46,8 @@ from tests.integration.queue_support import (
     trigger,
     wait_for,
 )
+
+runner = CliRunner()
 
 
 class Inbox:
@@ -252,3 +257,52 @@ def test_a_dead_letter_runs_the_hosts_alert_command_on_its_worker(
     assert (alert["alert"], alert["job_id"], alert["error"]) == ("dead_letter", job, "exit code 4")
     (row,) = alerts_repo.list_alerts(store)
     assert (row["channel"], row["destination"]) == ("command", "q")
+
+
+def test_cli_sets_tenant_and_job_alerts_and_a_job_body_carries_them(db_url: str) -> None:
+    def run(*args: str, code: int = 0) -> str:
+        result = runner.invoke(cli_app, ["--db", db_url, "--output", "json", *args])
+        assert result.exit_code == code, result.output
+        return str(result.output)
+
+    run("tenant", "create", "acme")
+    said = json.loads(
+        run(
+            "tenant",
+            "alerts",
+            "acme",
+            "--webhook",
+            "https://hooks.example.com/a",
+            "--email",
+            "a@example.com",
+            "--on",
+            "dead_letter,failure",
+        )
+    )
+    assert said["alerts"] == {
+        "on": ["dead_letter", "failure"],
+        "webhook": "https://hooks.example.com/a",
+        "email": ["a@example.com"],
+    }
+    bad = run("tenant", "alerts", "acme", "--on", "sometimes", code=2)
+    assert "alerts.on" in bad
+    assert json.loads(run("tenant", "alerts", "acme"))["alerts"]["on"] == ["dead_letter", "failure"]
+    store = Store.open(db_url)
+    try:
+        scheduler = Scheduler(store)
+        body = {
+            "schedule": {"delay": "PT1H"},
+            "target": {"type": "queue", "name": "q"},
+            "alerts": {"command": True, "no_success": "PT26H"},
+        }
+        job, _ = scheduler.create_job("acme", body, actor="test")
+        assert scheduler.get_alerts("acme", job.job_id) == parse_alerts(body["alerts"])
+        with pytest.raises(errors.ValidationError) as caught:
+            scheduler.create_job("acme", {**body, "alerts": {"email": "nope"}}, actor="test")
+        assert caught.value.field == "alerts.email"
+    finally:
+        store.close()
+    shown = json.loads(run("job", "alerts", job.job_id))
+    assert shown["alerts"] == {"on": ["dead_letter"], "command": True, "no_success": "PT93600S"}
+    run("job", "alerts", job.job_id, "--clear")
+    assert json.loads(run("job", "alerts", job.job_id))["alerts"] is None
