@@ -125,7 +125,8 @@ def _effective(
 
 
 def _insert_ignore(connection: Connection, rows: list[dict[str, Any]]) -> None:
-    """Insert alert rows, skipping any whose (job, scheduled_at, kind, channel) exists."""
+    """Insert alert rows, skipping any whose (job, scheduled_at, kind, run_attempt,
+    channel) exists."""
     if not rows:
         return
     maker = pg_insert if connection.dialect.name == "postgresql" else sqlite_insert
@@ -143,6 +144,7 @@ def _rows(
     body: dict[str, Any],
     queue: str | None,
     now: datetime,
+    run_attempt: int = 0,
 ) -> list[dict[str, Any]]:
     rows = []
     for channel, destination in config.channels:
@@ -156,6 +158,7 @@ def _rows(
                 "job_id": job_id,
                 "scheduled_at": scheduled_at,
                 "kind": kind,
+                "run_attempt": run_attempt,  # a failure alert is one per attempt
                 "channel": channel,
                 "destination": destination,
                 "body": json.dumps(body, sort_keys=True),
@@ -187,12 +190,6 @@ def queue_for_failures(connection: Connection, failures: Sequence[Failure], now:
             kinds.append("failure")
         queue = f.target if f.target_type == "queue" else None
         for kind in kinds:
-            # a failure alert is per attempt: its key is the run plus the attempt number
-            at = (
-                f.scheduled_at
-                if kind != "failure"
-                else f.scheduled_at + timedelta(microseconds=f.attempt)
-            )
             body = alert_body(
                 kind=kind,
                 tenant_id=f.tenant_id,
@@ -207,10 +204,11 @@ def queue_for_failures(connection: Connection, failures: Sequence[Failure], now:
                 kind=kind,
                 tenant_id=f.tenant_id,
                 job_id=f.job_id,
-                scheduled_at=at,
+                scheduled_at=f.scheduled_at,
                 body=body,
                 queue=queue,
                 now=now,
+                run_attempt=f.attempt if kind == "failure" else 0,
             )
     _insert_ignore(connection, rows)
 

@@ -251,6 +251,8 @@ alerts = Table(
     # the run's nominal time; for no_success, the start of the episode (the last success)
     Column("scheduled_at", UTCDateTime, nullable=False),
     Column("kind", String(16), nullable=False),  # dead_letter, failure, no_success
+    # the run's attempt of a failure alert (one per attempt); 0 for the other kinds
+    Column("run_attempt", Integer, nullable=False),
     Column("channel", String(16), nullable=False),  # webhook, email, command
     Column("destination", Text, nullable=False),  # URL, comma-separated addresses, queue
     Column("body", Text, nullable=False),  # the alert JSON; never the payload
@@ -263,6 +265,8 @@ alerts = Table(
     Column("created_at", UTCDateTime, nullable=False),
     Column("delivered_at", UTCDateTime, nullable=True),
     # at least once, but one alert per run, kind and channel however often it is settled
-    UniqueConstraint("job_id", "scheduled_at", "kind", "channel", name="uq_alerts_dedupe"),
+    UniqueConstraint(
+        "job_id", "scheduled_at", "kind", "run_attempt", "channel", name="uq_alerts_dedupe"
+    ),
     Index("ix_alerts_due", "status", "channel", "available_at"),
 )

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from email import message_from_bytes
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from sqlalchemy import update
 from typer.testing import CliRunner
 
 from schedctl import errors
+from schedctl.alerts.metrics import export_last_success
 from schedctl.alerts.model import parse_alerts
 from schedctl.cli.app import app as cli_app
 from schedctl.delivery.email import SmtpSettings
@@ -306,3 +308,29 @@ def test_cli_sets_tenant_and_job_alerts_and_a_job_body_carries_them(db_url: str)
     assert shown["alerts"] == {"on": ["dead_letter"], "command": True, "no_success": "PT93600S"}
     run("job", "alerts", job.job_id, "--clear")
     assert json.loads(run("job", "alerts", job.job_id))["alerts"] is None
+
+
+def test_the_last_success_series_is_only_for_jobs_with_a_no_success_alert(store: Store) -> None:
+    tenant = "tenant-acme"
+    watched = http_job(store, "http://127.0.0.1:9/x")
+    other = http_job(store, "http://127.0.0.1:9/y")
+    alerts_repo.set_settings(
+        store, tenant, watched, parse_alerts({"email": ["a@example.com"], "no_success": "PT1H"})
+    )
+    finished = datetime(2026, 6, 1, 12, tzinfo=UTC)
+    for job in (watched, other):
+        at = trigger(store, job)
+        with store.tx() as connection:
+            connection.execute(
+                update(schema.runs)
+                .where(schema.runs.c.job_id == job, schema.runs.c.scheduled_at == at)
+                .values(status="succeeded", finished_at=finished)
+            )
+    export_last_success(partial(alerts_repo.last_successes, store))
+    try:
+        name = "scheduled_job_last_success_timestamp_seconds"
+        seen = REGISTRY.get_sample_value(name, {"tenant": tenant, "job": watched})
+        assert seen == finished.timestamp()
+        assert REGISTRY.get_sample_value(name, {"tenant": tenant, "job": other}) is None
+    finally:
+        export_last_success(None)

@@ -36,6 +36,7 @@ def upgrade() -> None:
         sa.Column("job_id", sa.String(40), nullable=False),
         sa.Column("scheduled_at", UTCDateTime, nullable=False),
         sa.Column("kind", sa.String(16), nullable=False),
+        sa.Column("run_attempt", sa.Integer, nullable=False),
         sa.Column("channel", sa.String(16), nullable=False),
         sa.Column("destination", sa.Text, nullable=False),
         sa.Column("body", sa.Text, nullable=False),
@@ -46,7 +47,9 @@ def upgrade() -> None:
         sa.Column("last_error", sa.Text, nullable=True),
         sa.Column("created_at", UTCDateTime, nullable=False),
         sa.Column("delivered_at", UTCDateTime, nullable=True),
-        sa.UniqueConstraint("job_id", "scheduled_at", "kind", "channel", name="uq_alerts_dedupe"),
+        sa.UniqueConstraint(
+            "job_id", "scheduled_at", "kind", "run_attempt", "channel", name="uq_alerts_dedupe"
+        ),
     )
     op.create_index("ix_alerts_due", "alerts", ["status", "channel", "available_at"])
 
