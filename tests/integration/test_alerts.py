@@ -32,6 +32,7 @@ from schedctl.service import Scheduler
 from schedctl.signing import verify
 from schedctl.storage import alerts as alerts_repo
 from schedctl.storage import schema
+from schedctl.storage.outbox import DeadLetterRepo
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
 from scheduled_d.relay import Relay
@@ -39,6 +40,8 @@ from scheduled_d.worker import Worker
 from tests.factories import make_tenant
 from tests.integration.queue_support import (
     answer,
+    attempts,
+    dead_letters,
     hook_server,
     http_job,
     queue_job,
@@ -124,6 +127,12 @@ def test_a_dead_letter_alerts_by_webhook_and_email_and_logs_a_warning(
             with running_relay(relay(store, port)):
                 wait_for(lambda: run_row(store, job, at)["status"] == "dead", "the dead letter")
                 wait_for(lambda: len(delivered(store)) == 2, "both alerts")
+                # a replayed run that dies again alerts no more: one alert per run and kind
+                (letter,) = dead_letters(store)
+                DeadLetterRepo(store).replay(letter["id"], actor="test")
+                wait_for(lambda: len(attempts(store, job, at)) == 4, "the replay's attempts")
+                wait_for(lambda: run_row(store, job, at)["status"] == "dead", "dead again")
+                assert len(alerts_repo.list_alerts(store)) == 2
         (received,) = alerts_hook.requests()
     verify("secret", received.headers, received.body, method="POST", path=received.path)
     alert = received.json["payload"]
@@ -134,12 +143,14 @@ def test_a_dead_letter_alerts_by_webhook_and_email_and_logs_a_warning(
     assert job in mail.get_payload()
     # only the dead letter: failure alerts were not asked for
     assert {a["kind"] for a in alerts_repo.list_alerts(store)} == {"dead_letter"}
-    (line,) = [r for r in caplog.records if r.name == "schedctl.alerts"]
+    lines = [r for r in caplog.records if r.name == "schedctl.alerts"]
+    assert len(lines) == 2  # the dead letter and the replay's
+    line = lines[0]
     assert line.levelno == logging.WARNING
     assert job in line.getMessage() and tenant in line.getMessage()
     assert "HTTP 500" in line.getMessage()
-    assert counter("scheduled_dead_letters_total", tenant) == dead_before + 1
-    assert counter("scheduled_run_failures_total", tenant) == failures_before + 2
+    assert counter("scheduled_dead_letters_total", tenant) == dead_before + 2
+    assert counter("scheduled_run_failures_total", tenant) == failures_before + 4
 
 
 def test_failure_alerts_only_when_asked_and_settling_twice_queues_one(store: Store) -> None:
