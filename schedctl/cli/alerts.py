@@ -1,7 +1,7 @@
 """Owns the alert commands: `schedctl tenant alerts TENANT` (the tenant's default) and
 `schedctl job alerts JOB` (a job's own, which replace the default). With no option they
 show the settings; options set them (all at once: what is left out is off); --clear
-removes them. They work on the database (not through --api)."""
+removes them. `job alerts` also works through --api; `tenant alerts` needs the database."""
 
 from __future__ import annotations
 
@@ -98,8 +98,9 @@ def job_alerts(
     clear: Clear = False,
     output: OutputOption = None,
 ) -> None:
-    """Show or set JOB's own alerts (--clear: back to its tenant's default)."""
-    scheduler = cli_state(ctx).database()
+    """Show or set JOB's own alerts (--clear: back to its tenant's default); works with
+    --api too."""
+    scheduler = cli_state(ctx).scheduler()
     found = scheduler.get_job(job)
     body = _body(webhook, email, on, command, no_success)
     if clear and body is not None:

@@ -848,3 +848,18 @@ def test_job_alerts_in_the_create_body_and_their_own_routes(acme: Api, other: Ap
     assert cleared.status_code == 200 and cleared.json()["alerts"] is None
     refused = acme.create(job_body(alerts={"email": "nope"}))
     assert refused.status_code == 422 and refused.json()["error"]["field"] == "alerts.email"
+
+
+def test_schedctl_job_alerts_goes_through_the_api(acme: Api, server: ApiServer) -> None:
+    job = acme.new_job()
+    base = ["--api", server.url, "--token", acme.token, "--output", "json", "job", "alerts"]
+    made = runner.invoke(cli_app, [*base, job["job_id"], "--email", "ops@example.com"])
+    assert made.exit_code == 0, made.output
+    assert json.loads(made.stdout)["alerts"] == {
+        "on": ["dead_letter"],
+        "email": ["ops@example.com"],
+    }
+    got = acme.request("GET", f"/v1/jobs/{job['job_id']}/alerts").json()["alerts"]
+    assert got["email"] == ["ops@example.com"]
+    cleared = runner.invoke(cli_app, [*base, job["job_id"], "--clear"])
+    assert cleared.exit_code == 0 and json.loads(cleared.stdout)["alerts"] is None
