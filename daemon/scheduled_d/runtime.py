@@ -306,6 +306,7 @@ def run_worker(
     max_runs: int | None,
     env: Mapping[str, str] | None = None,
     tenant: str | None = None,
+    alert_command: Sequence[str] = (),
 ) -> None:
     with stop_on_signals() as (stop, force):
 
@@ -319,6 +320,7 @@ def run_worker(
                 env=env,
                 tenant=tenant,
                 heartbeat_seconds=min(5.0, lease_seconds / 3),  # as in `all`: a short lease works
+                alert_command=alert_command,
             )
             worker.run(stop, max_runs=max_runs, force=force)
 
