@@ -20,6 +20,7 @@ from urllib.parse import quote
 import requests
 
 from schedctl import __version__, errors
+from schedctl.alerts.model import AlertConfig, parse_alerts
 from schedctl.models import Job, JobStatus, Page, Run
 from schedctl.views import job_from_dict, run_from_dict
 
@@ -172,6 +173,24 @@ class ApiClient:
         data = self._json("GET", _job_path(job_id, "runs"), params=params)
         return Page(tuple(run_from_dict(r) for r in data["items"]), data.get("next_cursor"))
 
+    def get_alerts(self, tenant: str | None, job_id: str | None = None) -> AlertConfig | None:
+        """A job's own alerts (GET /v1/jobs/{id}/alerts); None: it uses the default."""
+        data = self._json("GET", _job_path(_alerts_job(job_id), "alerts"))
+        return parse_alerts(data["alerts"]) if data.get("alerts") is not None else None
+
+    def set_alerts(
+        self, tenant: str | None, body: Mapping[str, Any] | None, job_id: str | None = None
+    ) -> AlertConfig | None:
+        """Replace (None: clear) a job's own alerts (PUT /v1/jobs/{id}/alerts)."""
+        path = _job_path(_alerts_job(job_id), "alerts")
+        if body is None:  # a JSON null clears them (json=None would send no body at all)
+            data = self._json(
+                "PUT", path, data="null", headers={"Content-Type": "application/json"}
+            )
+        else:
+            data = self._json("PUT", path, json=dict(body))
+        return parse_alerts(data["alerts"]) if data.get("alerts") is not None else None
+
     # -- HTTP --------------------------------------------------------------------------
 
     def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
@@ -192,6 +211,14 @@ class ApiClient:
         if response.status_code >= 400:
             raise _error(response)
         return response
+
+
+def _alerts_job(job_id: str | None) -> str:
+    if job_id is None:
+        raise errors.ValidationError(
+            "a tenant's default alerts are set on the database (drop --api)", field="--api"
+        )
+    return job_id
 
 
 def _job_path(job_id: str, action: str | None = None) -> str:

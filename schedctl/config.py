@@ -24,7 +24,15 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 LOG_FORMATS = ("text", "json")
 # every key a [[worker]] table may hold (tenant and env: the worker's tenant and the
 # variables added to its command's environment)
-WORKER_KEYS = ("queue", "command", "concurrency", "lease_seconds", "tenant", "env")
+WORKER_KEYS = (
+    "queue",
+    "command",
+    "concurrency",
+    "lease_seconds",
+    "tenant",
+    "env",
+    "alert_command",
+)
 # A command's environment: what a worker adds to it must be a valid name, never one of the
 # worker's own SCHEDULED_* settings (database URL, keys, token) and never a run variable.
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -47,6 +55,8 @@ class WorkerConfig:
     lease_seconds: float = 30.0
     env: tuple[tuple[str, str], ...] = ()  # [worker.env]: added to the command's environment
     tenant: str | None = None  # name or id; may be left out while one tenant exists
+    # run with an alert's JSON on stdin for each command alert of this queue's jobs
+    alert_command: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -76,6 +86,14 @@ class Config:
     log_level: str = "INFO"  # SCHEDULED_LOG_LEVEL; re-read on SIGHUP
     log_format: str = "text"  # text | json; SCHEDULED_LOG_FORMAT, --log-format
     workers: tuple[WorkerConfig, ...] = ()
+    # e-mail alerts: the SMTP server (unset smtp_host: e-mail alerts wait, retried, and the
+    # relay logs why), its port, the From address, STARTTLS, and a file holding
+    # "user:password" for AUTH (never the secret itself in the configuration)
+    smtp_host: str | None = None
+    smtp_port: int = 25
+    smtp_from: str = "scheduled@localhost"
+    smtp_starttls: bool = False
+    smtp_credentials_file: str | None = None
     source: str = "defaults"  # where the config came from, for `schedctl status`
 
 
@@ -100,6 +118,11 @@ _SCALARS: dict[str, type] = {
     "http_ca_bundle": str,
     "log_level": str,
     "log_format": str,
+    "smtp_host": str,
+    "smtp_port": int,
+    "smtp_from": str,
+    "smtp_starttls": bool,
+    "smtp_credentials_file": str,
 }
 
 
@@ -361,6 +384,16 @@ def _workers(raw: Any, origin: str) -> tuple[WorkerConfig, ...]:
                 f"{origin}: [worker.env] must be a table of strings", field="worker.env"
             )
         env_pairs = command_env(env, "worker.env", origin)
+        alert_command = item.get("alert_command", [])
+        if isinstance(alert_command, str):
+            alert_command = [alert_command]
+        if not isinstance(alert_command, list) or not all(
+            isinstance(c, str) and c for c in alert_command
+        ):
+            raise errors.ConfigError(
+                f"{origin}: alert_command must be a list of strings",
+                field="worker.alert_command",
+            )
         result.append(
             WorkerConfig(
                 queue=queue,
@@ -369,6 +402,7 @@ def _workers(raw: Any, origin: str) -> tuple[WorkerConfig, ...]:
                 lease_seconds=float(lease),
                 env=env_pairs,
                 tenant=tenant,
+                alert_command=tuple(alert_command),
             )
         )
     return tuple(result)

@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from schedctl import errors, limits
+from schedctl.alerts.model import parse_alerts
 from schedctl.limits import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     MAX_CONCURRENCY,
@@ -54,6 +55,7 @@ TOP_LEVEL_KEYS = frozenset(
         "start",
         "end",
         "idempotency_key",
+        "alerts",
     }
 )
 SCHEDULE_KINDS = ("run_at", "delay", "cron", "every")
@@ -112,6 +114,7 @@ def parse_job_request(
         end_at=end_at,
         idempotency_key=idempotency_key,
         request_hash=request_hash(body),
+        alerts=parse_alerts(body["alerts"]) if body.get("alerts") is not None else None,
     )
 
 

@@ -6,11 +6,14 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import Schedule
 from schedctl.scheduling.timeparse import format_instant
+
+if TYPE_CHECKING:
+    from schedctl.alerts.model import AlertConfig
 
 
 class JobStatus(enum.StrEnum):
@@ -114,6 +117,7 @@ class JobSpec:
     end_at: datetime | None
     idempotency_key: str | None
     request_hash: str
+    alerts: AlertConfig | None = None  # `"alerts": {...}`, stored in alert_settings
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,11 @@ from types import TracebackType
 from typing import Any
 
 from schedctl import errors
+from schedctl.alerts.model import AlertConfig, parse_alerts
 from schedctl.jobspec import parse_job_request, parse_schedule
 from schedctl.limits import DEFAULT_MAX_PAYLOAD_BYTES
 from schedctl.models import Job, JobStatus, Page, Run, Tenant
+from schedctl.storage import alerts as alert_store
 from schedctl.storage.audit import AuditRepo
 from schedctl.storage.cursors import check_page_limit, decode_cursor
 from schedctl.storage.jobs import JobRepo
@@ -157,9 +159,12 @@ class Scheduler:
             self._check_rate(use, found)
             self._check_max_jobs(use, found)
 
-        return self.jobs.create(
+        job, created = self.jobs.create(
             found.tenant_id, spec, actor=actor, guard=quota_guard(found.tenant_id, quotas)
         )
+        if created and spec.alerts is not None:
+            alert_store.set_settings(self.store, found.tenant_id, job.job_id, spec.alerts)
+        return job, created
 
     @staticmethod
     def _check_rate(use: QuotaUse, tenant: Tenant) -> None:
@@ -280,6 +285,25 @@ class Scheduler:
             limit=limit,
             cursor=cursor,
         )
+
+    # -- alerts ------------------------------------------------------------------------
+
+    def set_alerts(
+        self, tenant: TenantRef, body: Mapping[str, Any] | None, job_id: str | None = None
+    ) -> AlertConfig | None:
+        """Set (None: clear) the alerts of a job of the tenant, or the tenant's default
+        (job_id None). Checked first: bad settings change nothing."""
+        found = self._tenant(tenant)
+        config = parse_alerts(body) if body is not None else None
+        target = "" if job_id is None else self.jobs.get(job_id, found.tenant_id).job_id
+        alert_store.set_settings(self.store, found.tenant_id, target, config)
+        return config
+
+    def get_alerts(self, tenant: TenantRef, job_id: str | None = None) -> AlertConfig | None:
+        """A job's own alerts (None: it uses the tenant default), or the tenant default."""
+        found = self._tenant(tenant)
+        target = "" if job_id is None else self.jobs.get(job_id, found.tenant_id).job_id
+        return alert_store.get_settings(self.store, found.tenant_id, target)
 
 
 def _status(status: str | JobStatus | None) -> JobStatus | None:

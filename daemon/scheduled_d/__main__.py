@@ -354,6 +354,7 @@ def worker(
                 max_runs=max_runs,
                 tenant=tenant or (spec.tenant if spec else None),
                 env={**dict(spec.env if spec else ()), **command_vars},
+                alert_command=spec.alert_command if spec else (),
             )
         finally:
             store.close()

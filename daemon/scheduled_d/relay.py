@@ -37,7 +37,9 @@ from typing import Any
 from prometheus_client import Counter, Histogram
 
 from schedctl import errors, retrying
+from schedctl.alerts.lane import AlertLane
 from schedctl.config import Config
+from schedctl.delivery.email import SmtpSettings
 from schedctl.delivery.http import DEFAULT_TIMEOUT_SECONDS, DeliveryResult, HttpDelivery
 from schedctl.delivery.limits import DeliveryLimits
 from schedctl.delivery.rabbitmq import BrokerPool, Message
@@ -135,6 +137,8 @@ class Relay:
         resolver: Resolver | None = None,
         ca_bundle: str | None = None,
         http: HttpDelivery | None = None,
+        smtp: SmtpSettings | None = None,
+        alert_poll_seconds: float = 1.0,
     ) -> None:
         self.store = store
         self.repo = QueueRepo(store)
@@ -216,6 +220,15 @@ class Relay:
         self._heartbeat_stop = threading.Event()
         self.extended = 0  # leases extended by the heartbeat
         self.heartbeat_errors = 0
+        # alerts go in a lane (thread) of their own: a slow SMTP server holds up no delivery
+        self.alerts = AlertLane(
+            store,
+            http=self.http,
+            signing=self.signing,
+            smtp=smtp or SmtpSettings(host=None),
+            owner=self.owner,
+            poll_seconds=alert_poll_seconds,
+        )
 
     @classmethod
     def from_config(cls, store: Store, config: Config, **options: Any) -> Relay:
@@ -226,6 +239,13 @@ class Relay:
             "http_timeout": config.http_timeout_seconds,
             "max_in_flight": config.relay_max_in_flight,
             "ca_bundle": config.http_ca_bundle,
+            "smtp": SmtpSettings(
+                host=config.smtp_host,
+                port=config.smtp_port,
+                sender=config.smtp_from,
+                starttls=config.smtp_starttls,
+                credentials_file=config.smtp_credentials_file,
+            ),
         }
         settings.update(options)
         return cls(store, **settings)
@@ -240,6 +260,7 @@ class Relay:
         """Relay until `stop` is set, then finish the deliveries in flight (each is bounded
         by the HTTP timeout) and record them; database outages are waited out."""
         self._start_settler()
+        self.alerts.start()
         backoff = retrying.Backoff(retrying.STORE_UNAVAILABLE)
         unavailable = False
         try:
@@ -311,6 +332,7 @@ class Relay:
         self._heartbeat_stop.set()
         if self._heartbeat is not None:
             self._heartbeat.join()
+        self.alerts.stop()
         self.brokers.close()
         self.http.close()
         log.info(

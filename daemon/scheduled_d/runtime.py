@@ -5,11 +5,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 
+from schedctl.alerts.metrics import export_last_success
 from schedctl.config import Config, WorkerConfig
 from schedctl.coordination.base import Coordinator
 from schedctl.coordination.local import LocalCoordinator
 from schedctl.coordination.zookeeper import ZooKeeperCoordinator
+from schedctl.storage.alerts import last_successes
 from schedctl.storage.claim import ClaimResult
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
@@ -160,12 +163,14 @@ def _run_all(
                 heartbeat_seconds=min(5.0, spec.lease_seconds / 3),
                 env=dict(spec.env),
                 tenant=spec.tenant,
+                alert_command=spec.alert_command,
             ).run(worker_stop, force=force)
 
         worker_threads.append(
             supervisor.start(f"worker-{spec.queue}", run_worker_once, worker_stop)
         )
     export_queue_depths(QueueRepo(store).stats)
+    export_last_success(partial(last_successes, store))
     _serve_metrics(config, supervisor, metrics_stop)
     sdnotify.announce(  # systemd: READY=1, STATUS=, WATCHDOG=1 while healthy, STOPPING=1
         f"dispatcher: {store.partition_count} partitions; relay; "
@@ -280,6 +285,7 @@ def run_relay(store: Store, config: Config) -> None:
                 "relay", lambda: Relay.from_config(store, config).run(inner), inner
             )
             export_queue_depths(QueueRepo(store).stats)
+            export_last_success(partial(last_successes, store))
             _serve_metrics(config, supervisor, metrics_stop)
             sdnotify.announce("relay", supervisor.healthy, stop)
             _wait(stop, force, supervisor)
@@ -300,6 +306,7 @@ def run_worker(
     max_runs: int | None,
     env: Mapping[str, str] | None = None,
     tenant: str | None = None,
+    alert_command: Sequence[str] = (),
 ) -> None:
     with stop_on_signals() as (stop, force):
 
@@ -313,6 +320,7 @@ def run_worker(
                 env=env,
                 tenant=tenant,
                 heartbeat_seconds=min(5.0, lease_seconds / 3),  # as in `all`: a short lease works
+                alert_command=alert_command,
             )
             worker.run(stop, max_runs=max_runs, force=force)
 

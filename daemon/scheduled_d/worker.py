@@ -124,6 +124,7 @@ class Worker:
         reap_seconds: float | None = None,
         env: Mapping[str, str] | None = None,
         tenant: str | None = None,
+        alert_command: Sequence[str] = (),
     ) -> None:
         if not command:
             raise errors.ConfigError("the worker needs a command to run", field="command")
@@ -160,6 +161,8 @@ class Worker:
         self._sequence = 0
         self._unavailable = False
         self.store_errors = 0  # backend calls of the lease loop that found it unavailable
+        # the host's alert command (OnFailure=-like), run for this queue's command alerts
+        self.alert_command = list(alert_command)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -224,6 +227,7 @@ class Worker:
                     taken += len(leases)
                 if leases:
                     continue  # more may be ready: ask again before sleeping
+                self._alerts()
                 if idle_exit and self._active_count() == 0:
                     break
                 self._slot_freed.wait(self.poll_seconds)
@@ -232,6 +236,24 @@ class Worker:
             self._drain()
         log.info("worker %s: stopped after %d run(s)", self.owner, taken)
         return taken
+
+    def _alerts(self) -> None:
+        """Run the alert command for this queue's due command alerts (database workers
+        only: an API worker has no alert lane)."""
+        if not self.alert_command or not isinstance(self.backend, DirectBackend):
+            return
+        from schedctl.alerts.command import run_alert_commands  # database workers only
+
+        try:
+            run_alert_commands(
+                self.backend.store,
+                tenant_id=self.backend.tenant_id,
+                queue=self.queue,
+                command=self.alert_command,
+                owner=self.owner,
+            )
+        except errors.StoreUnavailable as exc:
+            self._store_down("cannot read alerts", exc)
 
     def _store_down(self, what: str, exc: errors.StoreUnavailable) -> None:
         self.store_errors += 1

@@ -13,6 +13,7 @@ import typer
 
 from schedctl import __version__
 from schedctl.cli import (
+    alerts,
     audit,
     bench,
     bench_dispatch,
@@ -156,6 +157,8 @@ for _name, _command in (
     tenants.app.command(_name)(_command)
 tenants.app.add_typer(tenant_allow.signing_app, name="signing-secret")
 bench.app.command("delivery")(bench_dispatch.delivery)
+tenants.app.command("alerts")(alerts.tenant_alerts)
+jobs.app.command("alerts")(alerts.job_alerts)
 bench.app.command("burst")(bench_dispatch.burst)
 bench.app.command("steady")(bench_dispatch.steady)
 bench.app.command("failover")(bench_dispatch.failover)

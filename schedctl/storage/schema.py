@@ -241,3 +241,45 @@ workers = Table(
     Column("live_until", UTCDateTime, nullable=False),
     PrimaryKeyConstraint("tenant_id", "queue", "worker", name="pk_workers"),
 )
+
+# -- alerts (0012) ---------------------------------------------------------------------
+
+alert_settings = Table(
+    "alert_settings",
+    metadata,
+    Column("tenant_id", String(40), nullable=False),
+    # '' is the tenant's default, used by its jobs that have no settings of their own
+    Column("job_id", String(40), nullable=False),
+    Column("config", Text, nullable=False),  # JSON, see schedctl.alerts.model.AlertConfig
+    Column("updated_at", UTCDateTime, nullable=False),
+    PrimaryKeyConstraint("tenant_id", "job_id", name="pk_alert_settings"),
+)
+
+alerts = Table(
+    "alerts",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("tenant_id", String(40), nullable=False),
+    Column("job_id", String(40), nullable=False),
+    # the run's nominal time; for no_success, the start of the episode (the last success)
+    Column("scheduled_at", UTCDateTime, nullable=False),
+    Column("kind", String(16), nullable=False),  # dead_letter, failure, no_success
+    # the run's attempt of a failure alert (one per attempt); 0 for the other kinds
+    Column("run_attempt", Integer, nullable=False),
+    Column("channel", String(16), nullable=False),  # webhook, email, command
+    Column("destination", Text, nullable=False),  # URL, comma-separated addresses, queue
+    Column("body", Text, nullable=False),  # the alert JSON; never the payload
+    Column("status", String(16), nullable=False),  # pending, delivered, failed
+    Column("attempt", Integer, nullable=False),
+    # due time; while a sender holds the row, the end of its lease
+    Column("available_at", UTCDateTime, nullable=False),
+    Column("lease_owner", String(200), nullable=True),
+    Column("last_error", Text, nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("delivered_at", UTCDateTime, nullable=True),
+    # at least once, but one alert per run, kind and channel however often it is settled
+    UniqueConstraint(
+        "job_id", "scheduled_at", "kind", "run_attempt", "channel", name="uq_alerts_dedupe"
+    ),
+    Index("ix_alerts_due", "status", "channel", "available_at"),
+)

@@ -26,7 +26,7 @@ from schedctl.backoff import backoff_delay
 # the worker side (no database) owns the text; settling records it
 from schedctl.leasing import CANCELLED_RUNNING_ERROR as CANCELLED_RUNNING_ERROR
 from schedctl.models import RunStatus
-from schedctl.storage import schema
+from schedctl.storage import alerts, schema
 
 LOST_ERROR = "lease expired: the worker or relay holding the run stopped"
 CANCELLED_ERROR = "job cancelled before delivery"
@@ -124,6 +124,7 @@ def settle(
     gone: dict[Table, list[int]] = {}
     retry: dict[Table, list[dict[str, Any]]] = {}
     dead: list[dict[str, Any]] = []
+    failures: list[alerts.Failure] = []  # for the alerts hook
     for held, attempt in items:
         error = clip(attempt.error)
         delay = _retry_delay(held, attempt, rng)
@@ -159,6 +160,21 @@ def settle(
                     "created_at": now,
                 }
             )
+        if status in (RunStatus.failed, RunStatus.lost, RunStatus.dead) and (
+            attempt.ending is not Ending.stopped
+        ):
+            failures.append(
+                alerts.Failure(
+                    tenant_id=held.tenant_id,
+                    job_id=held.job_id,
+                    scheduled_at=held.scheduled_at,
+                    attempt=held.attempt,
+                    error=error,
+                    dead=status is RunStatus.dead,
+                    target_type=held.target_type,
+                    target=held.target,
+                )
+            )
         if delay is None:  # the run ends with this attempt
             gone.setdefault(held.table, []).append(held.row_id)
         runs.append(
@@ -186,6 +202,9 @@ def settle(
         _retry(connection, table, rows)
     if dead:
         connection.execute(insert(schema.dead_letters), dead)
+    # the alerts hook: queued in this transaction, so a settled failure is never unalerted
+    alerts.queue_for_failures(connection, failures, now)
+    alerts.count_failures(failures)
     return result
 
 

@@ -775,7 +775,7 @@ def test_openapi_document(server: ApiServer) -> None:
         (method.upper(), path)
         for path, item in doc["paths"].items()
         for method in item
-        if method in {"get", "post", "patch", "delete"}
+        if method in {"get", "post", "put", "patch", "delete"}
     }
     assert operations == {
         ("POST", "/v1/jobs"),
@@ -793,6 +793,8 @@ def test_openapi_document(server: ApiServer) -> None:
         ("POST", "/v1/leases/{lease_id}/heartbeat"),
         ("POST", "/v1/leases/{lease_id}/ack"),
         ("POST", "/v1/leases/{lease_id}/fail"),
+        ("GET", "/v1/jobs/{job_id}/alerts"),
+        ("PUT", "/v1/jobs/{job_id}/alerts"),
     }
     for path, item in doc["paths"].items():
         for operation in item.values():
@@ -825,3 +827,39 @@ def test_request_and_quota_metrics(sched: Scheduler, acme: Api) -> None:
     rejected = value("scheduled_api_quota_rejections_total", quota)
     assert acme.create().status_code == 429
     assert value("scheduled_api_quota_rejections_total", quota) == rejected + 1
+
+
+def test_job_alerts_in_the_create_body_and_their_own_routes(acme: Api, other: Api) -> None:
+    alerts = {"on": ["dead_letter", "failure"], "email": ["ops@example.com"]}
+    job = acme.new_job(job_body(alerts=alerts))
+    path = f"/v1/jobs/{job['job_id']}/alerts"
+    got = acme.request("GET", path)
+    assert got.status_code == 200 and got.json()["alerts"] == alerts
+    assert other.request("GET", path).status_code == 404  # another tenant's job
+    bad = acme.request("PUT", path, json={"on": ["sometimes"]})
+    assert bad.status_code == 422 and bad.json()["error"]["field"] == "alerts.on"
+    assert acme.request("GET", path).json()["alerts"] == alerts  # unchanged
+    put = acme.request("PUT", path, json={"webhook": "https://hooks.example.com/a"})
+    assert put.status_code == 200
+    assert put.json()["alerts"] == {"on": ["dead_letter"], "webhook": "https://hooks.example.com/a"}
+    cleared = acme.request(
+        "PUT", path, json=None, data="null", headers={"Content-Type": "application/json"}
+    )
+    assert cleared.status_code == 200 and cleared.json()["alerts"] is None
+    refused = acme.create(job_body(alerts={"email": "nope"}))
+    assert refused.status_code == 422 and refused.json()["error"]["field"] == "alerts.email"
+
+
+def test_schedctl_job_alerts_goes_through_the_api(acme: Api, server: ApiServer) -> None:
+    job = acme.new_job()
+    base = ["--api", server.url, "--token", acme.token, "--output", "json", "job", "alerts"]
+    made = runner.invoke(cli_app, [*base, job["job_id"], "--email", "ops@example.com"])
+    assert made.exit_code == 0, made.output
+    assert json.loads(made.stdout)["alerts"] == {
+        "on": ["dead_letter"],
+        "email": ["ops@example.com"],
+    }
+    got = acme.request("GET", f"/v1/jobs/{job['job_id']}/alerts").json()["alerts"]
+    assert got["email"] == ["ops@example.com"]
+    cleared = runner.invoke(cli_app, [*base, job["job_id"], "--clear"])
+    assert cleared.exit_code == 0 and json.loads(cleared.stdout)["alerts"] is None

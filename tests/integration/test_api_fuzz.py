@@ -52,6 +52,8 @@ OPERATIONS = [
     "POST /v1/leases/{lease_id}/heartbeat",
     "POST /v1/leases/{lease_id}/ack",
     "POST /v1/leases/{lease_id}/fail",
+    "GET /v1/jobs/{job_id}/alerts",
+    "PUT /v1/jobs/{job_id}/alerts",
 ]
 
 

@@ -158,3 +158,26 @@ def test_json_lines_have_the_fields_and_extras() -> None:
     parsed = json.loads(JsonFormatter().format(entry))
     assert parsed["level"] == "ERROR" and parsed["message"] == "boom" and parsed["job_id"] == "j1"
     assert JsonFormatter(journal=True).format(entry).startswith("<3>{")
+
+
+def test_smtp_keys_and_a_workers_alert_command(tmp_path: Path) -> None:
+    config = load_config(
+        write(
+            tmp_path,
+            'smtp_host = "127.0.0.1"\nsmtp_port = 2525\nsmtp_from = "s@example.com"\n'
+            "smtp_starttls = true\n"
+            '[[worker]]\nqueue = "q"\ncommand = ["true"]\nalert_command = ["/bin/alert"]\n',
+        ),
+        environ={},
+    )
+    assert (config.smtp_host, config.smtp_port, config.smtp_from, config.smtp_starttls) == (
+        "127.0.0.1",
+        2525,
+        "s@example.com",
+        True,
+    )
+    assert config.workers[0].alert_command == ("/bin/alert",)
+    bad = write(tmp_path, '[[worker]]\nqueue = "q"\ncommand = ["true"]\nalert_command = 3\n')
+    with pytest.raises(errors.ConfigError) as info:
+        load_config(bad, environ={})
+    assert info.value.field == "worker.alert_command"

@@ -249,6 +249,32 @@ JOB_REQUEST_SCHEMA: dict[str, Any] = {
             "maxLength": jobspec.MAX_IDEMPOTENCY_KEY_LENGTH,
             "description": "Same as the Idempotency-Key header (which wins if both differ).",
         },
+        "alerts": {
+            "type": "object",
+            "additionalProperties": False,
+            "description": "Who is told when runs fail: replaces the tenant's default alerts.",
+            "properties": {
+                "on": {
+                    "type": "array",
+                    "items": {"enum": ["dead_letter", "failure"]},
+                    "description": "dead_letter (default) and/or failure (every attempt).",
+                },
+                "webhook": {"type": "string", "description": "Signed like a delivery."},
+                "email": {
+                    "type": "array",
+                    "maxItems": 10,
+                    "items": {"type": "string"},
+                },
+                "command": {
+                    "type": "boolean",
+                    "description": "Run the queue worker host's alert_command.",
+                },
+                "no_success": {
+                    "type": "string",
+                    "description": "Alert once when no run succeeded for this long (PT26H).",
+                },
+            },
+        },
     },
 }
 JOB_REQUEST_EXAMPLES: dict[str, Any] = {

@@ -1,0 +1,143 @@
+"""Owns the alert settings of a job or tenant (`"alerts": {...}`): parsing, checking and
+the JSON form stored in alert_settings, and the alert body sent to every channel."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from schedctl import errors
+from schedctl.scheduling.timeparse import parse_duration
+
+KINDS = ("dead_letter", "failure")  # what `on` may list; no_success is set by its duration
+NO_SUCCESS = "no_success"
+WEBHOOK, EMAIL, COMMAND = "webhook", "email", "command"
+MAX_EMAILS = 10
+_EMAIL = re.compile(r"^[^@\s,<>]{1,64}@[A-Za-z0-9.-]{1,253}$")
+_KEYS = {"on", "webhook", "email", "command", "no_success"}
+
+
+@dataclass(frozen=True)
+class AlertConfig:
+    """Where a job's alerts go and on what. Empty (no channel) means no alerts."""
+
+    on: tuple[str, ...] = ("dead_letter",)
+    webhook: str | None = None
+    email: tuple[str, ...] = ()
+    command: bool = False
+    no_success: timedelta | None = None
+
+    @property
+    def channels(self) -> list[tuple[str, str]]:
+        """(channel, destination) of each configured channel; command's is set per job."""
+        result: list[tuple[str, str]] = []
+        if self.webhook:
+            result.append((WEBHOOK, self.webhook))
+        if self.email:
+            result.append((EMAIL, ",".join(self.email)))
+        if self.command:
+            result.append((COMMAND, ""))
+        return result
+
+    def to_dict(self) -> dict[str, Any]:
+        result: dict[str, Any] = {"on": list(self.on)}
+        if self.webhook:
+            result["webhook"] = self.webhook
+        if self.email:
+            result["email"] = list(self.email)
+        if self.command:
+            result["command"] = True
+        if self.no_success is not None:
+            result["no_success"] = f"PT{int(self.no_success.total_seconds())}S"
+        return result
+
+
+def parse_alerts(value: Any, field_name: str = "alerts") -> AlertConfig:
+    """The AlertConfig of a JSON object; a ValidationError naming the field otherwise."""
+    if not isinstance(value, dict):
+        raise errors.ValidationError("must be an object", field=field_name)
+    unknown = sorted(set(value) - _KEYS)
+    if unknown:
+        raise errors.ValidationError(
+            f"unknown key {unknown[0]!r} (known: {', '.join(sorted(_KEYS))})", field=field_name
+        )
+    on = value.get("on", ["dead_letter"])
+    if not isinstance(on, list) or not all(isinstance(k, str) and k in KINDS for k in on):
+        raise errors.ValidationError(
+            f"must be a list of {', '.join(KINDS)}", field=f"{field_name}.on"
+        )
+    webhook = value.get("webhook")
+    if webhook is not None:
+        if not isinstance(webhook, str) or len(webhook) > 2048:
+            raise errors.ValidationError("must be an http(s) URL", field=f"{field_name}.webhook")
+        # the SSRF module loads requests: only a command that sets a webhook needs it
+        from schedctl.delivery.ssrf import split_url
+
+        split_url(webhook, f"{field_name}.webhook")
+    email = value.get("email", [])
+    if isinstance(email, str):
+        email = [email]
+    if (
+        not isinstance(email, list)
+        or len(email) > MAX_EMAILS
+        or not all(isinstance(a, str) and _EMAIL.match(a) for a in email)
+    ):
+        raise errors.ValidationError(
+            f"must be a list of at most {MAX_EMAILS} e-mail addresses",
+            field=f"{field_name}.email",
+        )
+    command = value.get("command", False)
+    if not isinstance(command, bool):
+        raise errors.ValidationError("must be true or false", field=f"{field_name}.command")
+    no_success = value.get("no_success")
+    duration = None
+    if no_success is not None:
+        if not isinstance(no_success, str):
+            raise errors.ValidationError(
+                "must be a duration like 'PT26H'", field=f"{field_name}.no_success"
+            )
+        duration = parse_duration(no_success, f"{field_name}.no_success")
+        if duration < timedelta(minutes=1):
+            raise errors.ValidationError(
+                "must be at least one minute", field=f"{field_name}.no_success"
+            )
+    return AlertConfig(
+        on=tuple(dict.fromkeys(on)),
+        webhook=webhook,
+        email=tuple(email),
+        command=command,
+        no_success=duration,
+    )
+
+
+def dumps(config: AlertConfig) -> str:
+    return json.dumps(config.to_dict(), sort_keys=True)
+
+
+def loads(text: str) -> AlertConfig:
+    return parse_alerts(json.loads(text))
+
+
+def alert_body(
+    *,
+    kind: str,
+    tenant_id: str,
+    job_id: str,
+    scheduled_at: datetime,
+    attempt: int | None,
+    error: str | None,
+    at: datetime,
+) -> dict[str, Any]:
+    """What every channel sends: the run and why; never the job's payload."""
+    return {
+        "alert": kind,
+        "tenant_id": tenant_id,
+        "job_id": job_id,
+        "scheduled_at": scheduled_at.isoformat(),
+        "attempt": attempt,
+        "error": error,
+        "at": at.isoformat(),
+    }

@@ -1,0 +1,68 @@
+"""Owns sending an alert by e-mail through the configured SMTP server (smtplib, with an
+optional STARTTLS and AUTH from a credentials file)."""
+
+from __future__ import annotations
+
+import json
+import smtplib
+import ssl
+from dataclasses import dataclass
+from email.message import EmailMessage
+from pathlib import Path
+from typing import Any
+
+from schedctl import errors
+
+DEFAULT_TIMEOUT_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class SmtpSettings:
+    host: str | None
+    port: int = 25
+    sender: str = "scheduled@localhost"
+    starttls: bool = False
+    credentials_file: str | None = None  # one line "user:password"
+    timeout: float = DEFAULT_TIMEOUT_SECONDS
+
+
+def _credentials(path: str) -> tuple[str, str]:
+    try:
+        text = Path(path).read_text().strip()
+    except OSError as exc:
+        raise errors.ConfigError(
+            f"cannot read: {exc.strerror}", field="smtp_credentials_file"
+        ) from exc
+    user, sep, password = text.partition(":")
+    if not sep or not user:
+        raise errors.ConfigError("must hold one line user:password", field="smtp_credentials_file")
+    return user, password
+
+
+def message(sender: str, recipients: list[str], alert: dict[str, Any]) -> EmailMessage:
+    """The e-mail of one alert: a one-line subject, the alert JSON as the body."""
+    mail = EmailMessage()
+    mail["From"] = sender
+    mail["To"] = ", ".join(recipients)
+    mail["Subject"] = (
+        f"[scheduled] {alert.get('alert')}: job {alert.get('job_id')} "
+        f"(tenant {alert.get('tenant_id')})"
+    )
+    mail.set_content(json.dumps(alert, indent=2, sort_keys=True) + "\n")
+    return mail
+
+
+def send(settings: SmtpSettings, recipients: list[str], alert: dict[str, Any]) -> str | None:
+    """Send the alert; None on success, else why it failed (the caller retries)."""
+    if not settings.host:
+        return "no SMTP server configured (smtp_host)"
+    try:
+        with smtplib.SMTP(settings.host, settings.port, timeout=settings.timeout) as smtp:
+            if settings.starttls:
+                smtp.starttls(context=ssl.create_default_context())
+            if settings.credentials_file:
+                smtp.login(*_credentials(settings.credentials_file))
+            smtp.send_message(message(settings.sender, recipients, alert))
+    except (OSError, smtplib.SMTPException, errors.ConfigError) as exc:
+        return f"SMTP {settings.host}:{settings.port}: {type(exc).__name__}: {exc}"
+    return None

@@ -1,0 +1,402 @@
+"""Owns the alerts tables: alert settings per job and per tenant, queueing alerts in the
+transaction that settles a run (deduplicated per run, kind and channel), the no-success
+check, and leasing and settling alert rows for the relay's alert lane."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, delete, func, select, update
+from sqlalchemy.engine import Connection
+
+from schedctl.alerts import metrics
+from schedctl.alerts.model import (
+    COMMAND,
+    NO_SUCCESS,
+    AlertConfig,
+    alert_body,
+    dumps,
+    loads,
+)
+from schedctl.backoff import backoff_delay
+from schedctl.models import JobStatus, RunStatus
+from schedctl.storage import schema
+from schedctl.storage.clock import db_now
+from schedctl.storage.dialect import dialect_of
+from schedctl.storage.store import Store
+
+log = logging.getLogger("schedctl.alerts")
+
+PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"
+MAX_ALERT_ATTEMPTS = 12  # about an hour of backoff; then the alert is given up (failed)
+RETRY_BASE_SECONDS = 5.0
+RETRY_MAX_SECONDS = 600.0
+NO_SUCCESS_BATCH = 1000  # jobs looked at per no-success check, bounded
+TENANT_DEFAULT = ""  # alert_settings.job_id of a tenant's default
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed attempt of a run, as settle saw it; dead when it was the last."""
+
+    tenant_id: str
+    job_id: str
+    scheduled_at: datetime
+    attempt: int
+    error: str | None
+    dead: bool
+    target_type: str
+    target: str
+
+
+@dataclass(frozen=True)
+class AlertRow:
+    id: int
+    tenant_id: str
+    job_id: str
+    kind: str
+    channel: str
+    destination: str
+    body: dict[str, Any]
+    attempt: int
+
+
+# -- settings --------------------------------------------------------------------------
+
+
+def set_settings(store: Store, tenant_id: str, job_id: str, config: AlertConfig | None) -> None:
+    """Set (or with None clear) the alert settings of a job, or of the tenant's default
+    when job_id is ''."""
+    s = schema.alert_settings
+    with store.tx() as connection:
+        connection.execute(delete(s).where(s.c.tenant_id == tenant_id, s.c.job_id == job_id))
+        if config is not None:
+            connection.execute(
+                s.insert().values(
+                    tenant_id=tenant_id,
+                    job_id=job_id,
+                    config=dumps(config),
+                    updated_at=db_now(connection),
+                )
+            )
+
+
+def get_settings(store: Store, tenant_id: str, job_id: str) -> AlertConfig | None:
+    """A job's own settings ('' for the tenant default), None when it has none."""
+    s = schema.alert_settings
+    with store.tx() as connection:
+        text = connection.execute(
+            select(s.c.config).where(s.c.tenant_id == tenant_id, s.c.job_id == job_id)
+        ).scalar()
+    return loads(text) if text is not None else None
+
+
+def _effective(
+    connection: Connection, pairs: Iterable[tuple[str, str]]
+) -> dict[tuple[str, str], AlertConfig]:
+    """The settings in force for each (tenant, job): the job's own, else its tenant's."""
+    pairs = set(pairs)
+    tenants = {t for t, _ in pairs}
+    jobs = {j for _, j in pairs} | {TENANT_DEFAULT}
+    s = schema.alert_settings
+    found = {
+        (row.tenant_id, row.job_id): loads(row.config)
+        for row in connection.execute(
+            select(s.c.tenant_id, s.c.job_id, s.c.config).where(
+                s.c.tenant_id.in_(tenants), s.c.job_id.in_(jobs)
+            )
+        )
+    }
+    result: dict[tuple[str, str], AlertConfig] = {}
+    for tenant, job in pairs:
+        config = found.get((tenant, job)) or found.get((tenant, TENANT_DEFAULT))
+        if config is not None:
+            result[(tenant, job)] = config
+    return result
+
+
+# -- queueing --------------------------------------------------------------------------
+
+
+def _insert_ignore(connection: Connection, rows: list[dict[str, Any]]) -> None:
+    """Insert alert rows, skipping any whose (job, scheduled_at, kind, run_attempt,
+    channel) exists."""
+    if not rows:
+        return
+    dialect = dialect_of(connection)
+    for row in rows:  # one at a time: executemany with ON CONFLICT is dialect-fussy
+        connection.execute(dialect.insert(schema.alerts).values(**row).on_conflict_do_nothing())
+
+
+def _rows(
+    config: AlertConfig,
+    *,
+    kind: str,
+    tenant_id: str,
+    job_id: str,
+    scheduled_at: datetime,
+    body: dict[str, Any],
+    queue: str | None,
+    now: datetime,
+    run_attempt: int = 0,
+) -> list[dict[str, Any]]:
+    rows = []
+    for channel, destination in config.channels:
+        if channel == COMMAND:
+            if queue is None:  # only a queue job has a host (worker) to run a command on
+                continue
+            destination = queue
+        rows.append(
+            {
+                "tenant_id": tenant_id,
+                "job_id": job_id,
+                "scheduled_at": scheduled_at,
+                "kind": kind,
+                "run_attempt": run_attempt,  # a failure alert is one per attempt
+                "channel": channel,
+                "destination": destination,
+                "body": json.dumps(body, sort_keys=True),
+                "status": PENDING,
+                "attempt": 0,
+                "available_at": now,
+                "created_at": now,
+            }
+        )
+    return rows
+
+
+def queue_for_failures(connection: Connection, failures: Sequence[Failure], now: datetime) -> None:
+    """Queue the alerts of failed attempts and dead letters inside the settling transaction
+    (the settle hook): a dead letter alerts when `on` has dead_letter, every failed attempt
+    (the last one too) when it has failure. Deduplicated: settling again adds nothing."""
+    if not failures:
+        return
+    configs = _effective(connection, ((f.tenant_id, f.job_id) for f in failures))
+    rows: list[dict[str, Any]] = []
+    for f in failures:
+        config = configs.get((f.tenant_id, f.job_id))
+        if config is None:
+            continue
+        kinds = []
+        if f.dead and "dead_letter" in config.on:
+            kinds.append("dead_letter")
+        if "failure" in config.on:
+            kinds.append("failure")
+        queue = f.target if f.target_type == "queue" else None
+        for kind in kinds:
+            body = alert_body(
+                kind=kind,
+                tenant_id=f.tenant_id,
+                job_id=f.job_id,
+                scheduled_at=f.scheduled_at,
+                attempt=f.attempt,
+                error=f.error,
+                at=now,
+            )
+            rows += _rows(
+                config,
+                kind=kind,
+                tenant_id=f.tenant_id,
+                job_id=f.job_id,
+                scheduled_at=f.scheduled_at,
+                body=body,
+                queue=queue,
+                now=now,
+                run_attempt=f.attempt if kind == "failure" else 0,
+            )
+    _insert_ignore(connection, rows)
+
+
+def check_no_success(store: Store, *, limit: int = NO_SUCCESS_BATCH) -> int:
+    """Queue a no_success alert for each active job with a no_success setting whose last
+    success (or, never having succeeded, its creation) is older than the setting: once per
+    episode, the episode being keyed by its start. Returns the alerts queued."""
+    j, s, r = schema.jobs, schema.alert_settings, schema.runs
+    queued = 0
+    with store.tx() as connection:
+        now = db_now(connection)
+        settings = connection.execute(select(s.c.tenant_id, s.c.job_id, s.c.config).limit(limit))
+        own: dict[str, AlertConfig] = {}
+        defaults: dict[str, AlertConfig] = {}
+        for row in settings:
+            config = loads(row.config)
+            if row.job_id == TENANT_DEFAULT:
+                defaults[row.tenant_id] = config
+            else:
+                own[row.job_id] = config
+        candidates = select(j.c.job_id, j.c.tenant_id, j.c.created_at, j.c.target_type, j.c.target)
+        candidates = candidates.where(j.c.status == JobStatus.active.value)
+        wanted = [jid for jid, c in own.items() if c.no_success is not None]
+        tenants = [t for t, c in defaults.items() if c.no_success is not None]
+        if not wanted and not tenants:
+            return 0
+        candidates = candidates.where(j.c.job_id.in_(wanted) | j.c.tenant_id.in_(tenants))
+        for job in connection.execute(candidates.order_by(j.c.job_id).limit(limit)).all():
+            found = own.get(job.job_id) or defaults.get(job.tenant_id)
+            if found is None or found.no_success is None:
+                continue
+            last = connection.execute(
+                select(func.max(r.c.finished_at)).where(
+                    r.c.job_id == job.job_id, r.c.status == RunStatus.succeeded.value
+                )
+            ).scalar()
+            start = last or job.created_at
+            if now - start < found.no_success:
+                continue
+            body = alert_body(
+                kind=NO_SUCCESS,
+                tenant_id=job.tenant_id,
+                job_id=job.job_id,
+                scheduled_at=start,
+                attempt=None,
+                error=f"no successful run since {start.isoformat()}",
+                at=now,
+            )
+            new = _rows(
+                found,
+                kind=NO_SUCCESS,
+                tenant_id=job.tenant_id,
+                job_id=job.job_id,
+                scheduled_at=start,
+                body=body,
+                queue=job.target if job.target_type == "queue" else None,
+                now=now,
+            )
+            before = _count(connection)
+            _insert_ignore(connection, new)
+            queued += _count(connection) - before
+    return queued
+
+
+def _count(connection: Connection) -> int:
+    return int(connection.execute(select(func.count()).select_from(schema.alerts)).scalar() or 0)
+
+
+def last_successes(store: Store) -> list[tuple[str, str, datetime]]:
+    """(tenant, job, last success) of each active job with a no_success setting of its own
+    (the metric's series: bounded by the jobs that asked for one)."""
+    j, s, r = schema.jobs, schema.alert_settings, schema.runs
+    with store.tx() as connection:
+        rows = connection.execute(
+            select(j.c.tenant_id, j.c.job_id, func.max(r.c.finished_at))
+            .join(s, and_(s.c.job_id == j.c.job_id, s.c.tenant_id == j.c.tenant_id))
+            .join(r, and_(r.c.job_id == j.c.job_id, r.c.status == RunStatus.succeeded.value))
+            .where(j.c.status == JobStatus.active.value, s.c.config.like('%"no_success"%'))
+            .group_by(j.c.tenant_id, j.c.job_id)
+            .limit(NO_SUCCESS_BATCH)
+        ).all()
+    return [(t, jid, at) for t, jid, at in rows if at is not None]
+
+
+# -- the alert lane --------------------------------------------------------------------
+
+
+def claim(
+    store: Store,
+    channels: Sequence[str],
+    owner: str,
+    *,
+    limit: int = 20,
+    lease_seconds: float = 60.0,
+    destination: str | None = None,
+    tenant_id: str | None = None,
+) -> list[AlertRow]:
+    """Lease up to `limit` due pending alerts of `channels` (for a command: of one tenant's
+    queue) to `owner` until the lease runs out; an expired lease makes them due again."""
+    a = schema.alerts
+    with store.tx() as connection:
+        now = db_now(connection)
+        query = select(a).where(
+            a.c.status == PENDING, a.c.channel.in_(list(channels)), a.c.available_at <= now
+        )
+        if destination is not None:
+            query = query.where(a.c.destination == destination)
+        if tenant_id is not None:
+            query = query.where(a.c.tenant_id == tenant_id)
+        query = query.order_by(a.c.available_at, a.c.id).limit(limit)
+        rows = connection.execute(dialect_of(connection).lock(query, skip_locked=True)).all()
+        if not rows:
+            return []
+        connection.execute(
+            update(a)
+            .where(a.c.id.in_([row.id for row in rows]))
+            .values(
+                lease_owner=owner,
+                attempt=a.c.attempt + 1,
+                available_at=now + timedelta(seconds=lease_seconds),
+            )
+        )
+    return [
+        AlertRow(
+            id=row.id,
+            tenant_id=row.tenant_id,
+            job_id=row.job_id,
+            kind=row.kind,
+            channel=row.channel,
+            destination=row.destination,
+            body=json.loads(row.body),
+            attempt=row.attempt + 1,
+        )
+        for row in rows
+    ]
+
+
+def finish(store: Store, owner: str, alert: AlertRow, error: str | None) -> None:
+    """Record how an attempt to send `alert` ended: delivered, retried after a backoff, or
+    given up after MAX_ALERT_ATTEMPTS. Ignored when the lease is no longer `owner`'s."""
+    a = schema.alerts
+    with store.tx() as connection:
+        now = db_now(connection)
+        where = (a.c.id == alert.id, a.c.lease_owner == owner, a.c.status == PENDING)
+        if error is None:
+            values: dict[str, Any] = {"status": DELIVERED, "delivered_at": now}
+        elif alert.attempt >= MAX_ALERT_ATTEMPTS:
+            values = {"status": FAILED, "last_error": error[-2000:]}
+            log.error(
+                "alert given up after %d attempts: job=%s tenant=%s kind=%s channel=%s: %s",
+                alert.attempt,
+                alert.job_id,
+                alert.tenant_id,
+                alert.kind,
+                alert.channel,
+                error,
+            )
+        else:
+            delay = backoff_delay(alert.attempt, RETRY_BASE_SECONDS, RETRY_MAX_SECONDS, None)
+            values = {
+                "available_at": now + timedelta(seconds=delay),
+                "last_error": error[-2000:],
+            }
+        connection.execute(update(a).where(*where).values(lease_owner=None, **values))
+
+
+def list_alerts(store: Store, tenant_id: str | None = None) -> list[dict[str, Any]]:
+    """Every alert row (newest last), for the CLI and tests."""
+    a = schema.alerts
+    query = select(a).order_by(a.c.id)
+    if tenant_id is not None:
+        query = query.where(a.c.tenant_id == tenant_id)
+    with store.tx() as connection:
+        return [dict(row._mapping) for row in connection.execute(query)]
+
+
+def count_failures(failures: Sequence[Failure]) -> None:
+    """Count failed attempts and dead letters per tenant, and log each dead letter at
+    WARNING (job, tenant, reason; never the payload)."""
+    for f in failures:
+        metrics.FAILURES.labels(tenant=f.tenant_id).inc()
+        if f.dead:
+            metrics.DEAD_LETTERS.labels(tenant=f.tenant_id).inc()
+            log.warning(
+                "run dead-lettered: job=%s tenant=%s scheduled_at=%s attempts=%d reason=%s",
+                f.job_id,
+                f.tenant_id,
+                f.scheduled_at.isoformat(),
+                f.attempt,
+                f.error,
+            )

@@ -1,0 +1,347 @@
+"""Alerts on SQLite and a real Postgres: a dead letter sends a signed webhook and an e-mail
+(to a local SMTP server) and logs a WARNING; failure alerts only when asked; settling twice
+queues one alert; the no-success check alerts once per episode; an unreachable SMTP server
+is retried without holding up deliveries; the per-tenant metrics count."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from email import message_from_bytes
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiosmtpd.controller import Controller
+from prometheus_client import REGISTRY
+from sqlalchemy import update
+from typer.testing import CliRunner
+
+from schedctl import errors
+from schedctl.alerts.metrics import export_last_success
+from schedctl.alerts.model import parse_alerts
+from schedctl.cli.app import app as cli_app
+from schedctl.delivery.email import SmtpSettings
+from schedctl.service import Scheduler
+from schedctl.signing import verify
+from schedctl.storage import alerts as alerts_repo
+from schedctl.storage import schema
+from schedctl.storage.outbox import DeadLetterRepo
+from schedctl.storage.queue import QueueRepo
+from schedctl.storage.store import Store
+from scheduled_d.relay import Relay
+from scheduled_d.worker import Worker
+from tests.factories import make_tenant
+from tests.integration.queue_support import (
+    answer,
+    attempts,
+    dead_letters,
+    hook_server,
+    http_job,
+    queue_job,
+    run_row,
+    running_relay,
+    set_allow_list,
+    trigger,
+    wait_for,
+)
+
+runner = CliRunner()
+
+
+class Inbox:
+    def __init__(self) -> None:
+        self.messages: list[Any] = []
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        self.messages.append(message_from_bytes(envelope.content))
+        return "250 OK"
+
+
+@pytest.fixture
+def smtp() -> Iterator[tuple[Inbox, int]]:
+    inbox = Inbox()
+    with socket.socket() as probe:  # a free loopback port (aiosmtpd cannot take port 0)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    controller = Controller(inbox, hostname="127.0.0.1", port=port)
+    controller.start()
+    try:
+        yield inbox, port
+    finally:
+        controller.stop()
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[Store]:
+    store = Store.open(db_url)
+    tenant = make_tenant(store)
+    set_allow_list(store, tenant, ["127.0.0.1"])
+    yield store
+    store.close()
+
+
+def relay(store: Store, port: int | None) -> Relay:
+    smtp = SmtpSettings(host="127.0.0.1", port=port or 9, timeout=2.0)
+    return Relay(
+        store,
+        poll_seconds=0.05,
+        settings_seconds=0.2,
+        http_timeout=5.0,
+        smtp=smtp,
+        alert_poll_seconds=0.05,
+    )
+
+
+def counter(name: str, tenant: str) -> float:
+    return REGISTRY.get_sample_value(name, {"tenant": tenant}) or 0.0
+
+
+def delivered(store: Store) -> list[dict[str, Any]]:
+    return [a for a in alerts_repo.list_alerts(store) if a["status"] == "delivered"]
+
+
+def test_a_dead_letter_alerts_by_webhook_and_email_and_logs_a_warning(
+    store: Store, smtp: tuple[Inbox, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    inbox, port = smtp
+    tenant = "tenant-acme"
+    dead_before = counter("scheduled_dead_letters_total", tenant)
+    failures_before = counter("scheduled_run_failures_total", tenant)
+    with hook_server(answer(200)) as alerts_hook, hook_server(answer(500)) as target:
+        job = http_job(store, target.url(), max_attempts=2)
+        alerts_repo.set_settings(
+            store,
+            tenant,
+            "",
+            parse_alerts({"webhook": alerts_hook.url(), "email": ["ops@example.com"]}),
+        )
+        at = trigger(store, job)
+        with caplog.at_level(logging.WARNING, logger="schedctl.alerts"):
+            with running_relay(relay(store, port)):
+                wait_for(lambda: run_row(store, job, at)["status"] == "dead", "the dead letter")
+                wait_for(lambda: len(delivered(store)) == 2, "both alerts")
+                # a replayed run that dies again alerts no more: one alert per run and kind
+                (letter,) = dead_letters(store)
+                DeadLetterRepo(store).replay(letter["id"], actor="test")
+                wait_for(lambda: len(attempts(store, job, at)) == 4, "the replay's attempts")
+                wait_for(lambda: run_row(store, job, at)["status"] == "dead", "dead again")
+                assert len(alerts_repo.list_alerts(store)) == 2
+        (received,) = alerts_hook.requests()
+    verify("secret", received.headers, received.body, method="POST", path=received.path)
+    alert = received.json["payload"]
+    assert (alert["alert"], alert["job_id"], alert["tenant_id"]) == ("dead_letter", job, tenant)
+    assert alert["error"].startswith("HTTP 500")
+    (mail,) = inbox.messages
+    assert mail["To"] == "ops@example.com" and "dead_letter" in mail["Subject"]
+    assert job in mail.get_payload()
+    # only the dead letter: failure alerts were not asked for
+    assert {a["kind"] for a in alerts_repo.list_alerts(store)} == {"dead_letter"}
+    lines = [r for r in caplog.records if r.name == "schedctl.alerts"]
+    assert len(lines) == 2  # the dead letter and the replay's
+    line = lines[0]
+    assert line.levelno == logging.WARNING
+    assert job in line.getMessage() and tenant in line.getMessage()
+    assert "HTTP 500" in line.getMessage()
+    assert counter("scheduled_dead_letters_total", tenant) == dead_before + 2
+    assert counter("scheduled_run_failures_total", tenant) == failures_before + 4
+
+
+def test_failure_alerts_only_when_asked_and_settling_twice_queues_one(store: Store) -> None:
+    tenant = "tenant-acme"
+    job = http_job(store, "http://127.0.0.1:9/x")
+    at = datetime(2030, 1, 1, tzinfo=UTC)
+    failure = alerts_repo.Failure(tenant, job, at, 1, "boom", False, "http", "u")
+    dead = alerts_repo.Failure(tenant, job, at, 2, "boom", True, "http", "u")
+    alerts_repo.set_settings(store, tenant, job, parse_alerts({"webhook": "http://127.0.0.1:9/a"}))
+    with store.tx() as connection:
+        alerts_repo.queue_for_failures(connection, [failure], at)
+    assert alerts_repo.list_alerts(store) == []  # on: dead_letter only (the default)
+    alerts_repo.set_settings(
+        store,
+        tenant,
+        job,
+        parse_alerts({"on": ["dead_letter", "failure"], "email": ["a@example.com"]}),
+    )
+    for _ in range(2):  # settled twice (a replayed settle): still one alert each
+        with store.tx() as connection:
+            alerts_repo.queue_for_failures(connection, [failure, dead], at)
+    kinds = sorted((a["kind"], a["channel"]) for a in alerts_repo.list_alerts(store))
+    assert kinds == [("dead_letter", "email"), ("failure", "email"), ("failure", "email")]
+
+
+def test_no_success_alerts_once_per_episode(store: Store) -> None:
+    tenant = "tenant-acme"
+    job = http_job(store, "http://127.0.0.1:9/x")
+    alerts_repo.set_settings(
+        store,
+        tenant,
+        job,
+        parse_alerts({"on": [], "webhook": "http://127.0.0.1:9/a", "no_success": "PT1H"}),
+    )
+    assert alerts_repo.check_no_success(store) == 0  # created just now
+    with store.tx() as connection:  # created two hours ago, never succeeded
+        connection.execute(
+            update(schema.jobs)
+            .where(schema.jobs.c.job_id == job)
+            .values(created_at=store.now() - timedelta(hours=2))
+        )
+    assert alerts_repo.check_no_success(store) == 1
+    assert alerts_repo.check_no_success(store) == 0  # the same episode
+    (alert,) = alerts_repo.list_alerts(store)
+    assert alert["kind"] == "no_success"
+    assert [j for _, j, _ in alerts_repo.last_successes(store)] == []
+
+
+def test_an_unreachable_smtp_server_is_retried_without_holding_up_deliveries(
+    store: Store,
+) -> None:
+    tenant = "tenant-acme"
+    alerts_repo.set_settings(
+        store, tenant, "", parse_alerts({"on": ["failure"], "email": ["ops@example.com"]})
+    )
+    with hook_server(answer(500)) as failing, hook_server(answer(200)) as ok:
+        bad = http_job(store, failing.url(), max_attempts=1)
+        trigger(store, bad)
+        with running_relay(relay(store, None)):  # port 9: nothing listens
+            wait_for(
+                lambda: any(a["last_error"] for a in alerts_repo.list_alerts(store)),
+                "a failed e-mail attempt",
+            )
+            good = http_job(store, ok.url())
+            at = trigger(store, good)
+            wait_for(lambda: run_row(store, good, at)["status"] == "succeeded", "delivery")
+    (alert,) = alerts_repo.list_alerts(store)
+    assert alert["status"] == "pending" and "SMTP 127.0.0.1:9" in alert["last_error"]
+
+
+def test_bad_alert_settings_name_the_field() -> None:
+    for value, field in [
+        ({"on": ["sometimes"]}, "alerts.on"),
+        ({"email": ["not an address"]}, "alerts.email"),
+        ({"webhook": "ftp://x"}, "alerts.webhook"),
+        ({"no_success": "soon"}, "alerts.no_success"),
+        ({"pager": True}, "alerts"),
+    ]:
+        with pytest.raises(errors.ValidationError) as caught:
+            parse_alerts(value)
+        assert caught.value.field == field
+
+
+def test_a_dead_letter_runs_the_hosts_alert_command_on_its_worker(
+    store: Store, tmp_path: Path
+) -> None:
+    tenant = "tenant-acme"
+    out = tmp_path / "alert.json"
+    job = queue_job(store, max_attempts=1)
+    alerts_repo.set_settings(store, tenant, job, parse_alerts({"command": True}))
+    at = trigger(store, job)
+    QueueRepo(store).move_outbox()
+    w = Worker(
+        store,
+        "q",
+        ["sh", "-c", "exit 4"],
+        lease_seconds=5.0,
+        heartbeat_seconds=1.0,
+        poll_seconds=0.05,
+        # the host's own command: it gets the alert on stdin
+        alert_command=[
+            sys.executable,
+            "-c",
+            f"import sys; open({str(out)!r}, 'w').write(sys.stdin.read())",
+        ],
+    )
+    stop = threading.Event()
+    thread = threading.Thread(target=w.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: len(delivered(store)) == 1, "the command alert")
+    finally:
+        stop.set()
+        thread.join(60)
+    assert run_row(store, job, at)["status"] == "dead"
+    alert = json.loads(out.read_text())
+    assert (alert["alert"], alert["job_id"], alert["error"]) == ("dead_letter", job, "exit code 4")
+    (row,) = alerts_repo.list_alerts(store)
+    assert (row["channel"], row["destination"]) == ("command", "q")
+
+
+def test_cli_sets_tenant_and_job_alerts_and_a_job_body_carries_them(db_url: str) -> None:
+    def run(*args: str, code: int = 0) -> str:
+        result = runner.invoke(cli_app, ["--db", db_url, "--output", "json", *args])
+        assert result.exit_code == code, result.output
+        return str(result.output)
+
+    run("tenant", "create", "acme")
+    said = json.loads(
+        run(
+            "tenant",
+            "alerts",
+            "acme",
+            "--webhook",
+            "https://hooks.example.com/a",
+            "--email",
+            "a@example.com",
+            "--on",
+            "dead_letter,failure",
+        )
+    )
+    assert said["alerts"] == {
+        "on": ["dead_letter", "failure"],
+        "webhook": "https://hooks.example.com/a",
+        "email": ["a@example.com"],
+    }
+    bad = run("tenant", "alerts", "acme", "--on", "sometimes", code=2)
+    assert "alerts.on" in bad
+    assert json.loads(run("tenant", "alerts", "acme"))["alerts"]["on"] == ["dead_letter", "failure"]
+    store = Store.open(db_url)
+    try:
+        scheduler = Scheduler(store)
+        body = {
+            "schedule": {"delay": "PT1H"},
+            "target": {"type": "queue", "name": "q"},
+            "alerts": {"command": True, "no_success": "PT26H"},
+        }
+        job, _ = scheduler.create_job("acme", body, actor="test")
+        assert scheduler.get_alerts("acme", job.job_id) == parse_alerts(body["alerts"])
+        with pytest.raises(errors.ValidationError) as caught:
+            scheduler.create_job("acme", {**body, "alerts": {"email": "nope"}}, actor="test")
+        assert caught.value.field == "alerts.email"
+    finally:
+        store.close()
+    shown = json.loads(run("job", "alerts", job.job_id))
+    assert shown["alerts"] == {"on": ["dead_letter"], "command": True, "no_success": "PT93600S"}
+    run("job", "alerts", job.job_id, "--clear")
+    assert json.loads(run("job", "alerts", job.job_id))["alerts"] is None
+
+
+def test_the_last_success_series_is_only_for_jobs_with_a_no_success_alert(store: Store) -> None:
+    tenant = "tenant-acme"
+    watched = http_job(store, "http://127.0.0.1:9/x")
+    other = http_job(store, "http://127.0.0.1:9/y")
+    alerts_repo.set_settings(
+        store, tenant, watched, parse_alerts({"email": ["a@example.com"], "no_success": "PT1H"})
+    )
+    finished = datetime(2026, 6, 1, 12, tzinfo=UTC)
+    for job in (watched, other):
+        at = trigger(store, job)
+        with store.tx() as connection:
+            connection.execute(
+                update(schema.runs)
+                .where(schema.runs.c.job_id == job, schema.runs.c.scheduled_at == at)
+                .values(status="succeeded", finished_at=finished)
+            )
+    export_last_success(partial(alerts_repo.last_successes, store))
+    try:
+        name = "scheduled_job_last_success_timestamp_seconds"
+        seen = REGISTRY.get_sample_value(name, {"tenant": tenant, "job": watched})
+        assert seen == finished.timestamp()
+        assert REGISTRY.get_sample_value(name, {"tenant": tenant, "job": other}) is None
+    finally:
+        export_last_success(None)
