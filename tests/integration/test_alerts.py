@@ -32,7 +32,7 @@ from schedctl.service import Scheduler
 from schedctl.signing import verify
 from schedctl.storage import alerts as alerts_repo
 from schedctl.storage import schema
-from schedctl.storage.outbox import DeadLetterRepo
+from schedctl.storage.dead_letters import DeadLetterRepo
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
 from scheduled_d.relay import Relay
