@@ -40,10 +40,12 @@ from scheduled_d.relay import Relay
 from tests.factories import make_tenant
 from tests.integration.queue_support import (
     Received,
+    allow_loopback_tenant,
     answer,
     attempts,
     dead_letters,
     existing_tenant,
+    first_attempt_answers,
     hook_server,
     http_job,
     outbox_count,
@@ -59,12 +61,9 @@ SECRET = "secret"  # tests.factories.make_tenant's signing secret
 
 
 @pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    store = Store.open(db_url)
-    tenant = make_tenant(store)
-    set_allow_list(store, tenant, ["127.0.0.1"])
-    yield store
-    store.close()
+def store(store: Store) -> Store:
+    allow_loopback_tenant(store)
+    return store
 
 
 def relay(store: Store, **kwargs: Any) -> Relay:
@@ -283,12 +282,7 @@ def socket_port_nobody_listens_on() -> int:
 
 
 def test_retry_after_is_honoured(store: Store) -> None:
-    def busy_then_ok(received: Received, _number: int) -> tuple[int, dict[str, str], bytes]:
-        if received.json["attempt"] == 1:
-            return 429, {"Retry-After": "3"}, b"slow down"
-        return 200, {}, b"ok"
-
-    with hook_server(busy_then_ok) as server:
+    with hook_server(first_attempt_answers(429, "3", b"slow down")) as server:
         job = http_job(store, server.url(), max_attempts=3, base=0.01, cap=0.01)
         at = trigger(store, job)
         with running_relay(relay(store)):
@@ -318,12 +312,7 @@ def test_parse_retry_after() -> None:
 def test_retries_survive_a_relay_restart(store: Store) -> None:
     """Stop the relay mid-backoff; a new relay continues with the next attempt number."""
 
-    def fail_once(received: Received, _number: int) -> tuple[int, dict[str, str], bytes]:
-        if received.json["attempt"] == 1:
-            return 503, {"Retry-After": "2"}, b"maintenance"
-        return 200, {}, b"ok"
-
-    with hook_server(fail_once) as server:
+    with hook_server(first_attempt_answers(503, "2", b"maintenance")) as server:
         job = http_job(store, server.url(), max_attempts=3, base=0.01, cap=0.01)
         at = trigger(store, job)
         first = relay(store, owner="relay-one")
