@@ -334,6 +334,16 @@ def hook_server(responder: Responder | None = None, *, hang: float = 0.0) -> Ite
         server.close()
 
 
+def fast_relay(store: Store, **options: Any) -> Relay:
+    """A Relay that polls and re-reads tenant settings often (tests wait little) and gives an
+    HTTP call 5 s; `options` override any of that or add more."""
+    from scheduled_d.relay import Relay
+
+    return Relay(
+        store, **{"poll_seconds": 0.05, "settings_seconds": 0.2, "http_timeout": 5.0, **options}
+    )
+
+
 @contextlib.contextmanager
 def running_relay(relay: Relay) -> Iterator[Relay]:
     """The relay's loop in a thread until the block ends (then stopped and joined)."""

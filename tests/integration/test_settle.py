@@ -29,12 +29,12 @@ from schedctl.storage.settle import (
     clip,
 )
 from schedctl.storage.store import Store
-from scheduled_d.relay import Relay
 from tests.factories import make_tenant
 from tests.integration.queue_support import (
     allow_loopback_tenant,
     attempts,
     dead_letters,
+    fast_relay,
     first_attempt_answers,
     hook_server,
     http_job,
@@ -56,12 +56,6 @@ BROKER = "amqp://guest:guest@127.0.0.1:5672/"
 def store(store: Store) -> Store:
     allow_loopback_tenant(store)
     return store
-
-
-def relay(store: Store, **kwargs: Any) -> Relay:
-    options: dict[str, Any] = {"poll_seconds": 0.05, "settings_seconds": 0.2, "http_timeout": 5.0}
-    options.update(kwargs)
-    return Relay(store, **options)
 
 
 def set_run_status(store: Store, job: str, at: datetime, status: str) -> None:
@@ -86,7 +80,7 @@ class ExplodingHttp(HttpDelivery):
 def test_an_exception_inside_a_delivery_is_a_retryable_failed_attempt(store: Store) -> None:
     job = http_job(store, "http://127.0.0.1:9/hook", max_attempts=2)
     at = trigger(store, job)
-    with running_relay(relay(store, http=ExplodingHttp(timeout=5.0))):
+    with running_relay(fast_relay(store, http=ExplodingHttp(timeout=5.0))):
         wait_for(lambda: run_row(store, job, at)["status"] == "dead", "the dead letter")
     history = attempts(store, job, at)
     assert [(a["attempt"], a["status"]) for a in history] == [(1, "failed"), (2, "failed")]
@@ -105,7 +99,7 @@ def test_retry_after_superscript_two_is_an_ordinary_retry(store: Store) -> None:
     with hook_server(first_attempt_answers(503, "²", b"busy")) as server:
         job = http_job(store, server.url(), max_attempts=3, base=0.01, cap=0.01)
         at = trigger(store, job)
-        with running_relay(relay(store)):
+        with running_relay(fast_relay(store)):
             wait_for(lambda: run_row(store, job, at)["status"] == "succeeded", "the retry")
         assert [r.json["attempt"] for r in server.requests()] == [1, 2]
     history = attempts(store, job, at)
