@@ -145,9 +145,9 @@ class ApiLeaseBackend:
         started_at: datetime,
         finished_at: datetime,
     ) -> bool:
-        body = _outcome(exit_code, output_tail, started_at, finished_at)
-        body.update(error=error[:MAX_ERROR_CHARS], cancelled=False)
-        return self._post(_lease_path(lease, "fail"), body) is not None
+        return self._fail(
+            lease, _outcome(exit_code, output_tail, started_at, finished_at), error, cancelled=False
+        )
 
     def stop_cancelled(
         self,
@@ -159,13 +159,20 @@ class ApiLeaseBackend:
         finished_at: datetime,
         error: str,
     ) -> bool:
-        body = _outcome(exit_code, output_tail, started_at, finished_at)
-        body.update(error=error[:MAX_ERROR_CHARS], cancelled=True)
-        return self._post(_lease_path(lease, "fail"), body) is not None
+        return self._fail(
+            lease, _outcome(exit_code, output_tail, started_at, finished_at), error, cancelled=True
+        )
 
     def reap(self) -> int:
         # expired leases are settled server-side (by the relay): nothing to do here
         return 0
+
+    def _fail(
+        self, lease: LeasedRun, outcome: dict[str, Any], error: str, *, cancelled: bool
+    ) -> bool:
+        """POST .../fail: `cancelled` tells the API not to retry (the job was cancelled)."""
+        body = {**outcome, "error": error[:MAX_ERROR_CHARS], "cancelled": cancelled}
+        return self._post(_lease_path(lease, "fail"), body) is not None
 
     # -- HTTP --------------------------------------------------------------------------
 

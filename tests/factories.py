@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+from sqlalchemy import Connection
 
 from schedctl.models import JobSpec, RetryPolicy, Target, TargetType
 from schedctl.scheduling.misfire import MisfirePolicy
@@ -18,19 +21,68 @@ from schedctl.storage.store import Store
 def make_tenant(store: Store, name: str = "acme") -> str:
     tenant_id = f"tenant-{name}"
     with store.tx() as connection:
-        connection.execute(
-            schema.tenants.insert().values(
-                tenant_id=tenant_id,
-                name=name,
-                signing_secret="secret",
-                max_jobs=1_000_000,
-                create_rate_per_minute=1_000_000,
-                dispatch_rate_per_second=1_000_000,
-                allow_list="[]",
-                created_at=datetime.now(UTC),
-            )
-        )
+        insert_tenant_row(connection, tenant_id, name, created_at=datetime.now(UTC))
     return tenant_id
+
+
+# -- raw rows: only the columns of the first revision, so migration tests can write them at
+# any revision (the repositories write the newest schema's)
+
+
+def insert_tenant_row(
+    connection: Connection,
+    tenant_id: str,
+    name: str,
+    *,
+    created_at: datetime,
+    quota: int = 1_000_000,
+    signing_secret: str = "secret",
+) -> None:
+    connection.execute(
+        schema.tenants.insert().values(
+            tenant_id=tenant_id,
+            name=name,
+            signing_secret=signing_secret,
+            max_jobs=quota,
+            create_rate_per_minute=quota,
+            dispatch_rate_per_second=quota,
+            allow_list="[]",
+            created_at=created_at,
+        )
+    )
+
+
+def insert_cron_job_row(
+    connection: Connection, job_id: str, tenant_id: str, *, queue: str, at: datetime
+) -> None:
+    """An active nightly (02:00 UTC) job of `tenant_id` on `queue`, due at `at`."""
+    connection.execute(
+        schema.jobs.insert().values(
+            job_id=job_id,
+            tenant_id=tenant_id,
+            name="nightly",
+            schedule=json.dumps({"kind": "cron", "cron": "0 2 * * *", "timezone": "UTC"}),
+            target_type="queue",
+            target=queue,
+            payload="{}",
+            max_attempts=3,
+            retry_base_seconds=1.0,
+            retry_max_seconds=60.0,
+            misfire_policy="run_once",
+            grace_seconds=60,
+            window_seconds=0,
+            max_concurrency=1,
+            timeout_seconds=0,
+            status="active",
+            next_run_at=at,
+            next_fire_at=at,
+            partition=7,
+            version=1,
+            request_hash="h",
+            created_at=at,
+            updated_at=at,
+        )
+    )
 
 
 def spec(

@@ -151,6 +151,26 @@ def _fail(error: errors.SchedError) -> None:
     raise typer.Exit(error.exit_code)
 
 
+def _serve(
+    run: Callable[[Store, Config], None],
+    config_path: str | None,
+    db: str | None,
+    log_format: str | None,
+    *,
+    upgrade: bool = False,
+    **overrides: str | None,
+) -> None:
+    """A mode's start: the configuration (with `overrides`), the preflight checks, the store,
+    then `run` until it stops; a SchedError on the way is the exit."""
+    try:
+        config = _config(config_path, db, log_format, **overrides)
+        _preflight(config)
+        store = _open_store(config, upgrade=upgrade)
+        run(store, config)
+    except errors.SchedError as error:
+        _fail(error)
+
+
 @app.command()
 def all(  # the mode is named "all"
     db: DbOption = None,
@@ -161,13 +181,7 @@ def all(  # the mode is named "all"
     """Dispatcher + relay + the configured workers in one process (the embedded default)."""
     from scheduled_d.runtime import run_all
 
-    try:
-        config = _config(config_path, db, log_format)
-        _preflight(config)
-        store = _open_store(config, upgrade=upgrade)
-        run_all(store, config)
-    except errors.SchedError as error:
-        _fail(error)
+    _serve(run_all, config_path, db, log_format, upgrade=upgrade)
 
 
 @app.command()
@@ -179,13 +193,7 @@ def dispatcher(
     """Own partitions and claim their due runs."""
     from scheduled_d.runtime import run_dispatcher
 
-    try:
-        config = _config(config_path, db, log_format)
-        _preflight(config)
-        store = _open_store(config, upgrade=False)
-        run_dispatcher(store, config)
-    except errors.SchedError as error:
-        _fail(error)
+    _serve(run_dispatcher, config_path, db, log_format)
 
 
 @app.command()
@@ -197,13 +205,7 @@ def relay(
     """Move claimed runs from the outbox to their targets."""
     from scheduled_d.runtime import run_relay
 
-    try:
-        config = _config(config_path, db, log_format)
-        _preflight(config)
-        store = _open_store(config, upgrade=False)
-        run_relay(store, config)
-    except errors.SchedError as error:
-        _fail(error)
+    _serve(run_relay, config_path, db, log_format)
 
 
 @app.command()
@@ -222,14 +224,8 @@ def api(
     """Serve the tenant REST API (/v1, /healthz, /openapi.json) until SIGTERM."""
     from scheduled_d.runtime import run_api
 
-    try:
-        # flag > environment > file, like every other setting
-        config = _config(config_path, db, log_format, api_listen=listen)
-        _preflight(config)
-        store = _open_store(config, upgrade=False)
-        run_api(store, config)
-    except errors.SchedError as error:
-        _fail(error)
+    # flag > environment > file, like every other setting
+    _serve(run_api, config_path, db, log_format, api_listen=listen)
 
 
 @app.command(context_settings={"allow_interspersed_args": False})

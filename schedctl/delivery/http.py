@@ -425,22 +425,21 @@ class _Watchdog:
             call.fire()
 
 
-def _attach_new(connection: _DeadlineHTTPConnection | _DeadlineHTTPSConnection) -> None:
-    if connection.tripwire is not None:
-        connection.tripwire.close()
-    connection.tripwire = _Tripwire(connection.new_sock)
-    if _calls.current is not None:
-        _calls.current.attach(connection.tripwire)
-
-
 class _DeadlineHTTPConnection(HTTPConnection):
+    """A connection whose socket the current call's deadline can cut (through its tripwire)."""
+
     tripwire: _Tripwire | None = None
-    new_sock: socket.socket
 
     def _new_conn(self) -> socket.socket:
-        self.new_sock = super()._new_conn()
-        _attach_new(self)
-        return self.new_sock
+        # for HTTPS this runs before the TLS handshake: a handshake that trickles is cut at
+        # the deadline too
+        sock = super()._new_conn()
+        if self.tripwire is not None:
+            self.tripwire.close()
+        self.tripwire = _Tripwire(sock)
+        if _calls.current is not None:
+            _calls.current.attach(self.tripwire)
+        return sock
 
     def close(self) -> None:
         try:
@@ -451,23 +450,8 @@ class _DeadlineHTTPConnection(HTTPConnection):
                 self.tripwire = None
 
 
-class _DeadlineHTTPSConnection(HTTPSConnection):
-    tripwire: _Tripwire | None = None
-    new_sock: socket.socket
-
-    def _new_conn(self) -> socket.socket:
-        # before the TLS handshake: a handshake that trickles is cut at the deadline too
-        self.new_sock = super()._new_conn()
-        _attach_new(self)
-        return self.new_sock
-
-    def close(self) -> None:
-        try:
-            super().close()
-        finally:
-            if self.tripwire is not None:
-                self.tripwire.close()
-                self.tripwire = None
+class _DeadlineHTTPSConnection(_DeadlineHTTPConnection, HTTPSConnection):
+    """The same tripwire over TLS (HTTPSConnection overrides neither _new_conn nor close)."""
 
 
 class _DeadlineHTTPPool(HTTPConnectionPool):
@@ -481,14 +465,8 @@ class _DeadlineHTTPPool(HTTPConnectionPool):
         return connection
 
 
-class _DeadlineHTTPSPool(HTTPSConnectionPool):
+class _DeadlineHTTPSPool(_DeadlineHTTPPool, HTTPSConnectionPool):
     ConnectionCls = _DeadlineHTTPSConnection
-
-    def _get_conn(self, timeout: float | None = None) -> Any:
-        connection = super()._get_conn(timeout)
-        if _calls.current is not None:
-            _calls.current.attach(getattr(connection, "tripwire", None))
-        return connection
 
 
 class _DeadlineAdapter(PinnedAdapter):

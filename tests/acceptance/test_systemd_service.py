@@ -108,6 +108,11 @@ class Proc:
     def text(self) -> str:
         return self.log.read_text()
 
+    def terminate(self) -> None:
+        """SIGTERM, as systemd stops a service: it must exit 0."""
+        self.process.send_signal(signal.SIGTERM)
+        assert self.process.wait(60) == 0, self.text()
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.kill()
@@ -120,6 +125,15 @@ def procs() -> Iterator[list[Proc]]:
     yield started
     for proc in started:
         proc.stop()
+
+
+def start_all(
+    procs: list[Proc], tmp_path: Path, sqlite_url: str, config: Path, env: dict[str, str]
+) -> Proc:
+    """`scheduled-d all` over `sqlite_url` and `config`, stopped at the test's end."""
+    proc = Proc(tmp_path, ["all", "--db", sqlite_url, "--config", str(config)], env)
+    procs.append(proc)
+    return proc
 
 
 def worker_config(tmp_path: Path, command: list[str], extra: str = "") -> Path:
@@ -150,8 +164,7 @@ def test_all_sends_ready_status_watchdog_and_stopping(
     with_tenant(sqlite_url)
     config = worker_config(tmp_path, ["/bin/true"])
     env = {"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "200000"}
-    proc = Proc(tmp_path, ["all", "--db", sqlite_url, "--config", str(config)], env)
-    procs.append(proc)
+    proc = start_all(procs, tmp_path, sqlite_url, config, env)
     assert notify.receive_until("READY=1", process=proc.process), proc.text()
     statuses = [line for line in notify.lines() if line.startswith("STATUS=")]
     assert "STATUS=dispatcher: 1024 partitions; relay; 1 workers" in statuses, notify.messages
@@ -199,12 +212,7 @@ def test_sighup_rereads_the_log_level_and_keeps_a_running_command(
     try:
         tenant = make_tenant(store)
         job_id = create_job(store, tenant, once_at(datetime.now(UTC)))
-        proc = Proc(
-            tmp_path,
-            ["all", "--db", sqlite_url, "--config", str(config)],
-            {"NOTIFY_SOCKET": str(notify.path)},
-        )
-        procs.append(proc)
+        proc = start_all(procs, tmp_path, sqlite_url, config, {"NOTIFY_SOCKET": str(notify.path)})
         assert wait_for(started.exists), proc.text()
         config.write_text(config.read_text().replace('"INFO"', '"WARNING"'))
         proc.process.send_signal(signal.SIGHUP)
@@ -221,8 +229,7 @@ def test_sighup_rereads_the_log_level_and_keeps_a_running_command(
             return [r[0] for r in rows] == ["succeeded"]
 
         assert wait_for(succeeded), proc.text()
-        proc.process.send_signal(signal.SIGTERM)
-        assert proc.process.wait(60) == 0, proc.text()
+        proc.terminate()
         # WARNING from now on: the INFO line "stopped" is no longer written
         assert "scheduled-d all: stopped" not in proc.text()
     finally:
@@ -234,19 +241,13 @@ def test_sighup_with_a_broken_configuration_keeps_the_old_one(
 ) -> None:
     with_tenant(sqlite_url)
     config = worker_config(tmp_path, ["/bin/true"])
-    proc = Proc(
-        tmp_path,
-        ["all", "--db", sqlite_url, "--config", str(config)],
-        {"NOTIFY_SOCKET": str(notify.path)},
-    )
-    procs.append(proc)
+    proc = start_all(procs, tmp_path, sqlite_url, config, {"NOTIFY_SOCKET": str(notify.path)})
     assert notify.receive_until("READY=1", process=proc.process), proc.text()
     config.write_text(config.read_text() + "concurency = 4\n")
     proc.process.send_signal(signal.SIGHUP)
     assert wait_for(lambda: "configuration not reloaded" in proc.text()), proc.text()
     assert "concurency" in proc.text()
-    proc.process.send_signal(signal.SIGTERM)
-    assert proc.process.wait(60) == 0, proc.text()
+    proc.terminate()
 
 
 # -- check-config --------------------------------------------------------------------------------

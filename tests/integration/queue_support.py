@@ -28,6 +28,7 @@ from sqlalchemy import select, update
 from schedctl.models import RetryPolicy, Target, TargetType
 from schedctl.storage import schema
 from schedctl.storage.jobs import JobRepo
+from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
 from tests.factories import ahead, create_job, make_tenant, once_at
 
@@ -66,6 +67,15 @@ def queue_job(
         ),
     )
     return create_job(store, tenant, job_spec)
+
+
+def queued_run(store: Store, **job_options: Any) -> tuple[str, datetime]:
+    """A queue_job (with `job_options`) whose one manual run is already moved into its queue
+    (a worker can lease it): (job_id, scheduled_at)."""
+    job_id = queue_job(store, **job_options)
+    scheduled_at = trigger(store, job_id)
+    QueueRepo(store).move_outbox()
+    return job_id, scheduled_at
 
 
 def existing_tenant(store: Store) -> str:
@@ -164,6 +174,13 @@ def set_allow_list(store: Store, tenant_id: str, entries: list[str]) -> None:
         )
 
 
+def allow_loopback_tenant(store: Store) -> str:
+    """A tenant whose allow-list admits 127.0.0.1, where the tests' hook servers listen."""
+    tenant = make_tenant(store)
+    set_allow_list(store, tenant, ["127.0.0.1"])
+    return tenant
+
+
 def set_tenant(store: Store, tenant_id: str, **values: Any) -> None:
     with store.tx() as connection:
         connection.execute(
@@ -199,6 +216,18 @@ Responder = Callable[[Received, int], tuple[int, dict[str, str], bytes]]
 def answer(status: int = 200, headers: dict[str, str] | None = None, body: bytes = b"ok"):  # type: ignore[no-untyped-def]
     def respond(_received: Received, _number: int) -> tuple[int, dict[str, str], bytes]:
         return status, dict(headers or {}), body
+
+    return respond
+
+
+def first_attempt_answers(status: int, retry_after: str, body: bytes) -> Responder:
+    """Answers a run's first attempt with `status` and `Retry-After: retry_after`, every
+    later attempt with 200."""
+
+    def respond(received: Received, _number: int) -> tuple[int, dict[str, str], bytes]:
+        if received.json["attempt"] == 1:
+            return status, {"Retry-After": retry_after}, body
+        return 200, {}, b"ok"
 
     return respond
 
@@ -303,6 +332,16 @@ def hook_server(responder: Responder | None = None, *, hang: float = 0.0) -> Ite
         yield server
     finally:
         server.close()
+
+
+def fast_relay(store: Store, **options: Any) -> Relay:
+    """A Relay that polls and re-reads tenant settings often (tests wait little) and gives an
+    HTTP call 5 s; `options` override any of that or add more."""
+    from scheduled_d.relay import Relay
+
+    return Relay(
+        store, **{"poll_seconds": 0.05, "settings_seconds": 0.2, "http_timeout": 5.0, **options}
+    )
 
 
 @contextlib.contextmanager

@@ -8,7 +8,6 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from tests.integration.queue_support import (
     messages,
     outbox_count,
     queue_job,
+    queued_run,
     run_row,
     running_relay,
     set_allow_list,
@@ -43,11 +43,9 @@ GRACE = 1.0
 
 
 @pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    store = Store.open(db_url)
-    make_tenant(store)
-    yield store
-    store.close()
+def store(store: Store) -> Store:
+    make_tenant(store)  # the workers' tenant
+    return store
 
 
 def _worker(store: Store, command: list[str]) -> Worker:
@@ -83,9 +81,7 @@ time.sleep(120)
 def test_a_running_command_is_stopped_after_its_job_is_cancelled(
     store: Store, tmp_path: Path, mode: str, signal_name: str
 ) -> None:
-    job = queue_job(store)
-    at = trigger(store, job)
-    QueueRepo(store).move_outbox()
+    job, at = queued_run(store)
     pids = tmp_path / "pids"
     worker = _worker(store, _python(COMMAND, str(pids), mode))
     stop = threading.Event()

@@ -31,14 +31,6 @@ from tests.factories import (
     spec,
 )
 
-
-@pytest.fixture
-def store(db_url: str) -> Store:
-    store = Store.open(db_url)
-    yield store  # type: ignore[misc]
-    store.close()
-
-
 ALL = range(1024)
 
 

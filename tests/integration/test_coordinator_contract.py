@@ -34,11 +34,9 @@ Make = Callable[[str], Coordinator]
 
 
 @pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    store = Store.open(db_url)
+def store(store: Store) -> Store:
     store.ensure_settings(P)
-    yield store
-    store.close()
+    return store
 
 
 @pytest.fixture(

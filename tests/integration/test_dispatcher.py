@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -18,13 +18,6 @@ from scheduled_d.dispatcher import Dispatcher
 from tests.factories import ago, ahead, bulk_once_jobs, create_job, every, make_tenant, once_at
 
 WAIT = 60.0
-
-
-@pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    store = Store.open(db_url)
-    yield store
-    store.close()
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = WAIT) -> bool:

@@ -37,14 +37,16 @@ from schedctl.storage.payloads import configure_payload_cipher, reset_payload_ci
 from schedctl.storage.queue import CANCELLED_ERROR
 from schedctl.storage.signing_secrets import SigningSecretRepo
 from schedctl.storage.store import Store
-from scheduled_d.relay import Relay
 from tests.factories import make_tenant
 from tests.integration.queue_support import (
     Received,
+    allow_loopback_tenant,
     answer,
     attempts,
     dead_letters,
     existing_tenant,
+    fast_relay,
+    first_attempt_answers,
     hook_server,
     http_job,
     outbox_count,
@@ -60,18 +62,9 @@ SECRET = "secret"  # tests.factories.make_tenant's signing secret
 
 
 @pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    store = Store.open(db_url)
-    tenant = make_tenant(store)
-    set_allow_list(store, tenant, ["127.0.0.1"])
-    yield store
-    store.close()
-
-
-def relay(store: Store, **kwargs: Any) -> Relay:
-    options: dict[str, Any] = {"poll_seconds": 0.05, "settings_seconds": 0.2, "http_timeout": 5.0}
-    options.update(kwargs)
-    return Relay(store, **options)
+def store(store: Store) -> Store:
+    allow_loopback_tenant(store)
+    return store
 
 
 def settled(store: Store, job: str, at: dt.datetime, *statuses: str) -> bool:
@@ -97,7 +90,7 @@ def test_a_handler_verifies_a_real_delivery(store: Store) -> None:
     with hook_server(handler) as server:
         job = http_job(store, server.url("/jobs/run?source=sched"), payload={"db": "orders"})
         at = trigger(store, job)
-        with running_relay(relay(store)):
+        with running_relay(fast_relay(store)):
             wait_for(lambda: settled(store, job, at), "the delivery")
         (request,) = server.requests()
     assert verdicts == ["ok"]
@@ -176,7 +169,7 @@ def test_rotation_signs_with_both_secrets_during_the_grace_then_only_the_new(
         with hook_server() as server:
             job = http_job(store, server.url("/rotating?x=1"))
             at = trigger(store, job)
-            with running_relay(relay(store)):
+            with running_relay(fast_relay(store)):
                 wait_for(lambda: settled(store, job, at), "the delivery")
             (request,) = server.requests()
         assert run_row(store, job, at)["status"] == "succeeded"
@@ -234,7 +227,7 @@ def test_retry_classification(store: Store) -> None:
             for status in RETRIED + FAILED
         }
         runs = {status: (job, trigger(store, job)) for status, job in jobs.items()}
-        with running_relay(relay(store)):
+        with running_relay(fast_relay(store)):
             wait_for(
                 lambda: all(settled(store, j, at) for j, at in runs.values()), "every run settled"
             )
@@ -265,7 +258,7 @@ def test_network_errors_and_timeouts_are_retried_then_dead_lettered(store: Store
         refused = http_job(store, f"http://127.0.0.1:{closed}/x", max_attempts=2)
         slow = http_job(store, hanging.url(), max_attempts=2)
         runs = [(refused, trigger(store, refused)), (slow, trigger(store, slow))]
-        with running_relay(relay(store, http_timeout=0.5)):
+        with running_relay(fast_relay(store, http_timeout=0.5)):
             wait_for(lambda: all(settled(store, j, at) for j, at in runs), "both dead")
         assert hanging.count() == 2
     errors_seen = {d["job_id"]: d["last_error"] for d in dead_letters(store)}
@@ -284,15 +277,10 @@ def socket_port_nobody_listens_on() -> int:
 
 
 def test_retry_after_is_honoured(store: Store) -> None:
-    def busy_then_ok(received: Received, _number: int) -> tuple[int, dict[str, str], bytes]:
-        if received.json["attempt"] == 1:
-            return 429, {"Retry-After": "3"}, b"slow down"
-        return 200, {}, b"ok"
-
-    with hook_server(busy_then_ok) as server:
+    with hook_server(first_attempt_answers(429, "3", b"slow down")) as server:
         job = http_job(store, server.url(), max_attempts=3, base=0.01, cap=0.01)
         at = trigger(store, job)
-        with running_relay(relay(store)):
+        with running_relay(fast_relay(store)):
             wait_for(lambda: len(attempts(store, job, at)) == 1, "the first attempt")
             (row,) = outbox_rows(store)
             first = attempts(store, job, at)[0]
@@ -319,15 +307,10 @@ def test_parse_retry_after() -> None:
 def test_retries_survive_a_relay_restart(store: Store) -> None:
     """Stop the relay mid-backoff; a new relay continues with the next attempt number."""
 
-    def fail_once(received: Received, _number: int) -> tuple[int, dict[str, str], bytes]:
-        if received.json["attempt"] == 1:
-            return 503, {"Retry-After": "2"}, b"maintenance"
-        return 200, {}, b"ok"
-
-    with hook_server(fail_once) as server:
+    with hook_server(first_attempt_answers(503, "2", b"maintenance")) as server:
         job = http_job(store, server.url(), max_attempts=3, base=0.01, cap=0.01)
         at = trigger(store, job)
-        first = relay(store, owner="relay-one")
+        first = fast_relay(store, owner="relay-one")
         with running_relay(first):
             wait_for(lambda: len(attempts(store, job, at)) == 1, "the first attempt")
         # stopped: the retry state is all in the database
@@ -335,7 +318,7 @@ def test_retries_survive_a_relay_restart(store: Store) -> None:
         assert (row["attempt"], row["lease_owner"]) == (2, None)
         assert run_row(store, job, at)["status"] == "failed"
         assert server.count() == 1
-        with running_relay(relay(store, owner="relay-two")):
+        with running_relay(fast_relay(store, owner="relay-two")):
             wait_for(lambda: settled(store, job, at), "the second attempt")
         assert [r.json["attempt"] for r in server.requests()] == [1, 2]
     history = [(a["attempt"], a["status"], a["worker"]) for a in attempts(store, job, at)]
@@ -347,7 +330,7 @@ def test_dead_letter_after_the_last_attempt(store: Store) -> None:
     with hook_server(answer(500, body=b"boom")) as server:
         job = http_job(store, server.url(), max_attempts=3)
         at = trigger(store, job)
-        with running_relay(relay(store)):
+        with running_relay(fast_relay(store)):
             wait_for(lambda: settled(store, job, at, "dead"), "the dead letter")
         assert [r.json["attempt"] for r in server.requests()] == [1, 2, 3]
     (letter,) = dead_letters(store)
@@ -370,7 +353,7 @@ def test_no_redirect_is_followed(store: Store) -> None:
         with hook_server(redirect) as server:
             job = http_job(store, server.url(), max_attempts=3)
             at = trigger(store, job)
-            with running_relay(relay(store)):
+            with running_relay(fast_relay(store)):
                 wait_for(lambda: settled(store, job, at), "the run")
             assert server.count() == 1
         assert elsewhere.count() == 0
@@ -386,7 +369,7 @@ def test_an_http_run_not_yet_sent_is_not_sent_after_cancel(store: Store) -> None
         job = http_job(store, server.url())
         at = trigger(store, job)
         JobRepo(store).cancel(job, actor="test")
-        with running_relay(relay(store)) as r:
+        with running_relay(fast_relay(store)) as r:
             wait_for(lambda: outbox_count(store) == 0, "the outbox emptied")
             wait_for(r.idle, "the relay idle")
         assert server.count() == 0
@@ -403,7 +386,7 @@ def test_disallowed_after_creation_is_refused_at_delivery_without_connecting(
         tenant = existing_tenant(store)
         set_allow_list(store, tenant, [])  # the operator ran `tenant disallow`
         at = trigger(store, job)
-        with running_relay(relay(store)):
+        with running_relay(fast_relay(store)):
             wait_for(lambda: settled(store, job, at), "the refusal")
         assert server.count() == 0
         assert server.connections == 0
@@ -552,7 +535,7 @@ def test_relays_side_by_side_deliver_each_run_once(pg_url: str) -> None:
         with hook_server() as server:
             jobs = [http_job(store, server.url()) for _ in range(20)]
             runs = [(job, trigger(store, job)) for job in jobs for _ in range(15)]
-            relays = [relay(store, owner=f"relay-{i}") for i in range(3)]
+            relays = [fast_relay(store, owner=f"relay-{i}") for i in range(3)]
             started = time.monotonic()
             with running_relay(relays[0]), running_relay(relays[1]), running_relay(relays[2]):
                 wait_for(lambda: server.count() >= len(runs), "every delivery", 120)

@@ -3,7 +3,6 @@ migrated schema equals the SQLAlchemy metadata the code uses."""
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 
 import pytest
@@ -14,6 +13,7 @@ from sqlalchemy import inspect, select, text
 from schedctl.storage import schema
 from schedctl.storage.engine import make_engine
 from schedctl.storage.migrate import current_revision, head_revision, upgrade
+from tests.factories import insert_cron_job_row, insert_tenant_row
 
 EMPTY = ["empty_sqlite_url", pytest.param("empty_pg_url", marks=pytest.mark.postgres)]
 
@@ -67,45 +67,10 @@ def test_upgrade_from_previous_revision_keeps_data(empty_url: str) -> None:
     try:
         assert current_revision(engine) == "0001"
         with engine.begin() as connection:
-            connection.execute(
-                schema.tenants.insert().values(
-                    tenant_id="t1",
-                    name="acme",
-                    signing_secret="s",
-                    max_jobs=10,
-                    create_rate_per_minute=10,
-                    dispatch_rate_per_second=10,
-                    allow_list="[]",
-                    created_at=now,
-                )
+            insert_tenant_row(
+                connection, "t1", "acme", created_at=now, quota=10, signing_secret="s"
             )
-            connection.execute(
-                schema.jobs.insert().values(
-                    job_id="j1",
-                    tenant_id="t1",
-                    name="nightly",
-                    schedule=json.dumps({"kind": "cron", "cron": "0 2 * * *", "timezone": "UTC"}),
-                    target_type="queue",
-                    target="q",
-                    payload="{}",
-                    max_attempts=3,
-                    retry_base_seconds=1.0,
-                    retry_max_seconds=60.0,
-                    misfire_policy="run_once",
-                    grace_seconds=60,
-                    window_seconds=0,
-                    max_concurrency=1,
-                    timeout_seconds=0,
-                    status="active",
-                    next_run_at=now,
-                    next_fire_at=now,
-                    partition=7,
-                    version=1,
-                    request_hash="h",
-                    created_at=now,
-                    updated_at=now,
-                )
-            )
+            insert_cron_job_row(connection, "j1", "t1", queue="q", at=now)
     finally:
         engine.dispose()
     before, after = upgrade(empty_url)

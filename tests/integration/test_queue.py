@@ -6,10 +6,7 @@ from __future__ import annotations
 import random
 import threading
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-
-import pytest
 
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
@@ -34,20 +31,6 @@ from tests.integration.queue_support import (
     trigger,
     wait_for,
 )
-
-
-@pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    store = Store.open(db_url)
-    yield store
-    store.close()
-
-
-@pytest.fixture
-def pg_store(pg_url: str) -> Iterator[Store]:
-    store = Store.open(pg_url)
-    yield store
-    store.close()
 
 
 def done(repo: QueueRepo, lease: Lease, code: int = 0, tail: str = "ok") -> bool:

@@ -12,7 +12,6 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from scheduled_d.relay import DEFAULT_LEASE_SECONDS, Relay
 from tests.factories import make_tenant
 from tests.integration.queue_support import (
     Received,
+    allow_loopback_tenant,
     attempts,
     hook_server,
     http_job,
@@ -42,12 +42,9 @@ SCHEDULED_D = str(Path(sys.executable).parent / "scheduled-d")
 
 
 @pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    store = Store.open(db_url)
-    tenant = make_tenant(store)
-    set_allow_list(store, tenant, ["127.0.0.1"])
-    yield store
-    store.close()
+def store(store: Store) -> Store:
+    allow_loopback_tenant(store)
+    return store
 
 
 class FirstCallsHeld:

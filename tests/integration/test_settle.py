@@ -7,7 +7,6 @@ run whose tenant's broker is being removed."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,21 +28,22 @@ from schedctl.storage.settle import (
 )
 from schedctl.storage.store import Store
 from schedctl.storage.tenant_delivery import TenantDeliveryRepo
-from scheduled_d.relay import Relay
 from tests.factories import make_tenant
 from tests.integration.queue_support import (
-    Received,
+    allow_loopback_tenant,
     attempts,
     dead_letters,
+    fast_relay,
+    first_attempt_answers,
     hook_server,
     http_job,
     messages,
     outbox_count,
     outbox_rows,
     queue_job,
+    queued_run,
     run_row,
     running_relay,
-    set_allow_list,
     trigger,
     wait_for,
 )
@@ -52,18 +52,9 @@ BROKER = "amqp://guest:guest@127.0.0.1:5672/"
 
 
 @pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    store = Store.open(db_url)
-    tenant = make_tenant(store)
-    set_allow_list(store, tenant, ["127.0.0.1"])
-    yield store
-    store.close()
-
-
-def relay(store: Store, **kwargs: Any) -> Relay:
-    options: dict[str, Any] = {"poll_seconds": 0.05, "settings_seconds": 0.2, "http_timeout": 5.0}
-    options.update(kwargs)
-    return Relay(store, **options)
+def store(store: Store) -> Store:
+    allow_loopback_tenant(store)
+    return store
 
 
 def set_run_status(store: Store, job: str, at: datetime, status: str) -> None:
@@ -88,7 +79,7 @@ class ExplodingHttp(HttpDelivery):
 def test_an_exception_inside_a_delivery_is_a_retryable_failed_attempt(store: Store) -> None:
     job = http_job(store, "http://127.0.0.1:9/hook", max_attempts=2)
     at = trigger(store, job)
-    with running_relay(relay(store, http=ExplodingHttp(timeout=5.0))):
+    with running_relay(fast_relay(store, http=ExplodingHttp(timeout=5.0))):
         wait_for(lambda: run_row(store, job, at)["status"] == "dead", "the dead letter")
     history = attempts(store, job, at)
     assert [(a["attempt"], a["status"]) for a in history] == [(1, "failed"), (2, "failed")]
@@ -104,15 +95,10 @@ def test_retry_after_superscript_two_is_an_ordinary_retry(store: Store) -> None:
     assert parse_retry_after("²") is None
     assert parse_retry_after("٣") is None  # Arabic-Indic three: a digit, not ASCII
 
-    def odd_then_ok(received: Received, _number: int) -> tuple[int, dict[str, str], bytes]:
-        if received.json["attempt"] == 1:
-            return 503, {"Retry-After": "²"}, b"busy"
-        return 200, {}, b"ok"
-
-    with hook_server(odd_then_ok) as server:
+    with hook_server(first_attempt_answers(503, "²", b"busy")) as server:
         job = http_job(store, server.url(), max_attempts=3, base=0.01, cap=0.01)
         at = trigger(store, job)
-        with running_relay(relay(store)):
+        with running_relay(fast_relay(store)):
             wait_for(lambda: run_row(store, job, at)["status"] == "succeeded", "the retry")
         assert [r.json["attempt"] for r in server.requests()] == [1, 2]
     history = attempts(store, job, at)
@@ -234,9 +220,7 @@ def test_a_run_that_ended_is_not_skipped_by_a_cancel(store: Store) -> None:
     """Statuses outside the set (here: succeeded, recorded by an earlier delivery whose
     row came back) are history, on both paths alike."""
     assert RunStatus.succeeded not in SKIPPABLE_STATUSES
-    queued = queue_job(store)
-    queued_at = trigger(store, queued)
-    QueueRepo(store).move_outbox()
+    queued, queued_at = queued_run(store)
     http = http_job(store, "http://127.0.0.1:9/hook")
     http_at = trigger(store, http)
     for job, at in ((queued, queued_at), (http, http_at)):

@@ -45,13 +45,6 @@ def keys(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str]]:
         reset_payload_cipher()
 
 
-@pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    store = Store.open(db_url)
-    yield store
-    store.close()
-
-
 def raw_secrets(store: Store, tenant_id: str) -> tuple[str, str | None, datetime | None]:
     t = schema.tenants
     with store.read() as connection:

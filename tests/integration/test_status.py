@@ -26,11 +26,9 @@ P = 16  # small: the numbers are what is checked, not the scale
 
 
 @pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    store = Store.open(db_url)
+def store(store: Store) -> Store:
     store.ensure_settings(P)
-    yield store
-    store.close()
+    return store
 
 
 @pytest.fixture

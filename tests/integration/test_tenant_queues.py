@@ -5,10 +5,8 @@ job."""
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -27,7 +25,7 @@ from schedctl.storage.store import Store
 from scheduled_d.__main__ import app
 from scheduled_d.metrics import export_queue_depths
 from scheduled_d.worker import Worker
-from tests.factories import make_tenant
+from tests.factories import insert_cron_job_row, insert_tenant_row, make_tenant
 from tests.integration.queue_support import (
     dead_letters,
     messages,
@@ -35,13 +33,6 @@ from tests.integration.queue_support import (
     run_row,
     trigger,
 )
-
-
-@pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    store = Store.open(db_url)
-    yield store
-    store.close()
 
 
 def two_tenants_one_queue(store: Store) -> tuple[tuple[str, str, datetime], ...]:
@@ -173,45 +164,10 @@ def test_migration_0005_indexes_messages_by_tenant(empty_sqlite_url: str) -> Non
     try:
         with engine.begin() as connection:
             for tenant in ("t1", "t2"):
-                connection.execute(
-                    schema.tenants.insert().values(
-                        tenant_id=tenant,
-                        name=tenant,
-                        signing_secret="s",
-                        max_jobs=10,
-                        create_rate_per_minute=10,
-                        dispatch_rate_per_second=10,
-                        allow_list="[]",
-                        created_at=now,
-                    )
+                insert_tenant_row(
+                    connection, tenant, tenant, created_at=now, quota=10, signing_secret="s"
                 )
-            connection.execute(
-                schema.jobs.insert().values(
-                    job_id="j2",
-                    tenant_id="t2",
-                    name="nightly",
-                    schedule=json.dumps({"kind": "cron", "cron": "0 2 * * *", "timezone": "UTC"}),
-                    target_type="queue",
-                    target="backups",
-                    payload="{}",
-                    max_attempts=3,
-                    retry_base_seconds=1.0,
-                    retry_max_seconds=60.0,
-                    misfire_policy="run_once",
-                    grace_seconds=60,
-                    window_seconds=0,
-                    max_concurrency=1,
-                    timeout_seconds=0,
-                    status="active",
-                    next_run_at=now,
-                    next_fire_at=now,
-                    partition=7,
-                    version=1,
-                    request_hash="h",
-                    created_at=now,
-                    updated_at=now,
-                )
-            )
+            insert_cron_job_row(connection, "j2", "t2", queue="backups", at=now)
             # a message whose tenant disagrees with its job's: the job's tenant wins
             connection.execute(
                 schema.queue_messages.insert().values(

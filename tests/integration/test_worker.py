@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -30,6 +30,7 @@ from tests.integration.queue_support import (
     dead_letters,
     messages,
     queue_job,
+    queued_run,
     run_row,
     trigger,
     wait_for,
@@ -43,11 +44,9 @@ HEARTBEAT = 0.5
 
 
 @pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    store = Store.open(db_url)
-    make_tenant(store)
-    yield store
-    store.close()
+def store(store: Store) -> Store:
+    make_tenant(store)  # the workers' tenant
+    return store
 
 
 def worker(store: Store, command: list[str], **kwargs: object) -> Worker:
@@ -95,9 +94,7 @@ def python(code: str, *args: str) -> list[str]:
 
 def test_command_gets_env_and_payload_on_stdin(store: Store, tmp_path: Path) -> None:
     payload = {"db": "orders", "items": [1, 2, 3], "note": "ünïcode"}
-    job = queue_job(store, payload=payload)
-    at = trigger(store, job)
-    QueueRepo(store).move_outbox()
+    job, at = queued_run(store, payload=payload)
     out = tmp_path / "seen.json"
     code = (
         "import json, os, sys\n"
@@ -117,9 +114,7 @@ def test_command_gets_env_and_payload_on_stdin(store: Store, tmp_path: Path) -> 
 
 
 def test_success_records_exit_code_output_tail_and_timings(store: Store) -> None:
-    job = queue_job(store)
-    at = trigger(store, job)
-    QueueRepo(store).move_outbox()
+    job, at = queued_run(store)
     # far more output than the tail keeps, on both streams
     code = (
         "import sys\n"
@@ -146,9 +141,7 @@ def test_success_records_exit_code_output_tail_and_timings(store: Store) -> None
 
 
 def test_binary_output_is_recorded(store: Store) -> None:
-    job = queue_job(store)
-    at = trigger(store, job)
-    QueueRepo(store).move_outbox()
+    job, at = queued_run(store)
     # NUL and invalid UTF-8: Postgres text cannot hold NUL, and the outcome must still land
     command = ["sh", "-c", r"printf 'a\000b\377c'"]
     run_until(worker(store, command), finished(store, job, at), "the run")
@@ -158,9 +151,7 @@ def test_binary_output_is_recorded(store: Store) -> None:
 
 
 def test_nonzero_exit_retries_then_dead_letters(store: Store) -> None:
-    job = queue_job(store, max_attempts=3)
-    at = trigger(store, job)
-    QueueRepo(store).move_outbox()
+    job, at = queued_run(store, max_attempts=3)
     command = ["sh", "-c", 'echo "attempt $SCHED_ATTEMPT failing" >&2; exit 3']
     taken = run_until(worker(store, command), finished(store, job, at), "the dead letter")
     assert taken == 3
@@ -181,9 +172,7 @@ def test_nonzero_exit_retries_then_dead_letters(store: Store) -> None:
 
 
 def test_a_missing_command_is_a_failed_attempt(store: Store, tmp_path: Path) -> None:
-    job = queue_job(store, max_attempts=1)
-    at = trigger(store, job)
-    QueueRepo(store).move_outbox()
+    job, at = queued_run(store, max_attempts=1)
     missing = str(tmp_path / "no-such-command")
     run_until(worker(store, [missing]), finished(store, job, at), "the dead letter")
     run = run_row(store, job, at)
@@ -192,9 +181,7 @@ def test_a_missing_command_is_a_failed_attempt(store: Store, tmp_path: Path) -> 
 
 
 def test_timeout_kills_the_whole_process_group(store: Store, tmp_path: Path) -> None:
-    job = queue_job(store, max_attempts=1, timeout=1)
-    at = trigger(store, job)
-    QueueRepo(store).move_outbox()
+    job, at = queued_run(store, max_attempts=1, timeout=1)
     pids = tmp_path / "pids"
     # the child ignores SIGTERM: only the SIGKILL after the grace ends it
     script = f"sh -c \"trap '' TERM; exec sleep 1000\" & echo $$ $! > {pids}; wait"
@@ -215,9 +202,7 @@ def test_the_worker_never_runs_a_command_from_the_message(store: Store, tmp_path
         "argv": ["sh", "-c", f"touch {pwned}"],
         "shell": f"$(touch {pwned})",
     }
-    job = queue_job(store, payload=payload)
-    at = trigger(store, job)
-    QueueRepo(store).move_outbox()
+    job, at = queued_run(store, payload=payload)
     received = tmp_path / "received.json"
     command = ["sh", "-c", 'cat > "$1"', "sh", str(received)]
     run_until(worker(store, command), finished(store, job, at), "the run")
@@ -232,9 +217,7 @@ def test_the_worker_never_runs_a_command_from_the_message(store: Store, tmp_path
 def test_a_worker_killed_mid_run_is_recovered_by_another(
     store: Store, db_url: str, tmp_path: Path
 ) -> None:
-    job = queue_job(store, max_attempts=3)
-    at = trigger(store, job)
-    QueueRepo(store).move_outbox()
+    job, at = queued_run(store, max_attempts=3)
     started = tmp_path / "started"
     ran = tmp_path / "ran"
     # the first attempt hangs (its worker dies under it); later attempts succeed
@@ -325,9 +308,7 @@ def test_max_concurrency_one_never_overlaps(store: Store, tmp_path: Path) -> Non
 
 
 def test_stop_lets_the_run_in_flight_finish(store: Store, tmp_path: Path) -> None:
-    job = queue_job(store)
-    at = trigger(store, job)
-    QueueRepo(store).move_outbox()
+    job, at = queued_run(store)
     started = tmp_path / "started"
     stop = threading.Event()
     w = worker(store, ["sh", "-c", f"touch {started}; sleep 1; echo finished"])
@@ -342,9 +323,7 @@ def test_stop_lets_the_run_in_flight_finish(store: Store, tmp_path: Path) -> Non
 
 
 def test_force_kills_the_run_in_flight(store: Store, tmp_path: Path) -> None:
-    job = queue_job(store, max_attempts=2)
-    at = trigger(store, job)
-    QueueRepo(store).move_outbox()
+    job, at = queued_run(store, max_attempts=2)
     pid_file = tmp_path / "pid"
     stop, force = threading.Event(), threading.Event()
     w = worker(store, ["sh", "-c", f"echo $$ > {pid_file}; exec sleep 1000"])

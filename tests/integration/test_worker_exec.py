@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -24,16 +23,15 @@ from sqlalchemy import update
 from schedctl.crypto import PayloadCipher
 from schedctl.storage import schema
 from schedctl.storage.jobs import JobRepo
-from schedctl.storage.queue import CANCELLED_RUNNING_ERROR, QueueRepo
+from schedctl.storage.queue import CANCELLED_RUNNING_ERROR
 from schedctl.storage.store import Store
 from scheduled_d.worker import Worker
 from tests.factories import make_tenant
 from tests.integration.queue_support import (
     attempts,
     messages,
-    queue_job,
+    queued_run,
     run_row,
-    trigger,
     wait_for,
 )
 from tests.services.ports import pid_alive
@@ -55,11 +53,9 @@ GRACE = 1.0
 
 
 @pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    store = Store.open(db_url)
-    make_tenant(store)
-    yield store
-    store.close()
+def store(store: Store) -> Store:
+    make_tenant(store)  # the workers' tenant
+    return store
 
 
 def read_env(path: Path) -> dict[str, str]:
@@ -84,9 +80,7 @@ def worker_environ(db_url: str, tmp_path: Path) -> dict[str, str]:
 
 
 def ready_run(store: Store, payload: object) -> tuple[str, datetime]:
-    job = queue_job(store, payload=payload, max_attempts=1)
-    at = trigger(store, job)
-    QueueRepo(store).move_outbox()
+    job, at = queued_run(store, payload=payload, max_attempts=1)
     return job, at
 
 
@@ -282,9 +276,7 @@ def child_pid(pids: Path, running: Running) -> int:
 def test_a_timeout_kills_a_child_that_ignores_sigterm_after_its_leader_exited(
     store: Store, tmp_path: Path
 ) -> None:
-    job = queue_job(store, max_attempts=1, timeout=1)
-    at = trigger(store, job)
-    QueueRepo(store).move_outbox()
+    job, at = queued_run(store, max_attempts=1, timeout=1)
     pids = tmp_path / "child.pid"
     with Running(exec_worker(store, [*STUBBORN_CHILD, str(pids)])) as running:
         child = child_pid(pids, running)
@@ -299,9 +291,7 @@ def test_a_timeout_kills_a_child_that_ignores_sigterm_after_its_leader_exited(
 def test_a_cancel_kills_a_child_that_ignores_sigterm_after_its_leader_exited(
     store: Store, tmp_path: Path
 ) -> None:
-    job = queue_job(store)
-    at = trigger(store, job)
-    QueueRepo(store).move_outbox()
+    job, at = queued_run(store)
     pids = tmp_path / "child.pid"
     with Running(exec_worker(store, [*STUBBORN_CHILD, str(pids)])) as running:
         child = child_pid(pids, running)
@@ -316,9 +306,7 @@ def test_a_cancel_kills_a_child_that_ignores_sigterm_after_its_leader_exited(
 def test_a_lost_lease_kills_a_child_that_ignores_sigterm_after_its_leader_exited(
     store: Store, tmp_path: Path
 ) -> None:
-    job = queue_job(store)
-    at = trigger(store, job)
-    QueueRepo(store).move_outbox()
+    job, at = queued_run(store)
     pids = tmp_path / "child.pid"
     with Running(exec_worker(store, [*STUBBORN_CHILD, str(pids)])) as running:
         child = child_pid(pids, running)
@@ -336,9 +324,7 @@ def test_a_lost_lease_kills_a_child_that_ignores_sigterm_after_its_leader_exited
 def test_a_background_child_holding_the_output_open_does_not_hold_up_the_run(
     store: Store, tmp_path: Path
 ) -> None:
-    job = queue_job(store, max_attempts=1)
-    at = trigger(store, job)
-    QueueRepo(store).move_outbox()
+    job, at = queued_run(store, max_attempts=1)
     pids = tmp_path / "child.pid"
     # the command exits at once; its background child keeps stdout and stderr open
     command = [

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 import pytest
 
 from schedctl import errors
-from schedctl.delivery.http import HttpDelivery
+from schedctl.delivery.http import DeliveryResult, HttpDelivery
 from schedctl.delivery.ssrf import (
     AllowList,
     UnresolvableHost,
@@ -409,12 +409,12 @@ def test_a_refusal_never_tells_the_tenant_what_a_name_resolved_to(
     assert "s3cret" not in logged
 
 
-def test_the_run_history_error_of_a_refused_delivery_hides_the_address() -> None:
-    delivery = HttpDelivery(resolver=resolver({"hooks.acme.test": ["10.66.77.88"]}))
+def deliver_once(delivery: HttpDelivery, url: str, allow_list: list[str]) -> DeliveryResult:
+    """One attempt of a run to `url`; `delivery` is closed after it."""
     try:
-        result = delivery.deliver(
-            url="https://hooks.acme.test/run",
-            allow_list=[],
+        return delivery.deliver(
+            url=url,
+            allow_list=allow_list,
             secret="x" * 32,
             job_id="0123abcd",
             scheduled_at=datetime(2026, 1, 1, tzinfo=UTC),
@@ -423,6 +423,11 @@ def test_the_run_history_error_of_a_refused_delivery_hides_the_address() -> None
         )
     finally:
         delivery.close()
+
+
+def test_the_run_history_error_of_a_refused_delivery_hides_the_address() -> None:
+    delivery = HttpDelivery(resolver=resolver({"hooks.acme.test": ["10.66.77.88"]}))
+    result = deliver_once(delivery, "https://hooks.acme.test/run", [])
     assert result.verdict is Verdict.failed
     assert result.error is not None and "not allowed" in result.error
     assert "10.66.77.88" not in result.error
@@ -460,18 +465,7 @@ def test_a_network_error_in_the_run_history_hides_the_pinned_address() -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # closed again below: connecting is refused
     delivery = HttpDelivery(timeout=5, resolver=resolver({"hooks.acme.test": ["127.0.0.1"]}))
-    try:
-        result = delivery.deliver(
-            url=f"http://hooks.acme.test:{port}/run",
-            allow_list=["hooks.acme.test"],
-            secret="x" * 32,
-            job_id="0123abcd",
-            scheduled_at=datetime(2026, 1, 1, tzinfo=UTC),
-            attempt=1,
-            payload={},
-        )
-    finally:
-        delivery.close()
+    result = deliver_once(delivery, f"http://hooks.acme.test:{port}/run", ["hooks.acme.test"])
     assert result.verdict is Verdict.retry
     assert result.error is not None and "network error" in result.error
     assert "127.0.0.1" not in result.error

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -49,27 +50,23 @@ _M = TypeVar("_M", bound=BaseModel)
 # -- bodies --------------------------------------------------------------------------
 
 
+def _lease_seconds(description: str) -> Any:
+    return Field(default=DEFAULT_LEASE_SECONDS, ge=1, le=MAX_LEASE_SECONDS, description=description)
+
+
 class LeaseRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     limit: int = Field(default=1, ge=1, le=MAX_LEASES_PER_CALL, description="Runs at most.")
-    lease_seconds: float = Field(
-        default=DEFAULT_LEASE_SECONDS,
-        ge=1,
-        le=MAX_LEASE_SECONDS,
-        description="Visibility timeout: the run is redelivered if not extended by then.",
+    lease_seconds: float = _lease_seconds(
+        "Visibility timeout: the run is redelivered if not extended by then."
     )
 
 
 class HeartbeatRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    lease_seconds: float = Field(
-        default=DEFAULT_LEASE_SECONDS,
-        ge=1,
-        le=MAX_LEASE_SECONDS,
-        description="The lease is extended to now plus this.",
-    )
+    lease_seconds: float = _lease_seconds("The lease is extended to now plus this.")
 
 
 def _storable(value: str | None) -> str | None:
@@ -182,6 +179,21 @@ QueuePath = Annotated[str, Path(description="The queue's name (a queue target's 
 LeasePath = Annotated[str, Path(description="A lease_id from POST /v1/queues/{name}/leases.")]
 
 router = APIRouter(prefix="/v1", tags=["workers"])
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _post(
+    path: str, out: type[BaseModel], summary: str, *, body: type[BaseModel], body_required: bool
+) -> Callable[[_F], _F]:
+    """router.post with what every route here shares: its error responses and its body's
+    schema (the body is parsed in the route, so FastAPI does not document it by itself)."""
+    return router.post(
+        path,
+        response_model=out,
+        summary=summary,
+        responses=_responses(400, 404, 413, 415, 422),
+        openapi_extra=_schema(body, required=body_required),
+    )
 
 
 def _lease_out(lease: Lease, secret: str) -> dict[str, Any]:
@@ -224,12 +236,12 @@ def _held(scheduler: Scheduler, caller: Caller, lease_id: str) -> Lease:
     return lease
 
 
-@router.post(
+@_post(
     "/queues/{name:path}/leases",
-    response_model=LeasePage,
-    summary="Lease runs of a queue (tenant workers)",
-    responses=_responses(400, 404, 413, 415, 422),
-    openapi_extra=_schema(LeaseRequest, required=False),
+    LeasePage,
+    "Lease runs of a queue (tenant workers)",
+    body=LeaseRequest,
+    body_required=False,
 )
 def lease_runs(
     name: QueuePath, scheduler: SchedulerDep, caller: CallerDep, body: OptionalBodyDep
@@ -255,12 +267,12 @@ def lease_runs(
     return {"items": [_lease_out(lease, secret) for lease in leases]}
 
 
-@router.post(
+@_post(
     "/leases/{lease_id}/heartbeat",
-    response_model=HeartbeatOut,
-    summary="Extend a lease",
-    responses=_responses(400, 404, 413, 415, 422),
-    openapi_extra=_schema(HeartbeatRequest, required=False),
+    HeartbeatOut,
+    "Extend a lease",
+    body=HeartbeatRequest,
+    body_required=False,
 )
 def heartbeat(
     lease_id: LeasePath, scheduler: SchedulerDep, caller: CallerDep, body: OptionalBodyDep
@@ -273,16 +285,12 @@ def heartbeat(
     record_presence(scheduler.store, *api_worker(caller, lease.queue), request.lease_seconds)
     beat = QueueRepo(scheduler.store).beat(lease, request.lease_seconds)
     if beat is Beat.lost:
-        raise errors.NotFound("the lease expired and the run was redelivered", field="lease_id")
+        raise _lost()
     return {"status": beat.value}
 
 
-@router.post(
-    "/leases/{lease_id}/ack",
-    response_model=SettledOut,
-    summary="The run succeeded",
-    responses=_responses(400, 404, 413, 415, 422),
-    openapi_extra=_schema(AckRequest, required=True),
+@_post(
+    "/leases/{lease_id}/ack", SettledOut, "The run succeeded", body=AckRequest, body_required=True
 )
 def ack(
     lease_id: LeasePath, scheduler: SchedulerDep, caller: CallerDep, body: BodyDep
@@ -290,8 +298,7 @@ def ack(
     """Record the run as succeeded with its exit code, output tail and times; the message is
     removed from the queue."""
     request = _parse(AckRequest, body)
-    _check_times(request.started_at, request.finished_at)
-    lease = _held(scheduler, caller, lease_id)
+    lease = _settling(scheduler, caller, lease_id, request)
     done = QueueRepo(scheduler.store).ack(
         lease,
         exit_code=request.exit_code,
@@ -300,16 +307,16 @@ def ack(
         finished_at=request.finished_at,
     )
     if not done:
-        raise errors.NotFound("the lease expired and the run was redelivered", field="lease_id")
+        raise _lost()
     return {"status": "succeeded"}
 
 
-@router.post(
+@_post(
     "/leases/{lease_id}/fail",
-    response_model=SettledOut,
-    summary="The attempt failed",
-    responses=_responses(400, 404, 413, 415, 422),
-    openapi_extra=_schema(FailRequest, required=True),
+    SettledOut,
+    "The attempt failed",
+    body=FailRequest,
+    body_required=True,
 )
 def fail(
     lease_id: LeasePath, scheduler: SchedulerDep, caller: CallerDep, body: BodyDep
@@ -319,30 +326,31 @@ def fail(
     `cancelled: true` (the command was stopped because the job was cancelled) it is
     recorded as failed and neither retried nor dead-lettered."""
     request = _parse(FailRequest, body)
-    _check_times(request.started_at, request.finished_at)
-    lease = _held(scheduler, caller, lease_id)
+    lease = _settling(scheduler, caller, lease_id, request)
     repo = QueueRepo(scheduler.store)
-    if request.cancelled:
-        done = repo.stop_cancelled(
-            lease,
-            exit_code=request.exit_code,
-            output_tail=request.output_tail,
-            started_at=request.started_at,
-            finished_at=request.finished_at,
-            error=request.error,
-        )
-    else:
-        done = repo.fail(
-            lease,
-            error=request.error,
-            exit_code=request.exit_code,
-            output_tail=request.output_tail,
-            started_at=request.started_at,
-            finished_at=request.finished_at,
-        )
+    settle = repo.stop_cancelled if request.cancelled else repo.fail
+    done = settle(
+        lease,
+        error=request.error,
+        exit_code=request.exit_code,
+        output_tail=request.output_tail,
+        started_at=request.started_at,
+        finished_at=request.finished_at,
+    )
     if not done:
-        raise errors.NotFound("the lease expired and the run was redelivered", field="lease_id")
+        raise _lost()
     return {"status": "stopped" if request.cancelled else "failed"}
+
+
+def _lost() -> errors.NotFound:
+    """A lease the caller held but lost while the call ran."""
+    return errors.NotFound("the lease expired and the run was redelivered", field="lease_id")
+
+
+def _settling(scheduler: Scheduler, caller: Caller, lease_id: str, request: AckRequest) -> Lease:
+    """The caller's lease `lease_id` that `request` settles, once its times are plausible."""
+    _check_times(request.started_at, request.finished_at)
+    return _held(scheduler, caller, lease_id)
 
 
 def _check_times(started_at: datetime, finished_at: datetime) -> None:
