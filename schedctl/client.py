@@ -20,6 +20,7 @@ from urllib.parse import quote
 import requests
 
 from schedctl import __version__, errors
+from schedctl.job_refs import shortest_among
 from schedctl.models import Job, JobStatus, Page, Run
 from schedctl.views import job_from_dict, run_from_dict
 
@@ -104,7 +105,7 @@ class ApiClient:
 
     def get_job(self, job_id: str, tenant: str | None = None) -> Job:
         self._check_tenant(tenant)
-        return job_from_dict(self._json("GET", _job_path(job_id)))
+        return job_from_dict(self._json("GET", self._job_path(job_id)))
 
     def list_jobs(
         self,
@@ -126,23 +127,23 @@ class ApiClient:
         """DELETE answers 204 without a body; the job is read back to return it."""
         del actor
         self._check_tenant(tenant)
-        self._request("DELETE", _job_path(job_id))
+        self._request("DELETE", self._job_path(job_id))
         return self.get_job(job_id)
 
     def pause_job(self, job_id: str, tenant: str | None = None, *, actor: str = "") -> Job:
         del actor
         self._check_tenant(tenant)
-        return job_from_dict(self._json("POST", _job_path(job_id, "pause")))
+        return job_from_dict(self._json("POST", self._job_path(job_id, "pause")))
 
     def resume_job(self, job_id: str, tenant: str | None = None, *, actor: str = "") -> Job:
         del actor
         self._check_tenant(tenant)
-        return job_from_dict(self._json("POST", _job_path(job_id, "resume")))
+        return job_from_dict(self._json("POST", self._job_path(job_id, "resume")))
 
     def trigger_job(self, job_id: str, tenant: str | None = None, *, actor: str = "") -> Run:
         del actor
         self._check_tenant(tenant)
-        return run_from_dict(self._json("POST", _job_path(job_id, "trigger")))
+        return run_from_dict(self._json("POST", self._job_path(job_id, "trigger")))
 
     def reschedule_job(
         self,
@@ -154,7 +155,7 @@ class ApiClient:
     ) -> Job:
         del actor
         self._check_tenant(tenant)
-        data = self._json("PATCH", _job_path(job_id), json={"schedule": dict(schedule_body)})
+        data = self._json("PATCH", self._job_path(job_id), json={"schedule": dict(schedule_body)})
         return job_from_dict(data)
 
     def runs(
@@ -169,8 +170,31 @@ class ApiClient:
         params: dict[str, Any] = {"limit": limit}
         if cursor:
             params["cursor"] = cursor
-        data = self._json("GET", _job_path(job_id, "runs"), params=params)
+        data = self._json("GET", self._job_path(job_id, "runs"), params=params)
         return Page(tuple(run_from_dict(r) for r in data["items"]), data.get("next_cursor"))
+
+    def get_job_by_name(self, name: str, tenant: str | None = None) -> Job:
+        self._check_tenant(tenant)
+        return job_from_dict(self._json("GET", f"/v1/jobs/by-name/{quote(name, safe='/')}"))
+
+    def resolve_job(self, tenant: str | None, ref: str) -> str:
+        """The id of the job `ref` names (id, name or id prefix), resolved by the server."""
+        return self.get_job(ref, tenant).job_id
+
+    def _job_path(self, ref: str, action: str | None = None) -> str:
+        # the id routes take any job reference, but a path segment cannot hold a slash:
+        # a name with one is looked up by the by-name route first
+        if "/" in ref:
+            ref = self.get_job_by_name(ref).job_id
+        path = f"/v1/jobs/{quote(ref, safe='')}"
+        return f"{path}/{action}" if action else path
+
+    def short_job_ids(self, tenant: str | None, job_ids: list[str]) -> dict[str, str]:
+        """Shortest unique prefixes (at least 8 characters) among `job_ids` only: the API
+        does not list other jobs' ids, so with --api a table's prefix is unique among the
+        rows shown (a command given a prefix the server finds ambiguous says so)."""
+        self._check_tenant(tenant)
+        return shortest_among(job_ids)
 
     # -- HTTP --------------------------------------------------------------------------
 
@@ -192,11 +216,6 @@ class ApiClient:
         if response.status_code >= 400:
             raise _error(response)
         return response
-
-
-def _job_path(job_id: str, action: str | None = None) -> str:
-    path = f"/v1/jobs/{quote(job_id, safe='')}"
-    return f"{path}/{action}" if action else path
 
 
 def _body(response: requests.Response) -> dict[str, Any]:
