@@ -21,6 +21,7 @@ import requests
 
 from schedctl import __version__, errors
 from schedctl.alerts.model import AlertConfig, parse_alerts
+from schedctl.job_refs import shortest_among
 from schedctl.models import Job, JobStatus, Page, Run
 from schedctl.views import job_from_dict, run_from_dict
 
@@ -105,7 +106,7 @@ class ApiClient:
 
     def get_job(self, job_id: str, tenant: str | None = None) -> Job:
         self._check_tenant(tenant)
-        return job_from_dict(self._json("GET", _job_path(job_id)))
+        return job_from_dict(self._json("GET", self._job_path(job_id)))
 
     def list_jobs(
         self,
@@ -127,23 +128,23 @@ class ApiClient:
         """DELETE answers 204 without a body; the job is read back to return it."""
         del actor
         self._check_tenant(tenant)
-        self._request("DELETE", _job_path(job_id))
+        self._request("DELETE", self._job_path(job_id))
         return self.get_job(job_id)
 
     def pause_job(self, job_id: str, tenant: str | None = None, *, actor: str = "") -> Job:
         del actor
         self._check_tenant(tenant)
-        return job_from_dict(self._json("POST", _job_path(job_id, "pause")))
+        return job_from_dict(self._json("POST", self._job_path(job_id, "pause")))
 
     def resume_job(self, job_id: str, tenant: str | None = None, *, actor: str = "") -> Job:
         del actor
         self._check_tenant(tenant)
-        return job_from_dict(self._json("POST", _job_path(job_id, "resume")))
+        return job_from_dict(self._json("POST", self._job_path(job_id, "resume")))
 
     def trigger_job(self, job_id: str, tenant: str | None = None, *, actor: str = "") -> Run:
         del actor
         self._check_tenant(tenant)
-        return run_from_dict(self._json("POST", _job_path(job_id, "trigger")))
+        return run_from_dict(self._json("POST", self._job_path(job_id, "trigger")))
 
     def reschedule_job(
         self,
@@ -155,7 +156,7 @@ class ApiClient:
     ) -> Job:
         del actor
         self._check_tenant(tenant)
-        data = self._json("PATCH", _job_path(job_id), json={"schedule": dict(schedule_body)})
+        data = self._json("PATCH", self._job_path(job_id), json={"schedule": dict(schedule_body)})
         return job_from_dict(data)
 
     def runs(
@@ -170,19 +171,19 @@ class ApiClient:
         params: dict[str, Any] = {"limit": limit}
         if cursor:
             params["cursor"] = cursor
-        data = self._json("GET", _job_path(job_id, "runs"), params=params)
+        data = self._json("GET", self._job_path(job_id, "runs"), params=params)
         return Page(tuple(run_from_dict(r) for r in data["items"]), data.get("next_cursor"))
 
     def get_alerts(self, tenant: str | None, job_id: str | None = None) -> AlertConfig | None:
         """A job's own alerts (GET /v1/jobs/{id}/alerts); None: it uses the default."""
-        data = self._json("GET", _job_path(_alerts_job(job_id), "alerts"))
+        data = self._json("GET", self._job_path(_alerts_job(job_id), "alerts"))
         return parse_alerts(data["alerts"]) if data.get("alerts") is not None else None
 
     def set_alerts(
         self, tenant: str | None, body: Mapping[str, Any] | None, job_id: str | None = None
     ) -> AlertConfig | None:
         """Replace (None: clear) a job's own alerts (PUT /v1/jobs/{id}/alerts)."""
-        path = _job_path(_alerts_job(job_id), "alerts")
+        path = self._job_path(_alerts_job(job_id), "alerts")
         if body is None:  # a JSON null clears them (json=None would send no body at all)
             data = self._json(
                 "PUT", path, data="null", headers={"Content-Type": "application/json"}
@@ -190,6 +191,29 @@ class ApiClient:
         else:
             data = self._json("PUT", path, json=dict(body))
         return parse_alerts(data["alerts"]) if data.get("alerts") is not None else None
+
+    def get_job_by_name(self, name: str, tenant: str | None = None) -> Job:
+        self._check_tenant(tenant)
+        return job_from_dict(self._json("GET", f"/v1/jobs/by-name/{quote(name, safe='/')}"))
+
+    def resolve_job(self, tenant: str | None, ref: str) -> str:
+        """The id of the job `ref` names (id, name or id prefix), resolved by the server."""
+        return self.get_job(ref, tenant).job_id
+
+    def _job_path(self, ref: str, action: str | None = None) -> str:
+        # the id routes take any job reference, but a path segment cannot hold a slash:
+        # a name with one is looked up by the by-name route first
+        if "/" in ref:
+            ref = self.get_job_by_name(ref).job_id
+        path = f"/v1/jobs/{quote(ref, safe='')}"
+        return f"{path}/{action}" if action else path
+
+    def short_job_ids(self, tenant: str | None, job_ids: list[str]) -> dict[str, str]:
+        """Shortest unique prefixes (at least 8 characters) among `job_ids` only: the API
+        does not list other jobs' ids, so with --api a table's prefix is unique among the
+        rows shown (a command given a prefix the server finds ambiguous says so)."""
+        self._check_tenant(tenant)
+        return shortest_among(job_ids)
 
     # -- HTTP --------------------------------------------------------------------------
 
@@ -219,11 +243,6 @@ def _alerts_job(job_id: str | None) -> str:
             "a tenant's default alerts are set on the database (drop --api)", field="--api"
         )
     return job_id
-
-
-def _job_path(job_id: str, action: str | None = None) -> str:
-    path = f"/v1/jobs/{quote(job_id, safe='')}"
-    return f"{path}/{action}" if action else path
 
 
 def _body(response: requests.Response) -> dict[str, Any]:

@@ -70,9 +70,10 @@ BOUNDS: tuple[tuple[str, str, str], ...] = (
     # (what, where, range) -- the documented table (README "Limits", schedctl(1))
     ("ids (dead letters, audit entries)", "dlq show/replay/purge ID", f"1 to {MAX_ID} (2^63-1)"),
     (
-        "job ids",
+        "job references",
         "job show/cancel/... JOB, /v1/jobs/{id}",
-        "hex, 1 to 40 characters; any other is not found (exit 3, 404)",
+        "an id, a name (at most 200 characters, no control characters) or an id prefix "
+        "(6+ hex digits); any other is not found (exit 3, 404)",
     ),
     ("cursors", "--cursor, ?cursor=", f"as issued; at most {MAX_CURSOR_LENGTH} characters"),
     ("page size", "--limit, ?limit=", f"1 to {MAX_PAGE}"),

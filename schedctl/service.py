@@ -24,6 +24,7 @@ from schedctl.models import Job, JobStatus, Page, Run, Tenant
 from schedctl.storage import alerts as alert_store
 from schedctl.storage.audit import AuditRepo
 from schedctl.storage.cursors import check_page_limit, decode_cursor
+from schedctl.storage.job_lookup import JobLookup
 from schedctl.storage.jobs import JobRepo
 from schedctl.storage.quotas import QuotaUse, quota_guard
 from schedctl.storage.store import Store
@@ -62,6 +63,7 @@ class Scheduler:
         self.jobs = JobRepo(store)
         self.audit_log = AuditRepo(store)
         self.tenants = TenantRepo(store)
+        self.lookup = JobLookup(store)
 
     @classmethod
     def open(
@@ -160,7 +162,11 @@ class Scheduler:
             self._check_max_jobs(use, found)
 
         job, created = self.jobs.create(
-            found.tenant_id, spec, actor=actor, guard=quota_guard(found.tenant_id, quotas)
+            found.tenant_id,
+            spec,
+            actor=actor,
+            guard=quota_guard(found.tenant_id, quotas),
+            auto_name=body.get("name") is None,
         )
         if created and spec.alerts is not None:
             alert_store.set_settings(self.store, found.tenant_id, job.job_id, spec.alerts)
@@ -196,7 +202,7 @@ class Scheduler:
             )
 
     def get_job(self, job_id: str, tenant: TenantRef | None = None) -> Job:
-        return self.jobs.get(job_id, self._tenant_id(tenant))
+        return self.jobs.get(*self._job_ref(job_id, tenant))
 
     def list_jobs(
         self,
@@ -220,16 +226,16 @@ class Scheduler:
         )
 
     def cancel_job(self, job_id: str, tenant: TenantRef | None = None, *, actor: str) -> Job:
-        return self.jobs.cancel(job_id, self._tenant_id(tenant), actor=actor)
+        return self.jobs.cancel(*self._job_ref(job_id, tenant), actor=actor)
 
     def pause_job(self, job_id: str, tenant: TenantRef | None = None, *, actor: str) -> Job:
-        return self.jobs.pause(job_id, self._tenant_id(tenant), actor=actor)
+        return self.jobs.pause(*self._job_ref(job_id, tenant), actor=actor)
 
     def resume_job(self, job_id: str, tenant: TenantRef | None = None, *, actor: str) -> Job:
-        return self.jobs.resume(job_id, self._tenant_id(tenant), actor=actor)
+        return self.jobs.resume(*self._job_ref(job_id, tenant), actor=actor)
 
     def trigger_job(self, job_id: str, tenant: TenantRef | None = None, *, actor: str) -> Run:
-        return self.jobs.trigger(job_id, self._tenant_id(tenant), actor=actor)
+        return self.jobs.trigger(*self._job_ref(job_id, tenant), actor=actor)
 
     def reschedule_job(
         self,
@@ -241,9 +247,8 @@ class Scheduler:
     ) -> Job:
         """Replace the schedule (same shape as a job body's "schedule") and recompute the
         next run, atomically with the version bump."""
-        tenant_id = self._tenant_id(tenant)
         # an unknown job is NotFound before a bad schedule is reported: the id comes first
-        self.jobs.get(job_id, tenant_id)
+        job_id, tenant_id = self._job_ref(job_id, tenant)
         schedule = parse_schedule(schedule_body, self.store.now())
         return self.jobs.reschedule(job_id, schedule, tenant_id, actor=actor)
 
@@ -263,7 +268,7 @@ class Scheduler:
                 aware = False
             if not aware:
                 raise errors.ValidationError("not a cursor this server issued", field="cursor")
-        return self.jobs.runs(job_id, self._tenant_id(tenant), limit=limit, cursor=cursor)
+        return self.jobs.runs(*self._job_ref(job_id, tenant), limit=limit, cursor=cursor)
 
     # -- audit -------------------------------------------------------------------------
 
@@ -278,6 +283,8 @@ class Scheduler:
         """Audit log entries, newest first: who created, changed, cancelled, paused,
         resumed or triggered what, and when."""
         check_page_limit(limit)
+        if job_id is not None:
+            job_id = self._job_ref(job_id, tenant, strict=False)[0]
         return self.audit_log.list(
             tenant_id=self._tenant_id(tenant),
             job_id=job_id,
@@ -295,15 +302,59 @@ class Scheduler:
         (job_id None). Checked first: bad settings change nothing."""
         found = self._tenant(tenant)
         config = parse_alerts(body) if body is not None else None
-        target = "" if job_id is None else self.jobs.get(job_id, found.tenant_id).job_id
+        target = "" if job_id is None else self._job_ref(job_id, found.tenant_id)[0]
         alert_store.set_settings(self.store, found.tenant_id, target, config)
         return config
 
     def get_alerts(self, tenant: TenantRef, job_id: str | None = None) -> AlertConfig | None:
         """A job's own alerts (None: it uses the tenant default), or the tenant default."""
         found = self._tenant(tenant)
-        target = "" if job_id is None else self.jobs.get(job_id, found.tenant_id).job_id
+        target = "" if job_id is None else self._job_ref(job_id, found.tenant_id)[0]
         return alert_store.get_settings(self.store, found.tenant_id, target)
+
+    # -- job names and id prefixes (schedctl/storage/job_lookup.py) --------------------
+
+    def resolve_job(self, tenant: TenantRef | None, ref: str) -> str:
+        """The id of the job `ref` names: an exact id, else the exact name of a job not
+        deleted, else an unambiguous id prefix (at least 6 characters). NotFound when none
+        matches (another tenant's job too); an ambiguous name or prefix is a ValidationError
+        naming `job` that lists candidates."""
+        return self.lookup.resolve(self._tenant_id(tenant), ref)
+
+    def get_job_by_name(self, name: str, tenant: TenantRef) -> Job:
+        """The tenant's job (not deleted) called `name`; NotFound otherwise."""
+        tenant_id = self._tenant(tenant).tenant_id
+        job_id = self.lookup.name_taken_by(tenant_id, name)
+        if job_id is None:
+            raise errors.NotFound(f"no job named {name!r}", field="name")
+        return self.jobs.get(job_id, tenant_id)
+
+    def check_job_name_free(
+        self, tenant: TenantRef, name: str, *, except_job_id: str | None = None
+    ) -> None:
+        """Conflict naming `name` when another job of the tenant (not deleted) has it (for a
+        rename; the database's unique index is the final word)."""
+        self.lookup.check_name_free(
+            self._tenant(tenant).tenant_id, name, except_job_id=except_job_id
+        )
+
+    def short_job_ids(self, tenant: TenantRef | None, job_ids: list[str]) -> dict[str, str]:
+        """Each id's shortest unique prefix (at least 8 characters) among the tenant's jobs
+        (all jobs with no tenant): what tables show, and what commands accept back."""
+        return self.lookup.shortest_prefixes(self._tenant_id(tenant), job_ids)
+
+    def _job_ref(
+        self, ref: str, tenant: TenantRef | None, *, strict: bool = True
+    ) -> tuple[str, str | None]:
+        """(job id, tenant id) for a job reference; not strict: an unknown reference is
+        passed on as it is (a filter that then matches nothing)."""
+        tenant_id = self._tenant_id(tenant)
+        try:
+            return self.lookup.resolve(tenant_id, ref), tenant_id
+        except errors.NotFound:
+            if strict:
+                raise
+            return ref, tenant_id
 
 
 def _status(status: str | JobStatus | None) -> JobStatus | None:

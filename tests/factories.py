@@ -118,7 +118,9 @@ def spec(
 
 
 def create_job(store: Store, tenant_id: str, job_spec: JobSpec) -> str:
-    job, _ = JobRepo(store).create(tenant_id, job_spec, actor="test")
+    # names are unique per tenant: the default name gets the id's suffix, as with no name
+    auto = job_spec.name == "job"
+    job, _ = JobRepo(store).create(tenant_id, job_spec, actor="test", auto_name=auto)
     return job.job_id
 
 

@@ -127,7 +127,7 @@ def _claimed_runs(store: Store, tenant_id: str, target_type: str, target: str, c
     job = {
         "job_id": job_id,
         "tenant_id": tenant_id,
-        "name": "bench-delivery",
+        "name": f"bench-delivery-{job_id}",  # names are unique per tenant
         "schedule": json.dumps({"kind": "once", "run_at": format_instant(now)}),
         "target_type": target_type,
         "target": target,

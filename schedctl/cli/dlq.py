@@ -93,6 +93,14 @@ def _tenant_id(ctx: typer.Context, tenant: str | None) -> str | None:
     return None if tenant is None else cli_state(ctx).database().get_tenant(tenant).tenant_id
 
 
+def _job_id(ctx: typer.Context, tenant: str | None, job: str) -> str:
+    # a name or id prefix too; an unknown one filters to nothing, as an unknown id did
+    try:
+        return cli_state(ctx).database().resolve_job(tenant, job)
+    except errors.NotFound:
+        return job
+
+
 @app.command("list")
 def list_(
     ctx: typer.Context,
@@ -106,7 +114,7 @@ def list_(
     """Dead letters, newest first (not yet replayed, unless --all)."""
     page = _repo(ctx).list_letters(
         tenant_id=_tenant_id(ctx, tenant),
-        job_id=job,
+        job_id=None if job is None else _job_id(ctx, tenant, job),
         include_replayed=all_,
         limit=limit,
         cursor=cursor,

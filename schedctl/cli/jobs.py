@@ -31,7 +31,10 @@ from schedctl.views import job_to_dict, run_to_dict, schedule_summary
 
 app = typer.Typer(help="Jobs: create, inspect and change scheduled jobs.", no_args_is_help=True)
 
-JobArgument = Annotated[str, typer.Argument(help="The job id.")]
+JobArgument = Annotated[
+    str,
+    typer.Argument(help="The job: its id, its name, or an unambiguous id prefix (6+ hex digits)."),
+]
 AtOption = Annotated[
     str | None, typer.Option("--at", help="Run once at this time (ISO 8601 with an offset).")
 ]
@@ -255,7 +258,10 @@ def list_(
         emit({"items": [job_to_dict(j) for j in page.items], "next_cursor": page.next_cursor}, fmt)
         return
     if page.items:
-        emit([_row(j) for j in page.items], fmt, columns=JOB_COLUMNS)
+        # the shortest unique id prefix (8+ characters): it fits, and commands accept it
+        short = cli_state(ctx).scheduler().short_job_ids(tenant, [j.job_id for j in page.items])
+        rows = [{**_row(j), "job_id": short.get(j.job_id, j.job_id)} for j in page.items]
+        emit(rows, fmt, columns=JOB_COLUMNS)
     else:
         say("no jobs")
     if page.next_cursor:

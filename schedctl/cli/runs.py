@@ -33,7 +33,9 @@ RUN_COLUMNS = (
 
 def runs(
     ctx: typer.Context,
-    job_id: Annotated[str, typer.Argument(help="The job id.")],
+    job_id: Annotated[
+        str, typer.Argument(help="The job: its id, its name, or an unambiguous id prefix.")
+    ],
     limit: Annotated[int, limit_option("Runs")] = 50,
     cursor: Annotated[str | None, cursor_option()] = None,
     tenant: TenantOption = None,

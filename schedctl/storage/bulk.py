@@ -35,7 +35,8 @@ def insert_once_jobs(
             {
                 "job_id": job_id,
                 "tenant_id": tenant_id,
-                "name": name,
+                # names are unique per tenant: the id makes each bulk job's name its own
+                "name": f"{name}-{job_id}",
                 "schedule": json.dumps({"kind": "once", "run_at": format_instant(at)}),
                 "target_type": "queue",
                 "target": queue,

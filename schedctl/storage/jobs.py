@@ -24,7 +24,7 @@ from schedctl.scheduling.schedules import (
     schedule_to_dict,
 )
 from schedctl.scheduling.windows import fire_time
-from schedctl.storage import schema
+from schedctl.storage import job_lookup, schema
 from schedctl.storage.audit import audit
 from schedctl.storage.changes import notify_job_change
 from schedctl.storage.clock import db_now
@@ -61,10 +61,14 @@ class JobRepo:
         *,
         actor: str,
         guard: Callable[[Connection], None] | None = None,
+        auto_name: bool = False,
     ) -> tuple[Job, bool]:
         """Insert a job; with an idempotency key already used, return that job (created=False)
         if the request was the same and raise Conflict if it was not. `guard` runs in the
-        same transaction just before the insert (quota checks), so it is atomic with it."""
+        same transaction just before the insert (quota checks), so it is atomic with it.
+        A name another job of the tenant (not deleted) has is Conflict naming `name`; with
+        `auto_name` (no name was given) the default name gets a suffix from the new id, so
+        it never collides."""
         # read before the write transaction: on SQLite a second connection would wait
         # for this one's lock
         partition_count = self.store.partition_count
@@ -76,10 +80,18 @@ class JobRepo:
                 if guard is not None:
                     guard(connection)
                 job_id = self._insert(
-                    connection, tenant_id, spec, actor=actor, partition_count=partition_count
+                    connection,
+                    tenant_id,
+                    spec,
+                    actor=actor,
+                    partition_count=partition_count,
+                    auto_name=auto_name,
                 )
                 return self._get(connection, job_id, tenant_id), True
-        except IntegrityError:
+        except IntegrityError as exc:
+            if job_lookup.is_name_conflict(exc):
+                # a concurrent create took the name between the check and the insert
+                raise job_lookup.name_conflict(spec.name) from None
             # a concurrent create with the same key won the race: answer with its job
             with self.store.read() as connection:
                 existing = self._by_idempotency_key(connection, tenant_id, spec)
@@ -120,6 +132,7 @@ class JobRepo:
         *,
         actor: str,
         partition_count: int,
+        auto_name: bool = False,
     ) -> str:
         tenant = connection.execute(
             select(schema.tenants.c.tenant_id).where(schema.tenants.c.tenant_id == tenant_id)
@@ -130,11 +143,17 @@ class JobRepo:
         next_run_at = self._first_run(spec.schedule, now, spec)
         job_id = new_job_id()
         partition = partition_of(job_id, partition_count)
+        name = (
+            job_lookup.default_name(connection, tenant_id, spec.name, job_id)
+            if auto_name
+            else spec.name
+        )
+        job_lookup.check_name_free(connection, tenant_id, name)
         connection.execute(
             schema.jobs.insert().values(
                 job_id=job_id,
                 tenant_id=tenant_id,
-                name=spec.name,
+                name=name,
                 schedule=json.dumps(schedule_to_dict(spec.schedule)),
                 target_type=spec.target.type.value,
                 target=spec.target.address,

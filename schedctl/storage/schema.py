@@ -101,6 +101,15 @@ jobs = Table(
     Index("ix_jobs_due", "partition", "next_fire_at"),
     Index("ix_jobs_tenant", "tenant_id", "job_id"),
     Index("ix_jobs_tenant_status", "tenant_id", "status"),
+    # a name is unique per tenant among jobs not deleted (0010; 'deleted' frees the name)
+    Index(
+        "uq_jobs_tenant_name",
+        "tenant_id",
+        "name",
+        unique=True,
+        postgresql_where=text("status <> 'deleted'"),
+        sqlite_where=text("status <> 'deleted'"),
+    ),
 )
 
 runs = Table(

@@ -223,7 +223,8 @@ def test_job_lifecycle(db_url: str, tenant: str) -> None:
     listed = ok_json("job", "list", "--tenant", "acme", db=db_url)
     assert [j["job_id"] for j in listed["items"]] == [job_id] and listed["next_cursor"] is None
     table = ok("job", "list", db=db_url).stdout
-    assert job_id in table and "five" in table and "cron */5 * * * * (UTC)" in table
+    # the table shows the shortest unique id prefix (8+ characters), which commands accept
+    assert job_id[:8] in table and "five" in table and "cron */5 * * * * (UTC)" in table
     # --output on the root works as well as on the command
     shown = json.loads(ok("-o", "json", "job", "show", job_id, db=db_url).stdout)
     assert shown == {k: v for k, v in job.items() if k != "created"}

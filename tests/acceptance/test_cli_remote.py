@@ -23,6 +23,7 @@ import requests
 from typer.testing import CliRunner
 
 from schedctl.cli.app import app
+from schedctl.job_refs import shortest_among
 from schedctl.service import Scheduler
 from schedctl.views import job_to_dict
 from scheduled_d.api.server import ApiServer
@@ -122,7 +123,10 @@ def test_tables_and_paging_through_the_api(remote: Remote) -> None:
     rest = ok_json(remote, "job", "list", "--limit", "2", "--cursor", page["next_cursor"])
     assert [j["job_id"] for j in rest["items"]] == ids[2:]
     table = invoke(remote, "job", "list", "--limit", "2")
-    assert table.exit_code == 0 and ids[0] in table.stdout and "more: --cursor" in table.stdout
+    # with --api the table shows each id's shortest prefix unique among the listed rows
+    short = shortest_among(ids[:2])[ids[0]]
+    assert table.exit_code == 0 and short in table.stdout and "more: --cursor" in table.stdout
+    assert ok_json(remote, "job", "show", short)["job_id"] == ids[0]
     shown = invoke(remote, "job", "show", ids[0])
     assert shown.exit_code == 0 and ids[0] in shown.stdout
     empty = invoke(remote, "runs", ids[0])

@@ -168,8 +168,9 @@ class Workload:
         for _ in range(LIVE_CREATES_PER_TICK):
             at = now + timedelta(seconds=0.5 + self.rng.random() * 15)
             tenant = self.rng.choice(self.tenants)
+            # names are unique per tenant: auto_name suffixes the default with the id
             job, _ = repo.create(
-                tenant, once_at(at, queue="chaos-live", name="live"), actor="chaos"
+                tenant, once_at(at, queue="chaos-live", name="live"), actor="chaos", auto_name=True
             )
             bisect.insort(self.once, (at, job.job_id))
             self.created_live += 1

@@ -55,7 +55,7 @@ def _jobs(store: Store, tenant_id: str, url: str, count: int) -> list[str]:
             {
                 "job_id": job_id,
                 "tenant_id": tenant_id,
-                "name": "isolation",
+                "name": f"isolation-{job_id}",  # names are unique per tenant
                 "schedule": json.dumps({"kind": "once", "run_at": now.isoformat()}),
                 "target_type": "http",
                 "target": url,

@@ -88,7 +88,7 @@ def list_jobs(
 
 
 @router.get(
-    "/jobs/{job_id}", response_model=JobOut, summary="One job", responses=error_responses(404)
+    "/jobs/{job_id}", response_model=JobOut, summary="One job", responses=error_responses(404, 422)
 )
 def get_job(job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep) -> dict[str, Any]:
     return job_to_dict(scheduler.get_job(checked_job_id(job_id), caller.tenant))
@@ -128,7 +128,7 @@ def reschedule_job(
     summary="Cancel a job",
     responses={
         204: {"description": "Cancelled (or already cancelled)"},
-        **error_responses(404, 409),
+        **error_responses(404, 409, 422),
     },
 )
 def cancel_job(job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep) -> Response:
@@ -147,7 +147,7 @@ def cancel_job(job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep) ->
     "/jobs/{job_id}/pause",
     response_model=JobOut,
     summary="Pause a job",
-    responses=error_responses(404, 409),
+    responses=error_responses(404, 409, 422),
 )
 def pause_job(job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep) -> dict[str, Any]:
     return job_to_dict(
@@ -159,7 +159,7 @@ def pause_job(job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep) -> 
     "/jobs/{job_id}/resume",
     response_model=JobOut,
     summary="Resume a paused job",
-    responses=error_responses(404, 409),
+    responses=error_responses(404, 409, 422),
 )
 def resume_job(job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep) -> dict[str, Any]:
     """Continue from the next scheduled time after now."""
@@ -173,9 +173,21 @@ def resume_job(job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep) ->
     status_code=202,
     response_model=RunOut,
     summary="Run a job now",
-    responses=error_responses(404, 409),
+    responses=error_responses(404, 409, 422),
 )
 def trigger_job(job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep) -> dict[str, Any]:
     """One manual run now, in addition to the schedule; delivered like any other run."""
     run = scheduler.trigger_job(checked_job_id(job_id), caller.tenant, actor=caller.actor)
     return run_to_dict(run)
+
+
+@router.get(
+    "/jobs/by-name/{name:path}",
+    response_model=JobOut,
+    summary="One job, by its name",
+    responses=error_responses(404),
+)
+def get_job_by_name(name: str, scheduler: SchedulerDep, caller: CallerDep) -> dict[str, Any]:
+    """The caller's job (not deleted) with this name; names are unique per tenant. Another
+    tenant's name is 404, like an unknown one."""
+    return job_to_dict(scheduler.get_job_by_name(checked_job_id(name), caller.tenant))

@@ -1,23 +1,22 @@
-"""Owns the path and query parameters the job and run routes share: the job id (hex, else
-404 before any query), the page limit and cursor, the status filter and the Idempotency-Key
-header."""
+"""Owns the path and query parameters the job and run routes share: the job reference (an id,
+a name or an id prefix; one no name could be is 404 before any query), the page limit and
+cursor, the status filter and the Idempotency-Key header."""
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any
 
 from fastapi import Header, Path, Query
 from pydantic import BeforeValidator
 
 from schedctl import errors, limits
+from schedctl.jobspec import MAX_NAME_LENGTH
 from schedctl.models import JobStatus
 from schedctl.storage.jobs import MAX_PAGE
 
-_JOB_ID = re.compile(r"[0-9a-f]{1,40}")
-
-
-JobIdPath = Annotated[str, Path(description="The job id.")]
+JobIdPath = Annotated[
+    str, Path(description="The job id, its name, or an unambiguous id prefix (6+ hex digits).")
+]
 
 
 def _ascii_integer(value: Any) -> Any:
@@ -50,8 +49,10 @@ IdempotencyHeader = Annotated[
 
 
 def checked_job_id(job_id: str) -> str:
-    # ids are hex; anything else cannot exist, and must not reach the database as is
-    # (Postgres refuses NUL characters in text with an error, not an empty result)
-    if not _JOB_ID.fullmatch(job_id):
+    # a job reference: an id, a name or an id prefix (schedctl.storage.job_lookup); one no
+    # name could be (too long, control characters) cannot exist and must not reach the
+    # database as is (Postgres refuses NUL characters in text with an error, not an empty
+    # result)
+    if len(job_id) > MAX_NAME_LENGTH or any(ord(c) < 32 or ord(c) == 127 for c in job_id):
         raise errors.NotFound(f"no job {job_id!r}", field="job_id")
     return job_id
