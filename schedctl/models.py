@@ -31,6 +31,7 @@ class RunStatus(enum.StrEnum):
 class RunTrigger(enum.StrEnum):
     schedule = "schedule"
     manual = "manual"
+    upstream = "upstream"  # created by its upstream jobs' success (`after`)
 
 
 class TargetType(enum.StrEnum):

@@ -1,0 +1,312 @@
+"""Job dependencies (`after`) through real settling, on SQLite and a real Postgres: a chain
+A -> B -> C over the built-in queue's ack and the outbox's HTTP settle, fan-in (once, only
+after every upstream), a dead letter skipping the dependents down the chain, cycles
+refused, settling twice creating one run, and the upstream's success and the dependent
+run committing together or not at all."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from sqlalchemy import select, text
+
+from schedctl import errors
+from schedctl.delivery.http import Verdict
+from schedctl.delivery.limits import Lane
+from schedctl.models import RunStatus, RunTrigger
+from schedctl.storage import dependencies, schema
+from schedctl.storage.outbox import HTTP, OutboxRepo, Outcome
+from schedctl.storage.queue import QueueRepo
+from schedctl.storage.store import Store
+from tests.factories import make_tenant
+from tests.integration.queue_support import (
+    existing_tenant,
+    http_job,
+    queue_job,
+    run_row,
+    set_allow_list,
+    trigger,
+)
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[Store]:
+    store = Store.open(db_url)
+    tenant = make_tenant(store)
+    set_allow_list(store, tenant, ["127.0.0.1"])
+    yield store
+    store.close()
+
+
+def after(store: Store, job: str, *ups: str) -> None:
+    with store.tx() as connection:
+        dependencies.add(connection, job, "tenant-acme", list(ups))
+
+
+def runs_of(store: Store, job: str) -> list[dict[str, Any]]:
+    with store.read() as connection:
+        rows = connection.execute(select(schema.runs).where(schema.runs.c.job_id == job))
+        return [dict(r) for r in rows.mappings().all()]
+
+
+def outbox_of(store: Store, job: str) -> list[dict[str, Any]]:
+    with store.read() as connection:
+        rows = connection.execute(select(schema.outbox).where(schema.outbox.c.job_id == job))
+        return [dict(r) for r in rows.mappings().all()]
+
+
+def run_queue(store: Store, *, ok: bool = True) -> list[str]:
+    """Move the queue's outbox rows in, lease every message once and ack (or fail) it;
+    returns the job ids run."""
+    repo = QueueRepo(store)
+    repo.move_outbox()
+    leases = repo.lease("q", "worker", 60, limit=50, tenant_id=existing_tenant(store))
+    for lease in leases:
+        at = lease.leased_until
+        if ok:
+            assert repo.ack(lease, exit_code=0, output_tail="", started_at=at, finished_at=at)
+        else:
+            assert repo.fail(
+                lease, error="exit 1", exit_code=1, output_tail="", started_at=at, finished_at=at
+            )
+    return [lease.job_id for lease in leases]
+
+
+def settle_http(store: Store, verdict: Verdict = Verdict.succeeded) -> list[str]:
+    repo = OutboxRepo(store)
+    claimed = repo.claim({Lane(existing_tenant(store), HTTP): 50}, "relay", lease_seconds=60)
+    now = store.now()
+    repo.settle([Outcome(d, verdict, now, now) for d in claimed.deliveries])
+    return [d.job_id for d in claimed.deliveries]
+
+
+def test_chain_queue_then_http(store: Store) -> None:
+    a, b = queue_job(store), queue_job(store, max_concurrency=0)
+    c = http_job(store, "https://127.0.0.1:9/hook")
+    after(store, b, a)
+    after(store, c, b)
+    at = trigger(store, a)
+    assert runs_of(store, b) == [] and runs_of(store, c) == []
+    assert run_queue(store) == [a]
+    (run_b,) = runs_of(store, b)
+    assert run_b["scheduled_at"] == at
+    assert run_b["status"] == RunStatus.dispatched.value
+    assert run_b["trigger"] == RunTrigger.upstream.value
+    assert len(outbox_of(store, b)) == 1
+    assert runs_of(store, c) == []
+    assert run_queue(store) == [b]
+    (run_c,) = runs_of(store, c)
+    assert run_c["scheduled_at"] == at and run_c["status"] == RunStatus.dispatched.value
+    (row,) = outbox_of(store, c)
+    assert row["target_type"] == HTTP
+    # the HTTP success settles through the outbox and is recorded, with nothing further
+    assert settle_http(store) == [c]
+    assert run_row(store, c, at)["status"] == RunStatus.succeeded.value
+
+
+def test_http_success_creates_the_dependent_run(store: Store) -> None:
+    a = http_job(store, "https://127.0.0.1:9/hook")
+    b = queue_job(store)
+    after(store, b, a)
+    at = trigger(store, a)
+    assert settle_http(store) == [a]
+    (run_b,) = runs_of(store, b)
+    assert run_b["scheduled_at"] == at and run_b["status"] == RunStatus.dispatched.value
+    assert run_queue(store) == [b]
+    assert run_row(store, b, at)["status"] == RunStatus.succeeded.value
+
+
+def test_fan_in_runs_once_after_both(store: Store) -> None:
+    a, b, c = queue_job(store, max_concurrency=0), queue_job(store), queue_job(store)
+    after(store, c, a, b)
+    at = trigger(store, a)
+    tenant = existing_tenant(store)
+    # b's run at the same scheduled_at (a manual run of b keyed at a's time)
+    with store.tx() as connection:
+        connection.execute(
+            schema.runs.insert().values(
+                job_id=b,
+                scheduled_at=at,
+                tenant_id=tenant,
+                partition=0,
+                trigger="manual",
+                status="dispatched",
+                attempt=1,
+            )
+        )
+        connection.execute(
+            schema.outbox.insert().values(
+                job_id=b,
+                scheduled_at=at,
+                tenant_id=tenant,
+                target_type="queue",
+                target="q",
+                attempt=1,
+                available_at=at,
+                created_at=at,
+            )
+        )
+    repo = QueueRepo(store)
+    repo.move_outbox()
+    leases = {
+        lease.job_id: lease
+        for lease in repo.lease("q", "w", 60, limit=10, tenant_id=existing_tenant(store))
+    }
+    assert set(leases) == {a, b}
+    t = leases[a].leased_until
+    assert repo.ack(leases[a], exit_code=0, output_tail="", started_at=t, finished_at=t)
+    assert runs_of(store, c) == []  # only one of two upstreams succeeded
+    assert repo.ack(leases[b], exit_code=0, output_tail="", started_at=t, finished_at=t)
+    (run_c,) = runs_of(store, c)
+    assert run_c["scheduled_at"] == at
+    assert len(outbox_of(store, c)) == 1
+
+
+def test_dead_letter_skips_the_chain(store: Store) -> None:
+    a = queue_job(store, max_attempts=1)
+    b, c = queue_job(store), queue_job(store)
+    after(store, b, a)
+    after(store, c, b)
+    at = trigger(store, a)
+    assert run_queue(store, ok=False) == [a]
+    assert run_row(store, a, at)["status"] == RunStatus.dead.value
+    run_b, run_c = run_row(store, b, at), run_row(store, c, at)
+    assert run_b["status"] == RunStatus.skipped.value
+    assert a in run_b["error"] and "dead-lettered" in run_b["error"]
+    assert run_c["status"] == RunStatus.skipped.value
+    assert b in run_c["error"] and "skipped" in run_c["error"]
+    assert outbox_of(store, b) == [] and outbox_of(store, c) == []
+
+
+def test_cycles_and_foreign_upstreams_refused(store: Store) -> None:
+    a, b, c = queue_job(store), queue_job(store), queue_job(store)
+    after(store, b, a)
+    after(store, c, b)
+    for job, ups in ((a, [c]), (a, [a]), (a, [b])):
+        with pytest.raises(errors.ValidationError) as caught:
+            after(store, job, *ups)
+        assert caught.value.field == "after"
+    other = make_tenant(store, name="other")
+    foreign = queue_job(store, tenant=other)
+    for ups in ([foreign], ["no-such-job"]):
+        with pytest.raises(errors.NotFound) as missing:
+            after(store, c, *ups)
+        assert missing.value.field == "after"
+    with store.read() as connection:
+        assert dependencies.upstreams(connection, a) == []
+        assert dependencies.upstreams(connection, c) == [b]
+        assert dependencies.downstreams(connection, a) == [b]
+
+
+def test_settling_twice_creates_one_run(store: Store) -> None:
+    a, b = queue_job(store), queue_job(store)
+    after(store, b, a)
+    at = trigger(store, a)
+    assert run_queue(store) == [a]
+    with store.tx() as connection:
+        # as if a second settle of the same success ran (a replay after a crash)
+        dependencies.on_settled(connection, succeeded=[(a, at)], ended=(), now=store.now())
+    assert len(runs_of(store, b)) == 1
+    assert len(outbox_of(store, b)) == 1
+
+
+def test_upstream_success_and_dependent_run_commit_together(store: Store) -> None:
+    a, b = queue_job(store), queue_job(store)
+    after(store, b, a)
+    at = trigger(store, a)
+    # a real fault in the dependent insert: the database refuses b's run
+    with store.tx() as connection:
+        if store.is_postgres:
+            connection.execute(
+                text(
+                    "CREATE FUNCTION refuse_run() RETURNS trigger LANGUAGE plpgsql AS "
+                    "$$ BEGIN RAISE EXCEPTION 'refused'; END $$"
+                )
+            )
+            connection.execute(
+                text(
+                    "CREATE TRIGGER refuse BEFORE INSERT ON runs FOR EACH ROW "
+                    f"WHEN (NEW.job_id = '{b}') EXECUTE FUNCTION refuse_run()"
+                )
+            )
+        else:
+            connection.execute(
+                text(
+                    f"CREATE TRIGGER refuse BEFORE INSERT ON runs WHEN NEW.job_id = '{b}' "
+                    "BEGIN SELECT RAISE(ABORT, 'refused'); END"
+                )
+            )
+    with pytest.raises(Exception, match="refused"):
+        run_queue(store)
+    # neither the upstream's success nor the dependent run was recorded
+    assert run_row(store, a, at)["status"] == RunStatus.running.value
+    assert runs_of(store, b) == []
+    with store.tx() as connection:
+        connection.execute(text("DROP TRIGGER refuse" + (" ON runs" if store.is_postgres else "")))
+    # the message is still leased: once the lease is reaped it runs again and succeeds
+    with store.tx() as connection:
+        connection.execute(
+            schema.queue_messages.update().values(leased_until=datetime(2000, 1, 1, tzinfo=UTC))
+        )
+    assert QueueRepo(store).expire_leases() == 1
+    assert run_queue(store) == [a]
+    assert run_row(store, a, at)["status"] == RunStatus.succeeded.value
+    assert len(runs_of(store, b)) == 1
+
+
+def test_concurrent_fan_in_creates_one_run(store: Store) -> None:
+    """Two upstreams settled at once from two threads: exactly one run of the dependent."""
+    a, b, c = queue_job(store, max_concurrency=0), queue_job(store), queue_job(store)
+    after(store, c, a, b)
+    at = trigger(store, a)
+    tenant = existing_tenant(store)
+    with store.tx() as connection:
+        connection.execute(
+            schema.runs.insert().values(
+                job_id=b,
+                scheduled_at=at,
+                tenant_id=tenant,
+                partition=0,
+                trigger="manual",
+                status="dispatched",
+                attempt=1,
+            )
+        )
+        connection.execute(
+            schema.outbox.insert().values(
+                job_id=b,
+                scheduled_at=at,
+                tenant_id=tenant,
+                target_type="queue",
+                target="q",
+                attempt=1,
+                available_at=at,
+                created_at=at,
+            )
+        )
+    repo = QueueRepo(store)
+    repo.move_outbox()
+    leases = repo.lease("q", "w", 60, limit=10, tenant_id=tenant)
+    assert len(leases) == 2
+    barrier = threading.Barrier(2, timeout=60)
+    results: list[bool] = []
+
+    def ack(index: int) -> None:
+        barrier.wait()
+        t = leases[index].leased_until
+        results.append(
+            repo.ack(leases[index], exit_code=0, output_tail="", started_at=t, finished_at=t)
+        )
+
+    threads = [threading.Thread(target=ack, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert results == [True, True]
+    assert len(runs_of(store, c)) == 1
+    assert len(outbox_of(store, c)) == 1
