@@ -87,6 +87,7 @@ class JobSpec:
     end_at: datetime | None
     idempotency_key: str | None
     request_hash: str
+    after: tuple[str, ...] = ()  # upstream job ids: a dependent job (AfterSchedule)
 
 
 @dataclass(frozen=True)

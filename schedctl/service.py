@@ -21,6 +21,7 @@ from schedctl.delivery.ssrf import check_at_creation
 from schedctl.jobspec import parse_job_request, parse_schedule
 from schedctl.limits import DEFAULT_MAX_PAYLOAD_BYTES
 from schedctl.models import Job, JobStatus, Page, Run, Tenant
+from schedctl.storage import dependencies
 from schedctl.storage.audit import AuditRepo
 from schedctl.storage.cursors import check_page_limit, decode_cursor
 from schedctl.storage.jobs import JobRepo
@@ -278,6 +279,12 @@ class Scheduler:
             limit=limit,
             cursor=cursor,
         )
+
+    def job_dependencies(self, job_id: str, tenant: TenantRef | None = None) -> dict[str, Any]:
+        """The job's upstream and downstream jobs (`after`), as trees:
+        {"upstream": [{"job_id", "name", "status", "children"}...], "downstream": [...]}."""
+        job = self.get_job(job_id, tenant)  # another tenant's job is NotFound
+        return dependencies.graph(self.store, job.job_id)
 
 
 def _status(status: str | JobStatus | None) -> JobStatus | None:

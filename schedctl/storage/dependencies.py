@@ -17,7 +17,7 @@ from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, insert, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
@@ -25,6 +25,7 @@ from schedctl import errors
 from schedctl.models import JobStatus, RunStatus, RunTrigger
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
+from schedctl.storage.store import Store
 
 # bounds of every walk over the dependency graph (a tenant's jobs; cycles are refused, so
 # these only stop a corrupted graph from looping)
@@ -35,9 +36,9 @@ MAX_WALK = 10_000
 def add(connection: Connection, job_id: str, tenant_id: str, upstream_ids: Sequence[str]) -> None:
     """Record `job_id` running after `upstream_ids` (jobs of the same tenant). Another
     tenant's or a missing job is NotFound, a cycle a ValidationError, both naming `after`."""
-    ups = sorted(set(upstream_ids))
-    if not ups:
+    if not upstream_ids:
         return
+    ups = resolve(connection, tenant_id, upstream_ids)
     check_upstreams(connection, job_id, tenant_id, ups)
     connection.execute(
         insert(schema.job_dependencies),
@@ -49,10 +50,58 @@ def replace(
     connection: Connection, job_id: str, tenant_id: str, upstream_ids: Sequence[str]
 ) -> None:
     """Set `job_id`'s upstreams to exactly `upstream_ids` (an update's `after`)."""
-    check_upstreams(connection, job_id, tenant_id, sorted(set(upstream_ids)))
+    check_upstreams(connection, job_id, tenant_id, resolve(connection, tenant_id, upstream_ids))
     d = schema.job_dependencies
     connection.execute(delete(d).where(d.c.job_id == job_id))
     add(connection, job_id, tenant_id, upstream_ids)
+
+
+def resolve(connection: Connection, tenant_id: str, refs: Sequence[str]) -> list[str]:
+    """The job ids of `refs` (ids or names of the tenant's jobs not cancelled), sorted;
+    an unknown one is NotFound, a name of several jobs a ValidationError, naming `after`."""
+    j = schema.jobs
+    rows = connection.execute(
+        select(j.c.job_id, j.c.name, j.c.status).where(
+            j.c.tenant_id == tenant_id, or_(j.c.job_id.in_(refs), j.c.name.in_(refs))
+        )
+    ).all()
+    ids: set[str] = set()
+    for ref in refs:
+        if any(r.job_id == ref for r in rows):
+            ids.add(ref)
+            continue
+        named = sorted(r.job_id for r in rows if r.name == ref and r.status not in _GONE_STATUSES)
+        if not named:
+            raise errors.NotFound(f"no job {ref!r}", field="after")
+        if len(named) > 1:
+            raise errors.ValidationError(
+                f"{len(named)} jobs are named {ref!r}: give the job id", field="after"
+            )
+        ids.add(named[0])
+    return sorted(ids)
+
+
+# a name refers to a live job, not to a cancelled (or deleted) one of the same name
+_GONE_STATUSES = (JobStatus.cancelled.value, "deleted")
+
+
+def check_after(store: Store, job_id: str, tenant_id: str, refs: Sequence[str]) -> list[str]:
+    """For an update's `after`: the upstream job ids of `refs`, checked (tenant, existence,
+    no cycle through `job_id`) without changing anything. Call `replace` in the update's
+    transaction to store them."""
+    with store.read() as connection:
+        ups = resolve(connection, tenant_id, refs)
+        check_upstreams(connection, job_id, tenant_id, ups)
+        return ups
+
+
+def graph(store: Store, job_id: str) -> dict[str, list[Any]]:
+    """The job's upstream and downstream jobs as trees (see `tree`)."""
+    with store.read() as connection:
+        return {
+            "upstream": tree(connection, job_id, direction="up"),
+            "downstream": tree(connection, job_id, direction="down"),
+        }
 
 
 def check_upstreams(

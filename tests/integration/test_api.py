@@ -804,8 +804,8 @@ def test_openapi_document(server: ApiServer) -> None:
     create = doc["paths"]["/v1/jobs"]["post"]
     assert {"200", "201", "400", "409", "413", "415", "422", "429"} <= set(create["responses"])
     assert create["responses"]["429"]["headers"]["Retry-After"]["required"] is True
+    # schedule or after (a dependent job), so only the target is always required
     assert create["requestBody"]["content"]["application/json"]["schema"]["required"] == [
-        "schedule",
         "target",
     ]
     assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
@@ -825,3 +825,14 @@ def test_request_and_quota_metrics(sched: Scheduler, acme: Api) -> None:
     rejected = value("scheduled_api_quota_rejections_total", quota)
     assert acme.create().status_code == 429
     assert value("scheduled_api_quota_rejections_total", quota) == rejected + 1
+
+
+def test_create_with_after(acme: Api, other: Api) -> None:
+    upstream = acme.new_job(job_body(name="extract"))
+    job = acme.new_job({"after": [upstream["job_id"]], "target": dict(QUEUE)})
+    assert job["schedule"] == {"kind": "after"} and job["next_run_at"] is None
+    assert acme.request("GET", f"/v1/jobs/{job['job_id']}").json()["schedule"] == {"kind": "after"}
+    both = acme.create(job_body(after=[upstream["job_id"]]))
+    assert assert_error(both, 422, "invalid")["field"] == "after"
+    foreign = other.create({"after": [upstream["job_id"]], "target": dict(QUEUE)})
+    assert assert_error(foreign, 404, "not_found")["field"] == "after"

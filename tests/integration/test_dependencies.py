@@ -17,7 +17,9 @@ from sqlalchemy import select, text
 from schedctl import errors
 from schedctl.delivery.http import Verdict
 from schedctl.delivery.limits import Lane
-from schedctl.models import RunStatus, RunTrigger
+from schedctl.models import JobStatus, RunStatus, RunTrigger
+from schedctl.scheduling.schedules import AfterSchedule
+from schedctl.service import Scheduler
 from schedctl.storage import dependencies, schema
 from schedctl.storage.outbox import HTTP, OutboxRepo, Outcome
 from schedctl.storage.queue import QueueRepo
@@ -310,3 +312,46 @@ def test_concurrent_fan_in_creates_one_run(store: Store) -> None:
     assert results == [True, True]
     assert len(runs_of(store, c)) == 1
     assert len(outbox_of(store, c)) == 1
+
+
+def test_library_create_with_after(store: Store) -> None:
+    scheduler = Scheduler(store)
+    tenant = "tenant-acme"
+    target = {"type": "queue", "name": "q"}
+    a = queue_job(store)
+    job, created = scheduler.create_job(tenant, {"after": [a], "target": target}, actor="t")
+    assert created and isinstance(job.schedule, AfterSchedule) and job.next_run_at is None
+    assert scheduler.job_dependencies(job.job_id, tenant)["upstream"][0]["job_id"] == a
+    # paused and resumed, a dependent job is active again (not completed: it has no time)
+    scheduler.pause_job(job.job_id, tenant, actor="t")
+    assert scheduler.resume_job(job.job_id, tenant, actor="t").status is JobStatus.active
+    at = trigger(store, a)
+    assert run_queue(store) == [a]
+    assert run_row(store, job.job_id, at)["status"] == RunStatus.dispatched.value
+    before = len(scheduler.list_jobs(tenant).items)
+    bad: list[tuple[dict[str, Any], type[errors.SchedError]]] = [
+        ({"after": [a], "schedule": {"delay": "PT1M"}, "target": target}, errors.ValidationError),
+        ({"after": ["missing"], "target": target}, errors.NotFound),
+        ({"after": [], "target": target}, errors.ValidationError),
+        ({"after": "x", "target": target}, errors.ValidationError),
+    ]
+    other = make_tenant(store, name="other")
+    bad.append(({"after": [queue_job(store, tenant=other)], "target": target}, errors.NotFound))
+    for body, error in bad:
+        with pytest.raises(error) as caught:
+            scheduler.create_job(tenant, body, actor="t")
+        assert caught.value.field == "after"
+    assert len(scheduler.list_jobs(tenant).items) == before
+
+
+def test_update_check_refuses_cycles(store: Store) -> None:
+    a, b, c = queue_job(store), queue_job(store), queue_job(store)
+    after(store, b, a)
+    after(store, c, b)
+    with pytest.raises(errors.ValidationError) as caught:
+        dependencies.check_after(store, a, "tenant-acme", [c])
+    assert caught.value.field == "after"
+    assert dependencies.check_after(store, c, "tenant-acme", [a, b]) == sorted([a, b])
+    with store.tx() as connection:
+        dependencies.replace(connection, c, "tenant-acme", [a])
+        assert dependencies.upstreams(connection, c) == [a]

@@ -45,6 +45,12 @@ class CronScheduleOut(BaseModel):
     timezone: str
 
 
+class AfterScheduleOut(BaseModel):
+    """A dependent job (`after`): no time of its own."""
+
+    kind: Literal["after"]
+
+
 class QueueTargetOut(BaseModel):
     type: Literal["queue"]
     name: str
@@ -68,7 +74,8 @@ class JobOut(BaseModel):
     name: str
     status: JobStatus
     schedule: Annotated[
-        OnceScheduleOut | IntervalScheduleOut | CronScheduleOut, Field(discriminator="kind")
+        OnceScheduleOut | IntervalScheduleOut | CronScheduleOut | AfterScheduleOut,
+        Field(discriminator="kind"),
     ]
     target: Annotated[QueueTargetOut | HttpTargetOut, Field(discriminator="type")]
     payload: Any = Field(description="The job's JSON payload, as submitted.")
@@ -209,7 +216,8 @@ _TARGET: dict[str, Any] = {
 }
 JOB_REQUEST_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "required": ["schedule", "target"],
+    # schedule, or after (a dependent job has no schedule of its own), not both
+    "required": ["target"],
     "additionalProperties": False,
     "properties": {
         "name": {"type": "string", "minLength": 1, "maxLength": jobspec.MAX_NAME_LENGTH},
@@ -248,6 +256,16 @@ JOB_REQUEST_SCHEMA: dict[str, Any] = {
             "minLength": 1,
             "maxLength": jobspec.MAX_IDEMPOTENCY_KEY_LENGTH,
             "description": "Same as the Idempotency-Key header (which wins if both differ).",
+        },
+        "after": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": jobspec.MAX_AFTER,
+            "items": {"type": "string", "minLength": 1, "maxLength": jobspec.MAX_NAME_LENGTH},
+            "description": (
+                "Upstream jobs (ids): run once every one of them succeeded for the same "
+                "scheduled_at, with that scheduled_at. Instead of schedule."
+            ),
         },
     },
 }
