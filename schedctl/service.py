@@ -21,6 +21,7 @@ from schedctl.delivery.ssrf import check_at_creation
 from schedctl.jobspec import parse_job_request, parse_schedule
 from schedctl.limits import DEFAULT_MAX_PAYLOAD_BYTES
 from schedctl.models import Job, JobStatus, Page, Run, Tenant
+from schedctl.scheduling.schedules import AfterSchedule
 from schedctl.storage import dependencies
 from schedctl.storage.audit import AuditRepo
 from schedctl.storage.cursors import check_page_limit, decode_cursor
@@ -237,7 +238,13 @@ class Scheduler:
         next run, atomically with the version bump."""
         tenant_id = self._tenant_id(tenant)
         # an unknown job is NotFound before a bad schedule is reported: the id comes first
-        self.jobs.get(job_id, tenant_id)
+        job = self.jobs.get(job_id, tenant_id)
+        if isinstance(job.schedule, AfterSchedule):
+            # its runs come from its upstream jobs; a time of its own would run it twice
+            raise errors.ValidationError(
+                f"job {job_id} runs after its upstream jobs and has no schedule of its own",
+                field="schedule",
+            )
         schedule = parse_schedule(schedule_body, self.store.now())
         return self.jobs.reschedule(job_id, schedule, tenant_id, actor=actor)
 

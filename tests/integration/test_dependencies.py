@@ -8,23 +8,26 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from sqlalchemy import select, text
 
 from schedctl import errors
+from schedctl.coordination.local import LocalCoordinator
 from schedctl.delivery.http import Verdict
 from schedctl.delivery.limits import Lane
 from schedctl.models import JobStatus, RunStatus, RunTrigger
-from schedctl.scheduling.schedules import AfterSchedule
+from schedctl.scheduling.misfire import MisfirePolicy
+from schedctl.scheduling.schedules import AfterSchedule, CronSchedule
 from schedctl.service import Scheduler
 from schedctl.storage import dependencies, schema
+from schedctl.storage.claim import Claimer
 from schedctl.storage.outbox import HTTP, OutboxRepo, Outcome
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
-from tests.factories import make_tenant
+from tests.factories import create_job, make_tenant, spec
 from tests.integration.queue_support import (
     existing_tenant,
     http_job,
@@ -323,6 +326,9 @@ def test_library_create_with_after(store: Store) -> None:
     assert created and isinstance(job.schedule, AfterSchedule) and job.next_run_at is None
     assert scheduler.job_dependencies(job.job_id, tenant)["upstream"][0]["job_id"] == a
     # paused and resumed, a dependent job is active again (not completed: it has no time)
+    with pytest.raises(errors.ValidationError) as refused:
+        scheduler.reschedule_job(job.job_id, {"delay": "PT1M"}, tenant, actor="t")
+    assert refused.value.field == "schedule"
     scheduler.pause_job(job.job_id, tenant, actor="t")
     assert scheduler.resume_job(job.job_id, tenant, actor="t").status is JobStatus.active
     at = trigger(store, a)
@@ -355,3 +361,32 @@ def test_update_check_refuses_cycles(store: Store) -> None:
     with store.tx() as connection:
         dependencies.replace(connection, c, "tenant-acme", [a])
         assert dependencies.upstreams(connection, c) == [a]
+
+
+def test_misfire_skipped_upstream_runs_skip_the_dependent(store: Store) -> None:
+    tenant = "tenant-acme"
+    coordinator = LocalCoordinator(store, "d1")
+    coordinator.start()
+    epochs = dict(coordinator.owned())
+    a = create_job(
+        store, tenant, spec(CronSchedule.parse("* * * * *", "UTC"), misfire=MisfirePolicy.skip)
+    )
+    b = queue_job(store)
+    after(store, b, a)
+    missed_from = (datetime.now(UTC) - timedelta(minutes=5)).replace(second=0, microsecond=0)
+    with store.tx() as connection:
+        connection.execute(
+            schema.jobs.update()
+            .where(schema.jobs.c.job_id == a)
+            .values(next_run_at=missed_from, next_fire_at=missed_from)
+        )
+    claimer = Claimer(store, "d1")
+    now = datetime.now(UTC)
+    result = claimer.claim(claimer.load_due(range(1024), now), epochs, now)
+    assert result.skipped >= 3
+    skipped_a = {r["scheduled_at"] for r in runs_of(store, a)}
+    runs_b = runs_of(store, b)
+    assert {r["scheduled_at"] for r in runs_b} == skipped_a
+    assert all(r["status"] == RunStatus.skipped.value for r in runs_b)
+    assert all(a in r["error"] for r in runs_b)
+    assert outbox_of(store, b) == []

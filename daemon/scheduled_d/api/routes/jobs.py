@@ -45,7 +45,7 @@ router = APIRouter(prefix="/v1")
             "headers": {"Location": {"schema": {"type": "string"}, "required": True}},
         },
         200: {"model": JobOut, "description": "The job an earlier request with this key made"},
-        **error_responses(400, 409, 413, 415, 422, 429),
+        **error_responses(400, 404, 409, 413, 415, 422, 429),  # 404: an `after` job
     },
     openapi_extra=json_request_body(JOB_REQUEST_SCHEMA, JOB_REQUEST_EXAMPLES),
 )
