@@ -6,9 +6,15 @@ run committing together or not at all."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -390,3 +396,79 @@ def test_misfire_skipped_upstream_runs_skip_the_dependent(store: Store) -> None:
     assert all(r["status"] == RunStatus.skipped.value for r in runs_b)
     assert all(a in r["error"] for r in runs_b)
     assert outbox_of(store, b) == []
+
+
+KILLED_ACK = """
+import sys
+from schedctl.storage.queue import QueueRepo
+from schedctl.storage.store import Store
+
+store = Store.open(sys.argv[1])
+repo = QueueRepo(store)
+(lease,) = repo.lease("q", "doomed", 600, tenant_id="tenant-acme")
+at = lease.leased_until
+repo.ack(lease, exit_code=0, output_tail="", started_at=at, finished_at=at)
+print("acked", flush=True)
+"""
+
+
+@pytest.mark.postgres
+def test_kill_9_while_settling_records_neither(pg_url: str) -> None:
+    """A worker killed with -9 inside the settling transaction, after the upstream's
+    success was written and while the dependent run waits to be: after recovery both
+    exist or neither, never one without the other."""
+    store = Store.open(pg_url)
+    try:
+        make_tenant(store)
+        a, b = queue_job(store), queue_job(store)
+        after(store, b, a)
+        at = trigger(store, a)
+        QueueRepo(store).move_outbox()
+        # hold the dependent job's row: the settling transaction stops right there
+        with store.engine.connect() as holder:
+            holder.execute(text("SELECT job_id FROM jobs WHERE job_id = :b FOR UPDATE"), {"b": b})
+            env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+            worker = subprocess.Popen(
+                [sys.executable, "-c", KILLED_ACK, pg_url],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            try:
+                blocked = False
+                for _ in range(600):  # bounded: the worker reaches the lock quickly
+                    with store.read() as connection:
+                        waiting = connection.execute(
+                            text(
+                                "SELECT count(*) FROM pg_stat_activity"
+                                " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                            )
+                        ).scalar_one()
+                    if waiting:
+                        blocked = True
+                        break
+                    if worker.poll() is not None:
+                        break
+                    time.sleep(0.1)
+                assert blocked, worker.communicate()
+                # the upstream's run row is already written (uncommitted) by the ack
+                os.kill(worker.pid, signal.SIGKILL)
+            finally:
+                if worker.poll() is None:
+                    worker.kill()
+                worker.communicate(timeout=60)  # reaps it and closes its pipes
+            holder.rollback()
+        # neither the upstream's success nor the dependent run
+        assert run_row(store, a, at)["status"] == RunStatus.running.value
+        assert runs_of(store, b) == []
+        # recovery: the lease is reaped, the run goes again and both commit together
+        with store.tx() as connection:
+            connection.execute(
+                schema.queue_messages.update().values(leased_until=datetime(2000, 1, 1, tzinfo=UTC))
+            )
+        assert QueueRepo(store).expire_leases() == 1
+        assert run_queue(store) == [a]
+        assert run_row(store, a, at)["status"] == RunStatus.succeeded.value
+        assert len(runs_of(store, b)) == 1
+    finally:
+        store.close()
