@@ -298,9 +298,6 @@ def show(
     """One job, in full, with its upstream and downstream jobs (`after`) as a tree."""
     scheduler = cli_state(ctx).scheduler()
     job = scheduler.get_job(job_id, tenant)
-    if isinstance(scheduler, ApiClient):  # the API does not serve the graph (yet)
-        _show(ctx, job, output, title=f"job {job.job_id}")
-        return
     graph = scheduler.job_dependencies(job.job_id, tenant)
     fmt = output_format(ctx, output)
     if fmt is OutputFormat.json:

@@ -6,8 +6,11 @@ from __future__ import annotations
 import pytest
 
 from tests.acceptance.test_cli import create_job, invoke, ok, ok_json, tenant
+from tests.acceptance.test_cli_remote import Remote, remote
+from tests.acceptance.test_cli_remote import invoke as remote_invoke
+from tests.acceptance.test_cli_remote import ok_json as remote_json
 
-__all__ = ["tenant"]  # the fixture, used by name
+__all__ = ["remote", "tenant"]  # the fixtures, used by name
 
 
 def test_after_chain_and_tree(db_url: str, tenant: str) -> None:
@@ -43,3 +46,13 @@ def test_bad_after_creates_nothing(
     assert field in result.output
     listed = ok_json("job", "list", db=db_url)["items"]
     assert len(listed) == 1
+
+
+def test_after_through_the_api(remote: Remote) -> None:
+    a = remote_json(remote, "job", "create", "--every", "1h", "--queue", "q", "--name", "up")
+    b = remote_json(remote, "job", "create", "--after", a["job_id"], "--queue", "q")
+    assert b["schedule"] == {"kind": "after"}
+    shown = remote_json(remote, "job", "show", a["job_id"])
+    assert [n["job_id"] for n in shown["downstream"]] == [b["job_id"]]
+    table = remote_invoke(remote, "job", "show", b["job_id"])
+    assert table.exit_code == 0 and "after (upstream)" in table.stdout

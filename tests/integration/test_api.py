@@ -787,6 +787,7 @@ def test_openapi_document(server: ApiServer) -> None:
         ("POST", "/v1/jobs/{job_id}/resume"),
         ("POST", "/v1/jobs/{job_id}/trigger"),
         ("GET", "/v1/jobs/{job_id}/runs"),
+        ("GET", "/v1/jobs/{job_id}/dependencies"),
         ("GET", "/v1/tenant"),
         ("GET", "/healthz"),
         ("POST", "/v1/queues/{name}/leases"),
@@ -836,3 +837,8 @@ def test_create_with_after(acme: Api, other: Api) -> None:
     assert assert_error(both, 422, "invalid")["field"] == "after"
     foreign = other.create({"after": [upstream["job_id"]], "target": dict(QUEUE)})
     assert assert_error(foreign, 404, "not_found")["field"] == "after"
+    graph = acme.request("GET", f"/v1/jobs/{upstream['job_id']}/dependencies").json()
+    assert graph["upstream"] == []
+    assert [n["job_id"] for n in graph["downstream"]] == [job["job_id"]]
+    hidden = other.request("GET", f"/v1/jobs/{upstream['job_id']}/dependencies")
+    assert_error(hidden, 404, "not_found")

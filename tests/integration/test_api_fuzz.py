@@ -46,6 +46,7 @@ OPERATIONS = [
     "POST /v1/jobs/{job_id}/resume",
     "POST /v1/jobs/{job_id}/trigger",
     "GET /v1/jobs/{job_id}/runs",
+    "GET /v1/jobs/{job_id}/dependencies",
     "GET /v1/tenant",
     "GET /healthz",
     "POST /v1/queues/{name}/leases",

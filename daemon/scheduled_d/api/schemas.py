@@ -333,3 +333,17 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
             }
         result[code] = entry
     return result
+
+
+class DependencyNode(BaseModel):
+    """One job in a dependency tree (`after`), with the jobs further up or down."""
+
+    job_id: str
+    name: str | None = Field(description="null: the job row is gone.")
+    status: str | None
+    children: list[DependencyNode]
+
+
+class DependenciesOut(BaseModel):
+    upstream: list[DependencyNode] = Field(description="The jobs this job runs after.")
+    downstream: list[DependencyNode] = Field(description="The jobs that run after this job.")

@@ -1,5 +1,5 @@
 """Owns the /v1/jobs routes: create (with idempotency keys), list, read, reschedule, cancel,
-pause, resume and trigger a job of the caller's tenant."""
+pause, resume and trigger a job of the caller's tenant, and its dependencies (after)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from scheduled_d.api.schemas import (
     JOB_REQUEST_EXAMPLES,
     JOB_REQUEST_SCHEMA,
     RESCHEDULE_SCHEMA,
+    DependenciesOut,
     JobOut,
     JobPage,
     RunOut,
@@ -179,3 +180,15 @@ def trigger_job(job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep) -
     """One manual run now, in addition to the schedule; delivered like any other run."""
     run = scheduler.trigger_job(checked_job_id(job_id), caller.tenant, actor=caller.actor)
     return run_to_dict(run)
+
+
+@router.get(
+    "/jobs/{job_id}/dependencies",
+    response_model=DependenciesOut,
+    summary="A job's upstream and downstream jobs (after), as trees",
+    responses=error_responses(404),
+)
+def get_job_dependencies(
+    job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep
+) -> dict[str, Any]:
+    return scheduler.job_dependencies(checked_job_id(job_id), caller.tenant)
