@@ -108,6 +108,12 @@ class ApiClient:
         self._check_tenant(tenant)
         return job_from_dict(self._json("GET", self._job_path(job_id)))
 
+    def job_dependencies(self, job_id: str, tenant: str | None = None) -> dict[str, Any]:
+        """The job's upstream and downstream jobs (`after`), as trees."""
+        self._check_tenant(tenant)
+        data: dict[str, Any] = self._json("GET", self._job_path(job_id, "dependencies"))
+        return data
+
     def list_jobs(
         self,
         tenant: str | None = None,

@@ -28,7 +28,12 @@ from schedctl.limits import (
 from schedctl.models import JobSpec, RetryPolicy, Target, TargetType
 from schedctl.scheduling.cron import CronSchedule
 from schedctl.scheduling.misfire import MisfirePolicy
-from schedctl.scheduling.schedules import IntervalSchedule, OnceSchedule, Schedule
+from schedctl.scheduling.schedules import (
+    AfterSchedule,
+    IntervalSchedule,
+    OnceSchedule,
+    Schedule,
+)
 from schedctl.scheduling.timeparse import parse_duration, parse_instant
 
 MAX_NAME_LENGTH = 200
@@ -56,6 +61,7 @@ TOP_LEVEL_KEYS = frozenset(
         "end",
         "idempotency_key",
         "alerts",
+        "after",
     }
 )
 SCHEDULE_KINDS = ("run_at", "delay", "cron", "every")
@@ -75,13 +81,20 @@ def parse_job_request(
     if not isinstance(body, Mapping):
         raise errors.ValidationError("the job must be a JSON object", field="body")
     _reject_unknown(body, TOP_LEVEL_KEYS, prefix="")
-    if "schedule" not in body:
+    after = parse_after(body["after"]) if "after" in body else ()
+    if after and "schedule" in body:
         raise errors.ValidationError(
-            "is required: one of run_at, delay, cron, every", field="schedule"
+            "a dependent job has no schedule of its own: give schedule or after, not both",
+            field="after",
+        )
+    if "schedule" not in body and not after:
+        raise errors.ValidationError(
+            "is required: one of run_at, delay, cron, every (or after: upstream jobs)",
+            field="schedule",
         )
     if "target" not in body:
         raise errors.ValidationError("is required: a queue or http target", field="target")
-    schedule = parse_schedule(body["schedule"], now)
+    schedule: Schedule = AfterSchedule() if after else parse_schedule(body["schedule"], now)
     target = parse_target(body["target"])
     payload = body.get("payload", {})
     _check_payload(payload, max_payload_bytes)
@@ -98,7 +111,11 @@ def parse_job_request(
     if end_at is not None and end_at <= now:
         raise errors.ValidationError("end is in the past", field="end")
     idempotency_key = _parse_idempotency_key(body.get("idempotency_key"))
-    name = _parse_name(body.get("name"), schedule_kind=_kind_of(body["schedule"]), target=target)
+    name = _parse_name(
+        body.get("name"),
+        schedule_kind="after" if after else _kind_of(body["schedule"]),
+        target=target,
+    )
     return JobSpec(
         name=name,
         schedule=schedule,
@@ -115,6 +132,7 @@ def parse_job_request(
         idempotency_key=idempotency_key,
         request_hash=request_hash(body),
         alerts=parse_alerts(body["alerts"]) if body.get("alerts") is not None else None,
+        after=after,
     )
 
 
@@ -470,3 +488,23 @@ def _reject_unknown(obj: Mapping[str, Any], allowed: frozenset[str], *, prefix: 
 def _iso(value: datetime) -> str:
     text = value.isoformat()
     return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+
+MAX_AFTER = 32  # upstream jobs of one dependent job
+
+
+def parse_after(value: Any) -> tuple[str, ...]:
+    """`after`: a non-empty list of upstream jobs (ids or names), without repeats."""
+    if not isinstance(value, list) or not value:
+        raise errors.ValidationError("must be a non-empty list of jobs", field="after")
+    if len(value) > MAX_AFTER:
+        raise errors.ValidationError(f"at most {MAX_AFTER} upstream jobs", field="after")
+    found: list[str] = []
+    for item in value:
+        if not isinstance(item, str) or not item or len(item) > MAX_NAME_LENGTH:
+            raise errors.ValidationError(
+                f"each upstream job is a job id or name, got {item!r}", field="after"
+            )
+        if item not in found:
+            found.append(item)
+    return tuple(found)

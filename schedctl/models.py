@@ -36,6 +36,7 @@ class RunStatus(enum.StrEnum):
 class RunTrigger(enum.StrEnum):
     schedule = "schedule"
     manual = "manual"
+    upstream = "upstream"  # created by its upstream jobs' success (`after`)
 
 
 class TargetType(enum.StrEnum):
@@ -118,6 +119,7 @@ class JobSpec:
     idempotency_key: str | None
     request_hash: str
     alerts: AlertConfig | None = None  # `"alerts": {...}`, stored in alert_settings
+    after: tuple[str, ...] = ()  # upstream job ids: a dependent job (AfterSchedule)
 
 
 @dataclass(frozen=True)

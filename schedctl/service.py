@@ -21,7 +21,9 @@ from schedctl.alerts.model import AlertConfig, parse_alerts
 from schedctl.jobspec import parse_job_request, parse_schedule
 from schedctl.limits import DEFAULT_MAX_PAYLOAD_BYTES
 from schedctl.models import Job, JobStatus, Page, Run, Tenant
+from schedctl.scheduling.schedules import AfterSchedule
 from schedctl.storage import alerts as alert_store
+from schedctl.storage import dependencies
 from schedctl.storage.audit import AuditRepo
 from schedctl.storage.cursors import check_page_limit, decode_cursor
 from schedctl.storage.job_lookup import JobLookup
@@ -249,6 +251,13 @@ class Scheduler:
         next run, atomically with the version bump."""
         # an unknown job is NotFound before a bad schedule is reported: the id comes first
         job_id, tenant_id = self._job_ref(job_id, tenant)
+        job = self.jobs.get(job_id, tenant_id)
+        if isinstance(job.schedule, AfterSchedule):
+            # its runs come from its upstream jobs; a time of its own would run it twice
+            raise errors.ValidationError(
+                f"job {job_id} runs after its upstream jobs and has no schedule of its own",
+                field="schedule",
+            )
         schedule = parse_schedule(schedule_body, self.store.now())
         return self.jobs.reschedule(job_id, schedule, tenant_id, actor=actor)
 
@@ -355,6 +364,12 @@ class Scheduler:
             if strict:
                 raise
             return ref, tenant_id
+
+    def job_dependencies(self, job_id: str, tenant: TenantRef | None = None) -> dict[str, Any]:
+        """The job's upstream and downstream jobs (`after`), as trees:
+        {"upstream": [{"job_id", "name", "status", "children"}...], "downstream": [...]}."""
+        job = self.get_job(job_id, tenant)  # another tenant's job is NotFound
+        return dependencies.graph(self.store, job.job_id)
 
 
 def _status(status: str | JobStatus | None) -> JobStatus | None:

@@ -213,6 +213,8 @@ def schedule_summary(job: Job) -> str:
         seconds = data["every_seconds"]
         assert isinstance(seconds, int)
         return f"every {_short_duration(seconds)}"
+    if data["kind"] == "after":
+        return "after upstream jobs"
     return f"once at {data['run_at']}"
 
 

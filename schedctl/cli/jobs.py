@@ -1,4 +1,5 @@
-"""Owns `schedctl job`: create, list, show, cancel, pause, resume, trigger, reschedule.
+"""Owns `schedctl job`: create (also --after), list, show (with the dependency tree),
+cancel, pause, resume, trigger, reschedule.
 
 The flags are turned into the REST API's job body and validated by the same parser
 (schedctl.jobspec), so the CLI and the API accept and refuse exactly the same jobs.
@@ -11,6 +12,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.text import Text
+from rich.tree import Tree
 
 from schedctl import errors, limits
 from schedctl.cli.common import (
@@ -25,7 +28,7 @@ from schedctl.cli.common import (
     require_one,
     say,
 )
-from schedctl.cli.output import OutputFormat, emit
+from schedctl.cli.output import OutputFormat, emit, emit_tree
 from schedctl.models import Job
 from schedctl.views import job_to_dict, run_to_dict, schedule_summary
 
@@ -84,6 +87,20 @@ def schedule_body(
     if anchor is not None:
         body["anchor"] = anchor
     return body
+
+
+def after_body(
+    after: str | None, at: str | None, in_: str | None, cron: str | None, every: str | None
+) -> dict[str, Any] | None:
+    """The REST "after" of --after JOB[,JOB...], or None without it."""
+    if after is None:
+        return None
+    if any(v is not None for v in (at, in_, cron, every)):
+        raise errors.ValidationError(
+            "a dependent job has no schedule of its own: give --after or a schedule, not both",
+            field="after",
+        )
+    return {"after": [part.strip() for part in after.split(",")]}
 
 
 def read_payload(payload: str | None, payload_file: Path | None) -> Any:
@@ -195,9 +212,19 @@ def create(
     ] = None,
     name: Annotated[str | None, typer.Option("--name", help="A name for listings.")] = None,
     output: OutputOption = None,
+    after: Annotated[
+        str | None,
+        typer.Option(
+            "--after",
+            help="JOB[,JOB...]: run when all these jobs' runs succeeded (no schedule of its own).",
+        ),
+    ] = None,
 ) -> None:
-    """Create a job: one schedule (--at, --in, --cron, --every) and one target (--queue, --url)."""
-    body: dict[str, Any] = {"schedule": schedule_body(at, in_, cron, tz, every, anchor)}
+    """Create a job: one schedule (--at, --in, --cron, --every) or --after, and one target
+    (--queue, --url)."""
+    body: dict[str, Any] = after_body(after, at, in_, cron, every) or {
+        "schedule": schedule_body(at, in_, cron, tz, every, anchor)
+    }
     kind = require_one({"--queue": queue, "--url": url}, field="target")
     body["target"] = (
         {"type": "queue", "name": queue} if kind == "--queue" else {"type": "http", "url": url}
@@ -275,9 +302,17 @@ def show(
     tenant: TenantOption = None,
     output: OutputOption = None,
 ) -> None:
-    """One job, in full."""
-    job = cli_state(ctx).scheduler().get_job(job_id, tenant)
-    _show(ctx, job, output, title=f"job {job.job_id}")
+    """One job, in full, with its upstream and downstream jobs (`after`) as a tree."""
+    scheduler = cli_state(ctx).scheduler()
+    job = scheduler.get_job(job_id, tenant)
+    graph = scheduler.job_dependencies(job.job_id, tenant)
+    fmt = output_format(ctx, output)
+    if fmt is OutputFormat.json:
+        emit({**job_to_dict(job), **graph}, fmt)
+        return
+    emit(job_to_dict(job), fmt, title=f"job {job.job_id}")
+    if graph["upstream"] or graph["downstream"]:
+        emit_tree(dependency_tree(job, graph))
 
 
 @app.command()
@@ -345,3 +380,19 @@ def reschedule(
     body = schedule_body(at, in_, cron, tz, every, anchor)
     job = cli_state(ctx).scheduler().reschedule_job(job_id, body, tenant, actor=actor())
     _show(ctx, job, output, title=f"job {job.job_id} rescheduled")
+
+
+def dependency_tree(job: Job, graph: dict[str, list[Any]]) -> Tree:
+    """The job, its upstream jobs (runs after) and its downstream jobs (run after it)."""
+    root = Tree(Text(f"{job.name} ({job.job_id})", style="bold"))
+
+    def add(parent: Tree, nodes: list[Any]) -> None:
+        for node in nodes:
+            label = f"{node['name'] or '?'} ({node['job_id']}) {node['status'] or 'gone'}"
+            add(parent.add(Text(label)), node["children"])
+
+    if graph["upstream"]:
+        add(root.add(Text("after (upstream)")), graph["upstream"])
+    if graph["downstream"]:
+        add(root.add(Text("before (downstream)")), graph["downstream"])
+    return root

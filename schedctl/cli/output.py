@@ -93,3 +93,8 @@ def emit(
         emit_record(data, title=title)
     else:
         emit_table(data, columns or (list(data[0].keys()) if data else []), title=title)
+
+
+def emit_tree(tree: Any) -> None:
+    """A rich Tree (e.g. a job's dependencies), for people."""
+    console.print(tree)

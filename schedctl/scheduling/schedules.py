@@ -12,6 +12,7 @@ from schedctl.scheduling.cron import CronSchedule
 from schedctl.scheduling.timeparse import format_instant, parse_instant
 
 __all__ = [
+    "AfterSchedule",
     "CronSchedule",
     "IntervalSchedule",
     "OnceSchedule",
@@ -63,13 +64,20 @@ class IntervalSchedule:
         return timedelta(seconds=self.every_seconds)
 
 
-Schedule: TypeAlias = OnceSchedule | CronSchedule | IntervalSchedule
+@dataclass(frozen=True)
+class AfterSchedule:
+    """No time of its own: a dependent job (`after`) runs when its upstream jobs succeed."""
+
+
+Schedule: TypeAlias = OnceSchedule | CronSchedule | IntervalSchedule | AfterSchedule
 
 
 def next_occurrence(
     schedule: Schedule, after: datetime, *, end: datetime | None = None
 ) -> datetime | None:
     """The first occurrence strictly after `after` and not after `end`, or None."""
+    if isinstance(schedule, AfterSchedule):
+        return None
     after = _as_utc(after, "after")
     if end is not None:
         end = _as_utc(end, "end")
@@ -106,6 +114,8 @@ def first_occurrence(
     A one-time job returns its run_at as is; rejecting a run_at in the past is the
     caller's decision.
     """
+    if isinstance(schedule, AfterSchedule):
+        return None
     if isinstance(schedule, OnceSchedule):
         if end is not None and schedule.run_at > _as_utc(end, "end"):
             return None
@@ -127,6 +137,8 @@ def latest_occurrence(
 
     Costs O(log(range)) next-time computations for cron, O(1) otherwise.
     """
+    if isinstance(schedule, AfterSchedule):
+        return None
     upper = _as_utc(at_or_before, "at_or_before")
     lower = _as_utc(not_before, "not_before")
     if end is not None:
@@ -176,6 +188,8 @@ def schedule_to_dict(schedule: Schedule) -> dict[str, object]:
     """The JSON-safe stored form of a schedule."""
     if isinstance(schedule, OnceSchedule):
         return {"kind": "once", "run_at": format_instant(schedule.run_at)}
+    if isinstance(schedule, AfterSchedule):
+        return {"kind": "after"}
     if isinstance(schedule, IntervalSchedule):
         return {
             "kind": "interval",
@@ -197,6 +211,8 @@ def schedule_from_dict(data: Mapping[str, object]) -> Schedule:
     if not isinstance(data, Mapping):
         raise ValidationError("must be an object", field="schedule")
     kind = data.get("kind")
+    if kind == "after":
+        return AfterSchedule()
     if kind == "once":
         return OnceSchedule(parse_instant(_text(data, "run_at"), "run_at"))
     if kind == "cron":

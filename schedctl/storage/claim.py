@@ -24,7 +24,7 @@ from schedctl.models import JobStatus, RunStatus, RunTrigger
 from schedctl.scheduling.misfire import MisfirePolicy, plan_claim
 from schedctl.scheduling.schedules import Schedule, schedule_from_dict
 from schedctl.scheduling.windows import fire_time
-from schedctl.storage import schema
+from schedctl.storage import dependencies, schema
 from schedctl.storage.dialect import Lock
 from schedctl.storage.store import Store, is_lock_race
 
@@ -230,11 +230,16 @@ class Claimer:
                 run_rows.append(self._run_row(d, nominal, now, epoch, RunStatus.skipped))
             for nominal in plan.dispatch:
                 run_rows.append(self._run_row(d, nominal, now, epoch, RunStatus.dispatched))
+        skipped: list[tuple[str, datetime, str]] = []
         for job_id, scheduled_at, status in self._insert_runs(connection, run_rows, now):
             if status == RunStatus.skipped.value:
                 result.skipped += 1
+                skipped.append((job_id, scheduled_at, "skipped (misfire)"))
             else:
                 result.dispatched.append((job_id, scheduled_at))
+        if skipped:
+            # a skipped upstream run records its dependents' runs skipped (`after`)
+            dependencies.on_settled(connection, succeeded=(), ended=skipped, now=now)
 
     @staticmethod
     def _run_row(

@@ -18,13 +18,14 @@ from sqlalchemy.exc import IntegrityError
 from schedctl import errors
 from schedctl.models import Job, JobSpec, JobStatus, Page, Run, RunStatus, RunTrigger
 from schedctl.scheduling.schedules import (
+    AfterSchedule,
     OnceSchedule,
     Schedule,
     first_occurrence,
     schedule_to_dict,
 )
 from schedctl.scheduling.windows import fire_time
-from schedctl.storage import job_lookup, schema
+from schedctl.storage import dependencies, job_lookup, schema
 from schedctl.storage.audit import audit
 from schedctl.storage.changes import notify_job_change
 from schedctl.storage.clock import db_now
@@ -170,7 +171,11 @@ class JobRepo:
                 end_at=spec.end_at,
                 status=JobStatus.active.value,
                 next_run_at=next_run_at,
-                next_fire_at=fire_time(job_id, next_run_at, spec.window_seconds),
+                next_fire_at=(
+                    fire_time(job_id, next_run_at, spec.window_seconds)
+                    if next_run_at is not None
+                    else None  # a dependent job: never due, its runs come from upstream
+                ),
                 partition=partition,
                 version=1,
                 idempotency_key=spec.idempotency_key,
@@ -180,11 +185,15 @@ class JobRepo:
             )
         )
         audit(connection, at=now, tenant_id=tenant_id, actor=actor, action="create", job_id=job_id)
+        # `after`: in the create's transaction, so a refused upstream creates nothing
+        dependencies.add(connection, job_id, tenant_id, spec.after)
         notify_job_change(connection, job_id, partition)
         return job_id
 
     @staticmethod
-    def _first_run(schedule: Schedule, now: datetime, spec: JobSpec) -> datetime:
+    def _first_run(schedule: Schedule, now: datetime, spec: JobSpec) -> datetime | None:
+        if isinstance(schedule, AfterSchedule):
+            return None
         first = first_occurrence(schedule, now, start=spec.start_at, end=spec.end_at)
         if first is None:
             raise errors.ValidationError(
@@ -282,6 +291,9 @@ class JobRepo:
                 next_run: datetime | None = job.schedule.run_at
             else:
                 next_run = first_occurrence(job.schedule, now, start=job.start_at, end=job.end_at)
+            if isinstance(job.schedule, AfterSchedule):
+                # a dependent job has no time of its own: active again, runs on upstreams
+                return {"status": JobStatus.active.value, "next_run_at": None}
             if next_run is None:
                 return {"status": JobStatus.completed.value, "next_run_at": None}
             return {

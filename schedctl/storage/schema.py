@@ -292,3 +292,15 @@ alerts = Table(
     ),
     Index("ix_alerts_due", "status", "channel", "available_at"),
 )
+
+# `after`: a job's upstream jobs (schedctl.storage.dependencies). A settled upstream run
+# finds its dependents through the upstream index.
+job_dependencies = Table(
+    "job_dependencies",
+    metadata,
+    Column("job_id", String(40), nullable=False),
+    Column("upstream_job_id", String(40), nullable=False),
+    Column("tenant_id", String(40), nullable=False),
+    PrimaryKeyConstraint("job_id", "upstream_job_id", name="pk_job_dependencies"),
+    Index("ix_job_dependencies_upstream", "upstream_job_id"),
+)

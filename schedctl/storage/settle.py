@@ -1,6 +1,7 @@
 """Owns settling a run's attempt, the one path shared by the outbox relay (HTTP, RabbitMQ)
 and the built-in queue (workers, the lease reaper): recording the attempt (a run_attempts
 row and the runs row), deciding retry or dead letter, skipping a cancelled job's run,
+creating or skipping the runs of dependent jobs (`after`, in the same transaction),
 clipping output and errors, and the texts of lost and cancelled runs.
 
 A run waiting for (or in) delivery is held by one row: an outbox row or a queue message.
@@ -26,7 +27,7 @@ from schedctl.backoff import backoff_delay
 # the worker side (no database) owns the text; settling records it
 from schedctl.leasing import CANCELLED_RUNNING_ERROR as CANCELLED_RUNNING_ERROR
 from schedctl.models import RunStatus
-from schedctl.storage import alerts, schema
+from schedctl.storage import alerts, dependencies, schema
 
 LOST_ERROR = "lease expired: the worker or relay holding the run stopped"
 CANCELLED_ERROR = "job cancelled before delivery"
@@ -125,15 +126,20 @@ def settle(
     retry: dict[Table, list[dict[str, Any]]] = {}
     dead: list[dict[str, Any]] = []
     failures: list[alerts.Failure] = []  # for the alerts hook
+    # runs that ended with this attempt, for their dependents (`after`)
+    ok: list[tuple[str, datetime]] = []
+    ended: list[tuple[str, datetime, str]] = []
     for held, attempt in items:
         error = clip(attempt.error)
         delay = _retry_delay(held, attempt, rng)
         if attempt.ending is Ending.succeeded:
             status = RunStatus.succeeded
             result.succeeded += 1
+            ok.append((held.job_id, held.scheduled_at))
         elif attempt.ending is Ending.stopped:
             status = RunStatus.failed
             result.stopped += 1
+            ended.append((held.job_id, held.scheduled_at, "stopped by a cancel"))
         elif delay is not None:
             status = RunStatus.lost if attempt.ending is Ending.lost else RunStatus.failed
             result.retried += 1
@@ -148,6 +154,7 @@ def settle(
         else:
             status = RunStatus.dead
             result.dead += 1
+            ended.append((held.job_id, held.scheduled_at, "dead-lettered"))
             dead.append(
                 {
                     "job_id": held.job_id,
@@ -205,6 +212,8 @@ def settle(
     # the alerts hook: queued in this transaction, so a settled failure is never unalerted
     alerts.queue_for_failures(connection, failures, now)
     alerts.count_failures(failures)
+    # in this transaction: the upstream's outcome and its dependents' runs commit together
+    dependencies.on_settled(connection, succeeded=ok, ended=ended, now=now)
     return result
 
 
@@ -231,6 +240,9 @@ def skip_cancelled(
         )
         .values(status=RunStatus.skipped.value, error=CANCELLED_ERROR, finished_at=now),
         [{"b_job_id": job_id, "b_scheduled_at": at} for _, job_id, at in rows],
+    )
+    dependencies.on_settled(
+        connection, succeeded=(), ended=[(job_id, at, "skipped") for _, job_id, at in rows], now=now
     )
 
 

@@ -788,6 +788,7 @@ def test_openapi_document(server: ApiServer) -> None:
         ("POST", "/v1/jobs/{job_id}/trigger"),
         ("GET", "/v1/jobs/{job_id}/runs"),
         ("GET", "/v1/jobs/by-name/{name}"),
+        ("GET", "/v1/jobs/{job_id}/dependencies"),
         ("GET", "/v1/tenant"),
         ("GET", "/healthz"),
         ("POST", "/v1/queues/{name}/leases"),
@@ -807,8 +808,8 @@ def test_openapi_document(server: ApiServer) -> None:
     create = doc["paths"]["/v1/jobs"]["post"]
     assert {"200", "201", "400", "409", "413", "415", "422", "429"} <= set(create["responses"])
     assert create["responses"]["429"]["headers"]["Retry-After"]["required"] is True
+    # schedule or after (a dependent job), so only the target is always required
     assert create["requestBody"]["content"]["application/json"]["schema"]["required"] == [
-        "schedule",
         "target",
     ]
     assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
@@ -864,3 +865,19 @@ def test_schedctl_job_alerts_goes_through_the_api(acme: Api, server: ApiServer) 
     assert got["email"] == ["ops@example.com"]
     cleared = runner.invoke(cli_app, [*base, job["job_id"], "--clear"])
     assert cleared.exit_code == 0 and json.loads(cleared.stdout)["alerts"] is None
+
+
+def test_create_with_after(acme: Api, other: Api) -> None:
+    upstream = acme.new_job(job_body(name="extract"))
+    job = acme.new_job({"after": [upstream["job_id"]], "target": dict(QUEUE)})
+    assert job["schedule"] == {"kind": "after"} and job["next_run_at"] is None
+    assert acme.request("GET", f"/v1/jobs/{job['job_id']}").json()["schedule"] == {"kind": "after"}
+    both = acme.create(job_body(after=[upstream["job_id"]]))
+    assert assert_error(both, 422, "invalid")["field"] == "after"
+    foreign = other.create({"after": [upstream["job_id"]], "target": dict(QUEUE)})
+    assert assert_error(foreign, 404, "not_found")["field"] == "after"
+    graph = acme.request("GET", f"/v1/jobs/{upstream['job_id']}/dependencies").json()
+    assert graph["upstream"] == []
+    assert [n["job_id"] for n in graph["downstream"]] == [job["job_id"]]
+    hidden = other.request("GET", f"/v1/jobs/{upstream['job_id']}/dependencies")
+    assert_error(hidden, 404, "not_found")

@@ -45,6 +45,12 @@ class CronScheduleOut(BaseModel):
     timezone: str
 
 
+class AfterScheduleOut(BaseModel):
+    """A dependent job (`after`): no time of its own."""
+
+    kind: Literal["after"]
+
+
 class QueueTargetOut(BaseModel):
     type: Literal["queue"]
     name: str
@@ -68,7 +74,8 @@ class JobOut(BaseModel):
     name: str
     status: JobStatus
     schedule: Annotated[
-        OnceScheduleOut | IntervalScheduleOut | CronScheduleOut, Field(discriminator="kind")
+        OnceScheduleOut | IntervalScheduleOut | CronScheduleOut | AfterScheduleOut,
+        Field(discriminator="kind"),
     ]
     target: Annotated[QueueTargetOut | HttpTargetOut, Field(discriminator="type")]
     payload: Any = Field(description="The job's JSON payload, as submitted.")
@@ -209,7 +216,8 @@ _TARGET: dict[str, Any] = {
 }
 JOB_REQUEST_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "required": ["schedule", "target"],
+    # schedule, or after (a dependent job has no schedule of its own), not both
+    "required": ["target"],
     "additionalProperties": False,
     "properties": {
         "name": {"type": "string", "minLength": 1, "maxLength": jobspec.MAX_NAME_LENGTH},
@@ -274,6 +282,16 @@ JOB_REQUEST_SCHEMA: dict[str, Any] = {
                     "description": "Alert once when no run succeeded for this long (PT26H).",
                 },
             },
+        },
+        "after": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": jobspec.MAX_AFTER,
+            "items": {"type": "string", "minLength": 1, "maxLength": jobspec.MAX_NAME_LENGTH},
+            "description": (
+                "Upstream jobs (ids): run once every one of them succeeded for the same "
+                "scheduled_at, with that scheduled_at. Instead of schedule."
+            ),
         },
     },
 }
@@ -341,3 +359,17 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
             }
         result[code] = entry
     return result
+
+
+class DependencyNode(BaseModel):
+    """One job in a dependency tree (`after`), with the jobs further up or down."""
+
+    job_id: str
+    name: str | None = Field(description="null: the job row is gone.")
+    status: str | None
+    children: list[DependencyNode]
+
+
+class DependenciesOut(BaseModel):
+    upstream: list[DependencyNode] = Field(description="The jobs this job runs after.")
+    downstream: list[DependencyNode] = Field(description="The jobs that run after this job.")

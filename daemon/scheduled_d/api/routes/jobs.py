@@ -1,5 +1,5 @@
 """Owns the /v1/jobs routes: create (with idempotency keys), list, read, reschedule, cancel,
-pause, resume and trigger a job of the caller's tenant."""
+pause, resume and trigger a job of the caller's tenant, and its dependencies (after)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from scheduled_d.api.schemas import (
     JOB_REQUEST_EXAMPLES,
     JOB_REQUEST_SCHEMA,
     RESCHEDULE_SCHEMA,
+    DependenciesOut,
     JobOut,
     JobPage,
     RunOut,
@@ -45,7 +46,7 @@ router = APIRouter(prefix="/v1")
             "headers": {"Location": {"schema": {"type": "string"}, "required": True}},
         },
         200: {"model": JobOut, "description": "The job an earlier request with this key made"},
-        **error_responses(400, 409, 413, 415, 422, 429),
+        **error_responses(400, 404, 409, 413, 415, 422, 429),  # 404: an `after` job
     },
     openapi_extra=json_request_body(JOB_REQUEST_SCHEMA, JOB_REQUEST_EXAMPLES),
 )
@@ -191,3 +192,15 @@ def get_job_by_name(name: str, scheduler: SchedulerDep, caller: CallerDep) -> di
     """The caller's job (not deleted) with this name; names are unique per tenant. Another
     tenant's name is 404, like an unknown one."""
     return job_to_dict(scheduler.get_job_by_name(checked_job_id(name), caller.tenant))
+
+
+@router.get(
+    "/jobs/{job_id}/dependencies",
+    response_model=DependenciesOut,
+    summary="A job's upstream and downstream jobs (after), as trees",
+    responses=error_responses(404),
+)
+def get_job_dependencies(
+    job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep
+) -> dict[str, Any]:
+    return scheduler.job_dependencies(checked_job_id(job_id), caller.tenant)
