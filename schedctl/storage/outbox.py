@@ -34,13 +34,14 @@ from sqlalchemy.engine import Connection, RowMapping
 from schedctl import errors, limits
 from schedctl.delivery.http import Verdict
 from schedctl.delivery.limits import Lane
-from schedctl.models import JobStatus, Page, RunStatus
+from schedctl.models import Page, RunStatus
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
 from schedctl.storage.audit import audit
 from schedctl.storage.clock import db_now
 from schedctl.storage.cursors import MAX_PAGE, decode_cursor, encode_cursor
 from schedctl.storage.settle import (
+    STOPPED_JOB_STATUSES,
     Attempt,
     Ending,
     Held,
@@ -278,6 +279,7 @@ class OutboxRepo:
                         o.c.target,
                         o.c.attempt,
                         o.c.lease_owner,
+                        o.c.payload,
                     )
                     .where(
                         o.c.tenant_id == lane.tenant_id,
@@ -332,7 +334,7 @@ class OutboxRepo:
         for row in rows:
             job = jobs.get(row["job_id"])
             tenant = tenants.get(row["tenant_id"])
-            if job is None or tenant is None or job.status == JobStatus.cancelled.value:
+            if job is None or tenant is None or job.status in STOPPED_JOB_STATUSES:
                 cancelled.append(row)
                 continue
             if row["lease_owner"] is not None:
@@ -358,7 +360,8 @@ class OutboxRepo:
                     max_attempts=job.max_attempts,
                     retry_base_seconds=job.retry_base_seconds,
                     retry_max_seconds=job.retry_max_seconds,
-                    stored_payload=job.payload,
+                    # the snapshot of an update made after the claim wins (0009)
+                    stored_payload=row["payload"] if row["payload"] is not None else job.payload,
                     secret=tenant.signing_secret,
                     allow_list=tuple(str(a) for a in json.loads(tenant.allow_list)),
                     broker_url=tenant.broker_url,
@@ -584,9 +587,9 @@ class DeadLetterRepo:
             status = connection.execute(
                 select(schema.jobs.c.status).where(schema.jobs.c.job_id == letter.job_id)
             ).scalar_one_or_none()
-            if status is None or status == JobStatus.cancelled.value:
+            if status is None or status in STOPPED_JOB_STATUSES:
                 raise errors.Conflict(
-                    f"cannot replay dead letter {letter_id}: job {letter.job_id} is cancelled",
+                    f"cannot replay dead letter {letter_id}: job {letter.job_id} is {status}",
                     field="status",
                 )
             self._requeue(connection, letter, actor=actor)
@@ -615,7 +618,7 @@ class DeadLetterRepo:
                     return replayed, skipped
                 for row in rows:
                     after = row["id"]
-                    if row["job_status"] in (None, JobStatus.cancelled.value):
+                    if row["job_status"] is None or row["job_status"] in STOPPED_JOB_STATUSES:
                         skipped += 1
                         continue
                     self._requeue(connection, _letter(row), actor=actor)
