@@ -242,7 +242,7 @@ def list_(
     tenant: TenantOption = None,
     status: Annotated[
         str | None,
-        typer.Option("--status", help="active, paused, cancelled or completed."),
+        typer.Option("--status", help="active, paused, cancelled, completed or deleted."),
     ] = None,
     limit: Annotated[int, limit_option("Jobs")] = 50,
     cursor: Annotated[str | None, cursor_option()] = None,
