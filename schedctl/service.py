@@ -18,7 +18,7 @@ from typing import Any
 
 from schedctl import errors
 from schedctl.delivery.ssrf import check_at_creation
-from schedctl.jobpatch import parse_job_patch
+from schedctl.jobpatch import JobPatch, parse_job_patch
 from schedctl.jobspec import parse_job_request, parse_schedule
 from schedctl.limits import DEFAULT_MAX_PAYLOAD_BYTES
 from schedctl.models import Job, JobStatus, Page, Run, Tenant
@@ -307,9 +307,16 @@ class Scheduler:
             body, job, now=self.store.now(), max_payload_bytes=self.max_payload_bytes
         )
         if patch.target is not None and patch.target.url is not None:
+            # the SSRF guard resolves names: before the transaction, never holding the lock
             owner = found if found is not None else self.tenants.get(job.tenant_id)
             check_at_creation(patch.target.url, owner.allow_list)
-        return update_job(self.store, job_id, patch, tenant_id, if_version=if_version, actor=actor)
+
+        def parse(current: Job, now: datetime) -> JobPatch:
+            # again on the locked row: merged values (retry policy, the cron expression
+            # kept under a new zone) come from the version being replaced
+            return parse_job_patch(body, current, now=now, max_payload_bytes=self.max_payload_bytes)
+
+        return update_job(self.store, job_id, parse, tenant_id, if_version=if_version, actor=actor)
 
     def delete_job(
         self,

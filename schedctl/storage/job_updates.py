@@ -13,6 +13,7 @@ the old definition or entirely under the new one.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -38,22 +39,25 @@ UPDATABLE = frozenset({JobStatus.active, JobStatus.paused, JobStatus.completed})
 def update_job(
     store: Store,
     job_id: str,
-    patch: JobPatch,
+    parse: Callable[[Job, datetime], JobPatch],
     tenant_id: str | None,
     *,
     if_version: int | None,
     actor: str,
 ) -> Job:
-    """Apply `patch`; Conflict if the job is not at `if_version` (when given) or cannot
-    change (cancelled). The audit entry names the changed fields, never the payload."""
+    """Apply the patch `parse` makes of the locked job at the database's now (so merged
+    values, like a retry policy or a cron expression kept under a new zone, come from the
+    version being replaced); Conflict if the job is not at `if_version` (when given) or
+    cannot change (cancelled). The audit entry names the changed fields, never the payload."""
     repo = JobRepo(store)
     with store.tx() as connection:
         job = _live(repo, connection, job_id, tenant_id, if_version)
+        now = db_now(connection)
+        patch = parse(job, now)
         if job.status not in UPDATABLE:
             raise errors.Conflict(
                 f"cannot update job {job_id}: it is {job.status.value}", field="status"
             )
-        now = db_now(connection)
         changes = _values(job, patch, now)
         if patch.has_payload:
             _keep_claimed_payloads(connection, job_id)

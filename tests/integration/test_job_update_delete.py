@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from schedctl import errors
 from schedctl.cli.app import app as cli_app
+from schedctl.delivery.limits import Lane
 from schedctl.leasing import Beat
 from schedctl.models import JobStatus, RunStatus
 from schedctl.scheduling.cron import CronSchedule
@@ -24,6 +25,7 @@ from schedctl.scheduling.schedules import IntervalSchedule
 from schedctl.service import Scheduler
 from schedctl.storage import schema
 from schedctl.storage.claim import Claimer
+from schedctl.storage.outbox import OutboxRepo
 from schedctl.storage.payloads import decode_payload
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
@@ -274,18 +276,21 @@ def test_a_run_claimed_before_the_update_keeps_the_old_definition(sched: Schedul
     assert new.payload == {"v": 3}
 
 
-def test_a_delivery_leased_before_the_update_uses_the_old_payload(sched: Scheduler) -> None:
-    """The http path: the outbox row carries the old payload once an update changed it."""
-    job_id = new_job(sched)
-    run = sched.trigger_job(job_id, "acme", actor=ACTOR)
-    sched.update_job(job_id, {"payload": {"v": 2}}, "acme", actor=ACTOR)
-    with sched.store.read() as connection:
-        stored = connection.execute(
-            select(schema.outbox.c.payload).where(
-                schema.outbox.c.job_id == job_id, schema.outbox.c.scheduled_at == run.scheduled_at
-            )
-        ).scalar_one()
-    assert decode_payload(stored) == {"v": 1}
+def test_an_http_run_claimed_before_the_update_is_sent_with_the_old_payload(
+    sched: Scheduler,
+) -> None:
+    job_id = new_job(sched, target={"type": "http", "url": "https://hooks.invalid/run"})
+    sched.trigger_job(job_id, "acme", actor=ACTOR)
+    sched.update_job(
+        job_id,
+        {"payload": {"v": 2}, "target": {"type": "http", "url": "https://other.invalid/"}},
+        "acme",
+        actor=ACTOR,
+    )
+    lane = Lane(sched.get_tenant("acme").tenant_id, "http")
+    (delivery,) = OutboxRepo(sched.store).claim({lane: 10}, "relay", 30).deliveries
+    assert delivery.target == "https://hooks.invalid/run"
+    assert decode_payload(delivery.stored_payload) == {"v": 1}
 
 
 # -- delete ----------------------------------------------------------------------------
