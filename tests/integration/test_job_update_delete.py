@@ -346,14 +346,20 @@ def test_a_deleted_jobs_idempotency_key_creates_nothing(sched: Scheduler) -> Non
 def test_a_deleted_jobs_queued_message_is_skipped_and_its_worker_stopped(
     sched: Scheduler,
 ) -> None:
-    job_id = new_job(sched)
+    job_id = new_job(sched, max_concurrency=None)
     tenant_id = sched.get_tenant("acme").tenant_id
     repo = QueueRepo(sched.store)
-    sched.trigger_job(job_id, "acme", actor=ACTOR)
-    assert repo.move_outbox() == 1
+    first = sched.trigger_job(job_id, "acme", actor=ACTOR)
+    second = sched.trigger_job(job_id, "acme", actor=ACTOR)
+    assert repo.move_outbox() == 2
     (lease,) = repo.lease("q", "w", 30, tenant_id=tenant_id)
+    assert lease.scheduled_at == first.scheduled_at
     sched.delete_job(job_id, "acme", actor=ACTOR)
+    # the running command is told to stop; the queued run is skipped, never leased
     assert repo.beat(lease, 30) is Beat.cancelled
+    assert repo.lease("q", "w", 30, tenant_id=tenant_id) == []
+    statuses = {r.scheduled_at: r.status for r in sched.runs(job_id, "acme").items}
+    assert statuses[second.scheduled_at] is RunStatus.skipped
 
 
 # -- CLI (local database and --api) and REST API ---------------------------------------
