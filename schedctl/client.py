@@ -131,11 +131,9 @@ class ApiClient:
         return Page(tuple(job_from_dict(j) for j in data["items"]), data.get("next_cursor"))
 
     def cancel_job(self, job_id: str, tenant: str | None = None, *, actor: str = "") -> Job:
-        """DELETE answers 204 without a body; the job is read back to return it."""
         del actor
         self._check_tenant(tenant)
-        self._request("DELETE", self._job_path(job_id))
-        return self.get_job(job_id)
+        return job_from_dict(self._json("POST", self._job_path(job_id, "cancel")))
 
     def pause_job(self, job_id: str, tenant: str | None = None, *, actor: str = "") -> Job:
         del actor
@@ -220,6 +218,36 @@ class ApiClient:
         rows shown (a command given a prefix the server finds ambiguous says so)."""
         self._check_tenant(tenant)
         return shortest_among(job_ids)
+
+    def update_job(
+        self,
+        job_id: str,
+        body: Mapping[str, Any],
+        tenant: str | None = None,
+        *,
+        if_version: int | None = None,
+        actor: str = "",
+    ) -> Job:
+        del actor
+        self._check_tenant(tenant)
+        headers = {} if if_version is None else {"If-Match": str(if_version)}
+        return job_from_dict(
+            self._json("PATCH", self._job_path(job_id), json=dict(body), headers=headers)
+        )
+
+    def delete_job(
+        self,
+        job_id: str,
+        tenant: str | None = None,
+        *,
+        if_version: int | None = None,
+        actor: str = "",
+    ) -> None:
+        """DELETE answers 204 without a body, and the job is gone: nothing to return."""
+        del actor
+        self._check_tenant(tenant)
+        headers = {} if if_version is None else {"If-Match": str(if_version)}
+        self._request("DELETE", self._job_path(job_id), headers=headers)
 
     # -- HTTP --------------------------------------------------------------------------
 

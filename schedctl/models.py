@@ -21,6 +21,7 @@ class JobStatus(enum.StrEnum):
     paused = "paused"
     cancelled = "cancelled"
     completed = "completed"
+    deleted = "deleted"  # stopped like cancelled, out of the lists and lookups (issue 10)
 
 
 class RunStatus(enum.StrEnum):

@@ -18,6 +18,8 @@ from typing import Any
 
 from schedctl import errors
 from schedctl.alerts.model import AlertConfig, parse_alerts
+from schedctl.delivery.ssrf import check_at_creation
+from schedctl.jobpatch import JobPatch, parse_job_patch
 from schedctl.jobspec import parse_job_request, parse_schedule
 from schedctl.limits import DEFAULT_MAX_PAYLOAD_BYTES
 from schedctl.models import Job, JobStatus, Page, Run, Tenant
@@ -27,6 +29,7 @@ from schedctl.storage import dependencies
 from schedctl.storage.audit import AuditRepo
 from schedctl.storage.cursors import check_page_limit, decode_cursor
 from schedctl.storage.job_lookup import JobLookup
+from schedctl.storage.job_updates import delete_job, update_job
 from schedctl.storage.jobs import JobRepo
 from schedctl.storage.quotas import QuotaUse, quota_guard
 from schedctl.storage.store import Store
@@ -204,7 +207,12 @@ class Scheduler:
             )
 
     def get_job(self, job_id: str, tenant: TenantRef | None = None) -> Job:
-        return self.jobs.get(*self._job_ref(job_id, tenant))
+        job_id, tenant_id = self._job_ref(job_id, tenant)
+        job = self.jobs.get(job_id, tenant_id)
+        if job.status is JobStatus.deleted:
+            # a deleted job is gone for every lookup; only its run history stays readable
+            raise errors.NotFound(f"no job {job_id!r}", field="job_id")
+        return job
 
     def list_jobs(
         self,
@@ -370,6 +378,53 @@ class Scheduler:
         {"upstream": [{"job_id", "name", "status", "children"}...], "downstream": [...]}."""
         job = self.get_job(job_id, tenant)  # another tenant's job is NotFound
         return dependencies.graph(self.store, job.job_id)
+
+    # -- update and delete (issue 10) --------------------------------------------------
+
+    def update_job(
+        self,
+        job_id: str,
+        body: Mapping[str, Any],
+        tenant: TenantRef | None = None,
+        *,
+        if_version: int | None = None,
+        actor: str,
+    ) -> Job:
+        """Change the fields a partial REST-shaped body names (validated as on create; a
+        new URL passes the SSRF guard) in one transaction with the version bump; with
+        `if_version`, a job at another version is Conflict and nothing is written."""
+        found = self._tenant(tenant) if tenant is not None else None
+        # an unknown job is NotFound before a bad body is reported: the id comes first
+        job_id, tenant_id = self._job_ref(job_id, found)
+        job = self.get_job(job_id, found)
+        patch = parse_job_patch(
+            body, job, now=self.store.now(), max_payload_bytes=self.max_payload_bytes
+        )
+        if patch.target is not None and patch.target.url is not None:
+            # the SSRF guard resolves names: before the transaction, never holding the lock
+            owner = found if found is not None else self.tenants.get(job.tenant_id)
+            check_at_creation(patch.target.url, owner.allow_list)
+
+        def parse(current: Job, now: datetime) -> JobPatch:
+            # again on the locked row: merged values (retry policy, the cron expression
+            # kept under a new zone) come from the version being replaced
+            return parse_job_patch(body, current, now=now, max_payload_bytes=self.max_payload_bytes)
+
+        return update_job(self.store, job_id, parse, tenant_id, if_version=if_version, actor=actor)
+
+    def delete_job(
+        self,
+        job_id: str,
+        tenant: TenantRef | None = None,
+        *,
+        if_version: int | None = None,
+        actor: str,
+    ) -> Job:
+        """Delete: the job stops as on cancel, leaves the lists and lookups (NotFound), its
+        run history stays readable through runs() and its idempotency key stays taken
+        (a create with it is Conflict) until retention removes them."""
+        job_id, tenant_id = self._job_ref(job_id, tenant)
+        return delete_job(self.store, job_id, tenant_id, if_version=if_version, actor=actor)
 
 
 def _status(status: str | JobStatus | None) -> JobStatus | None:

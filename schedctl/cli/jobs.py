@@ -1,5 +1,5 @@
-"""Owns `schedctl job`: create (also --after), list, show (with the dependency tree),
-cancel, pause, resume, trigger, reschedule.
+"""Owns `schedctl job`: create (also --after), list, show (with the dependency tree), update,
+delete, cancel, pause, resume, trigger, reschedule.
 
 The flags are turned into the REST API's job body and validated by the same parser
 (schedctl.jobspec), so the CLI and the API accept and refuse exactly the same jobs.
@@ -272,7 +272,7 @@ def list_(
     tenant: TenantOption = None,
     status: Annotated[
         str | None,
-        typer.Option("--status", help="active, paused, cancelled or completed."),
+        typer.Option("--status", help="active, paused, cancelled, completed or deleted."),
     ] = None,
     limit: Annotated[int, limit_option("Jobs")] = 50,
     cursor: Annotated[str | None, cursor_option()] = None,
@@ -396,3 +396,123 @@ def dependency_tree(job: Job, graph: dict[str, list[Any]]) -> Tree:
     if graph["downstream"]:
         add(root.add(Text("before (downstream)")), graph["downstream"])
     return root
+
+
+@app.command()
+def update(
+    ctx: typer.Context,
+    job_id: JobArgument,
+    at: AtOption = None,
+    in_: InOption = None,
+    cron: CronOption = None,
+    tz: Annotated[
+        str | None,
+        typer.Option("--tz", help="IANA time zone of --cron; alone: the job's cron, new zone."),
+    ] = None,
+    every: EveryOption = None,
+    anchor: AnchorOption = None,
+    queue: Annotated[str | None, typer.Option("--queue", help="New target: this queue.")] = None,
+    url: Annotated[str | None, typer.Option("--url", help="New target: this URL.")] = None,
+    payload: Annotated[str | None, typer.Option("--payload", help="New payload (JSON).")] = None,
+    payload_file: Annotated[
+        Path | None, typer.Option("--payload-file", help="New payload from a file ('-': stdin).")
+    ] = None,
+    max_attempts: Annotated[
+        int | None,
+        typer.Option(
+            "--max-attempts",
+            help=f"Delivery attempts per run (1-{limits.MAX_ATTEMPTS}).",
+            parser=int_parser("retry.max_attempts", 1, limits.MAX_ATTEMPTS),
+        ),
+    ] = None,
+    base_delay: Annotated[
+        str | None, typer.Option("--base-delay", help="First retry delay (doubles each time).")
+    ] = None,
+    max_delay: Annotated[
+        str | None, typer.Option("--max-delay", help="Longest retry delay.")
+    ] = None,
+    misfire: Annotated[
+        str | None, typer.Option("--misfire", help="run_once, skip or run_all.")
+    ] = None,
+    grace: Annotated[str | None, typer.Option("--grace", help="How late a run may start.")] = None,
+    window: Annotated[
+        str | None, typer.Option("--window", help="Spread each run within this window.")
+    ] = None,
+    max_concurrency: Annotated[
+        int | None,
+        typer.Option(
+            "--max-concurrency",
+            help=f"Overlapping runs allowed (at most {limits.MAX_CONCURRENCY}; 0: no limit).",
+            parser=int_parser("max_concurrency", 0, limits.MAX_CONCURRENCY),
+        ),
+    ] = None,
+    timeout: Annotated[
+        str | None, typer.Option("--timeout", help="Kill a run after this long (worker).")
+    ] = None,
+    name: Annotated[str | None, typer.Option("--name", help="A new name.")] = None,
+    if_version: Annotated[
+        int | None,
+        typer.Option(
+            "--if-version",
+            help="Refuse (exit 4) unless the job is still at this version.",
+            parser=int_parser("version", 1, 2**62),
+        ),
+    ] = None,
+    tenant: TenantOption = None,
+    output: OutputOption = None,
+) -> None:
+    """Change what the options name; the rest keeps its value. A new schedule recomputes
+    the next run; a new target or payload applies to runs not yet claimed."""
+    body: dict[str, Any] = {}
+    if any(v is not None for v in (at, in_, cron, every)):
+        body["schedule"] = schedule_body(at, in_, cron, tz, every, anchor)
+    elif anchor is not None:
+        raise errors.ValidationError("--anchor applies only with --every", field="anchor")
+    elif tz is not None:
+        body["schedule"] = {"timezone": tz}
+    if queue is not None or url is not None:
+        kind = require_one({"--queue": queue, "--url": url}, field="target")
+        body["target"] = (
+            {"type": "queue", "name": queue} if kind == "--queue" else {"type": "http", "url": url}
+        )
+    if payload is not None or payload_file is not None:
+        body["payload"] = read_payload(payload, payload_file)
+    retry = {"max_attempts": max_attempts, "base_delay": base_delay, "max_delay": max_delay}
+    if any(v is not None for v in retry.values()):
+        body["retry"] = {k: v for k, v in retry.items() if v is not None}
+    if max_concurrency is not None:
+        body["max_concurrency"] = max_concurrency if max_concurrency != 0 else None
+    optional = {
+        "misfire_policy": misfire,
+        "grace": grace,
+        "window": window,
+        "timeout": timeout,
+        "name": name,
+    }
+    body.update({k: v for k, v in optional.items() if v is not None})
+    job = (
+        cli_state(ctx)
+        .scheduler()
+        .update_job(job_id, body, tenant, if_version=if_version, actor=actor())
+    )
+    _show(ctx, job, output, title=f"job {job.job_id} updated")
+
+
+@app.command()
+def delete(
+    ctx: typer.Context,
+    job_id: JobArgument,
+    if_version: Annotated[
+        int | None,
+        typer.Option(
+            "--if-version",
+            help="Refuse (exit 4) unless the job is still at this version.",
+            parser=int_parser("version", 1, 2**62),
+        ),
+    ] = None,
+    tenant: TenantOption = None,
+) -> None:
+    """Stop the job (as cancel) and remove it from lists and lookups; `schedctl runs JOB`
+    still shows its run history until retention removes it."""
+    cli_state(ctx).scheduler().delete_job(job_id, tenant, if_version=if_version, actor=actor())
+    say(f"job {job_id} deleted")

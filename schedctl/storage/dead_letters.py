@@ -11,12 +11,13 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.engine import Connection, RowMapping
 
 from schedctl import errors, limits
-from schedctl.models import JobStatus, Page, RunStatus, TargetType, run_key
+from schedctl.models import Page, RunStatus, TargetType, run_key
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
 from schedctl.storage.audit import audit
 from schedctl.storage.clock import db_now
 from schedctl.storage.cursors import decode_cursor, encode_cursor
+from schedctl.storage.settle import STOPPED_JOB_STATUSES
 from schedctl.storage.store import Store
 
 
@@ -117,9 +118,9 @@ class DeadLetterRepo:
             status = connection.execute(
                 select(schema.jobs.c.status).where(schema.jobs.c.job_id == letter.job_id)
             ).scalar_one_or_none()
-            if status is None or status == JobStatus.cancelled.value:
+            if status is None or status in STOPPED_JOB_STATUSES:
                 raise errors.Conflict(
-                    f"cannot replay dead letter {letter_id}: job {letter.job_id} is cancelled",
+                    f"cannot replay dead letter {letter_id}: job {letter.job_id} is {status}",
                     field="status",
                 )
             self._requeue(connection, letter, actor=actor)
@@ -148,7 +149,7 @@ class DeadLetterRepo:
                     return replayed, skipped
                 for row in rows:
                     after = row["id"]
-                    if row["job_status"] in (None, JobStatus.cancelled.value):
+                    if row["job_status"] is None or row["job_status"] in STOPPED_JOB_STATUSES:
                         skipped += 1
                         continue
                     self._requeue(connection, _letter(row), actor=actor)

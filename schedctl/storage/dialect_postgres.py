@@ -211,12 +211,12 @@ class PostgresDialect:
         statement = text(
             """
             SELECT o.id, o.job_id, o.scheduled_at, o.tenant_id, o.target_type, o.target,
-                   o.attempt, o.lease_owner
+                   o.attempt, o.lease_owner, o.payload
               FROM unnest(CAST(:tenants AS text[]), CAST(:kinds AS text[]),
                           CAST(:caps AS integer[])) AS l(tenant_id, kind, cap)
              CROSS JOIN LATERAL (
                     SELECT id, job_id, scheduled_at, tenant_id, target_type, target,
-                           attempt, lease_owner
+                           attempt, lease_owner, payload
                       FROM outbox
                      WHERE outbox.tenant_id = l.tenant_id
                        AND outbox.target_type = l.kind

@@ -138,6 +138,7 @@ class SqliteDialect:
                         o.c.target,
                         o.c.attempt,
                         o.c.lease_owner,
+                        o.c.payload,
                     )
                     .where(
                         o.c.tenant_id == lane.tenant_id,

@@ -117,6 +117,13 @@ class JobRepo:
         )
         if row is None:
             return None
+        if row["status"] == JobStatus.deleted.value:
+            # the key keeps its meaning while the deleted job's row is kept: no new job
+            raise errors.Conflict(
+                f"idempotency key {spec.idempotency_key!r} belongs to job {row['job_id']}, "
+                "which was deleted",
+                field="idempotency_key",
+            )
         if row["request_hash"] != spec.request_hash:
             raise errors.Conflict(
                 f"idempotency key {spec.idempotency_key!r} was already used for a different "
@@ -235,6 +242,9 @@ class JobRepo:
             query = query.where(schema.jobs.c.tenant_id == tenant_id)
         if status is not None:
             query = query.where(schema.jobs.c.status == status.value)
+        else:
+            # deleted jobs leave the lists; status=deleted still finds them (run history)
+            query = query.where(schema.jobs.c.status != JobStatus.deleted.value)
         if cursor:
             (after,) = decode_cursor(cursor, 1)
             query = query.where(schema.jobs.c.job_id > after)
@@ -362,6 +372,8 @@ class JobRepo:
     ) -> Job:
         with self.store.tx() as connection:
             job = self._get(connection, job_id, tenant_id, lock=True)
+            if job.status is JobStatus.deleted:
+                raise errors.NotFound(f"no job {job_id!r}", field="job_id")
             if job.status not in allowed:
                 raise errors.Conflict(
                     f"cannot {action} job {job_id}: it is {job.status.value}", field="status"
@@ -395,6 +407,8 @@ class JobRepo:
         """A manual run now: its own run record, delivered like any other."""
         with self.store.tx() as connection:
             job = self._get(connection, job_id, tenant_id)
+            if job.status is JobStatus.deleted:
+                raise errors.NotFound(f"no job {job_id!r}", field="job_id")
             if job.status is JobStatus.cancelled:
                 raise errors.Conflict(
                     f"cannot trigger job {job_id}: it is cancelled", field="status"

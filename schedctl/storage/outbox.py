@@ -32,11 +32,12 @@ from sqlalchemy import and_, func, select, update
 from sqlalchemy.engine import Connection, RowMapping
 
 from schedctl import errors
-from schedctl.models import JobStatus, Lane, TargetType, Verdict, run_key
+from schedctl.models import Lane, TargetType, Verdict, run_key
 from schedctl.storage import schema
 from schedctl.storage.clock import db_now
 from schedctl.storage.dialect import Lock
 from schedctl.storage.settle import (
+    STOPPED_JOB_STATUSES,
     Attempt,
     Ending,
     Held,
@@ -248,7 +249,7 @@ class OutboxRepo:
         for row in rows:
             job = jobs.get(row["job_id"])
             tenant = tenants.get(row["tenant_id"])
-            if job is None or tenant is None or job.status == JobStatus.cancelled.value:
+            if job is None or tenant is None or job.status in STOPPED_JOB_STATUSES:
                 cancelled.append(row)
                 continue
             if row["lease_owner"] is not None:
@@ -274,7 +275,8 @@ class OutboxRepo:
                     max_attempts=job.max_attempts,
                     retry_base_seconds=job.retry_base_seconds,
                     retry_max_seconds=job.retry_max_seconds,
-                    stored_payload=job.payload,
+                    # the snapshot of an update made after the claim wins (0009)
+                    stored_payload=row["payload"] if row["payload"] is not None else job.payload,
                     secret=tenant.signing_secret,
                     allow_list=tuple(str(a) for a in json.loads(tenant.allow_list)),
                     broker_url=tenant.broker_url,

@@ -26,7 +26,7 @@ from sqlalchemy.engine import Connection, RowMapping
 
 from schedctl import errors
 from schedctl.leasing import Beat
-from schedctl.models import JobStatus, RunStatus, TargetType, run_key
+from schedctl.models import RunStatus, TargetType, run_key
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
 from schedctl.storage.clock import db_now
@@ -36,6 +36,7 @@ from schedctl.storage.settle import (
     CANCELLED_RUNNING_ERROR,
     LOST_ERROR,
     MAX_TEXT_CHARS,
+    STOPPED_JOB_STATUSES,
     Attempt,
     Ending,
     Held,
@@ -140,6 +141,7 @@ class QueueRepo:
                     o.c.tenant_id,
                     o.c.target,
                     o.c.attempt,
+                    o.c.payload,
                 )
                 .where(o.c.target_type == TargetType.queue.value, o.c.available_at <= now)
                 # due order is the order of ix_outbox_type_available: no sort of the backlog
@@ -159,8 +161,8 @@ class QueueRepo:
                     )
                 ).all()
             )
-            deliver = [r for r in rows if statuses.get(r["job_id"]) != JobStatus.cancelled.value]
-            cancelled = [r for r in rows if statuses.get(r["job_id"]) == JobStatus.cancelled.value]
+            deliver = [r for r in rows if statuses.get(r["job_id"]) not in STOPPED_JOB_STATUSES]
+            cancelled = [r for r in rows if statuses.get(r["job_id"]) in STOPPED_JOB_STATUSES]
             if deliver:
                 insert = self.store.dialect.insert(schema.queue_messages)
                 # a replay after a crash between insert and delete never duplicates a run
@@ -177,6 +179,7 @@ class QueueRepo:
                             "leased_until": None,
                             "lease_owner": None,
                             "created_at": now,
+                            "payload": r["payload"],
                         }
                         for r in deliver
                     ],
@@ -243,7 +246,8 @@ class QueueRepo:
                 j.c.retry_base_seconds,
                 j.c.retry_max_seconds,
                 j.c.timeout_seconds,
-                j.c.payload,
+                # the snapshot of an update made after the claim wins (0009)
+                func.coalesce(m.c.payload, j.c.payload).label("payload"),
                 j.c.status,
             )
             .join(j, j.c.job_id == m.c.job_id)
@@ -264,7 +268,7 @@ class QueueRepo:
         )
         query = self.store.dialect.lock(query, skip_locked=True, of=m)
         found = connection.execute(query).mappings().all()
-        cancelled = [c for c in found if c["status"] == JobStatus.cancelled.value]
+        cancelled = [c for c in found if c["status"] in STOPPED_JOB_STATUSES]
         if cancelled:
             # queued but not started: a cancelled job's runs are not run
             skip_cancelled(
@@ -273,7 +277,7 @@ class QueueRepo:
                 [(c["id"], c["job_id"], c["scheduled_at"]) for c in cancelled],
                 now=now,
             )
-        candidates = [c for c in found if c["status"] != JobStatus.cancelled.value]
+        candidates = [c for c in found if c["status"] not in STOPPED_JOB_STATUSES]
         if not candidates:
             return []
         job_ids = sorted({c["job_id"] for c in candidates})
@@ -357,7 +361,7 @@ class QueueRepo:
             status = connection.execute(
                 select(schema.jobs.c.status).where(schema.jobs.c.job_id == lease.job_id)
             ).scalar_one_or_none()
-            return Beat.cancelled if status == JobStatus.cancelled.value else Beat.extended
+            return Beat.cancelled if status in STOPPED_JOB_STATUSES else Beat.extended
 
     def stop_cancelled(
         self,

@@ -168,6 +168,9 @@ outbox = Table(
     Column("created_at", UTCDateTime, nullable=False),
     Column("lease_owner", String(200), nullable=True),  # the relay delivering it, if any
     Column("last_error", Text, nullable=True),  # why the previous attempt failed
+    # the job's stored payload as it was when a later update changed it (0009): a run
+    # claimed before the update is delivered with the definition it was claimed under
+    Column("payload", Text, nullable=True),
     # the built-in queue relay reads one target type in due order
     Index("ix_outbox_type_available", "target_type", "available_at"),
     # HTTP/RabbitMQ delivery reads each tenant's lane in due order
@@ -187,6 +190,8 @@ queue_messages = Table(
     Column("leased_until", UTCDateTime, nullable=True),
     Column("lease_owner", String(200), nullable=True),
     Column("created_at", UTCDateTime, nullable=False),
+    # like outbox.payload (0009): the payload of the definition the run was claimed under
+    Column("payload", Text, nullable=True),
     UniqueConstraint("job_id", "scheduled_at", name="uq_queue_messages_run"),
     # a queue is (tenant, name): a worker reads its tenant's queue in due order
     Index("ix_queue_messages_ready", "tenant_id", "queue", "available_at"),

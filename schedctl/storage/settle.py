@@ -26,7 +26,7 @@ from schedctl.backoff import backoff_delay
 
 # the worker side (no database) owns the text; settling records it
 from schedctl.leasing import CANCELLED_RUNNING_ERROR as CANCELLED_RUNNING_ERROR
-from schedctl.models import RunStatus
+from schedctl.models import JobStatus, RunStatus
 from schedctl.storage import alerts, dependencies, schema
 
 LOST_ERROR = "lease expired: the worker or relay holding the run stopped"
@@ -38,6 +38,8 @@ MAX_TEXT_CHARS = 16_384
 # for its first delivery, or for a retry after a failed or lost attempt.
 SKIPPABLE_STATUSES = (RunStatus.dispatched, RunStatus.failed, RunStatus.lost)
 _WORKER_CHARS = 200  # run_attempts.worker
+# A job in one of these statuses runs nothing more: a deleted job stops as a cancelled one.
+STOPPED_JOB_STATUSES = frozenset({JobStatus.cancelled.value, JobStatus.deleted.value})
 
 
 class Ending(enum.Enum):

@@ -212,22 +212,20 @@ def test_reschedule(acme: Api) -> None:
     assert_error(
         acme.request("PATCH", path, json={"schedule": {"cron": "99 * * * *"}}), 422, "invalid"
     )
-    error = assert_error(acme.request("PATCH", path, json={"name": "x"}), 422, "invalid")
-    assert error["field"] == "name"
+    error = assert_error(acme.request("PATCH", path, json={"start": "x"}), 422, "invalid")
+    assert error["field"] == "start"
     error = assert_error(acme.request("PATCH", path, json={}), 422, "invalid")
-    assert error["field"] == "schedule"
+    assert error["field"] == "body"
     assert acme.request("GET", path).json() == changed
 
 
-def test_delete_cancels_and_is_idempotent(acme: Api) -> None:
+def test_cancel_keeps_the_job_listed(acme: Api) -> None:
     job = acme.new_job()
     path = f"/v1/jobs/{job['job_id']}"
-    response = acme.request("DELETE", path)
-    assert response.status_code == 204 and response.content == b""
-    cancelled = acme.request("GET", path).json()
+    cancelled = acme.request("POST", path + "/cancel").json()
     assert cancelled["status"] == "cancelled" and cancelled["next_run_at"] is None
-    assert acme.request("DELETE", path).status_code == 204
-    assert acme.request("GET", path).json()["version"] == cancelled["version"]
+    assert acme.request("GET", path).json() == cancelled
+    assert_error(acme.request("POST", path + "/cancel"), 409, "conflict")
     assert_error(acme.request("POST", path + "/trigger"), 409, "conflict")
     assert_error(acme.request("POST", path + "/resume"), 409, "conflict")
 
@@ -237,7 +235,8 @@ def test_delete_cancels_and_is_idempotent(acme: Api) -> None:
 JOB_ENDPOINTS = {
     "get": ("GET", "", None),
     "reschedule": ("PATCH", "", {"schedule": {"delay": "1h"}}),
-    "cancel": ("DELETE", "", None),
+    "delete": ("DELETE", "", None),
+    "cancel": ("POST", "/cancel", None),
     "pause": ("POST", "/pause", None),
     "resume": ("POST", "/resume", None),
     "trigger": ("POST", "/trigger", None),
@@ -629,7 +628,7 @@ def test_audit_records_every_change_with_tenant_and_token(
     acme.request("DELETE", path)
     entries = sched.audit("acme", job_id=job["job_id"]).items
     assert [e.action for e in entries] == [
-        "cancel",
+        "delete",
         "trigger",
         "resume",
         "pause",
@@ -644,7 +643,7 @@ def test_audit_records_every_change_with_tenant_and_token(
     )
     assert result.exit_code == 0, result.output
     page = json.loads(result.stdout)
-    assert [i["action"] for i in page["items"]] == ["cancel", "trigger", "resume", "pause"]
+    assert [i["action"] for i in page["items"]] == ["delete", "trigger", "resume", "pause"]
     assert page["items"][0]["tenant"] == "acme"
     assert page["items"][0]["actor"] == f"token:{acme.token_id}"
     cursor = page["next_cursor"]
@@ -783,6 +782,7 @@ def test_openapi_document(server: ApiServer) -> None:
         ("GET", "/v1/jobs/{job_id}"),
         ("PATCH", "/v1/jobs/{job_id}"),
         ("DELETE", "/v1/jobs/{job_id}"),
+        ("POST", "/v1/jobs/{job_id}/cancel"),
         ("POST", "/v1/jobs/{job_id}/pause"),
         ("POST", "/v1/jobs/{job_id}/resume"),
         ("POST", "/v1/jobs/{job_id}/trigger"),

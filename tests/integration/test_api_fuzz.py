@@ -42,6 +42,7 @@ OPERATIONS = [
     "GET /v1/jobs/{job_id}",
     "PATCH /v1/jobs/{job_id}",
     "DELETE /v1/jobs/{job_id}",
+    "POST /v1/jobs/{job_id}/cancel",
     "POST /v1/jobs/{job_id}/pause",
     "POST /v1/jobs/{job_id}/resume",
     "POST /v1/jobs/{job_id}/trigger",

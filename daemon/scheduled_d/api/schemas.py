@@ -373,3 +373,36 @@ class DependencyNode(BaseModel):
 class DependenciesOut(BaseModel):
     upstream: list[DependencyNode] = Field(description="The jobs this job runs after.")
     downstream: list[DependencyNode] = Field(description="The jobs that run after this job.")
+
+
+# PATCH /v1/jobs/{id}: any of the create body's fields but start, end and idempotency_key;
+# a schedule with only a timezone keeps the job's cron expression
+JOB_UPDATE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "minProperties": 1,
+    "additionalProperties": False,
+    "properties": {
+        **{
+            key: value
+            for key, value in JOB_REQUEST_SCHEMA["properties"].items()
+            if key not in {"start", "end", "idempotency_key"}
+        },
+        "schedule": {
+            "anyOf": [
+                _SCHEDULE,
+                {
+                    "type": "object",
+                    "required": ["timezone"],
+                    "additionalProperties": False,
+                    "properties": {"timezone": {"type": "string", "minLength": 1}},
+                },
+            ]
+        },
+    },
+}
+JOB_UPDATE_EXAMPLES: dict[str, Any] = {
+    "new payload and more attempts": {
+        "value": {"payload": {"report": "daily"}, "retry": {"max_attempts": 5}}
+    },
+    "new time zone": {"value": {"schedule": {"timezone": "Europe/Paris"}}},
+}

@@ -1,5 +1,6 @@
-"""Owns the /v1/jobs routes: create (with idempotency keys), list, read, reschedule, cancel,
-pause, resume and trigger a job of the caller's tenant, and its dependencies (after)."""
+"""Owns the /v1/jobs routes: create (with idempotency keys), list, read (by id, name or id
+prefix), update (PATCH, with If-Match), delete, cancel, pause, resume and trigger a job of the
+caller's tenant, and its dependencies (after)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ from typing import Any
 from fastapi import APIRouter, Response
 
 from schedctl import errors
-from schedctl.models import JobStatus
 from schedctl.views import job_to_dict, run_to_dict
 from scheduled_d.api.auth import BodyDep, CallerDep, SchedulerDep
 from scheduled_d.api.routes.params import (
     CursorQuery,
     IdempotencyHeader,
+    IfMatchHeader,
     JobIdPath,
     LimitQuery,
     StatusQuery,
@@ -23,7 +24,8 @@ from scheduled_d.api.routes.params import (
 from scheduled_d.api.schemas import (
     JOB_REQUEST_EXAMPLES,
     JOB_REQUEST_SCHEMA,
-    RESCHEDULE_SCHEMA,
+    JOB_UPDATE_EXAMPLES,
+    JOB_UPDATE_SCHEMA,
     DependenciesOut,
     JobOut,
     JobPage,
@@ -98,27 +100,27 @@ def get_job(job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep) -> di
 @router.patch(
     "/jobs/{job_id}",
     response_model=JobOut,
-    summary="Reschedule a job",
+    summary="Update a job",
     responses=error_responses(400, 404, 409, 413, 415, 422),
-    openapi_extra=json_request_body(RESCHEDULE_SCHEMA),
+    openapi_extra=json_request_body(JOB_UPDATE_SCHEMA, JOB_UPDATE_EXAMPLES),
 )
-def reschedule_job(
-    job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep, body: BodyDep
+def update_job(
+    job_id: JobIdPath,
+    scheduler: SchedulerDep,
+    caller: CallerDep,
+    body: BodyDep,
+    if_match: IfMatchHeader = None,
 ) -> dict[str, Any]:
-    """Replace the schedule; the next run is recomputed in the same transaction."""
+    """Change the fields the body names (the others keep their values), validated as on
+    create, in one transaction with the version bump. A new schedule recomputes the next
+    run; a new target or payload applies to runs not yet claimed. With If-Match, a job at
+    another version is 409 and nothing changes."""
     job_id = checked_job_id(job_id)
     if not isinstance(body, Mapping):
-        raise errors.ValidationError('must be an object: {"schedule": {...}}', field="body")
-    unknown = sorted(str(k) for k in body if k != "schedule")
-    if unknown:
-        raise errors.ValidationError(
-            "unknown key: only the schedule can be changed", field=unknown[0]
-        )
-    if "schedule" not in body:
-        raise errors.ValidationError(
-            "is required: one of run_at, delay, cron, every", field="schedule"
-        )
-    job = scheduler.reschedule_job(job_id, body["schedule"], caller.tenant, actor=caller.actor)
+        raise errors.ValidationError("must be an object of the fields to change", field="body")
+    job = scheduler.update_job(
+        job_id, body, caller.tenant, if_version=_version(if_match), actor=caller.actor
+    )
     return job_to_dict(job)
 
 
@@ -126,22 +128,37 @@ def reschedule_job(
     "/jobs/{job_id}",
     status_code=204,
     response_class=Response,
-    summary="Cancel a job",
-    responses={
-        204: {"description": "Cancelled (or already cancelled)"},
-        **error_responses(404, 409, 422),
-    },
+    summary="Delete a job",
+    responses={204: {"description": "Deleted"}, **error_responses(400, 404, 409, 422)},
 )
-def cancel_job(job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep) -> Response:
-    """Cancel all future runs; a run already dispatched still completes. Cancelling a
-    cancelled job is a no-op (DELETE is idempotent)."""
-    job_id = checked_job_id(job_id)
-    try:
-        scheduler.cancel_job(job_id, caller.tenant, actor=caller.actor)
-    except errors.Conflict:
-        if scheduler.get_job(job_id, caller.tenant).status is not JobStatus.cancelled:
-            raise
+def delete_job(
+    job_id: JobIdPath,
+    scheduler: SchedulerDep,
+    caller: CallerDep,
+    if_match: IfMatchHeader = None,
+) -> Response:
+    """Stop the job as a cancel does and remove it: from then on it is 404 here and absent
+    from lists (status=deleted still lists it), while its run history stays readable at
+    /v1/jobs/{id}/runs and its idempotency key stays taken (409) until retention. Deleting
+    it again is 404."""
+    scheduler.delete_job(
+        checked_job_id(job_id), caller.tenant, if_version=_version(if_match), actor=caller.actor
+    )
     return Response(status_code=204)
+
+
+@router.post(
+    "/jobs/{job_id}/cancel",
+    response_model=JobOut,
+    summary="Cancel a job",
+    responses=error_responses(404, 409),
+)
+def cancel_job(job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep) -> dict[str, Any]:
+    """Cancel all future runs; a run already dispatched still completes. The job stays
+    listed (status cancelled)."""
+    return job_to_dict(
+        scheduler.cancel_job(checked_job_id(job_id), caller.tenant, actor=caller.actor)
+    )
 
 
 @router.post(
@@ -204,3 +221,14 @@ def get_job_dependencies(
     job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep
 ) -> dict[str, Any]:
     return scheduler.job_dependencies(checked_job_id(job_id), caller.tenant)
+
+
+def _version(if_match: str | None) -> int | None:
+    if if_match is None:
+        return None
+    text = if_match.strip().removeprefix("W/").strip('"')
+    if not (text.isascii() and text.isdigit() and len(text) < 19):
+        raise errors.ValidationError(
+            f"must be the job's version (an integer), got {if_match[:40]!r}", field="If-Match"
+        )
+    return int(text)

@@ -56,3 +56,12 @@ def checked_job_id(job_id: str) -> str:
     if len(job_id) > MAX_NAME_LENGTH or any(ord(c) < 32 or ord(c) == 127 for c in job_id):
         raise errors.NotFound(f"no job {job_id!r}", field="job_id")
     return job_id
+
+
+IfMatchHeader = Annotated[
+    str | None,
+    Header(
+        alias="If-Match",
+        description="The job's version as read (a number, quotes allowed): another is 409.",
+    ),
+]

@@ -1,0 +1,145 @@
+"""Owns job update validation: a partial REST-shaped body (PATCH /v1/jobs/{id}, `schedctl job
+update`) -> the validated new values of the fields it names.
+
+Each field goes through the same jobspec parser as a create, so an update accepts and
+refuses exactly what a create would; nothing here touches the database. What is not named
+keeps its current value; a "retry" object is merged into the current policy, and a
+"schedule" object without a kind (only "timezone") keeps the current cron expression.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from schedctl import errors
+from schedctl.jobspec import (
+    _check_payload,
+    _parse_max_concurrency,
+    _parse_misfire,
+    _parse_name,
+    _parse_retry,
+    _reject_unknown,
+    _seconds,
+    parse_schedule,
+    parse_target,
+)
+from schedctl.limits import DEFAULT_MAX_PAYLOAD_BYTES
+from schedctl.models import Job, RetryPolicy, Target
+from schedctl.scheduling.cron import CronSchedule
+from schedctl.scheduling.misfire import MisfirePolicy
+from schedctl.scheduling.schedules import Schedule
+
+UPDATABLE_KEYS = frozenset(
+    {
+        "name",
+        "schedule",
+        "target",
+        "payload",
+        "retry",
+        "misfire_policy",
+        "grace",
+        "window",
+        "max_concurrency",
+        "timeout",
+    }
+)
+# part of a job's identity or bounds: changing them would be another job
+FIXED_KEYS = frozenset({"idempotency_key", "start", "end"})
+_KINDS = ("run_at", "delay", "cron", "every")
+
+
+@dataclass(frozen=True)
+class JobPatch:
+    """The validated new values; None is "unchanged" (payload: see has_payload)."""
+
+    fields: tuple[str, ...]  # the body's keys, sorted: what the audit log records
+    name: str | None = None
+    schedule: Schedule | None = None
+    target: Target | None = None
+    has_payload: bool = False
+    payload: Any = None
+    retry: RetryPolicy | None = None
+    misfire_policy: MisfirePolicy | None = None
+    grace_seconds: int | None = None
+    window_seconds: int | None = None
+    max_concurrency: int | None = None
+    timeout_seconds: int | None = None
+
+
+def parse_job_patch(
+    body: Any,
+    job: Job,
+    *,
+    now: datetime,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+) -> JobPatch:
+    """Validate a partial job body against the current job at `now` (the database clock)."""
+    if not isinstance(body, Mapping):
+        raise errors.ValidationError("the update must be a JSON object", field="body")
+    fixed = sorted(str(k) for k in body if k in FIXED_KEYS)
+    if fixed:
+        raise errors.ValidationError(
+            "cannot be changed by an update (create another job)", field=fixed[0]
+        )
+    _reject_unknown(body, UPDATABLE_KEYS, prefix="")
+    if not body:
+        raise errors.ValidationError(
+            f"names nothing to change (one of {', '.join(sorted(UPDATABLE_KEYS))})",
+            field="body",
+        )
+    values: dict[str, Any] = {"fields": tuple(sorted(str(k) for k in body))}
+    if "name" in body:
+        if body["name"] is None:
+            raise errors.ValidationError("must be a non-empty string, got null", field="name")
+        values["name"] = _parse_name(body["name"], schedule_kind="", target=job.target)
+    if "schedule" in body:
+        values["schedule"] = parse_schedule(_schedule_body(body["schedule"], job), now)
+    if "target" in body:
+        values["target"] = parse_target(body["target"])
+    if "payload" in body:
+        _check_payload(body["payload"], max_payload_bytes)
+        values["has_payload"] = True
+        values["payload"] = body["payload"]
+    if "retry" in body:
+        values["retry"] = _parse_retry(_retry_body(body["retry"], job.retry))
+    if "misfire_policy" in body:
+        if body["misfire_policy"] is None:
+            raise errors.ValidationError("must not be null", field="misfire_policy")
+        values["misfire_policy"] = _parse_misfire(body["misfire_policy"])
+    for key, current in (
+        ("grace", job.grace_seconds),
+        ("window", job.window_seconds),
+        ("timeout", job.timeout_seconds),
+    ):
+        if key in body:
+            values[f"{key}_seconds"] = _seconds(body, key, default=current, allow_zero=True)
+    if "max_concurrency" in body:
+        values["max_concurrency"] = _parse_max_concurrency(body)
+    return JobPatch(**values)
+
+
+def _schedule_body(obj: Any, job: Job) -> Any:
+    """A schedule with only a new "timezone" keeps the job's cron expression."""
+    if isinstance(obj, Mapping) and not any(k in obj for k in _KINDS) and "timezone" in obj:
+        if not isinstance(job.schedule, CronSchedule):
+            raise errors.ValidationError(
+                "timezone applies only to cron schedules (give a new cron, too)",
+                field="timezone",
+            )
+        return {**obj, "cron": job.schedule.expr}
+    return obj
+
+
+def _retry_body(obj: Any, current: RetryPolicy) -> Any:
+    """The given retry keys over the current policy: --max-attempts alone keeps the delays."""
+    if not isinstance(obj, Mapping):
+        return obj
+    return {
+        "max_attempts": current.max_attempts,
+        "base_delay": current.base_delay_seconds,
+        "max_delay": current.max_delay_seconds,
+        **obj,
+    }
