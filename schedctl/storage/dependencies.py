@@ -8,7 +8,8 @@ several upstreams (fan-in) the run is created once all of them have succeeded fo
 scheduled_at: the settling transaction locks the dependent job rows (in job_id order, as
 the claim does) before reading the other upstreams' runs, so of two upstreams settling at
 once the second waits, then sees the first's commit, and exactly one creates the run.
-A deleted or cancelled upstream simply produces no more runs, so its dependents get none.
+A deleted or cancelled upstream simply produces no more runs, so its dependents get none;
+its runs still waiting for delivery are skipped, and so are its dependents' (settle).
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import delete, insert, or_, select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from schedctl import errors
 from schedctl.models import JobStatus, RunStatus, RunTrigger
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
+from schedctl.storage.dialect import Lock, dialect_of
 from schedctl.storage.store import Store
 
 # bounds of every walk over the dependency graph (a tenant's jobs; cycles are refused, so
@@ -67,8 +68,8 @@ def resolve(connection: Connection, tenant_id: str, refs: Sequence[str]) -> list
     ).all()
     ids: set[str] = set()
     for ref in refs:
-        if any(r.job_id == ref for r in rows):
-            ids.add(ref)
+        if any(r.job_id == ref and r.status != JobStatus.deleted.value for r in rows):
+            ids.add(ref)  # a deleted job is gone for every lookup, by id too
             continue
         named = sorted(r.job_id for r in rows if r.name == ref and r.status not in _GONE_STATUSES)
         if not named:
@@ -82,7 +83,7 @@ def resolve(connection: Connection, tenant_id: str, refs: Sequence[str]) -> list
 
 
 # a name refers to a live job, not to a cancelled (or deleted) one of the same name
-_GONE_STATUSES = (JobStatus.cancelled.value, "deleted")
+_GONE_STATUSES = (JobStatus.cancelled.value, JobStatus.deleted.value)
 
 
 def check_after(store: Store, job_id: str, tenant_id: str, refs: Sequence[str]) -> list[str]:
@@ -117,7 +118,9 @@ def check_upstreams(
     found = set(
         connection.execute(
             select(j.c.job_id).where(
-                j.c.job_id.in_(sorted(upstream_ids)), j.c.tenant_id == tenant_id
+                j.c.job_id.in_(sorted(upstream_ids)),
+                j.c.tenant_id == tenant_id,
+                j.c.status != JobStatus.deleted.value,
             )
         ).scalars()
     )
@@ -205,7 +208,6 @@ def on_settled(
     on down the chain."""
     done = sorted(set(succeeded))
     failed = sorted(set(ended))
-    is_postgres = connection.dialect.name == "postgresql"
     if not done and not failed:
         return
     d = schema.job_dependencies
@@ -216,9 +218,9 @@ def on_settled(
     if not edges:  # the common case: one index read and nothing to do
         return
     if done:
-        _create_ready(connection, done, edges, now, is_postgres)
+        _create_ready(connection, done, edges, now)
     if failed:
-        _skip_down(connection, failed, edges, now, is_postgres)
+        _skip_down(connection, failed, edges, now)
 
 
 def _create_ready(
@@ -226,7 +228,6 @@ def _create_ready(
     done: list[tuple[str, datetime]],
     edges: Sequence[Any],
     now: datetime,
-    is_postgres: bool,
 ) -> None:
     by_upstream: dict[str, list[str]] = {}
     for dependent, upstream in edges:
@@ -234,7 +235,7 @@ def _create_ready(
     wanted = sorted({(dep, at) for u, at in done for dep in by_upstream.get(u, [])})
     if not wanted:
         return
-    jobs = _lock_jobs(connection, sorted({dep for dep, _ in wanted}), is_postgres)
+    jobs = _lock_jobs(connection, sorted({dep for dep, _ in wanted}))
     d, r = schema.job_dependencies, schema.runs
     needs: dict[str, set[str]] = {}
     for dependent, upstream in connection.execute(
@@ -259,7 +260,7 @@ def _create_ready(
         if job is None or job["status"] != JobStatus.active.value:
             continue  # paused, cancelled or gone: no run
         if all((u, at) in succeeded for u in needs.get(dependent, ())):
-            _insert_run(connection, job, at, now, is_postgres, skipped_because=None)
+            _insert_run(connection, job, at, now, skipped_because=None)
 
 
 def _skip_down(
@@ -267,7 +268,6 @@ def _skip_down(
     failed: list[tuple[str, datetime, str]],
     edges: Sequence[Any],
     now: datetime,
-    is_postgres: bool,
 ) -> None:
     d, j = schema.job_dependencies, schema.jobs
     frontier = [
@@ -291,7 +291,7 @@ def _skip_down(
             job = jobs.get(dependent)
             if job is None:
                 continue
-            if _insert_run(connection, job, at, now, is_postgres, skipped_because=reason):
+            if _insert_run(connection, job, at, now, skipped_because=reason):
                 skipped.append((dependent, at))
         if not skipped:
             return
@@ -319,15 +319,12 @@ _JOB_COLUMNS = [
 ]
 
 
-def _lock_jobs(
-    connection: Connection, job_ids: list[str], is_postgres: bool
-) -> dict[str, dict[str, Any]]:
+def _lock_jobs(connection: Connection, job_ids: list[str]) -> dict[str, dict[str, Any]]:
     """The dependent job rows, locked in job_id order (the claim's order: no deadlock)."""
     j = schema.jobs
     query = select(*_JOB_COLUMNS).where(j.c.job_id.in_(job_ids)).order_by(j.c.job_id)
-    if is_postgres:
-        # what the claim takes too; a second settle of another upstream waits here
-        query = query.with_for_update(key_share=True)  # FOR NO KEY UPDATE
+    # what the claim takes too; a second settle of another upstream waits here
+    query = dialect_of(connection).lock(query, Lock.no_key_update)
     return {row["job_id"]: dict(row) for row in connection.execute(query).mappings().all()}
 
 
@@ -336,7 +333,6 @@ def _insert_run(
     job: dict[str, Any],
     at: datetime,
     now: datetime,
-    is_postgres: bool,
     *,
     skipped_because: str | None,
 ) -> bool:
@@ -357,7 +353,7 @@ def _insert_run(
         "error": skipped_because,
         "job_version": job["version"],
     }
-    statement = (postgresql.insert if is_postgres else sqlite.insert)(schema.runs)
+    statement = dialect_of(connection).insert(schema.runs)
     # RETURNING, not rowcount: psycopg reports no rowcount for a partitioned table's insert
     inserted = connection.execute(
         statement.values(**run).on_conflict_do_nothing().returning(schema.runs.c.job_id)
