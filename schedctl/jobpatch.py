@@ -23,6 +23,7 @@ from schedctl.jobspec import (
     _parse_retry,
     _reject_unknown,
     _seconds,
+    parse_after,
     parse_schedule,
     parse_target,
 )
@@ -30,7 +31,7 @@ from schedctl.limits import DEFAULT_MAX_PAYLOAD_BYTES
 from schedctl.models import Job, RetryPolicy, Target
 from schedctl.scheduling.cron import CronSchedule
 from schedctl.scheduling.misfire import MisfirePolicy
-from schedctl.scheduling.schedules import Schedule
+from schedctl.scheduling.schedules import AfterSchedule, Schedule
 
 UPDATABLE_KEYS = frozenset(
     {
@@ -44,6 +45,7 @@ UPDATABLE_KEYS = frozenset(
         "window",
         "max_concurrency",
         "timeout",
+        "after",
     }
 )
 # part of a job's identity or bounds: changing them would be another job
@@ -67,6 +69,8 @@ class JobPatch:
     window_seconds: int | None = None
     max_concurrency: int | None = None
     timeout_seconds: int | None = None
+    # new upstream jobs (ids or names, resolved and cycle-checked in the update's transaction)
+    after: tuple[str, ...] | None = None
 
 
 def parse_job_patch(
@@ -95,7 +99,21 @@ def parse_job_patch(
         if body["name"] is None:
             raise errors.ValidationError("must be a non-empty string, got null", field="name")
         values["name"] = _parse_name(body["name"], schedule_kind="", target=job.target)
+    if "after" in body:
+        if "schedule" in body:
+            raise errors.ValidationError(
+                "a dependent job has no schedule of its own: give schedule or after, not both",
+                field="after",
+            )
+        values["after"] = parse_after(body["after"])
     if "schedule" in body:
+        if isinstance(job.schedule, AfterSchedule):
+            # its runs come from its upstream jobs; a time of its own would run it twice
+            raise errors.ValidationError(
+                f"job {job.job_id} runs after its upstream jobs and has no schedule of its own "
+                "(change its after instead)",
+                field="schedule",
+            )
         values["schedule"] = parse_schedule(_schedule_body(body["schedule"], job), now)
     if "target" in body:
         values["target"] = parse_target(body["target"])

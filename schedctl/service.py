@@ -400,6 +400,10 @@ class Scheduler:
         patch = parse_job_patch(
             body, job, now=self.store.now(), max_payload_bytes=self.max_payload_bytes
         )
+        if patch.after is not None:
+            # checked before the transaction for a clear error (tenant, existence, cycle,
+            # naming `after`); replace() checks again under the update's lock
+            dependencies.check_after(self.store, job.job_id, job.tenant_id, patch.after)
         if patch.target is not None and patch.target.url is not None:
             # the SSRF guard resolves names: before the transaction, never holding the lock
             owner = found if found is not None else self.tenants.get(job.tenant_id)

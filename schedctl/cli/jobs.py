@@ -450,6 +450,13 @@ def update(
         str | None, typer.Option("--timeout", help="Kill a run after this long (worker).")
     ] = None,
     name: Annotated[str | None, typer.Option("--name", help="A new name.")] = None,
+    after: Annotated[
+        str | None,
+        typer.Option(
+            "--after",
+            help="New upstream jobs JOB[,JOB...] (ids or names): a dependent job, no schedule.",
+        ),
+    ] = None,
     if_version: Annotated[
         int | None,
         typer.Option(
@@ -463,7 +470,7 @@ def update(
 ) -> None:
     """Change what the options name; the rest keeps its value. A new schedule recomputes
     the next run; a new target or payload applies to runs not yet claimed."""
-    body: dict[str, Any] = {}
+    body: dict[str, Any] = after_body(after, at, in_, cron, every) or {}
     if any(v is not None for v in (at, in_, cron, every)):
         body["schedule"] = schedule_body(at, in_, cron, tz, every, anchor)
     elif anchor is not None:

@@ -19,13 +19,19 @@ from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
 
 from schedctl import errors
 from schedctl.jobpatch import JobPatch
 from schedctl.models import Job, JobStatus
-from schedctl.scheduling.schedules import OnceSchedule, first_occurrence, schedule_to_dict
+from schedctl.scheduling.schedules import (
+    AfterSchedule,
+    OnceSchedule,
+    first_occurrence,
+    schedule_to_dict,
+)
 from schedctl.scheduling.windows import fire_time
-from schedctl.storage import schema
+from schedctl.storage import dependencies, job_lookup, schema
 from schedctl.storage.audit import audit
 from schedctl.storage.changes import notify_job_change
 from schedctl.storage.clock import db_now
@@ -59,6 +65,14 @@ def update_job(
                 f"cannot update job {job_id}: it is {job.status.value}", field="status"
             )
         changes = _values(job, patch, now)
+        if patch.name is not None:
+            # a clear error first; the unique index is the final word (see _write)
+            job_lookup.check_name_free(
+                connection, job.tenant_id, patch.name, except_job_id=job.job_id
+            )
+        if patch.after is not None:
+            # resolved and cycle-checked again here, so a concurrent update cannot slip in
+            dependencies.replace(connection, job.job_id, job.tenant_id, patch.after)
         if patch.has_payload:
             _keep_claimed_payloads(connection, job_id)
         _write(connection, job, changes, now)
@@ -127,11 +141,17 @@ def _live(
 
 def _write(connection: Connection, job: Job, changes: dict[str, Any], now: datetime) -> None:
     # version-conditional: a claim that read the old version commits nothing
-    result = connection.execute(
-        update(schema.jobs)
-        .where(schema.jobs.c.job_id == job.job_id, schema.jobs.c.version == job.version)
-        .values(version=job.version + 1, updated_at=now, **changes)
-    )
+    try:
+        result = connection.execute(
+            update(schema.jobs)
+            .where(schema.jobs.c.job_id == job.job_id, schema.jobs.c.version == job.version)
+            .values(version=job.version + 1, updated_at=now, **changes)
+        )
+    except IntegrityError as exc:
+        if changes.get("name") is not None and job_lookup.is_name_conflict(exc):
+            # a concurrent rename or create took the name after the check
+            raise job_lookup.name_conflict(str(changes["name"])) from exc
+        raise
     if result.rowcount != 1:
         raise errors.Conflict(
             f"job {job.job_id} changed while being updated; try again", field="version"
@@ -160,7 +180,9 @@ def _values(job: Job, patch: JobPatch, now: datetime) -> dict[str, Any]:
         if value is not None:
             values[key] = value
     window = patch.window_seconds if patch.window_seconds is not None else job.window_seconds
-    if patch.schedule is not None:
+    if patch.after is not None:
+        values.update(_after_values(job))
+    elif patch.schedule is not None:
         values.update(_schedule_values(job, patch, window, now))
     elif patch.window_seconds is not None and job.next_fire_at is not None:
         # the fire time is the next run spread over the window: a new window moves it
@@ -188,6 +210,18 @@ def _schedule_values(job: Job, patch: JobPatch, window: int, now: datetime) -> d
         "next_fire_at": (
             fire_time(job.job_id, next_run, window) if status is JobStatus.active else None
         ),
+    }
+
+
+def _after_values(job: Job) -> dict[str, Any]:
+    """A job given `after` becomes (or stays) a dependent job: no time of its own; its
+    runs come from its upstream jobs' successes."""
+    status = JobStatus.paused if job.status is JobStatus.paused else JobStatus.active
+    return {
+        "schedule": json.dumps(schedule_to_dict(AfterSchedule())),
+        "status": status.value,
+        "next_run_at": None,
+        "next_fire_at": None,
     }
 
 

@@ -22,15 +22,13 @@ from sqlalchemy import select, text
 
 from schedctl import errors
 from schedctl.coordination.local import LocalCoordinator
-from schedctl.delivery.http import Verdict
-from schedctl.delivery.limits import Lane
-from schedctl.models import JobStatus, RunStatus, RunTrigger
+from schedctl.models import JobStatus, Lane, RunStatus, RunTrigger, TargetType, Verdict
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import AfterSchedule, CronSchedule
 from schedctl.service import Scheduler
 from schedctl.storage import dependencies, schema
 from schedctl.storage.claim import Claimer
-from schedctl.storage.outbox import HTTP, OutboxRepo, Outcome
+from schedctl.storage.outbox import OutboxRepo, Outcome
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
 from tests.factories import create_job, make_tenant, spec
@@ -89,7 +87,9 @@ def run_queue(store: Store, *, ok: bool = True) -> list[str]:
 
 def settle_http(store: Store, verdict: Verdict = Verdict.succeeded) -> list[str]:
     repo = OutboxRepo(store)
-    claimed = repo.claim({Lane(existing_tenant(store), HTTP): 50}, "relay", lease_seconds=60)
+    claimed = repo.claim(
+        {Lane(existing_tenant(store), TargetType.http): 50}, "relay", lease_seconds=60
+    )
     now = store.now()
     repo.settle([Outcome(d, verdict, now, now) for d in claimed.deliveries])
     return [d.job_id for d in claimed.deliveries]
@@ -113,7 +113,7 @@ def test_chain_queue_then_http(store: Store) -> None:
     (run_c,) = runs_of(store, c)
     assert run_c["scheduled_at"] == at and run_c["status"] == RunStatus.dispatched.value
     (row,) = outbox_of(store, c)
-    assert row["target_type"] == HTTP
+    assert row["target_type"] == TargetType.http.value
     # the HTTP success settles through the outbox and is recorded, with nothing further
     assert settle_http(store) == [c]
     assert run_row(store, c, at)["status"] == RunStatus.succeeded.value
@@ -472,3 +472,59 @@ def test_kill_9_while_settling_records_neither(pg_url: str) -> None:
         assert len(runs_of(store, b)) == 1
     finally:
         store.close()
+
+
+def test_update_sets_after_and_refuses_a_cycle_naming_it(store: Store) -> None:
+    scheduler = Scheduler(store)
+    tenant = "tenant-acme"
+    a, b = queue_job(store), queue_job(store)
+    job = scheduler.update_job(b, {"after": [a]}, tenant, actor="t")
+    assert isinstance(job.schedule, AfterSchedule) and job.next_run_at is None
+    assert job.status is JobStatus.active
+    assert scheduler.job_dependencies(b, tenant)["upstream"][0]["job_id"] == a
+    before = scheduler.get_job(a, tenant)
+    refused: list[tuple[dict[str, Any], type[errors.SchedError], str]] = [
+        ({"after": [b]}, errors.ValidationError, "after"),  # a -> b -> a
+        ({"after": [a]}, errors.ValidationError, "after"),  # a after itself
+        ({"after": ["missing"]}, errors.NotFound, "after"),
+        ({"after": [b], "schedule": {"delay": "PT1M"}}, errors.ValidationError, "after"),
+    ]
+    for body, error, field in refused:
+        with pytest.raises(error) as caught:
+            scheduler.update_job(a, body, tenant, actor="t")
+        assert caught.value.field == field
+    # nothing written: same version, same schedule, no upstreams
+    assert scheduler.get_job(a, tenant) == before
+    assert scheduler.job_dependencies(a, tenant)["upstream"] == []
+    # a dependent job's runs come from its upstreams: no schedule of its own by update either
+    with pytest.raises(errors.ValidationError) as caught:
+        scheduler.update_job(b, {"schedule": {"delay": "PT1M"}}, tenant, actor="t")
+    assert caught.value.field == "schedule"
+    # new upstreams replace the old ones, and the new one's success creates the run
+    c = queue_job(store)
+    scheduler.update_job(b, {"after": [c]}, tenant, actor="t")
+    assert [n["job_id"] for n in scheduler.job_dependencies(b, tenant)["upstream"]] == [c]
+    at = trigger(store, c)
+    assert run_queue(store) == [c]
+    assert run_row(store, b, at)["status"] == RunStatus.dispatched.value
+
+
+def test_a_deleted_upstream_behaves_like_a_cancelled_one(store: Store) -> None:
+    scheduler = Scheduler(store)
+    tenant = "tenant-acme"
+    a, b = queue_job(store), queue_job(store)
+    after(store, b, a)
+    at = trigger(store, a)
+    QueueRepo(store).move_outbox()  # a's run waits in the queue when a is deleted
+    name = scheduler.get_job(a, tenant).name
+    scheduler.delete_job(a, tenant, actor="t")
+    assert run_queue(store) == []  # not run: skipped as for a cancelled job
+    assert run_row(store, a, at)["status"] == RunStatus.skipped.value
+    skipped = run_row(store, b, at)
+    assert skipped["status"] == RunStatus.skipped.value and a in skipped["error"]
+    # and a deleted job is no upstream, by id or by name
+    target = {"type": "queue", "name": "q"}
+    for ref in (a, name):
+        with pytest.raises(errors.NotFound) as caught:
+            scheduler.create_job(tenant, {"after": [ref], "target": target}, actor="t")
+        assert caught.value.field == "after"

@@ -17,9 +17,8 @@ from typer.testing import CliRunner
 
 from schedctl import errors
 from schedctl.cli.app import app as cli_app
-from schedctl.delivery.limits import Lane
 from schedctl.leasing import Beat
-from schedctl.models import JobStatus, RunStatus
+from schedctl.models import JobStatus, Lane, RunStatus, TargetType
 from schedctl.scheduling.cron import CronSchedule
 from schedctl.scheduling.schedules import IntervalSchedule
 from schedctl.service import Scheduler
@@ -287,7 +286,7 @@ def test_an_http_run_claimed_before_the_update_is_sent_with_the_old_payload(
         "acme",
         actor=ACTOR,
     )
-    lane = Lane(sched.get_tenant("acme").tenant_id, "http")
+    lane = Lane(sched.get_tenant("acme").tenant_id, TargetType.http)
     (delivery,) = OutboxRepo(sched.store).claim({lane: 10}, "relay", 30).deliveries
     assert delivery.target == "https://hooks.invalid/run"
     assert decode_payload(delivery.stored_payload) == {"v": 1}

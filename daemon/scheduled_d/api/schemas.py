@@ -375,8 +375,9 @@ class DependenciesOut(BaseModel):
     downstream: list[DependencyNode] = Field(description="The jobs that run after this job.")
 
 
-# PATCH /v1/jobs/{id}: any of the create body's fields but start, end and idempotency_key;
-# a schedule with only a timezone keeps the job's cron expression
+# PATCH /v1/jobs/{id}: any of the create body's fields but start, end and idempotency_key
+# (and alerts: they have their own route, PUT /v1/jobs/{id}/alerts); a schedule with only
+# a timezone keeps the job's cron expression; `after` gives a dependent job new upstreams
 JOB_UPDATE_SCHEMA: dict[str, Any] = {
     "type": "object",
     "minProperties": 1,
@@ -385,7 +386,7 @@ JOB_UPDATE_SCHEMA: dict[str, Any] = {
         **{
             key: value
             for key, value in JOB_REQUEST_SCHEMA["properties"].items()
-            if key not in {"start", "end", "idempotency_key"}
+            if key not in {"start", "end", "idempotency_key", "alerts"}
         },
         "schedule": {
             "anyOf": [
