@@ -462,3 +462,25 @@ def test_api_update_delete_and_the_cli_through_it(sched: Scheduler, api: tuple[s
     other = session.post(url + "/v1/jobs", json={**body, "idempotency_key": "k2"}, timeout=30)
     gone = session.delete(f"{url}/v1/jobs/{other.json()['job_id']}", timeout=30)
     assert gone.status_code == 204 and gone.content == b""
+
+
+def test_update_and_delete_take_a_name_or_prefix_and_renames_stay_unique(
+    sched: Scheduler,
+) -> None:
+    first = new_job(sched, name="nightly")
+    second = new_job(sched, name="weekly")
+    # by name, and by an id prefix
+    assert sched.update_job("nightly", {"timeout": "5m"}, "acme", actor=ACTOR).job_id == first
+    assert sched.update_job(second[:12], {"timeout": "5m"}, "acme", actor=ACTOR).job_id == second
+    before = sched.get_job(second, "acme")
+    with pytest.raises(errors.Conflict) as caught:
+        sched.update_job(second, {"name": "nightly"}, "acme", actor=ACTOR)
+    assert caught.value.field == "name"
+    assert sched.get_job(second, "acme") == before  # nothing written
+    # renaming a job to its own name is no conflict
+    sched.update_job(second, {"name": "weekly"}, "acme", actor=ACTOR)
+    sched.delete_job("nightly", "acme", actor=ACTOR)
+    with pytest.raises(errors.NotFound):
+        sched.get_job("nightly", "acme")
+    # a deleted job's name is free again
+    assert sched.update_job(second, {"name": "nightly"}, "acme", actor=ACTOR).name == "nightly"
