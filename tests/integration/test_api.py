@@ -881,3 +881,16 @@ def test_create_with_after(acme: Api, other: Api) -> None:
     assert [n["job_id"] for n in graph["downstream"]] == [job["job_id"]]
     hidden = other.request("GET", f"/v1/jobs/{upstream['job_id']}/dependencies")
     assert_error(hidden, 404, "not_found")
+
+
+def test_patch_after_and_a_cycle_refused_naming_after(acme: Api) -> None:
+    upstream = acme.new_job(job_body(name="extract"))
+    job = acme.new_job(job_body(name="load"))
+    path = f"/v1/jobs/{job['job_id']}"
+    patched = acme.request("PATCH", path, json={"after": ["extract"]})
+    assert patched.status_code == 200, patched.text
+    assert patched.json()["schedule"] == {"kind": "after"} and patched.json()["next_run_at"] is None
+    cycle = acme.request("PATCH", f"/v1/jobs/{upstream['job_id']}", json={"after": ["load"]})
+    assert assert_error(cycle, 422, "invalid")["field"] == "after"
+    graph = acme.request("GET", f"/v1/jobs/{upstream['job_id']}/dependencies").json()
+    assert graph["upstream"] == [] and [n["job_id"] for n in graph["downstream"]] == [job["job_id"]]
