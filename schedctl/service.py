@@ -18,7 +18,6 @@ from typing import Any
 
 from schedctl import errors
 from schedctl.alerts.model import AlertConfig, parse_alerts
-from schedctl.delivery.ssrf import check_at_creation
 from schedctl.jobpatch import JobPatch, parse_job_patch
 from schedctl.jobspec import parse_job_request, parse_schedule
 from schedctl.limits import DEFAULT_MAX_PAYLOAD_BYTES
@@ -407,6 +406,9 @@ class Scheduler:
         if patch.target is not None and patch.target.url is not None:
             # the SSRF guard resolves names: before the transaction, never holding the lock
             owner = found if found is not None else self.tenants.get(job.tenant_id)
+            # the SSRF guard loads requests: only an update to an HTTP target needs it
+            from schedctl.delivery.ssrf import check_at_creation
+
             check_at_creation(patch.target.url, owner.allow_list)
 
         def parse(current: Job, now: datetime) -> JobPatch:
