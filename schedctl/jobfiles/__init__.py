@@ -5,6 +5,8 @@ load_file(PATH) / parse_text(TEXT, PATH) -> JobFile
 Job.job_body(queue)             the REST / `job create` body: schedule, limits and the
                                 reference (file, name) as payload -- never the command
 render(jobs) -> TOML text       what import-crontab writes (loads back through load_*)
+placement                       central name and queue of a job per host (NAME@HOST, host:H,
+                                group:G), and the queues a host's worker serves
 """
 
 from __future__ import annotations
