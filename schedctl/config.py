@@ -39,6 +39,19 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RUN_VARIABLES = frozenset(
     {"SCHED_JOB_ID", "SCHED_SCHEDULED_AT", "SCHED_ATTEMPT", "SCHED_IDEMPOTENCY_KEY"}
 )
+# every key the [host] table may hold (the host worker: job files, issue 11)
+HOST_KEYS = (
+    "name",
+    "groups",
+    "jobs_dir",
+    "tenant",
+    "concurrency",
+    "output_bytes",
+    "rescan_seconds",
+)
+MAX_HOST_OUTPUT_BYTES = 1024 * 1024
+MAX_RESCAN_SECONDS = 86_400.0
+_GROUP = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", re.ASCII)
 
 
 def default_database_url() -> str:
@@ -57,6 +70,19 @@ class WorkerConfig:
     tenant: str | None = None  # name or id; may be left out while one tenant exists
     # run with an alert's JSON on stdin for each command alert of this queue's jobs
     alert_command: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    """The [host] table: this host's identity and its worker for job files."""
+
+    name: str = field(default_factory=lambda: os.uname().nodename)
+    groups: tuple[str, ...] = ()
+    jobs_dir: str = "/etc/scheduled/jobs.d"
+    tenant: str | None = None  # name or id; may be left out while one tenant exists
+    concurrency: int = 4  # commands at once, per queue served
+    output_bytes: int = 65536  # of each run's output kept in the run history
+    rescan_seconds: float = 10.0  # how often the job files are checked for changes
 
 
 @dataclass(frozen=True)
@@ -86,6 +112,7 @@ class Config:
     log_level: str = "INFO"  # SCHEDULED_LOG_LEVEL; re-read on SIGHUP
     log_format: str = "text"  # text | json; SCHEDULED_LOG_FORMAT, --log-format
     workers: tuple[WorkerConfig, ...] = ()
+    host: HostConfig | None = None  # [host]: the job-file worker of this host
     # e-mail alerts: the SMTP server (unset smtp_host: e-mail alerts wait, retried, and the
     # relay logs why), its port, the From address, STARTTLS, and a file holding
     # "user:password" for AUTH (never the secret itself in the configuration)
@@ -300,6 +327,101 @@ def _file_workers(raw: Any, origin: str, text: str) -> tuple[WorkerConfig, ...]:
     return tuple(result)
 
 
+def _host_line(text: str, key: str | None) -> int | None:
+    """The line of `key` in the [host] table of `text` (of its header without a key, or when
+    the key is not found)."""
+    header_line = None
+    for number, line in enumerate(text.splitlines(), 1):
+        header = _HEADER.match(line)
+        if header:
+            if header_line is not None:
+                break
+            if header.group(1) == "[" and header.group(2).strip() == "host":
+                header_line = number
+            continue
+        found = _KEY.match(line)
+        if header_line is not None and key and found and found.group(1) == key:
+            return number
+    return header_line
+
+
+def _file_host(raw: Any, origin: str, text: str) -> HostConfig:
+    """The [host] table, key by key; an error is "host.KEY: FILE:LINE: problem"."""
+
+    def refuse(key: str | None, problem: str) -> errors.ConfigError:
+        line = _host_line(text, key)
+        where = f"{origin}:{line}" if line else origin
+        name = f"host.{key}" if key else "host"
+        return errors.ConfigError(f"{where}: {problem}", field=name)
+
+    if not isinstance(raw, dict):
+        raise refuse(None, "must be a [host] table")
+    for key in raw:
+        if key not in HOST_KEYS:
+            raise refuse(key, _unknown(key, HOST_KEYS))
+    values: dict[str, Any] = {}
+    if "name" in raw:
+        from schedctl.jobfiles.placement import HOST_NAME  # here: jobfiles imports config
+
+        name = raw["name"]
+        if not isinstance(name, str) or not HOST_NAME.fullmatch(name):
+            raise refuse(
+                "name",
+                "must be 1-63 letters, digits and . _ - starting with a letter or digit, "
+                f"got {limits.describe(name)}",
+            )
+        values["name"] = name
+    if "groups" in raw:
+        groups = raw["groups"]
+        if not isinstance(groups, list) or not all(
+            isinstance(g, str) and _GROUP.fullmatch(g) for g in groups
+        ):
+            raise refuse(
+                "groups",
+                "must be a list of group names (1-63 letters, digits and . _ - starting "
+                f"with a letter or digit), got {limits.describe(groups)}",
+            )
+        values["groups"] = tuple(dict.fromkeys(groups))
+    if "jobs_dir" in raw:
+        jobs_dir = raw["jobs_dir"]
+        if not isinstance(jobs_dir, str) or not jobs_dir.startswith("/") or "\0" in jobs_dir:
+            raise refuse(
+                "jobs_dir", f"must be an absolute directory path, got {limits.describe(jobs_dir)}"
+            )
+        values["jobs_dir"] = os.path.normpath(jobs_dir)
+    if "tenant" in raw:
+        tenant = raw["tenant"]
+        if not isinstance(tenant, str) or not tenant:
+            raise refuse("tenant", "must be a tenant name or id")
+        values["tenant"] = tenant
+    bounds: dict[str, tuple[float, float]] = {
+        "concurrency": (1, MAX_WORKER_CONCURRENCY),
+        "output_bytes": (0, MAX_HOST_OUTPUT_BYTES),
+    }
+    for key, (low, high) in bounds.items():
+        if key in raw:
+            value = raw[key]
+            if not limits.is_int(value) or not low <= value <= high:
+                raise refuse(
+                    key, f"must be an integer from {low} to {high}, got {limits.describe(value)}"
+                )
+            values[key] = value
+    if "rescan_seconds" in raw:
+        value = raw["rescan_seconds"]
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not 0 < value <= MAX_RESCAN_SECONDS
+        ):
+            raise refuse(
+                "rescan_seconds",
+                f"must be a number of seconds above 0, at most {MAX_RESCAN_SECONDS:.0f}, "
+                f"got {limits.describe(value)}",
+            )
+        values["rescan_seconds"] = float(value)
+    return HostConfig(**values)
+
+
 def command_env(
     raw: Mapping[Any, Any], where: str, origin: str | None = None
 ) -> tuple[tuple[str, str], ...]:
@@ -443,9 +565,14 @@ def load_config(
             if key == "worker":
                 values["workers"] = _file_workers(value, origin, text)
                 continue
+            if key == "host":
+                values["host"] = _file_host(value, origin, text)
+                continue
             try:
                 if key not in _SCALARS:
-                    raise errors.ConfigError(_unknown(key, [*_SCALARS, "worker"]), field=key)
+                    raise errors.ConfigError(
+                        _unknown(key, [*_SCALARS, "worker", "host"]), field=key
+                    )
                 if not _file_type_ok(key, value):
                     expected = _SCALARS[key].__name__
                     raise errors.ConfigError(f"expected {expected}, got {value!r}", field=key)

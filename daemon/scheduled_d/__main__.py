@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from schedctl import __version__, errors, limits
-from schedctl.config import Config, WorkerConfig, command_env, load_config
+from schedctl.config import Config, HostConfig, WorkerConfig, command_env, load_config
 from scheduled_d import logsetup, sdnotify
 from scheduled_d.checks import check_bind
 from scheduled_d.signals import handle_sighup, set_reload_hook
@@ -230,7 +230,15 @@ def api(
 
 @app.command(context_settings={"allow_interspersed_args": False})
 def worker(
-    queue: Annotated[str, typer.Option("--queue", "-q", help="The built-in queue to consume.")],
+    queue: Annotated[
+        str | None,
+        typer.Option(
+            "--queue",
+            "-q",
+            help="The built-in queue to consume. Without one: the host worker (--jobs-dir, "
+            "or the configuration's [host] table).",
+        ),
+    ] = None,
     command: Annotated[
         list[str] | None,
         typer.Argument(
@@ -298,12 +306,62 @@ def worker(
             help="With --api: a file holding the tenant's API token (else SCHEDULED_API_TOKEN).",
         ),
     ] = None,
+    jobs_dir: Annotated[
+        str | None,
+        typer.Option(
+            "--jobs-dir",
+            help="Host worker: run the jobs of this directory's job files (default: [host] "
+            "jobs_dir), from this host's queue and its groups' queues.",
+        ),
+    ] = None,
+    host: Annotated[
+        str | None,
+        typer.Option("--host", help="Host worker: this host's name (default: [host] name)."),
+    ] = None,
+    group: Annotated[
+        list[str] | None,
+        typer.Option("--group", help="Host worker: a host group this host serves (repeatable)."),
+    ] = None,
     db: DbOption = None,
     config_path: ConfigOption = None,
     log_format: LogFormatOption = None,
 ) -> None:
     """Run COMMAND once per message of the tenant's QUEUE (payload JSON on stdin, SCHED_* in
-    the environment)."""
+    the environment); without --queue, the host worker: the commands of this host's job
+    files, for the runs of its queues."""
+    host_flags = jobs_dir is not None or host is not None or bool(group)
+    if queue is None or host_flags:
+        try:
+            if queue is not None:
+                raise errors.ConfigError(
+                    "--queue and --jobs-dir/--host/--group exclude each other", field="queue"
+                )
+            if api_url is not None or token_file is not None:
+                raise errors.ConfigError(
+                    "the host worker leases through the database: --api needs --queue",
+                    field="api",
+                )
+            if command or env:
+                raise errors.ConfigError(
+                    "the host worker runs the commands of its job files: no command or "
+                    "--env (set them in the job files)",
+                    field="command",
+                )
+            config = _config(config_path, db, log_format)
+            host_config = _host_config(config, jobs_dir, host, group, tenant, concurrency)
+            _preflight(config)
+            from scheduled_d.host_worker import run_host_worker
+
+            store = _open_store(config, upgrade=False)
+            try:
+                run_host_worker(
+                    store, host_config, lease_seconds=lease_seconds or 30.0, max_runs=max_runs
+                )
+            finally:
+                store.close()
+        except errors.SchedError as error:
+            _fail(error)
+        return
     if api_url is not None:
         try:
             command_vars = _env_flags(env or [])
@@ -356,6 +414,40 @@ def worker(
             store.close()
     except errors.SchedError as error:
         _fail(error)
+
+
+def _host_config(
+    config: Config,
+    jobs_dir: str | None,
+    host: str | None,
+    groups: list[str] | None,
+    tenant: str | None,
+    concurrency: int | None,
+) -> HostConfig:
+    """The [host] table with the flags over it; no table and no flag: an error."""
+    if config.host is None and jobs_dir is None and host is None and not groups:
+        raise errors.ConfigError(
+            f"give --queue Q (and a command), or run the host worker: --jobs-dir DIR or a "
+            f"[host] table in the configuration ({config.source})",
+            field="queue",
+        )
+    from schedctl.jobfiles.placement import check_host
+
+    base = config.host or HostConfig()
+    changes: dict[str, Any] = {}
+    if jobs_dir is not None:
+        changes["jobs_dir"] = os.path.abspath(jobs_dir)
+    if host is not None:
+        changes["name"] = check_host(host, "--host")
+    if groups:
+        for name in groups:
+            check_host(name, "--group")  # the same shape as a host name
+        changes["groups"] = tuple(dict.fromkeys(groups))
+    if tenant is not None:
+        changes["tenant"] = tenant
+    if concurrency is not None:
+        changes["concurrency"] = concurrency
+    return dataclasses.replace(base, **changes)
 
 
 def _worker_spec(config: Config, queue: str) -> WorkerConfig:

@@ -95,8 +95,17 @@ def check_configuration(file: str | None, *, bind: bool = True) -> str:
                 error = errors.ConfigError(_at(path, text, field, problem + hint))
                 error.field = field
                 raise error from exc
+    jobs = ""
+    if config.host is not None:
+        # as the host worker loads them (permissions, then every file validated together);
+        # a JobFilesError names FILE:LINE and the key of each problem
+        from schedctl.jobfiles.host import check_dir
+
+        files = check_dir(config.host.jobs_dir)
+        count = sum(len(f.jobs) for f in files)
+        jobs = f", [host] {config.host.name}: {len(files)} job file(s), {count} job(s)"
     where = path or "no configuration file (defaults and environment)"
-    return f"{where}: ok ({len(config.workers)} [[worker]] table(s))"
+    return f"{where}: ok ({len(config.workers)} [[worker]] table(s){jobs})"
 
 
 def _check_database_url(config: Config, path: Path | None, text: str) -> None:

@@ -169,6 +169,17 @@ def _run_all(
         worker_threads.append(
             supervisor.start(f"worker-{spec.queue}", run_worker_once, worker_stop)
         )
+    if config.host is not None:
+        # the [host] table: this host's job-file worker (one object: @reboot jobs run once
+        # per process, not once per supervised restart)
+        from scheduled_d.host_worker import HostWorker
+
+        host_worker = HostWorker(store, config.host)
+        worker_threads.append(
+            supervisor.start(
+                "host-worker", lambda: host_worker.run(worker_stop, force=force), worker_stop
+            )
+        )
     export_queue_depths(QueueRepo(store).stats)
     export_last_success(partial(last_successes, store))
     _serve_metrics(config, supervisor, metrics_stop)

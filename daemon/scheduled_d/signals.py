@@ -17,6 +17,9 @@ from types import FrameType
 log = logging.getLogger(__name__)
 
 _reload_hook: Callable[[], None] | None = None
+# also called on SIGHUP, after the hook: components that reload on their own (the host
+# worker's job files)
+_listeners: list[Callable[[], None]] = []
 
 
 def set_reload_hook(hook: Callable[[], None] | None) -> None:
@@ -25,15 +28,24 @@ def set_reload_hook(hook: Callable[[], None] | None) -> None:
     _reload_hook = hook
 
 
+def add_reload_listener(listener: Callable[[], None]) -> Callable[[], None]:
+    """Call `listener` on each SIGHUP (after the reload hook); returns its remover."""
+    _listeners.append(listener)
+    return lambda: _listeners.remove(listener) if listener in _listeners else None
+
+
 def _reload() -> None:
     hook = _reload_hook
-    if hook is None:
+    if hook is None and not _listeners:
         log.info("received SIGHUP: nothing to reload")
         return
-    try:
-        hook()
-    except Exception:  # a failed reload keeps the daemon running on its current settings
-        log.exception("reload on SIGHUP failed; the current settings stay")
+    for each in [hook, *_listeners]:
+        if each is None:
+            continue
+        try:
+            each()
+        except Exception:  # a failed reload keeps the daemon running on its current settings
+            log.exception("reload on SIGHUP failed; the current settings stay")
 
 
 def handle_sighup(_signum: int = signal.SIGHUP, _frame: FrameType | None = None) -> None:

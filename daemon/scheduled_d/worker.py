@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -84,6 +84,22 @@ class _Outcome:
     cancelled: bool = False  # the job was cancelled while the command ran
 
 
+@dataclass(frozen=True)
+class RunSpec:
+    """What one run executes, when a Worker's `resolve` decides it per run (the host worker:
+    from its own job files): argv, stdin bytes, variables over the clean base, the account
+    (user/group/extra_groups as subprocess takes them; None: the worker's own) and the
+    working directory (None: the worker's)."""
+
+    argv: Sequence[str]
+    stdin: bytes = b""
+    env: Mapping[str, str] = field(default_factory=dict)
+    user: int | None = None
+    group: int | None = None
+    extra_groups: Sequence[int] | None = None
+    workdir: str | None = None
+
+
 class Worker:
     """Runs `command` once per message of `queue`, up to `concurrency` at a time.
 
@@ -106,6 +122,8 @@ class Worker:
     - env: variables added to the command's environment ([worker.env], --env); the rest of
       it is PATH, LANG, TZ and HOME of the worker and the SCHED_* run variables, nothing
       else of the worker's own environment.
+    - resolve: instead of `command`, what each run executes (RunSpec), decided when it
+      starts; a SchedError it raises fails the attempt with its message, running nothing.
     """
 
     def __init__(
@@ -125,8 +143,9 @@ class Worker:
         env: Mapping[str, str] | None = None,
         tenant: str | None = None,
         alert_command: Sequence[str] = (),
+        resolve: Callable[[Lease], RunSpec] | None = None,
     ) -> None:
-        if not command:
+        if not command and resolve is None:
             raise errors.ConfigError("the worker needs a command to run", field="command")
         if concurrency < 1:
             raise errors.ConfigError("must be at least 1", field="concurrency")
@@ -163,6 +182,7 @@ class Worker:
         self.store_errors = 0  # backend calls of the lease loop that found it unavailable
         # the host's alert command (OnFailure=-like), run for this queue's command alerts
         self.alert_command = list(alert_command)
+        self.resolve = resolve
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -198,7 +218,7 @@ class Worker:
             self.tenant_id or "of the API token",
             self.queue,
             self.concurrency,
-            self.command[0],
+            self.command[0] if self.command else "of the job files",
         )
         try:
             while not stop.is_set() and not self._force.is_set():
@@ -315,11 +335,12 @@ class Worker:
                 self._active.discard(threading.current_thread())
             self._slot_freed.set()
 
-    def _environment(self, lease: Lease) -> dict[str, str]:
+    def _environment(self, lease: Lease, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         """Built, not inherited: a few harmless variables of the worker, then the configured
-        ones, then the run's own."""
+        ones (and the run's RunSpec's), then the run's own."""
         env = {name: os.environ[name] for name in INHERITED_VARIABLES if name in os.environ}
         env.update(self.env)
+        env.update(extra or {})
         env.update(
             SCHED_JOB_ID=lease.job_id,
             SCHED_SCHEDULED_AT=format_instant(lease.scheduled_at),
@@ -336,16 +357,31 @@ class Worker:
             lease.job_id,
         )
         started_at = datetime.now(UTC)
+        spec = RunSpec(self.command, json.dumps(lease.payload).encode())
+        if self.resolve is not None:
+            try:
+                spec = self.resolve(lease)
+            except errors.SchedError as exc:
+                log.warning("run %s attempt %d: not run: %s", lease.idempotency_key,
+                            lease.attempt, exc)  # fmt: skip
+                self._settle_failure(
+                    lease, error=str(exc), exit_code=None, output_tail=None, started_at=started_at
+                )
+                return
         try:
             process = subprocess.Popen(
-                self.command,
+                spec.argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 # its own process group: a timeout or lost lease kills the command and
                 # everything it started, and the worker's own signals do not reach it
                 start_new_session=True,
-                env=self._environment(lease),
+                env=self._environment(lease, spec.env),
+                cwd=spec.workdir,
+                user=spec.user,
+                group=spec.group,
+                extra_groups=spec.extra_groups,
             )
         except OSError as exc:
             self._settle_failure(
@@ -357,9 +393,7 @@ class Worker:
             )
             return
         stdout, stderr = TailBuffer(self.output_tail_bytes), TailBuffer(self.output_tail_bytes)
-        outcome = self._supervise(
-            lease, process, json.dumps(lease.payload).encode(), stdout, stderr
-        )
+        outcome = self._supervise(lease, process, spec.stdin, stdout, stderr)
         finished_at = datetime.now(UTC)
         tail = _combine_tails(stdout.text(), stderr.text())
         if outcome.cancelled and not outcome.lease_lost:

@@ -1,0 +1,370 @@
+"""The host worker: serves this host's queues (its own and its groups', see
+schedctl.jobfiles.placement) with commands resolved per run from the host's own job files
+(schedctl.jobfiles.host), follows those files (SIGHUP and a periodic rescan) and runs the
+@reboot jobs once at each start.
+
+A run's payload only names a job ({job_file, job}); the command, user, group, environment,
+working directory and stdin come from the file as loaded when the run starts, so a run in
+flight keeps the command it started with while the files change under it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from schedctl import errors, jobspec
+from schedctl.config import HostConfig
+from schedctl.jobfiles.host import Changes, HostFiles, run_as
+from schedctl.jobfiles.model import Job
+from schedctl.jobfiles.placement import host_queues
+from schedctl.leasing import LeaseBackend
+from schedctl.leasing import LeasedRun as Lease
+from scheduled_d.signals import add_reload_listener
+from scheduled_d.worker import INHERITED_VARIABLES, DirectBackend, RunSpec, Worker
+
+if TYPE_CHECKING:
+    from schedctl.storage.store import Store
+
+log = logging.getLogger(__name__)
+
+# a boot job's output lines go to the daemon's log; longer lines are cut in pieces
+BOOT_LINE_BYTES = 4096
+BOOT_JOIN_SECONDS = 5.0
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def run_spec(job: Job, payload: Any) -> RunSpec:
+    """What running `job` executes: its argv, its stdin text (else the run's payload JSON),
+    its environment (over HOME, USER and LOGNAME of its user when it has one of its own),
+    its account and working directory. Raises a SchedError when its user cannot be used."""
+    account = run_as(job)
+    env: dict[str, str] = {}
+    if account is not None:
+        env.update(HOME=account.home, USER=account.user, LOGNAME=account.user)
+    env.update(job.env)
+    stdin = job.stdin.encode() if job.stdin is not None else json.dumps(payload).encode()
+    return RunSpec(
+        argv=job.argv(),
+        stdin=stdin,
+        env=env,
+        user=account.uid if account else None,
+        group=account.gid if account else None,
+        extra_groups=list(account.groups) if account else None,
+        workdir=job.workdir,
+    )
+
+
+def _timeout_seconds(job: Job) -> int:
+    """The job's timeout as the central job has it (0: none)."""
+    if "timeout" not in job.limits:
+        return 0
+    body = {
+        "schedule": {"every": 3600},
+        "target": {"type": "queue", "name": "boot"},
+        "timeout": job.limits["timeout"],
+    }
+    return jobspec.parse_job_request(body, now=_EPOCH).timeout_seconds
+
+
+class HostWorker:
+    """One Worker per queue of the host (each up to `host.concurrency` commands), all
+    resolving their runs through `resolve()` from the files of `host.jobs_dir`.
+
+    - store: the Store (or a LeaseBackend) to lease from, for the tenant `host.tenant`.
+    - reload(): rescan the files now (SIGHUP does it, and a rescan every
+      `host.rescan_seconds`).
+    """
+
+    def __init__(
+        self,
+        store: Store | LeaseBackend,
+        host: HostConfig,
+        *,
+        lease_seconds: float = 30.0,
+        heartbeat_seconds: float = 5.0,
+        poll_seconds: float = 0.5,
+    ) -> None:
+        self.store = store
+        self.host = host
+        self.files = HostFiles(Path(host.jobs_dir))
+        self.queues = host_queues(host.name, host.groups)
+        self.lease_seconds = lease_seconds
+        self.heartbeat_seconds = heartbeat_seconds
+        self.poll_seconds = poll_seconds
+        self._backend: LeaseBackend | None = store if isinstance(store, LeaseBackend) else None
+        self._rescan = threading.Event()
+        self._scan_lock = threading.Lock()
+        self._booted = False  # once per start of the process, not per supervised restart
+        self._boot_processes: set[subprocess.Popen[bytes]] = set()
+        self._boot_lock = threading.Lock()
+
+    # -- the files ---------------------------------------------------------------------------
+
+    def reload(self, why: str = "rescan") -> Changes:
+        with self._scan_lock:
+            changes = self.files.scan()
+        if changes.any or why != "rescan":
+            log.info(
+                "job files (%s): %d added, %d changed, %d removed, %d refused; %d job(s) loaded",
+                why,
+                len(changes.added),
+                len(changes.changed),
+                len(changes.removed),
+                len({p.path for p in changes.refused}),
+                len(self.files.jobs()),
+            )
+        return changes
+
+    def request_reload(self) -> None:
+        """SIGHUP: rescan now (in the rescan thread)."""
+        self._rescan.set()
+
+    def resolve(self, lease: Lease) -> RunSpec:
+        """The run's command from this host's files (see HostFiles.resolve)."""
+        job = self.files.resolve(lease.payload)
+        log.info("run %s: job %r of %s", lease.idempotency_key, job.name, job.path)
+        return run_spec(job, lease.payload)
+
+    def _follow(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            if self._rescan.wait(self.host.rescan_seconds):
+                self._rescan.clear()
+                if stop.is_set():
+                    return
+                self._reload_logged("SIGHUP")
+            else:
+                self._reload_logged("rescan")
+
+    def _reload_logged(self, why: str) -> None:
+        try:
+            self.reload(why)
+        except Exception:  # a scan that fails keeps the files loaded so far
+            log.exception("job files: the %s failed; the files loaded before stay", why)
+
+    # -- @reboot -----------------------------------------------------------------------------
+
+    def run_boot_jobs(self) -> list[threading.Thread]:
+        """Start this host's @reboot jobs, each in a thread of its own (once per process)."""
+        if self._booted:
+            return []
+        self._booted = True
+        threads = []
+        for job in self.files.boot_jobs(self.host.name, self.host.groups):
+            thread = threading.Thread(
+                target=self._boot, args=(job,), name=f"boot-{job.name}", daemon=True
+            )
+            thread.start()
+            threads.append(thread)
+        return threads
+
+    def _boot(self, job: Job) -> None:
+        try:
+            spec = run_spec(job, {"job_file": str(job.path), "job": job.name, "boot": True})
+            timeout = _timeout_seconds(job)
+        except errors.SchedError as exc:
+            log.error("boot job %r of %s: not run: %s", job.name, job.path, exc)
+            return
+        env = {n: os.environ[n] for n in INHERITED_VARIABLES if n in os.environ}
+        env.update(spec.env)
+        log.info("boot job %r of %s: starting", job.name, job.path)
+        try:
+            process = subprocess.Popen(
+                spec.argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env,
+                cwd=spec.workdir,
+                user=spec.user,
+                group=spec.group,
+                extra_groups=spec.extra_groups,
+            )
+        except OSError as exc:
+            log.error("boot job %r: cannot start the command: %s", job.name, exc)
+            return
+        with self._boot_lock:
+            self._boot_processes.add(process)
+        timer = None
+        if timeout > 0:
+            timer = threading.Timer(timeout, _kill_group, args=(process,))
+            timer.daemon = True
+            timer.start()
+        try:
+            self._boot_io(job, process, spec.stdin)
+            code = process.wait()
+        finally:
+            if timer is not None:
+                timer.cancel()
+            with self._boot_lock:
+                self._boot_processes.discard(process)
+        if code == 0:
+            log.info("boot job %r: succeeded", job.name)
+        else:
+            how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+            log.warning("boot job %r: failed: %s", job.name, how)
+
+    @staticmethod
+    def _boot_io(job: Job, process: subprocess.Popen[bytes], stdin: bytes) -> None:
+        assert process.stdin is not None and process.stdout is not None
+        writer = threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True)
+        writer.start()
+        # bounded: each readline at most BOOT_LINE_BYTES; ends at EOF (the group's last
+        # writer gone, or killed by the timeout)
+        for _ in iter(int, 1):
+            line = process.stdout.readline(BOOT_LINE_BYTES)
+            if not line:
+                break
+            text = line.decode("utf-8", errors="replace").rstrip("\n")
+            log.info("boot job %r: %s", job.name, text)
+        process.stdout.close()
+        writer.join(BOOT_JOIN_SECONDS)
+
+    def _kill_boot_jobs(self) -> None:
+        with self._boot_lock:
+            processes = list(self._boot_processes)
+        for process in processes:
+            _kill_group(process)
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def _make_backend(self) -> LeaseBackend:
+        if self._backend is None:
+            from schedctl.storage.store import Store
+
+            assert isinstance(self.store, Store)
+            self._backend = DirectBackend(self.store, self.host.tenant)
+        return self._backend
+
+    def run(
+        self,
+        stop: threading.Event,
+        *,
+        force: threading.Event | None = None,
+        max_runs: int | None = None,
+        idle_exit: bool = False,
+    ) -> int:
+        """Serve until `stop` (warm: runs in flight finish), or `force` (they are killed);
+        returns the runs taken. max_runs and idle_exit apply to each queue's Worker; when one
+        of them returns, the others finish what they run and return too."""
+        force = force if force is not None else threading.Event()
+        backend = self._make_backend()
+        self.reload("start")
+        boot_threads = self.run_boot_jobs()
+        inner_stop = threading.Event()
+        remove_listener = add_reload_listener(self.request_reload)
+        follower = threading.Thread(
+            target=self._follow, args=(inner_stop,), name="job-files", daemon=True
+        )
+        follower.start()
+        workers = [
+            Worker(
+                backend,
+                queue,
+                (),
+                concurrency=self.host.concurrency,
+                lease_seconds=self.lease_seconds,
+                heartbeat_seconds=self.heartbeat_seconds,
+                poll_seconds=self.poll_seconds,
+                output_tail_bytes=self.host.output_bytes,
+                resolve=self.resolve,
+            )
+            for queue in self.queues
+        ]
+        log.info(
+            "host worker %s: queues %s, job files %s",
+            self.host.name,
+            ", ".join(self.queues),
+            self.host.jobs_dir,
+        )
+        taken = [0] * len(workers)
+        failures: list[BaseException] = []
+
+        def serve(index: int) -> None:
+            try:
+                taken[index] = workers[index].run(
+                    worker_stop, max_runs=max_runs, idle_exit=idle_exit, force=force
+                )
+            except BaseException as exc:  # re-raised in the caller's thread below
+                failures.append(exc)
+
+        worker_stop = threading.Event()
+        threads = [
+            threading.Thread(target=serve, args=(i,), name=f"host-{q}", daemon=True)
+            for i, q in enumerate(self.queues)
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            while any(t.is_alive() for t in threads):
+                if stop.is_set() or not all(t.is_alive() for t in threads):
+                    worker_stop.set()
+                for thread in threads:
+                    thread.join(0.25)
+        finally:
+            inner_stop.set()
+            self._rescan.set()
+            remove_listener()
+            follower.join(BOOT_JOIN_SECONDS)
+            if force.is_set():
+                self._kill_boot_jobs()
+            for thread in boot_threads:
+                thread.join(0 if force.is_set() else BOOT_JOIN_SECONDS)
+        if failures:
+            raise failures[0]
+        return sum(taken)
+
+
+def _feed(stream: Any, data: bytes) -> None:
+    try:
+        if data:
+            stream.write(data)
+    except OSError:
+        pass  # the command does not read stdin: that is its right
+    finally:
+        try:
+            stream.close()
+        except OSError:
+            pass
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_host_worker(
+    store: Store,
+    host: HostConfig,
+    *,
+    lease_seconds: float = 30.0,
+    max_runs: int | None = None,
+) -> None:
+    """`scheduled-d worker` with a [host] table or --jobs-dir: the host worker in this
+    process until SIGTERM/SIGINT (a second one kills the commands in flight)."""
+    from scheduled_d import sdnotify
+    from scheduled_d.signals import stop_on_signals
+    from scheduled_d.supervise import run_inline
+
+    with stop_on_signals() as (stop, force):
+        host_worker = HostWorker(
+            store, host, lease_seconds=lease_seconds, heartbeat_seconds=min(5.0, lease_seconds / 3)
+        )
+        sdnotify.announce(
+            f"host worker {host.name}: {', '.join(host_worker.queues)}", lambda: True, stop
+        )
+        run_inline(
+            f"host-worker-{host.name}",
+            lambda: host_worker.run(stop, force=force, max_runs=max_runs),
+            stop,
+        )
