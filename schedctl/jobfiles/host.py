@@ -280,13 +280,15 @@ class Account:
     home: str
 
 
-def run_as(job: Job) -> Account | None:
-    """The account of `job`'s user/group, or None when that is the worker's own. Raises
-    NotFound for an unknown user or group, ConfigError when the job needs another user
-    and the worker does not run as root (only root can switch)."""
+def run_as(job: Job, *, euid: int | None = None, egid: int | None = None) -> Account | None:
+    """The account of `job`'s user/group, or None when that is the worker's own (`euid`,
+    `egid`: default this process's). Raises NotFound for an unknown user or group,
+    ConfigError when the job needs another user and the worker does not run as root (only
+    root can switch)."""
     if job.user is None and job.group is None:
         return None
-    euid, egid = os.geteuid(), os.getegid()
+    euid = os.geteuid() if euid is None else euid
+    egid = os.getegid() if egid is None else egid
     try:
         entry = pwd.getpwnam(job.user) if job.user else pwd.getpwuid(euid)
     except KeyError:

@@ -1,0 +1,321 @@
+"""The host worker with real subprocesses, a real database and real `scheduled-d worker`
+processes: a run names a job ({job_file, job}) and the command, user, group, workdir and
+environment come from the host's own files; a payload naming anything else fails the run
+without running anything; changed files are followed on SIGHUP and by the periodic rescan
+while a run in flight keeps the command it started with; @reboot jobs run once per start."""
+
+from __future__ import annotations
+
+import grp
+import json
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from schedctl.config import HostConfig
+from schedctl.storage.store import Store
+from scheduled_d import signals
+from scheduled_d.host_worker import HostWorker
+from tests.factories import make_tenant
+from tests.integration.queue_support import queued_run, run_row, wait_for
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs jobs as other users: root")
+BIN = Path(sys.executable).parent
+HOST = "h1"
+QUEUE = f"host:{HOST}"
+
+
+@pytest.fixture
+def store(store: Store) -> Store:
+    make_tenant(store)
+    return store
+
+
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    """A directory every user can write (the job's outputs, as nobody too)."""
+    path = Path(tempfile.mkdtemp(prefix="hostworker-", dir="/tmp"))
+    path.chmod(0o777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def jobs_dir(tmp_path: Path) -> Path:
+    directory = tmp_path / "jobs.d"
+    directory.mkdir()
+    directory.chmod(0o755)
+    return directory
+
+
+def job_file(directory: Path, name: str, body: str) -> Path:
+    path = directory / f"{name}.toml"
+    path.write_text(body)
+    path.chmod(0o644)
+    return path
+
+
+def shell_job(name: str, line: str, extra: str = "") -> str:
+    head = f'[[job]]\nname = {json.dumps(name)}\ncron = "0 3 * * *"\n'
+    return f"{head}shell = {json.dumps(line)}\n{extra}"
+
+
+def ref(path: Path, name: str, **more: Any) -> dict[str, Any]:
+    return {"job_file": str(path), "job": name, "host": HOST, **more}
+
+
+def serve_until_idle(store: Store, directory: Path, **options: Any) -> int:
+    worker = HostWorker(
+        store,
+        HostConfig(name=HOST, jobs_dir=str(directory), **options),
+        lease_seconds=3.0,
+        heartbeat_seconds=0.5,
+        poll_seconds=0.1,
+    )
+    return worker.run(threading.Event(), idle_exit=True)
+
+
+def read_env(path: Path) -> dict[str, str]:
+    entries = [e for e in path.read_bytes().decode().split("\0") if e]
+    return dict(e.split("=", 1) for e in entries)
+
+
+def test_a_run_runs_the_command_of_the_host_s_file(
+    store: Store, tmp_path: Path, shared: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SCHEDULED_API_TOKEN", "sk-not-for-the-command")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-for-the-command")
+    directory = jobs_dir(tmp_path)
+    out = shared / "out"
+    path = job_file(
+        directory,
+        "dump",
+        "[[job]]\n"
+        'name = "dump"\n'
+        'cron = "0 3 * * *"\n'
+        f'command = ["/bin/sh", "-c", "env -0 > {out}.env; cat > {out}.stdin; pwd > {out}.pwd"]\n'
+        f'workdir = "{shared}"\n'
+        '[job.env]\nGREETING = "hello"\nPATH = "/usr/bin:/bin"\n',
+    )
+    payload = ref(path, "dump", digest="abc")
+    job, at = queued_run(store, queue=QUEUE, payload=payload, max_attempts=1)
+    assert serve_until_idle(store, directory) == 1
+    assert run_row(store, job, at)["status"] == "succeeded"
+    env = read_env(Path(f"{out}.env"))
+    assert (env["GREETING"], env["PATH"]) == ("hello", "/usr/bin:/bin")  # over the base
+    assert env["SCHED_JOB_ID"] == job
+    assert not [n for n in env if n.startswith("SCHEDULED_")]
+    assert "AWS_SECRET_ACCESS_KEY" not in env
+    assert json.loads(Path(f"{out}.stdin").read_text()) == payload  # no stdin text: payload
+    assert Path(f"{out}.pwd").read_text().strip() == str(shared)
+
+
+def test_a_job_runs_as_its_user_and_group_with_its_stdin(
+    store: Store, tmp_path: Path, shared: Path
+) -> None:
+    directory = jobs_dir(tmp_path)
+    out = shared / "id"
+    path = job_file(
+        directory,
+        "who",
+        shell_job(
+            "who",
+            f'echo "$(id -u) $(id -g) $HOME $USER" > {out}; cat >> {out}',
+            'user = "nobody"\ngroup = "daemon"\nstdin = "from the file"\n',
+        ),
+    )
+    job, at = queued_run(store, queue=QUEUE, payload=ref(path, "who"), max_attempts=1)
+    serve_until_idle(store, directory)
+    assert run_row(store, job, at)["status"] == "succeeded"
+    nobody = pwd.getpwnam("nobody")
+    daemon_gid = grp.getgrnam("daemon").gr_gid
+    assert out.read_text().splitlines() == [
+        f"{nobody.pw_uid} {daemon_gid} {nobody.pw_dir} nobody",
+        "from the file",
+    ]
+    assert out.stat().st_uid == nobody.pw_uid
+
+
+def test_a_payload_naming_no_job_of_the_host_fails_and_runs_nothing(
+    store: Store, tmp_path: Path, shared: Path
+) -> None:
+    directory = jobs_dir(tmp_path)
+    marker = shared / "marker"
+    path = job_file(directory, "real", shell_job("real", f"touch {marker}"))
+    elsewhere = tmp_path / "evil.toml"
+    elsewhere.write_text(shell_job("real", f"touch {marker}"))
+    runs = [
+        queued_run(
+            store,
+            queue=QUEUE,
+            payload=ref(path, "other", command=["/bin/sh", "-c", f"touch {marker}"]),
+            max_attempts=1,
+        ),
+        queued_run(store, queue=QUEUE, payload=ref(elsewhere, "real"), max_attempts=1),
+        queued_run(store, queue=QUEUE, payload={"shell": f"touch {marker}"}, max_attempts=1),
+    ]
+    serve_until_idle(store, directory)
+    errors = []
+    for job, at in runs:
+        row = run_row(store, job, at)
+        assert row["status"] in ("failed", "dead"), row
+        errors.append(row["error"])
+    assert f"job 'other' of {path} is not defined on this host" in errors[0]
+    assert f"job 'real' of {elsewhere} is not defined on this host" in errors[1]
+    assert "names no job file and job" in errors[2]
+    assert not marker.exists()
+
+
+def test_a_reload_changes_new_runs_and_not_the_run_in_flight(
+    store: Store, tmp_path: Path, shared: Path
+) -> None:
+    directory = jobs_dir(tmp_path)
+    out, started, go = shared / "out", shared / "started", shared / "go"
+    wait_go = f"touch {started}; while [ ! -e {go} ]; do sleep 0.05; done"
+    path = job_file(directory, "step", shell_job("step", f"{wait_go}; echo v1 >> {out}"))
+    added = shared / "added"
+    worker = HostWorker(
+        store,
+        HostConfig(name=HOST, jobs_dir=str(directory), rescan_seconds=3600),
+        lease_seconds=3.0,
+        heartbeat_seconds=0.5,
+        poll_seconds=0.1,
+    )
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        # timeout bounds the command's wait, should the test fail before it creates `go`
+        first = queued_run(store, queue=QUEUE, payload=ref(path, "step"), timeout=120)
+        wait_for(started.exists, "the first run to start")
+        path.write_text(shell_job("step", f"echo v2 >> {out}"))
+        job_file(directory, "added", shell_job("added", f"touch {added}"))
+        signals.handle_sighup()  # what SIGHUP runs: the listeners, in a thread
+        wait_for(lambda: len(worker.files.jobs()) == 2, "the reload on SIGHUP")
+        second = queued_run(store, queue=QUEUE, payload=ref(path, "step"))
+        wait_for(lambda: out.exists(), "the second run")
+        assert out.read_text() == "v2\n"
+        third = queued_run(store, queue=QUEUE, payload=ref(directory / "added.toml", "added"))
+        wait_for(added.exists, "the run of the added file")
+        go.touch()
+        for job, at in (first, second, third):
+            wait_for(lambda j=job, a=at: run_row(store, j, a)["status"] == "succeeded", "runs")
+        assert out.read_text() == "v2\nv1\n"  # the run in flight kept its command
+        path.unlink()
+        signals.handle_sighup()
+        wait_for(lambda: len(worker.files.jobs()) == 1, "the removal on SIGHUP")
+        gone = queued_run(store, queue=QUEUE, payload=ref(path, "step"), max_attempts=1)
+        wait_for(lambda: run_row(store, *gone)["status"] in ("failed", "dead"), "the refusal")
+        assert "is not defined on this host" in run_row(store, *gone)["error"]
+    finally:
+        go.touch()
+        stop.set()
+        thread.join(60)
+    assert not thread.is_alive()
+
+
+def test_boot_jobs_run_once_per_start(store: Store, tmp_path: Path, shared: Path) -> None:
+    directory = jobs_dir(tmp_path)
+    booted = shared / "booted"
+    job_file(
+        directory,
+        "boot",
+        f'[[job]]\nname = "warm"\ncron = "@reboot"\nshell = "echo up >> {booted}"\n'
+        f'[[job]]\nname = "other-group"\ncron = "@reboot"\nshell = "echo no >> {booted}"\n'
+        'run_on = "host-group:db"\n',
+    )
+    worker = HostWorker(store, HostConfig(name=HOST, jobs_dir=str(directory)), poll_seconds=0.1)
+    for _ in range(2):  # a supervised restart of the same worker does not boot again
+        worker.run(threading.Event(), idle_exit=True)
+    wait_for(booted.exists, "the boot job")
+    HostWorker(store, HostConfig(name=HOST, jobs_dir=str(directory))).run(
+        threading.Event(), idle_exit=True
+    )
+    wait_for(lambda: booted.read_text().count("up") == 2, "the second start's boot job")
+    assert booted.read_text() == "up\nup\n"
+
+
+# -- the real daemon ---------------------------------------------------------------------------
+
+
+class Daemon:
+    """`scheduled-d worker --config FILE` as a child process, its log in a file."""
+
+    def __init__(self, config: Path, db_url: str, log: Path) -> None:
+        self.log = log
+        environ = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8"}
+        with log.open("ab") as sink:
+            self.process = subprocess.Popen(
+                [BIN / "scheduled-d", "worker", "--config", str(config), "--db", db_url],
+                env=environ,
+                stdout=sink,
+                stderr=sink,
+            )
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(60)
+
+
+@pytest.mark.parametrize("follow", ["sighup", "rescan"])
+def test_the_daemon_follows_its_files_and_boots_once_per_start(
+    sqlite_url: str, tmp_path: Path, shared: Path, follow: str
+) -> None:
+    store = Store.open(sqlite_url)
+    make_tenant(store)
+    directory = jobs_dir(tmp_path)
+    out, booted = shared / "out", shared / "booted"
+    path = job_file(directory, "step", shell_job("step", f"echo v1 >> {out}"))
+    job_file(
+        directory,
+        "boot",
+        f'[[job]]\nname = "warm"\ncron = "@reboot"\nshell = "echo up >> {booted}"\n',
+    )
+    rescan = 3600 if follow == "sighup" else 0.2
+    config = tmp_path / "scheduled.toml"
+    config.write_text(
+        f'[host]\nname = "{HOST}"\njobs_dir = "{directory}"\nrescan_seconds = {rescan}\n'
+    )
+    log = tmp_path / "daemon.log"
+    daemon = Daemon(config, sqlite_url, log)
+    try:
+        wait_for(lambda: "job files (start)" in daemon.text(), "the daemon to load its files")
+        first = queued_run(store, queue=QUEUE, payload=ref(path, "step"))
+        wait_for(lambda: run_row(store, *first)["status"] == "succeeded", "the first run")
+        path.write_text(shell_job("step", f"echo v2 >> {out}"))
+        if follow == "sighup":
+            daemon.process.send_signal(signal.SIGHUP)
+            wait_for(lambda: "job files (SIGHUP): 0 added, 1 changed" in daemon.text(), "reload")
+        else:
+            wait_for(lambda: "job files (rescan): 0 added, 1 changed" in daemon.text(), "rescan")
+        second = queued_run(store, queue=QUEUE, payload=ref(path, "step"))
+        wait_for(lambda: run_row(store, *second)["status"] == "succeeded", "the second run")
+        assert out.read_text() == "v1\nv2\n"
+        assert daemon.process.poll() is None  # SIGHUP did not stop it
+        daemon.stop()
+        assert daemon.process.returncode == 0, daemon.text()
+        # a restart runs the boot job once more; the reload did not run it again
+        assert booted.read_text() == "up\n"
+        daemon = Daemon(config, sqlite_url, log)
+        wait_for(lambda: booted.read_text() == "up\nup\n", "the boot job of the second start")
+    finally:
+        daemon.stop()
+        store.close()
+    assert log.read_text().count("boot job 'warm': succeeded") == 2
