@@ -319,3 +319,85 @@ def test_the_daemon_follows_its_files_and_boots_once_per_start(
         daemon.stop()
         store.close()
     assert log.read_text().count("boot job 'warm': succeeded") == 2
+
+
+def test_worker_jobs_dir_flags_serve_the_group_queue(
+    sqlite_url: str, tmp_path: Path, shared: Path
+) -> None:
+    store = Store.open(sqlite_url)
+    try:
+        make_tenant(store)
+        directory = jobs_dir(tmp_path)
+        out = shared / "out"
+        path = job_file(
+            directory, "web", shell_job("web", f"echo web > {out}", 'run_on = "host-group:web"\n')
+        )
+        job, at = queued_run(store, queue="group:web", payload=ref(path, "web"))
+        result = subprocess.run(
+            [
+                *(BIN / "scheduled-d", "worker", "--jobs-dir", str(directory)),
+                *("--host", HOST, "--group", "web", "--max-runs", "1", "--db", sqlite_url),
+            ],
+            env={"PATH": os.environ["PATH"]},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stderr
+        assert run_row(store, job, at)["status"] == "succeeded"
+        assert out.read_text() == "web\n"
+        assert "queues host:h1, group:web" in result.stderr
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        ((), "give --queue Q (and a command), or run the host worker"),
+        (("--jobs-dir", "/tmp", "--queue", "q"), "--queue and --jobs-dir/--host/--group exclude"),
+        (("--jobs-dir", "/tmp", "--", "/bin/true"), "runs the commands of its job files"),
+        (("--host", "not a host"), "--host: host name 'not a host'"),
+    ],
+)
+def test_worker_host_flags_errors(sqlite_url: str, args: tuple[str, ...], words: str) -> None:
+    result = subprocess.run(
+        [BIN / "scheduled-d", "worker", "--db", sqlite_url, *args],
+        env={"PATH": os.environ["PATH"]},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert words in result.stderr
+
+
+def test_all_runs_the_host_worker_of_its_host_table(
+    sqlite_url: str, tmp_path: Path, shared: Path
+) -> None:
+    store = Store.open(sqlite_url)
+    make_tenant(store)
+    directory = jobs_dir(tmp_path)
+    out, booted = shared / "out", shared / "booted"
+    path = job_file(directory, "step", shell_job("step", f"echo ran >> {out}"))
+    job_file(
+        directory, "boot", f'[[job]]\nname = "b"\ncron = "@reboot"\nshell = "touch {booted}"\n'
+    )
+    config = tmp_path / "scheduled.toml"
+    config.write_text(f'[host]\nname = "{HOST}"\njobs_dir = "{directory}"\n')
+    process = subprocess.Popen(
+        [BIN / "scheduled-d", "all", "--config", str(config), "--db", sqlite_url],
+        env={"PATH": os.environ["PATH"]},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(booted.exists, "the boot job")
+        run = queued_run(store, queue=QUEUE, payload=ref(path, "step"))
+        wait_for(lambda: run_row(store, *run)["status"] == "succeeded", "the run")
+        assert out.read_text() == "ran\n"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(60)
+        store.close()
+    assert process.returncode == 0
