@@ -49,6 +49,8 @@ def permission_problem(path: str | Path, uid: int | None = None) -> str | None:
             info = os.stat(target)
         except OSError as exc:
             return f"{what} {target} cannot be read: {exc.strerror or exc}"
+        if what == "file" and not stat.S_ISREG(info.st_mode):
+            return f"{real} is not a regular file"
         if info.st_uid not in (0, uid):
             return (
                 f"{what} {target} is owned by {_account_name(info.st_uid)}, not by root or "
@@ -59,8 +61,6 @@ def permission_problem(path: str | Path, uid: int | None = None) -> str | None:
                 f"{what} {target} is writable by group or others (mode "
                 f"{stat.S_IMODE(info.st_mode):04o}; chmod go-w)"
             )
-    if not stat.S_ISREG(os.stat(real).st_mode):
-        return f"{real} is not a regular file"
     return None
 
 
@@ -108,10 +108,10 @@ class HostFiles:
     resolved before a scan keeps its Job: runs in flight are not affected."""
 
     directory: Path
-    uid: int = field(default_factory=os.geteuid)
-    _entries: dict[str, _Entry] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    _missing_logged: bool = False
+    uid: int = field(default_factory=os.geteuid)  # trusted as root is, as a file's owner
+    _entries: dict[str, _Entry] = field(default_factory=dict, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _missing_logged: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         self.directory = Path(os.path.abspath(self.directory))
