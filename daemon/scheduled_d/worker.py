@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from schedctl import errors, retrying
 from schedctl.config import command_env
+from schedctl.group_commit import GroupCommit
 from schedctl.leasing import CANCELLED_RUNNING_ERROR, Beat, LeaseBackend
 from schedctl.leasing import LeasedRun as Lease
 from schedctl.scheduling.timeparse import format_instant
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     # the database layer is imported only by DirectBackend: `--api` workers never load it
     from schedctl.storage.queue import Lease as StoredLease
     from schedctl.storage.queue import QueueRepo
+    from schedctl.storage.settle import Attempt
     from schedctl.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -732,6 +734,9 @@ class DirectBackend:
         self.store = store
         self.repo: QueueRepo = QueueRepo(store)
         self.tenant_id = worker_tenant(store, tenant)
+        self._settles: GroupCommit[tuple[StoredLease, Attempt], bool] = GroupCommit(
+            self.repo.finish_many, name="worker-settle"
+        )
 
     def lease(self, queue: str, owner: str, lease_seconds: float, limit: int) -> list[Lease]:
         from schedctl.storage.workers import record_presence
@@ -760,12 +765,8 @@ class DirectBackend:
         started_at: datetime,
         finished_at: datetime,
     ) -> bool:
-        return self.repo.ack(
-            _stored(lease),
-            exit_code=exit_code,
-            output_tail=output_tail,
-            started_at=started_at,
-            finished_at=finished_at,
+        return self._finish(
+            lease, "succeeded", None, exit_code, output_tail, started_at, finished_at
         )
 
     def fail(
@@ -778,13 +779,8 @@ class DirectBackend:
         started_at: datetime,
         finished_at: datetime,
     ) -> bool:
-        return self.repo.fail(
-            _stored(lease),
-            error=error,
-            exit_code=exit_code,
-            output_tail=output_tail,
-            started_at=started_at,
-            finished_at=finished_at,
+        return self._finish(
+            lease, "retryable", error, exit_code, output_tail, started_at, finished_at
         )
 
     def stop_cancelled(
@@ -797,14 +793,36 @@ class DirectBackend:
         finished_at: datetime,
         error: str,
     ) -> bool:
-        return self.repo.stop_cancelled(
-            _stored(lease),
+        return self._finish(
+            lease, "stopped", error, exit_code, output_tail, started_at, finished_at
+        )
+
+    def _finish(
+        self,
+        lease: Lease,
+        ending: str,
+        error: str | None,
+        exit_code: int | None,
+        output_tail: str | None,
+        started_at: datetime,
+        finished_at: datetime,
+    ) -> bool:
+        """Settle through the group commit: the outcomes of runs ending together are
+        recorded in one transaction (QueueRepo.finish_many), each caller still waiting for
+        its own."""
+        from schedctl.storage.settle import Attempt, Ending
+
+        stored = _stored(lease)
+        attempt = Attempt(
+            Ending(ending),
+            started_at,
+            finished_at,
+            stored.owner,
+            error=error,
             exit_code=exit_code,
             output_tail=output_tail,
-            started_at=started_at,
-            finished_at=finished_at,
-            error=error,
         )
+        return self._settles.submit((stored, attempt))
 
     def reap(self) -> int:
         return self.repo.expire_leases()

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, case, delete, func, or_, select, update
+from sqlalchemy import and_, bindparam, case, delete, func, or_, select, update
 from sqlalchemy.engine import Connection, RowMapping
 
 from schedctl import errors
@@ -300,28 +300,6 @@ class QueueRepo:
             if 0 < c["max_concurrency"] <= counts[c["job_id"]]:
                 continue
             counts[c["job_id"]] += 1
-            connection.execute(
-                update(m)
-                .where(m.c.id == c["id"])
-                .values(leased_until=leased_until, lease_owner=owner)
-            )
-            connection.execute(
-                update(schema.runs)
-                .where(
-                    schema.runs.c.job_id == c["job_id"],
-                    schema.runs.c.scheduled_at == c["scheduled_at"],
-                )
-                .values(
-                    status=RunStatus.running.value,
-                    attempt=c["attempt"],
-                    started_at=now,
-                    # the previous attempt's outcome lives on in run_attempts
-                    finished_at=None,
-                    exit_code=None,
-                    error=None,
-                    output_tail=None,
-                )
-            )
             leases.append(
                 Lease(
                     message_id=c["id"],
@@ -338,6 +316,39 @@ class QueueRepo:
                     owner=owner,
                     leased_until=leased_until,
                 )
+            )
+        if leases:
+            # two statements for the whole batch, not two round trips per message
+            connection.execute(
+                update(m)
+                .where(m.c.id.in_([lease.message_id for lease in leases]))
+                .values(leased_until=leased_until, lease_owner=owner)
+            )
+            r = schema.runs
+            connection.execute(
+                update(r)
+                .where(
+                    r.c.job_id == bindparam("b_job_id"),
+                    r.c.scheduled_at == bindparam("b_scheduled_at", type_=r.c.scheduled_at.type),
+                )
+                .values(
+                    status=RunStatus.running.value,
+                    attempt=bindparam("b_attempt"),
+                    started_at=now,
+                    # the previous attempt's outcome lives on in run_attempts
+                    finished_at=None,
+                    exit_code=None,
+                    error=None,
+                    output_tail=None,
+                ),
+                [
+                    {
+                        "b_job_id": lease.job_id,
+                        "b_scheduled_at": lease.scheduled_at,
+                        "b_attempt": lease.attempt,
+                    }
+                    for lease in leases
+                ],
             )
         return leases
 
@@ -420,22 +431,48 @@ class QueueRepo:
     ) -> bool:
         """Settle the lease's attempt if the lease is still ours; False (and nothing
         changed) otherwise."""
+        attempt = Attempt(
+            ending,
+            started_at,
+            finished_at,
+            lease.owner,
+            error=error,
+            exit_code=exit_code,
+            output_tail=output_tail,
+        )
+        return self.finish_many([(lease, attempt)])[0]
+
+    def finish_many(self, items: Sequence[tuple[Lease, Attempt]]) -> list[bool]:
+        """Settle many leases' attempts in one transaction (a worker's group commit): for
+        each, True when it was settled, False (and nothing changed for it) when the lease
+        was no longer ours. `Attempt.worker` is the lease owner."""
+        if not items:
+            return []
+        m = schema.queue_messages
         with self.store.tx() as connection:
-            found = self._held(connection, [_ours(lease)])
-            if not found:
-                return False
-            ((held, _owner),) = found
-            attempt = Attempt(
-                ending,
-                started_at,
-                finished_at,
-                lease.owner,
-                error=error,
-                exit_code=exit_code,
-                output_tail=output_tail,
-            )
-            settle(connection, [(held, attempt)], now=db_now(connection), rng=self._rng)
-            return True
+            found = {
+                held.row_id: (held, owner)
+                for held, owner in self._held(
+                    connection,
+                    [
+                        m.c.id.in_({lease.message_id for lease, _ in items}),
+                        m.c.leased_until.is_not(None),
+                    ],
+                )
+            }
+            ours: list[tuple[Held, Attempt]] = []
+            settled: list[bool] = []
+            for lease, attempt in items:
+                row = found.pop(lease.message_id, None)
+                # same id, owner and attempt (see _ours); popped, so a lease listed twice
+                # is settled once
+                mine = row is not None and row[1] == lease.owner and row[0].attempt == lease.attempt
+                if mine and row is not None:
+                    ours.append((row[0], attempt))
+                settled.append(mine)
+            if ours:
+                settle(connection, ours, now=db_now(connection), rng=self._rng)
+            return settled
 
     def fail(
         self,
