@@ -25,7 +25,7 @@ SHOWN_DIGEST = 12
 def apply(
     ctx: typer.Context,
     directory: Annotated[
-        Path, typer.Argument(help="The jobs.d directory.", show_default=True)
+        Path, typer.Argument(help="The jobs.d directory.", metavar="DIR", show_default=True)
     ] = jobfiles.DEFAULT_DIR,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Show what would change; write nothing.")
@@ -38,11 +38,19 @@ def apply(
     ] = False,
     host: Annotated[
         str | None,
-        typer.Option("--host", help="This host's name (default: [host] name, else the node name)."),
+        typer.Option(
+            "--host",
+            metavar="NAME",
+            help="This host's name (default: host.name of --config, else the node name).",
+        ),
     ] = None,
     group: Annotated[
         list[str] | None,
-        typer.Option("--group", help="A host group this host is in (repeat; default: [host])."),
+        typer.Option(
+            "--group",
+            metavar="GROUP",
+            help="A host group this host is in (repeat; default: host.groups of --config).",
+        ),
     ] = None,
     tenant: Annotated[
         str | None,
@@ -50,7 +58,7 @@ def apply(
     ] = None,
     output: OutputOption = None,
 ) -> None:
-    """Make the central jobs match the job files of DIRECTORY, by name: created, changed,
+    """Make the central jobs match the job files of DIR, by name: created, changed,
     unchanged, removed (--prune). Every file is validated before anything is written."""
     root = Path(os.path.abspath(directory))  # references are absolute paths
     files = jobfiles.load_dir(root)

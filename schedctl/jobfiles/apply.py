@@ -12,6 +12,7 @@ reference and bookkeeping keys; apply never changes or removes any other job.
 from __future__ import annotations
 
 import enum
+import os
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -150,9 +151,8 @@ def read_host(path: str | Path | None) -> tuple[str, tuple[str, ...]]:
 
 
 def _node_name() -> str:
-    import os
-
-    return os.uname().nodename.split(".")[0] or "localhost"
+    # the same default as the worker's [host] name: both must name the same host queue
+    return os.uname().nodename
 
 
 # -- the plan --------------------------------------------------------------------------
