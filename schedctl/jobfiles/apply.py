@@ -227,8 +227,25 @@ def _ours(job: CentralJob, host: str, root: Path) -> bool:
     return isinstance(job_file, str) and Path(job_file).parent.resolve() == root
 
 
+def _check_alerts(job: Job) -> None:
+    """What a job file may say and the central alerts cannot hold, refused by name rather
+    than dropped: an alert that silently never comes is worse than an error."""
+    local = [a for a in job.alerts.email if "@" not in a]
+    if local:
+        raise errors.ValidationError(
+            f"local mailbox {local[0]!r} (cron's MAILTO) cannot be mailed from the central "
+            "store: give a user@host address",
+            field="alerts.email",
+        )
+    if len(job.alerts.webhook) > 1:
+        raise errors.ValidationError(
+            "the central store keeps one webhook per job: give one URL", field="alerts.webhook"
+        )
+
+
 def _entry(job: Job, host: str, found: Central | None, now: datetime) -> Entry:
     name = placement.central_name(job, host)
+    _check_alerts(job)
     body = central_body(job, host)
     alerts = parse_alerts(body["alerts"]) if "alerts" in body else None
     if found is None:

@@ -331,3 +331,39 @@ def test_the_host_table_is_read_for_name_and_groups(tmp_path: Path) -> None:
         applying.read_host(config)
     name, groups = applying.read_host(None)
     assert name and groups == ()
+
+
+def test_a_cancelled_job_or_a_moved_end_is_replaced(sched: Scheduler, jobs_d: Path) -> None:
+    run(sched, jobs_d)
+    first = by_name(sched, "backup@web1")
+    sched.cancel_job(first.job_id, "acme", actor=ACTOR)
+    plan = run(sched, jobs_d)
+    (entry,) = plan.of(applying.Action.changed)
+    assert entry.replace and entry.fields == {"status": ("cancelled", "active")}
+    second = by_name(sched, "backup@web1")
+    assert second.job_id != first.job_id and second.status is JobStatus.active
+    (jobs_d / "host.toml").write_text(
+        FILE.replace('timeout = "2h"', 'timeout = "2h"\nend = 2099-01-01T00:00:00Z')
+    )
+    (entry,) = run(sched, jobs_d).of(applying.Action.changed)
+    assert entry.replace and set(entry.fields) == {"end", "payload.digest"}
+    assert by_name(sched, "backup@web1").end_at is not None
+    assert not run(sched, jobs_d).writes
+
+
+def test_alerts_the_central_store_cannot_hold_are_refused_by_key(
+    sched: Scheduler, jobs_d: Path
+) -> None:
+    for old, new, key in (
+        ('["ops@example.com"]', '["root"]', "alert_email"),
+        (
+            'alert_email = ["ops@example.com"]',
+            'alert_webhook = ["https://a.example.com/h", "https://b.example.com/h"]',
+            "alert_webhook",
+        ),
+    ):
+        (jobs_d / "host.toml").write_text(FILE.replace(old, new))
+        with pytest.raises(jobfiles.JobFilesError) as caught:
+            run(sched, jobs_d)
+        assert f"job.{key}: {jobs_d / 'host.toml'}:9:" in str(caught.value), caught.value
+        assert rows(sched) == []
