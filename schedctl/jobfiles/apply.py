@@ -266,8 +266,9 @@ def _entry(job: Job, host: str, found: Central | None, now: datetime) -> Entry:
     want["alerts"] = alerts.to_dict() if alerts else None
     have["alerts"] = found.alerts.to_dict() if found.alerts else None
     want["status"] = JobStatus.active.value if job.enabled else JobStatus.paused.value
-    # a one-off that ran is where an enabled job ends up
-    have["status"] = "active" if current.status is JobStatus.completed else current.status.value
+    # a one-off that ran is done: neither enabled nor disabled changes anything about it
+    completed = current.status is JobStatus.completed
+    have["status"] = want["status"] if completed else current.status.value
     fields = _diff(have, want)
     if not fields:
         return Entry(name, Action.unchanged, job=job, current=current, body=body)

@@ -367,3 +367,21 @@ def test_alerts_the_central_store_cannot_hold_are_refused_by_key(
             run(sched, jobs_d)
         assert f"job.{key}: {jobs_d / 'host.toml'}:9:" in str(caught.value), caught.value
         assert rows(sched) == []
+
+
+def test_a_one_off_that_ran_stays_unchanged(sched: Scheduler, jobs_d: Path) -> None:
+    once = jobs_d / "once.toml"
+    text = '[[job]]\nname = "once"\nat = 2099-01-01T00:00:00Z\ncommand = ["/x"]\n'
+    once.write_text(text)
+    run(sched, jobs_d)
+    with sched.store.tx() as connection:
+        # the dispatcher completes a one-off after its run; set it directly
+        connection.execute(
+            schema.jobs.update().where(schema.jobs.c.name == "once@web1").values(status="completed")
+        )
+    once.write_text(text + "enabled = false\n")
+    plan = run(sched, jobs_d)
+    (entry,) = plan.of(applying.Action.changed)
+    assert entry.name == "once@web1" and set(entry.fields) == {"payload.digest"}
+    assert by_name(sched, "once@web1").status is JobStatus.completed
+    assert not run(sched, jobs_d).writes
