@@ -14,6 +14,7 @@ import typer
 from schedctl import __version__
 from schedctl.cli import (
     alerts,
+    apply,
     audit,
     bench,
     bench_dispatch,
@@ -148,6 +149,7 @@ app.command("audit")(audit.audit)
 app.command("status")(status.status)
 app.add_typer(dlq.app, name="dlq")
 app.command("import-crontab")(import_crontab.import_crontab)
+app.command("apply")(apply.apply)
 for _name, _command in (
     ("allow", tenant_allow.allow),
     ("disallow", tenant_allow.disallow),

@@ -52,6 +52,23 @@ class Alerts:
     def any(self) -> bool:
         return bool(self.email or self.webhook or self.command)
 
+    def rest_body(self) -> dict[str, Any] | None:
+        """The REST "alerts" object (schedctl.alerts.model), None without a target. The
+        alert command's argv stays on the host: centrally it is only `command: true` (the
+        host's worker runs its own alert command). REST keeps one webhook: the first."""
+        if not self.any:
+            return None
+        body: dict[str, Any] = {"on": list(self.on)}
+        if self.email:
+            body["email"] = list(self.email)
+        if self.webhook:
+            body["webhook"] = self.webhook[0]
+        if self.command:
+            body["command"] = True
+        if self.no_success_seconds is not None:
+            body["no_success"] = f"PT{self.no_success_seconds}S"
+        return body
+
 
 @dataclass(frozen=True)
 class JobRef:
@@ -101,22 +118,32 @@ class Job:
             return list(self.command)
         return [self.shell_path, "-c", self.shell or ""]
 
-    def job_body(self, queue: str) -> dict[str, Any]:
+    def job_body(self, queue: str, host: str | None = None) -> dict[str, Any]:
         """What `schedctl job create` / POST /v1/jobs takes for this job, sent to `queue`:
         schedule and limits, and as payload only the reference (file, name), never the
-        command. An @reboot job has no central schedule (its host's worker runs it)."""
+        command; with `host` (what `schedctl apply` sends) the payload also names the
+        applying host and the digest (a command-only change is a changed payload), and the
+        file's alerts come along. An @reboot job has no central schedule (its host's worker
+        runs it)."""
         if self.schedule is None:
             raise errors.ValidationError(
                 f"job {self.name!r} runs at boot (@reboot) and has no central schedule",
                 field="cron",
             )
-        return {
+        payload: dict[str, Any] = {"job_file": str(self.path), "job": self.name}
+        if host is not None:
+            payload.update(host=host, digest=self.digest())
+        body = {
             "name": self.name,
             "schedule": dict(self.schedule),
             "target": {"type": "queue", "name": queue},
-            "payload": {"job_file": str(self.path), "job": self.name},
+            "payload": payload,
             **self.limits,
         }
+        alerts = self.alerts.rest_body() if host is not None else None
+        if alerts is not None:
+            body["alerts"] = alerts
+        return body
 
     def digest(self) -> str:
         """A hash of the whole definition (command included, file and line not): what

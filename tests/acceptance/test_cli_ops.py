@@ -49,7 +49,13 @@ def _loaded(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str
 
 
 def test_help_imports_no_database_http_or_broker_library(tmp_path: Path) -> None:
-    for args in (["--help"], ["job", "--help"], ["--version"], ["cron", "--help"]):
+    for args in (
+        ["--help"],
+        ["job", "--help"],
+        ["--version"],
+        ["cron", "--help"],
+        ["apply", "--help"],
+    ):
         done, loaded = _loaded(tmp_path, *args)
         assert done.returncode == 0, done.stderr
         assert loaded == set(), (args, loaded)

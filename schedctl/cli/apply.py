@@ -1,0 +1,134 @@
+"""Owns `schedctl apply`: a jobs.d directory in, the central jobs made to match it (as this
+host sees it), shown as a diff table or JSON; --dry-run only shows, --prune also removes
+what this host applied earlier from files that are gone."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from schedctl import errors, jobfiles
+from schedctl.cli.common import OutputOption, actor, cli_state, output_format, say
+from schedctl.cli.output import OutputFormat, emit_json, emit_table
+from schedctl.config import DEFAULT_CONFIG_PATH
+from schedctl.jobfiles import apply as applying
+from schedctl.jobfiles import placement
+
+COLUMNS = ("action", "name", "detail")
+SHOWN_DIGEST = 12
+
+
+def apply(
+    ctx: typer.Context,
+    directory: Annotated[
+        Path, typer.Argument(help="The jobs.d directory.", metavar="DIR", show_default=True)
+    ] = jobfiles.DEFAULT_DIR,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show what would change; write nothing.")
+    ] = False,
+    prune: Annotated[
+        bool,
+        typer.Option(
+            "--prune", help="Also remove jobs this host applied from files no longer there."
+        ),
+    ] = False,
+    host: Annotated[
+        str | None,
+        typer.Option(
+            "--host",
+            metavar="NAME",
+            help="This host's name (default: host.name of --config, else the node name).",
+        ),
+    ] = None,
+    group: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--group",
+            metavar="GROUP",
+            help="A host group this host is in (repeat; default: host.groups of --config).",
+        ),
+    ] = None,
+    tenant: Annotated[
+        str | None,
+        typer.Option("--tenant", "-t", help="Tenant name or id (default: the only tenant)."),
+    ] = None,
+    output: OutputOption = None,
+) -> None:
+    """Make the central jobs match the job files of DIR, by name: created, changed,
+    unchanged, removed (--prune). Every file is validated before anything is written."""
+    root = Path(os.path.abspath(directory))  # references are absolute paths
+    files = jobfiles.load_dir(root)
+    state = cli_state(ctx)
+    config = state.config_path or (
+        str(DEFAULT_CONFIG_PATH) if DEFAULT_CONFIG_PATH.exists() else None
+    )
+    name, groups = applying.read_host(config)
+    if host is not None:
+        name = placement.check_host(host, "--host")
+    if group:
+        groups = tuple(group)
+    scheduler = state.database()
+    owner = tenant or _only_tenant([t.name for t in scheduler.list_tenants()])
+    plan = applying.plan(
+        files,
+        name,
+        groups,
+        applying.read_central(scheduler, owner),
+        directory=root,
+        now=scheduler.store.now(),
+        prune=prune,
+    )
+    if not dry_run:
+        applying.execute(scheduler, owner, plan, actor=actor())
+    fmt = output_format(ctx, output)
+    if fmt is OutputFormat.json:
+        emit_json(plan.as_dict(applied=not dry_run))
+        return
+    _table(plan)
+    counts = ", ".join(f"{len(plan.of(a))} {a.value}" for a in applying.Action)
+    note = " (dry run: nothing written)" if dry_run and plan.writes else ""
+    say(f"host {plan.host}: {counts}, {len(plan.skipped)} skipped{note}")
+
+
+def _only_tenant(names: list[str]) -> str:
+    if len(names) == 1:
+        return names[0]
+    raise errors.ValidationError(
+        f"a tenant is required (--tenant): {len(names)} tenants exist", field="tenant"
+    )
+
+
+def _table(plan: applying.Plan) -> None:
+    rows: list[dict[str, Any]] = []
+    for action in applying.Action:
+        for entry in plan.of(action):
+            rows.append({"action": action.value, "name": entry.name, "detail": _detail(entry)})
+    for skip in plan.skipped:
+        kind = "boot" if skip.reason == applying.BOOT else "skipped"
+        rows.append({"action": kind, "name": skip.name, "detail": skip.reason})
+    if rows:
+        emit_table(rows, COLUMNS)
+
+
+def _detail(entry: applying.Entry) -> str:
+    if entry.action is applying.Action.changed:
+        parts = [
+            f"{k}: {_value(k, old)} -> {_value(k, new)}" for k, (old, new) in entry.fields.items()
+        ]
+        return "; ".join(parts) + (" (replaced)" if entry.replace else "")
+    if entry.action is applying.Action.removed:
+        return "not in the job files any more"
+    body = entry.body or {}
+    target = body.get("target", {}).get("name", "")
+    schedule = ", ".join(f"{k}={v}" for k, v in body.get("schedule", {}).items())
+    return f"{schedule} -> {target}" if entry.action is applying.Action.created else ""
+
+
+def _value(key: str, value: Any) -> str:
+    if key.endswith("digest") and isinstance(value, str):
+        return value[:SHOWN_DIGEST]
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)

@@ -1,0 +1,86 @@
+"""Owns the acceptance test of `schedctl apply` as an operator runs it: the installed console
+script on a SQLite file, two hosts applying one directory, the diff table and its counts,
+a dry run, an idempotent second run, --prune, and a bad file refused with exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+FILE = """
+[[job]]
+name = "backup"
+cron = "30 2 * * *"
+command = ["/usr/local/bin/backup", "--full"]
+
+[[job]]
+name = "report"
+every = "15m"
+shell = "echo report"
+run_on = "host-group:web"
+
+[[job]]
+name = "warm"
+cron = "@reboot"
+command = ["/bin/true"]
+"""
+
+
+def _schedctl() -> list[str]:
+    beside = Path(sys.executable).with_name("schedctl")
+    found = str(beside) if beside.exists() else shutil.which("schedctl")
+    return [found] if found else [sys.executable, "-m", "schedctl.cli.app"]
+
+
+def test_apply_on_two_hosts_from_the_console_script(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULED_")}
+    env["XDG_DATA_HOME"] = str(tmp_path / "data")
+    env["SCHEDULED_DATABASE_URL"] = f"sqlite:///{tmp_path / 'central.db'}"
+    env["COLUMNS"] = "200"
+    jobs_d = tmp_path / "jobs.d"
+    jobs_d.mkdir()
+    (jobs_d / "host.toml").write_text(FILE)
+
+    def run(*args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [*_schedctl(), *args], capture_output=True, text=True, env=env, timeout=120
+        )
+        assert "Traceback" not in done.stdout + done.stderr
+        assert done.returncode == code, done.stdout + done.stderr
+        return done
+
+    def as_json(*args: str) -> Any:
+        return json.loads(run(*args, "-o", "json").stdout)
+
+    run("tenant", "create", "acme")
+    dry = run("apply", str(jobs_d), "--host", "web1", "--dry-run").stdout
+    assert "backup@web1" in dry and "boot (runs on the host's worker start)" in dry
+    assert "2 created, 0 changed, 0 unchanged, 0 removed, 1 skipped" in dry
+    assert "nothing written" in dry
+    assert json.loads(run("job", "list", "-o", "json").stdout)["items"] == []
+
+    assert as_json("apply", str(jobs_d), "--host", "web1")["created"] == ["backup@web1", "report"]
+    web2 = as_json("apply", str(jobs_d), "--host", "web2", "--group", "web")
+    assert (web2["created"], web2["unchanged"]) == (["backup@web2"], ["report"])
+    again = run("apply", str(jobs_d), "--host", "web1").stdout
+    assert "0 created, 0 changed, 2 unchanged, 0 removed, 1 skipped" in again
+
+    (jobs_d / "host.toml").write_text(FILE.replace("--full", "--incremental"))
+    changed = run("apply", str(jobs_d), "--host", "web1").stdout
+    assert "payload.digest" in changed and "--incremental" not in changed
+
+    (jobs_d / "host.toml").write_text(FILE.split('[[job]]\nname = "report"')[0])
+    pruned = as_json("apply", str(jobs_d), "--host", "web1", "--prune")
+    # the group job was created by web1: its pruning is web1's; web2's job stays
+    assert sorted(pruned["removed"]) == ["report"]
+    names = {j["name"] for j in json.loads(run("job", "list", "-o", "json").stdout)["items"]}
+    assert names == {"backup@web1", "backup@web2"}
+
+    (jobs_d / "bad.toml").write_text('[[job]]\nname = "x"\nevery = "1h"\n')
+    bad = run("apply", str(jobs_d), "--host", "web1", code=2)
+    assert f"job.command: {jobs_d / 'bad.toml'}:1:" in bad.stderr
