@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import enum
 import os
-import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -126,28 +125,17 @@ class Plan:
 
 
 def read_host(path: str | Path | None) -> tuple[str, tuple[str, ...]]:
-    """(name, groups) of the `[host]` table of the daemon's configuration file; the node
-    name and no groups without a file or table. Only these two keys are read here."""
-    name, groups = _node_name(), ()
+    """(name, groups) of the `[host]` table of the daemon's configuration file (read and
+    checked by schedctl.config, as the worker reads it); the node name and no groups
+    without a file or table."""
     if path is None:
-        return name, groups
-    try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise errors.ConfigError(f"cannot read {path}: {exc}", field="config") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise errors.ConfigError(f"{path} is not valid TOML: {exc}", field="config") from None
-    table = data.get("host", {})
-    if not isinstance(table, dict):
-        raise errors.ConfigError(f"{path}: [host] must be a table", field="host")
-    if "name" in table:
-        if not isinstance(table["name"], str):
-            raise errors.ConfigError(f"{path}: must be a string", field="host.name")
-        name = placement.check_host(table["name"], "host.name")
-    raw = table.get("groups", [])
-    if not isinstance(raw, list) or not all(isinstance(g, str) for g in raw):
-        raise errors.ConfigError(f"{path}: must be a list of group names", field="host.groups")
-    return name, tuple(raw)
+        return _node_name(), ()
+    from schedctl.config import load_config
+
+    host = load_config(path).host
+    if host is None:
+        return _node_name(), ()
+    return host.name, host.groups
 
 
 def _node_name() -> str:
