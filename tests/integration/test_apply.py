@@ -327,7 +327,7 @@ def test_the_host_table_is_read_for_name_and_groups(tmp_path: Path) -> None:
     config.write_text('database_url = "sqlite://"\n[host]\nname = "web7"\ngroups = ["web"]\n')
     assert applying.read_host(config) == ("web7", ("web",))
     config.write_text("[host]\nname = 'bad host'\n")
-    with pytest.raises(errors.ConfigError, match="host.name: .*:2: must be 1-63 letters"):
+    with pytest.raises(errors.ConfigError, match=r"host\.name: .*:2: must be 1-63 letters"):
         applying.read_host(config)
     name, groups = applying.read_host(None)
     assert name and groups == ()
