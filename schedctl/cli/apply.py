@@ -56,6 +56,14 @@ def apply(
         str | None,
         typer.Option("--tenant", "-t", help="Tenant name or id (default: the only tenant)."),
     ] = None,
+    mail_domain: Annotated[
+        str | None,
+        typer.Option(
+            "--mail-domain",
+            help="Domain for local mailboxes of the alerts (MAILTO=root becomes "
+            "root@DOMAIN; default: this host's fully qualified name, when it has a dot).",
+        ),
+    ] = None,
     output: OutputOption = None,
 ) -> None:
     """Make the central jobs match the job files of DIR, by name: created, changed,
@@ -81,6 +89,7 @@ def apply(
         directory=root,
         now=scheduler.store.now(),
         prune=prune,
+        mail_domain=mail_domain or _fqdn_domain(),
     )
     if not dry_run:
         applying.execute(scheduler, owner, plan, actor=actor())
@@ -92,6 +101,13 @@ def apply(
     counts = ", ".join(f"{len(plan.of(a))} {a.value}" for a in applying.Action)
     note = " (dry run: nothing written)" if dry_run and plan.writes else ""
     say(f"host {plan.host}: {counts}, {len(plan.skipped)} skipped{note}")
+
+
+def _fqdn_domain() -> str | None:
+    import socket
+
+    fqdn = socket.getfqdn()
+    return fqdn if "." in fqdn and not fqdn.startswith("localhost") else None
 
 
 def _only_tenant(names: list[str]) -> str:

@@ -146,11 +146,16 @@ def _node_name() -> str:
 # -- the plan --------------------------------------------------------------------------
 
 
-def central_body(job: Job, host: str) -> dict[str, Any]:
+def central_body(job: Job, host: str, mail_domain: str | None = None) -> dict[str, Any]:
     """The create body of a file's job applied by `host`: under its central name, to its
-    queue, with the reference, the host and the digest as payload."""
+    queue, with the reference, the host and the digest as payload. A local mailbox of the
+    alerts (cron's MAILTO=root) becomes MAILBOX@mail_domain, as the host's own mailer
+    would have addressed it."""
     body = job.job_body(placement.queue_for(job, host), host)
     body["name"] = placement.central_name(job, host)
+    alerts = body.get("alerts")
+    if mail_domain and isinstance(alerts, dict) and alerts.get("email"):
+        alerts["email"] = [a if "@" in a else f"{a}@{mail_domain}" for a in alerts["email"]]
     return body
 
 
@@ -168,6 +173,7 @@ def plan(
     directory: str | Path,
     now: datetime,
     prune: bool = False,
+    mail_domain: str | None = None,
 ) -> Plan:
     """What applying `files` (from `directory`) on `host` does to the tenant's `central`
     jobs. Raises JobFilesError naming file, line and key when a body would be refused."""
@@ -190,7 +196,7 @@ def plan(
             name = placement.central_name(job, host)
             wanted.add(name)
             try:
-                entries.append(_entry(job, host, by_name.get(name), now))
+                entries.append(_entry(job, host, by_name.get(name), now, mail_domain))
             except errors.ValidationError as exc:
                 problems.append(_problem(job, index, exc))
     if problems:
@@ -215,14 +221,14 @@ def _ours(job: CentralJob, host: str, root: Path) -> bool:
     return isinstance(job_file, str) and Path(job_file).parent.resolve() == root
 
 
-def _check_alerts(job: Job) -> None:
+def _check_alerts(job: Job, mail_domain: str | None) -> None:
     """What a job file may say and the central alerts cannot hold, refused by name rather
     than dropped: an alert that silently never comes is worse than an error."""
     local = [a for a in job.alerts.email if "@" not in a]
-    if local:
+    if local and not mail_domain:
         raise errors.ValidationError(
-            f"local mailbox {local[0]!r} (cron's MAILTO) cannot be mailed from the central "
-            "store: give a user@host address",
+            f"local mailbox {local[0]!r} (cron's MAILTO) needs a mail domain to be mailed "
+            "from the central store: give a user@host address or --mail-domain",
             field="alerts.email",
         )
     if len(job.alerts.webhook) > 1:
@@ -231,10 +237,12 @@ def _check_alerts(job: Job) -> None:
         )
 
 
-def _entry(job: Job, host: str, found: Central | None, now: datetime) -> Entry:
+def _entry(
+    job: Job, host: str, found: Central | None, now: datetime, mail_domain: str | None
+) -> Entry:
     name = placement.central_name(job, host)
-    _check_alerts(job)
-    body = central_body(job, host)
+    _check_alerts(job, mail_domain)
+    body = central_body(job, host, mail_domain)
     alerts = parse_alerts(body["alerts"]) if "alerts" in body else None
     if found is None:
         parse_job_request(body, now=now)  # the clock's say (an `at` already past), first

@@ -385,3 +385,12 @@ def test_a_one_off_that_ran_stays_unchanged(sched: Scheduler, jobs_d: Path) -> N
     assert entry.name == "once@web1" and set(entry.fields) == {"payload.digest"}
     assert by_name(sched, "once@web1").status is JobStatus.completed
     assert not run(sched, jobs_d).writes
+
+
+def test_a_local_mailbox_is_mailed_at_the_mail_domain(sched: Scheduler, jobs_d: Path) -> None:
+    # cron's MAILTO=root (as import-crontab writes it) becomes root@DOMAIN centrally
+    (jobs_d / "host.toml").write_text(FILE.replace('["ops@example.com"]', '["root"]'))
+    run(sched, jobs_d, mail_domain="web1.example.com")
+    alerts = sched.get_alerts("acme", by_name(sched, "backup@web1").job_id)
+    assert alerts is not None and alerts.email == ("root@web1.example.com",)
+    assert not run(sched, jobs_d, mail_domain="web1.example.com").writes
