@@ -10,7 +10,7 @@ import json
 import logging
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -18,8 +18,11 @@ import pytest
 
 from schedctl import errors, limits
 from schedctl.config import load_config
+from schedctl.queue_client import MAX_OUTPUT_JSON_BYTES, ApiLeaseBackend, fit_output
 from schedctl.scheduling.timeparse import format_instant
+from schedctl.service import Scheduler
 from schedctl.storage.store import Store
+from scheduled_d.api.server import ApiServer
 from scheduled_d.logsetup import JsonFormatter
 from scheduled_d.output_log import MAX_LINE_BYTES, RunOutputLog
 from scheduled_d.worker import Worker
@@ -227,3 +230,67 @@ def test_a_flood_of_lines_is_bounded_and_counted(caplog: pytest.LogCaptureFixtur
         "job j1 run 2026-12-01T05:00:00Z: 500 lines not logged (over 1000 lines/s)",
         "job j1 run 2026-12-01T05:00:00Z stderr: after",
     ]
+
+
+# -- over the REST API (tenant workers) ------------------------------------------------------
+
+
+def test_fit_output_keeps_the_request_under_the_api_limit() -> None:
+    # control characters are 6 bytes of JSON each, surrogate pairs 12: the end that fits
+    worst = "\x01" * limits.MAX_OUTPUT_BYTES
+    fitted = fit_output(worst)
+    assert fitted is not None and len(json.dumps(fitted)) <= MAX_OUTPUT_JSON_BYTES
+    assert len(json.dumps(fitted + "\x01" * 2)) > MAX_OUTPUT_JSON_BYTES  # the longest end
+    assert fit_output("x" * 500_000) == "x" * 500_000  # what fits is kept whole
+    # plain text: all that fits the request (the quotes take 2 bytes)
+    assert fit_output("x" * limits.MAX_OUTPUT_BYTES) == "x" * (MAX_OUTPUT_JSON_BYTES - 2)
+    assert fit_output(None) is None and fit_output("short") == "short"
+
+
+@pytest.fixture
+def api(store: Store) -> Iterator[tuple[Scheduler, str, str]]:
+    sched = Scheduler(store)
+    token = sched.new_token("acme", actor="test")
+    server = ApiServer(sched, "127.0.0.1:0", access_log=False)
+    server.start()
+    try:
+        yield sched, server.url, token
+    finally:
+        server.stop()
+
+
+def test_an_api_worker_keeps_its_output_bytes_and_sends_output_so_far(
+    api: tuple[Scheduler, str, str], tmp_path: Path
+) -> None:
+    sched, url, token = api
+    job, at = queued_run(sched.store)
+    go = tmp_path / "go"
+    code = (
+        "import os, sys, time\n"
+        "sys.stdout.write('\\x01' * 400000 + 'so far\\n'); sys.stdout.flush()\n"
+        "while not os.path.exists(sys.argv[1]):\n"
+        "    time.sleep(0.05)\n"
+        "sys.stdout.write('y' * 300000 + 'END')\n"
+    )
+    backend = ApiLeaseBackend(url, token, timeout=10)
+    w = worker(sched.store, python(code, str(go)), output_tail_bytes=limits.MAX_OUTPUT_BYTES)
+    w.backend = backend
+    stop = threading.Event()
+    thread = threading.Thread(target=lambda: w.run(stop), daemon=True)
+    thread.start()
+    try:
+        wait_for(
+            lambda: "so far" in (run_row(sched.store, job, at)["output_tail"] or ""),
+            "the output so far through the heartbeat route",
+        )
+        go.touch()
+        wait_for(finished(sched.store, job, at), "the run")
+    finally:
+        go.touch()
+        stop.set()
+        thread.join(60)
+        backend.close()
+    row = run_row(sched.store, job, at)
+    assert row["status"] == "succeeded"  # the ack fit the API's request limit
+    # far more than the old 16 KiB; cut to what a request can carry
+    assert len(row["output_tail"]) > 300_000 and row["output_tail"].endswith("y" * 1000 + "END")
