@@ -234,7 +234,8 @@ def fit_output(text: str | None, budget: int = MAX_OUTPUT_JSON_BYTES) -> str | N
     `budget` bytes: the request stays under the API's size limit whatever the output."""
     if text is None:
         return None
-    text = text[-MAX_OUTPUT_TAIL_CHARS:]
+    # every character takes at least a byte, and the quotes two: a cut that costs nothing
+    text = text[-min(MAX_OUTPUT_TAIL_CHARS, max(budget - 2, 0)) :] if budget > 2 else ""
     if len(json.dumps(text)) <= budget:
         return text
     # binary search on where the kept end starts: at most ~21 encodings of 1 MiB
