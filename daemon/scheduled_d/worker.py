@@ -500,10 +500,11 @@ class Worker:
                     # the output so far rides along when it grew (`schedctl logs --follow`)
                     output_seen = (stdout.total, stderr.total)
                     grown = output_seen != output_sent
-                    output_sent = output_seen
                     beat = self._heartbeat(
                         lease, _combine_tails(stdout.text(), stderr.text()) if grown else None
                     )
+                    if beat is not None:  # else the next heartbeat sends it again
+                        output_sent = output_seen
                     if beat is Beat.extended or beat is Beat.cancelled:
                         last_confirmed = now
                     if beat is Beat.cancelled and not outcome.cancelled and exited_at is None:

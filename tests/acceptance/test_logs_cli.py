@@ -212,3 +212,20 @@ def test_logs_through_the_api(store: Store, sqlite_url: str) -> None:
     finally:
         server.stop()
         sched.close()
+
+
+def test_follow_ends_quietly_when_its_reader_goes_away(store: Store, sqlite_url: str) -> None:
+    job = named_job(store, sqlite_url)
+    run_once(store, job)
+    argv = ["logs", "backup", "--follow", "--timeout", "120", "--interval", "0.2"]
+    with subprocess.Popen(
+        [str(BIN / "schedctl"), "--db", sqlite_url, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as follower:
+        assert follower.stdout is not None and follower.stderr is not None
+        assert follower.stdout.readline().startswith(b"=== job ")
+        follower.stdout.close()  # as `head -1` does
+        run_once(store, job)  # new output to write: into the closed pipe
+        assert follower.wait(60) == 141
+        assert follower.stderr.read() == b""
