@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -29,6 +31,7 @@ from scheduled_d.worker import Worker
 from tests.factories import make_tenant
 from tests.integration.queue_support import attempts, queued_run, run_row, wait_for
 
+BIN = Path(sys.executable).parent
 LEASE = 2.0
 HEARTBEAT = 0.3
 
@@ -294,3 +297,31 @@ def test_an_api_worker_keeps_its_output_bytes_and_sends_output_so_far(
     assert row["status"] == "succeeded"  # the ack fit the API's request limit
     # far more than the old 16 KiB; cut to what a request can carry
     assert len(row["output_tail"]) > 300_000 and row["output_tail"].endswith("y" * 1000 + "END")
+
+
+def test_a_worker_process_logs_each_line_as_json_fields(
+    store: Store, db_url: str, tmp_path: Path
+) -> None:
+    job, at = queued_run(store)
+    code = "import sys\nprint('from the command')\nsys.stderr.write('to stderr\\n')\n"
+    config = tmp_path / "scheduled.toml"
+    config.write_text('[[worker]]\nqueue = "q"\ncommand = ["/bin/true"]\noutput_bytes = 100\n')
+    options = ["--queue", "q", "--max-runs", "1", "--log-format", "json", "--db", db_url]
+    command = python(code + "sys.stdout.write('x' * 1000 + 'END')\n")
+    process = subprocess.run(
+        [BIN / "scheduled-d", "worker", *options, "--config", str(config), "--", *command],
+        env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)},
+        capture_output=True,
+        timeout=120,
+        text=True,
+    )
+    assert process.returncode == 0, process.stderr
+    entries = [json.loads(line) for line in process.stderr.splitlines() if line.startswith("{")]
+    lines = {e["message"]: e for e in entries if e.get("job") == job}
+    run = format_instant(at)
+    out = lines[f"job {job} run {run}: from the command"]
+    err = lines[f"job {job} run {run} stderr: to stderr"]
+    assert (out["run"], out["stream"], out["level"], out["attempt"]) == (run, "stdout", "INFO", 1)
+    assert (err["run_key"], err["stream"]) == (f"{job}:{run}", "stderr")
+    # the [[worker]] table's output_bytes holds for a command given after -- too
+    assert len(run_row(store, job, at)["output_tail"].split("\n--- stderr ---\n")[0]) == 100
