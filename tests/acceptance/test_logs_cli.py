@@ -229,3 +229,23 @@ def test_follow_ends_quietly_when_its_reader_goes_away(store: Store, sqlite_url:
         run_once(store, job)  # new output to write: into the closed pipe
         assert follower.wait(60) == 141
         assert follower.stderr.read() == b""
+
+
+def test_logs_help_imports_no_database_or_http_library() -> None:
+    probe = (
+        "import sys\n"
+        "sys.argv = ['schedctl', 'logs', '--help']\n"
+        "from schedctl.cli.app import main\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as exc:\n"
+        "    assert exc.code in (0, None), exc.code\n"
+        "heavy = ('sqlalchemy', 'alembic', 'psycopg', 'requests', 'pika', 'kazoo', 'fastapi')\n"
+        "print(sorted(m for m in heavy if m in sys.modules), file=sys.stderr)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--follow" in done.stdout
+    assert done.stderr.strip().splitlines()[-1] == "[]", done.stderr
