@@ -32,6 +32,7 @@ WORKER_KEYS = (
     "tenant",
     "env",
     "alert_command",
+    "output_bytes",
 )
 # A command's environment: what a worker adds to it must be a valid name, never one of the
 # worker's own SCHEDULED_* settings (database URL, keys, token) and never a run variable.
@@ -70,6 +71,8 @@ class WorkerConfig:
     tenant: str | None = None  # name or id; may be left out while one tenant exists
     # run with an alert's JSON on stdin for each command alert of this queue's jobs
     alert_command: tuple[str, ...] = ()
+    # the end of stdout and of stderr kept per run in the run history (`schedctl logs`)
+    output_bytes: int = limits.DEFAULT_OUTPUT_BYTES
 
 
 @dataclass(frozen=True)
@@ -516,6 +519,12 @@ def _workers(raw: Any, origin: str) -> tuple[WorkerConfig, ...]:
                 f"{origin}: alert_command must be a list of strings",
                 field="worker.alert_command",
             )
+        output_bytes = item.get("output_bytes", limits.DEFAULT_OUTPUT_BYTES)
+        if not limits.is_int(output_bytes) or not 0 <= output_bytes <= limits.MAX_OUTPUT_BYTES:
+            raise errors.ConfigError(
+                f"{origin}: output_bytes must be an integer from 0 to {limits.MAX_OUTPUT_BYTES}",
+                field="worker.output_bytes",
+            )
         result.append(
             WorkerConfig(
                 queue=queue,
@@ -525,6 +534,7 @@ def _workers(raw: Any, origin: str) -> tuple[WorkerConfig, ...]:
                 env=env_pairs,
                 tenant=tenant,
                 alert_command=tuple(alert_command),
+                output_bytes=output_bytes,
             )
         )
     return tuple(result)

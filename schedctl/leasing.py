@@ -68,8 +68,9 @@ class LeaseBackend(Protocol):
         """Up to `limit` ready runs of `queue`, held for `lease_seconds`."""
         ...
 
-    def beat(self, lease: LeasedRun, lease_seconds: float) -> Beat:
-        """Extend the lease; whether it is still held and whether the job was cancelled."""
+    def beat(self, lease: LeasedRun, lease_seconds: float, output_tail: str | None = None) -> Beat:
+        """Extend the lease; whether it is still held and whether the job was cancelled.
+        `output_tail`, when given, is the run's output so far (shown by `schedctl logs`)."""
         ...
 
     def ack(

@@ -57,6 +57,10 @@ MAX_RATE_PER_SECOND = 1_000_000
 MIN_LEASE_SECONDS = 1
 MAX_LEASE_SECONDS = 12 * 3600
 MAX_WORKER_CONCURRENCY = 1000
+# a run's output kept in its run history ([[worker]] output_bytes): the end of stdout and
+# of stderr, each; the run history column holds at most MAX_OUTPUT_BYTES characters
+DEFAULT_OUTPUT_BYTES = 64 * 1024
+MAX_OUTPUT_BYTES = 1024 * 1024
 # cron next -n
 MAX_CRON_COUNT = 1000
 # scheduled-d worker --max-runs
@@ -105,6 +109,11 @@ BOUNDS: tuple[tuple[str, str, str], ...] = (
         "worker concurrency",
         "scheduled-d worker --concurrency, [[worker]] concurrency",
         f"1 to {MAX_WORKER_CONCURRENCY}",
+    ),
+    (
+        "worker output kept per run",
+        "[[worker]] output_bytes",
+        f"0 to {MAX_OUTPUT_BYTES} bytes (1 MiB; default {DEFAULT_OUTPUT_BYTES})",
     ),
     ("dead letter age", "dlq purge --older-than", f"above 0, at most {MAX_AGE.days} days"),
     ("worker runs", "scheduled-d worker --max-runs", f"1 to {MAX_RUNS}"),

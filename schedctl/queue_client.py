@@ -10,6 +10,7 @@ is no longer held (lost); a 401 is Unauthorized (a wrong or revoked token stops 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -17,14 +18,18 @@ from urllib.parse import quote
 
 import requests
 
-from schedctl import __version__, errors
+from schedctl import __version__, errors, limits
 from schedctl.leasing import Beat, LeasedRun
 from schedctl.scheduling.timeparse import format_instant
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 # what the run history keeps of an output tail and an error (longer ones are refused)
-MAX_OUTPUT_TAIL_CHARS = 16_384
+MAX_OUTPUT_TAIL_CHARS = limits.MAX_OUTPUT_BYTES
 MAX_ERROR_CHARS = 4096
+# The API refuses request bodies over its limit (at least 1 MiB, scheduled_d.api); an output
+# tail is cut to fit this many bytes of JSON text, leaving room for the rest of the body
+# (an error of MAX_ERROR_CHARS, even escaped, and the times).
+MAX_OUTPUT_JSON_BYTES = 1024 * 1024 - 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -119,8 +124,11 @@ class ApiLeaseBackend:
         assert data is not None  # only lease routes answer 404
         return [ApiLease.from_dict(item) for item in data["items"]]
 
-    def beat(self, lease: LeasedRun, lease_seconds: float) -> Beat:
-        data = self._post(_lease_path(lease, "heartbeat"), {"lease_seconds": lease_seconds})
+    def beat(self, lease: LeasedRun, lease_seconds: float, output_tail: str | None = None) -> Beat:
+        body: dict[str, Any] = {"lease_seconds": lease_seconds}
+        if output_tail is not None:
+            body["output_tail"] = fit_output(output_tail)
+        data = self._post(_lease_path(lease, "heartbeat"), body)
         return Beat.lost if data is None else Beat(data["status"])
 
     def ack(
@@ -214,10 +222,31 @@ def _outcome(
 ) -> dict[str, Any]:
     return {
         "exit_code": exit_code,
-        "output_tail": None if output_tail is None else output_tail[-MAX_OUTPUT_TAIL_CHARS:],
+        "output_tail": fit_output(output_tail),
         "started_at": format_instant(started_at),
         "finished_at": format_instant(finished_at),
     }
+
+
+def fit_output(text: str | None, budget: int = MAX_OUTPUT_JSON_BYTES) -> str | None:
+    """The longest end of `text` (at most MAX_OUTPUT_TAIL_CHARS characters) whose JSON
+    text (as requests sends it: ASCII, escapes of up to 12 bytes a character) is at most
+    `budget` bytes: the request stays under the API's size limit whatever the output."""
+    if text is None:
+        return None
+    # every character takes at least a byte, and the quotes two: a cut that costs nothing
+    text = text[-min(MAX_OUTPUT_TAIL_CHARS, max(budget - 2, 0)) :] if budget > 2 else ""
+    if len(json.dumps(text)) <= budget:
+        return text
+    # binary search on where the kept end starts: at most ~21 encodings of 1 MiB
+    low, high = 0, len(text)  # text[high:] fits (the empty end does), text[low:] does not
+    while high - low > 1:
+        middle = (low + high) // 2
+        if len(json.dumps(text[middle:])) <= budget:
+            high = middle
+        else:
+            low = middle
+    return text[high:]
 
 
 def _instant(value: Any) -> datetime:

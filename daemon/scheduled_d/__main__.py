@@ -384,6 +384,7 @@ def worker(
                 lease_seconds=lease_seconds or (spec.lease_seconds if spec else 30.0),
                 max_runs=max_runs,
                 env={**dict(spec.env if spec else ()), **command_vars},
+                output_bytes=_output_bytes(config, queue),
             )
         except errors.SchedError as error:
             _fail(error)
@@ -409,6 +410,7 @@ def worker(
                 tenant=tenant or (spec.tenant if spec else None),
                 env={**dict(spec.env if spec else ()), **command_vars},
                 alert_command=spec.alert_command if spec else (),
+                output_bytes=_output_bytes(config, queue),
             )
         finally:
             store.close()
@@ -460,6 +462,15 @@ def _worker_spec(config: Config, queue: str) -> WorkerConfig:
         f"{config.source}: give one after --, or add the table",
         field="worker.command",
     )
+
+
+def _output_bytes(config: Config, queue: str) -> int:
+    """output_bytes of the [[worker]] table of `queue` (also when the command is given after
+    --), else the default."""
+    for spec in config.workers:
+        if spec.queue == queue:
+            return spec.output_bytes
+    return limits.DEFAULT_OUTPUT_BYTES
 
 
 @app.command("check-config")

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
+from schedctl import limits
 from schedctl.alerts.metrics import export_last_success
 from schedctl.config import Config, WorkerConfig
 from schedctl.coordination.base import Coordinator
@@ -164,6 +165,7 @@ def _run_all(
                 env=dict(spec.env),
                 tenant=spec.tenant,
                 alert_command=spec.alert_command,
+                output_tail_bytes=spec.output_bytes,
             ).run(worker_stop, force=force)
 
         worker_threads.append(
@@ -318,6 +320,7 @@ def run_worker(
     env: Mapping[str, str] | None = None,
     tenant: str | None = None,
     alert_command: Sequence[str] = (),
+    output_bytes: int = limits.DEFAULT_OUTPUT_BYTES,
 ) -> None:
     with stop_on_signals() as (stop, force):
 
@@ -332,6 +335,7 @@ def run_worker(
                 tenant=tenant,
                 heartbeat_seconds=min(5.0, lease_seconds / 3),  # as in `all`: a short lease works
                 alert_command=alert_command,
+                output_tail_bytes=output_bytes,
             )
             worker.run(stop, max_runs=max_runs, force=force)
 

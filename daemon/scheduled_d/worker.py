@@ -27,12 +27,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from schedctl import errors, retrying
+from schedctl import errors, limits, retrying
 from schedctl.config import command_env
 from schedctl.group_commit import GroupCommit
 from schedctl.leasing import CANCELLED_RUNNING_ERROR, Beat, LeaseBackend
 from schedctl.leasing import LeasedRun as Lease
 from schedctl.scheduling.timeparse import format_instant
+from scheduled_d.output_log import RunOutputLog
 
 if TYPE_CHECKING:
     # the database layer is imported only by DirectBackend: `--api` workers never load it
@@ -117,7 +118,8 @@ class Worker:
     - lease_seconds: visibility timeout of a lease; heartbeat_seconds must be shorter.
     - poll_seconds: how long to wait between polls when the queue is empty.
     - owner: this worker's lease owner name (default: host:pid:random).
-    - output_tail_bytes: how much of the end of stdout and of stderr is kept.
+    - output_tail_bytes: how much of the end of stdout and of stderr (each) is kept in the
+      run history ([[worker]] output_bytes; at most limits.MAX_OUTPUT_BYTES).
     - kill_grace_seconds: after SIGTERM (timeout, cancel, lost lease), when SIGKILL follows;
       both go to the command's whole process group, even once the command has exited.
     - reap_seconds: how often to settle expired leases of any queue (default lease/2).
@@ -139,7 +141,7 @@ class Worker:
         heartbeat_seconds: float = 5.0,
         poll_seconds: float = 0.5,
         owner: str | None = None,
-        output_tail_bytes: int = 4096,
+        output_tail_bytes: int = limits.DEFAULT_OUTPUT_BYTES,
         kill_grace_seconds: float = 5.0,
         reap_seconds: float | None = None,
         env: Mapping[str, str] | None = None,
@@ -159,8 +161,10 @@ class Worker:
                 f"({lease_seconds} s)",
                 field="heartbeat_seconds",
             )
-        if output_tail_bytes < 0:
-            raise errors.ConfigError("must not be negative", field="output_tail_bytes")
+        if not 0 <= output_tail_bytes <= limits.MAX_OUTPUT_BYTES:
+            raise errors.ConfigError(
+                f"must be from 0 to {limits.MAX_OUTPUT_BYTES}", field="output_tail_bytes"
+            )
         self.backend: LeaseBackend = (
             store if isinstance(store, LeaseBackend) else DirectBackend(store, tenant)
         )
@@ -457,6 +461,13 @@ class Worker:
             os.set_blocking(fd, False)
         for fd in sinks:
             selector.register(fd, selectors.EVENT_READ)
+        # each line also goes to the daemon's log, tagged with the job and the run (bounded)
+        output_log = RunOutputLog(lease)
+        streams = {process.stdout.fileno(): "stdout", process.stderr.fileno(): "stderr"}
+
+        def on_output(fd: int, chunk: bytes) -> None:
+            output_log.feed(streams[fd], chunk)
+
         if pending:
             selector.register(stdin_fd, selectors.EVENT_WRITE)
         else:
@@ -466,6 +477,7 @@ class Worker:
         deadline = begun + lease.timeout_seconds if lease.timeout_seconds > 0 else None
         next_heartbeat = begun + self.heartbeat_seconds
         last_confirmed = begun  # when the lease was last known to be ours
+        output_sent = (0, 0)  # output bytes of (stdout, stderr) when a heartbeat last sent it
         # after a SIGTERM (timeout, cancel, lost lease): when the group gets SIGKILL
         kill_at: float | None = None
         exited_at: float | None = None
@@ -521,7 +533,14 @@ class Worker:
                 # recorded yet, and the lease must still be ours when it is
                 if now >= next_heartbeat and not outcome.lease_lost:
                     next_heartbeat = now + self.heartbeat_seconds
-                    beat = self._heartbeat(lease)
+                    # the output so far rides along when it grew (`schedctl logs --follow`)
+                    output_seen = (stdout.total, stderr.total)
+                    grown = output_seen != output_sent
+                    beat = self._heartbeat(
+                        lease, _combine_tails(stdout.text(), stderr.text()) if grown else None
+                    )
+                    if beat is not None:  # else the next heartbeat sends it again
+                        output_sent = output_seen
                     if beat is Beat.extended or beat is Beat.cancelled:
                         last_confirmed = now
                     if beat is Beat.cancelled and not outcome.cancelled and exited_at is None:
@@ -552,7 +571,7 @@ class Worker:
                 timeout = max(0.0, min(wake) - time.monotonic())
                 if selector.get_map():
                     for key, _events in selector.select(timeout):
-                        pending = self._pump(key.fd, selector, sinks, process, pending)
+                        pending = self._pump(key.fd, selector, sinks, process, pending, on_output)
                 elif exited_at is None:
                     try:
                         process.wait(timeout)
@@ -562,6 +581,7 @@ class Worker:
                     # the leader is gone and the group awaits its SIGKILL
                     self._force.wait(timeout)
         finally:
+            output_log.close()
             selector.close()
             for stream in (process.stdin, process.stdout, process.stderr):
                 if stream is not None and not stream.closed:
@@ -573,11 +593,11 @@ class Worker:
             outcome.returncode = process.wait()
         return outcome
 
-    def _heartbeat(self, lease: Lease) -> Beat | None:
+    def _heartbeat(self, lease: Lease, output_tail: str | None = None) -> Beat | None:
         """Extend the lease and learn whether the job was cancelled; None when the
-        backend could not say."""
+        backend could not say. `output_tail`: the output so far, when it grew."""
         try:
-            return self.backend.beat(lease, self.lease_seconds)
+            return self.backend.beat(lease, self.lease_seconds, output_tail)
         except errors.StoreUnavailable as exc:
             log.warning("run %s: heartbeat failed: %s", lease.idempotency_key, exc)
             return None
@@ -589,8 +609,10 @@ class Worker:
         sinks: dict[int, TailBuffer],
         process: subprocess.Popen[bytes],
         pending: memoryview,
+        on_output: Callable[[int, bytes], None] | None = None,
     ) -> memoryview:
-        """Move bytes for one ready pipe; returns what is left to write to stdin."""
+        """Move bytes for one ready pipe; returns what is left to write to stdin. Output
+        read also goes to `on_output(fd, chunk)` (the daemon log's copy)."""
         if fd in sinks:
             try:
                 chunk = os.read(fd, READ_CHUNK)
@@ -598,6 +620,8 @@ class Worker:
                 return pending
             if chunk:
                 sinks[fd].write(chunk)
+                if on_output is not None:
+                    on_output(fd, chunk)
             else:
                 selector.unregister(fd)
                 del sinks[fd]
@@ -748,13 +772,13 @@ class DirectBackend:
         record_presence(self.store, self.tenant_id, queue, owner, lease_seconds)
         return leases
 
-    def beat(self, lease: Lease, lease_seconds: float) -> Beat:
+    def beat(self, lease: Lease, lease_seconds: float, output_tail: str | None = None) -> Beat:
         from schedctl.storage.workers import record_presence
 
         stored = _stored(lease)
         # a busy worker polls no more: its heartbeats say it is still there
         record_presence(self.store, stored.tenant_id, stored.queue, stored.owner, lease_seconds)
-        return self.repo.beat(stored, lease_seconds)
+        return self.repo.beat(stored, lease_seconds, output_tail)
 
     def ack(
         self,
@@ -882,6 +906,7 @@ def run_api_worker(
     lease_seconds: float,
     max_runs: int | None,
     env: Mapping[str, str] | None = None,
+    output_bytes: int = limits.DEFAULT_OUTPUT_BYTES,
 ) -> None:
     """The tenant worker (`scheduled-d worker --api URL`): leases, heartbeats and settles
     through the REST API with the tenant's token; no database, no database code."""
@@ -905,6 +930,7 @@ def run_api_worker(
                 lease_seconds=lease_seconds,
                 heartbeat_seconds=heartbeat,
                 env=env,
+                output_tail_bytes=output_bytes,
             )
             worker.run(stop, max_runs=max_runs, force=force)
     finally:

@@ -24,6 +24,7 @@ from schedctl.cli import (
     dlq,
     import_crontab,
     jobs,
+    logs,
     runs,
     status,
     tenant_allow,
@@ -144,6 +145,7 @@ app.add_typer(db.app, name="db")
 app.add_typer(tenants.app, name="tenant")
 app.add_typer(jobs.app, name="job")
 app.command("runs")(runs.runs)
+app.command("logs")(logs.logs)
 app.add_typer(cron_cmd.app, name="cron")
 app.command("audit")(audit.audit)
 app.command("status")(status.status)

@@ -35,11 +35,12 @@ from schedctl.storage.settle import (
     CANCELLED_ERROR,
     CANCELLED_RUNNING_ERROR,
     LOST_ERROR,
-    MAX_TEXT_CHARS,
+    MAX_OUTPUT_CHARS,
     STOPPED_JOB_STATUSES,
     Attempt,
     Ending,
     Held,
+    clip,
     lost,
     settle,
     skip_cancelled,
@@ -59,7 +60,7 @@ __all__ = [
     "worker_tenant",
 ]
 
-MAX_OUTPUT_TAIL_CHARS = MAX_TEXT_CHARS
+MAX_OUTPUT_TAIL_CHARS = MAX_OUTPUT_CHARS
 
 
 @dataclass(frozen=True)
@@ -356,9 +357,11 @@ class QueueRepo:
         """Extend the lease; False when it is no longer ours (expired and reaped or taken)."""
         return self.beat(lease, lease_seconds) is not Beat.lost
 
-    def beat(self, lease: Lease, lease_seconds: float) -> Beat:
+    def beat(self, lease: Lease, lease_seconds: float, output_tail: str | None = None) -> Beat:
         """Extend the lease and look at the job: lost, cancelled (stop the command) or
-        extended. One short transaction; the worker calls it every few seconds."""
+        extended. One short transaction; the worker calls it every few seconds. An
+        `output_tail` (the output so far) goes to the running run's row, where
+        `schedctl logs --follow` reads it before the run finishes."""
         m = schema.queue_messages
         with self.store.tx() as connection:
             now = db_now(connection)
@@ -369,6 +372,17 @@ class QueueRepo:
             )
             if result.rowcount != 1:
                 return Beat.lost
+            if output_tail is not None:
+                r = schema.runs
+                connection.execute(
+                    update(r)
+                    .where(
+                        r.c.job_id == lease.job_id,
+                        r.c.scheduled_at == lease.scheduled_at,
+                        r.c.status == RunStatus.running.value,
+                    )
+                    .values(output_tail=clip(output_tail, MAX_OUTPUT_CHARS))
+                )
             status = connection.execute(
                 select(schema.jobs.c.status).where(schema.jobs.c.job_id == lease.job_id)
             ).scalar_one_or_none()

@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy import Table, bindparam, delete, insert, or_, update
 from sqlalchemy.engine import Connection
 
+from schedctl import limits
 from schedctl.backoff import backoff_delay
 
 # the worker side (no database) owns the text; settling records it
@@ -34,6 +35,9 @@ CANCELLED_ERROR = "job cancelled before delivery"
 # Kept in the database no longer than a run history column should hold; the end of an
 # output (or error) says why it ended, so the end is what is kept.
 MAX_TEXT_CHARS = 16_384
+# A command's output: what a worker keeps of it (its output_bytes, limits.DEFAULT_OUTPUT_BYTES)
+# reaches the run history whole, up to this bound (1 Mi characters).
+MAX_OUTPUT_CHARS = limits.MAX_OUTPUT_BYTES
 # A cancelled job's run that has not started (again) is skipped from these statuses: waiting
 # for its first delivery, or for a retry after a failed or lost attempt.
 SKIPPABLE_STATUSES = (RunStatus.dispatched, RunStatus.failed, RunStatus.lost)
@@ -92,13 +96,13 @@ class Settled:
     stopped: int = 0
 
 
-def clip(text: str | None) -> str | None:
-    """The last MAX_TEXT_CHARS characters, storable in any text column."""
+def clip(text: str | None, limit: int = MAX_TEXT_CHARS) -> str | None:
+    """The last `limit` characters, storable in any text column."""
     if text is None:
         return None
     # Postgres text cannot hold NUL: a command printing one must not make its outcome
     # unrecordable (the run would be delivered again forever)
-    return text[-MAX_TEXT_CHARS:].replace("\x00", "\ufffd")
+    return text[-limit:].replace("\x00", "\ufffd")
 
 
 def unexpected_error(exc: BaseException) -> str:
@@ -196,7 +200,7 @@ def settle(
                 "b_finished_at": attempt.finished_at,
                 "b_exit_code": attempt.exit_code,
                 "b_error": error,
-                "b_output_tail": clip(attempt.output_tail),
+                "b_output_tail": clip(attempt.output_tail, MAX_OUTPUT_CHARS),
                 "b_worker": attempt.worker[:_WORKER_CHARS] if attempt.worker else None,
                 "b_recorded": _recorded(attempt.ending).value,
             }

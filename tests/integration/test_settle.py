@@ -22,6 +22,7 @@ from schedctl.storage.queue import QueueRepo
 from schedctl.storage.settle import (
     CANCELLED_ERROR,
     LOST_ERROR,
+    MAX_OUTPUT_CHARS,
     MAX_TEXT_CHARS,
     SKIPPABLE_STATUSES,
     clip,
@@ -159,6 +160,10 @@ def test_clip_keeps_the_end() -> None:
     assert clipped.endswith("the end") and not clipped.startswith("start")
     assert clip("nul\x00byte") == "nul\ufffdbyte"
     assert clip(None) is None
+    # output has its own, larger bound (limits.MAX_OUTPUT_BYTES: 1 MiB)
+    output = "start" + "y" * MAX_OUTPUT_CHARS + "the end"
+    kept = clip(output, MAX_OUTPUT_CHARS)
+    assert kept is not None and len(kept) == MAX_OUTPUT_CHARS and kept.endswith("the end")
 
 
 def test_both_paths_keep_the_end_of_long_output(store: Store) -> None:
@@ -186,7 +191,8 @@ def test_both_paths_keep_the_end_of_long_output(store: Store) -> None:
         (attempt,) = attempts(store, job_id, scheduled_at)
         run = run_row(store, job_id, scheduled_at)
         for tail in (attempt["output_tail"], run["output_tail"]):
-            assert len(tail) <= MAX_TEXT_CHARS and tail.endswith("the end")
+            # an output over the old 16 KiB is kept whole (it is under MAX_OUTPUT_CHARS)
+            assert tail == long
     (letter,) = dead_letters(store)
     assert len(letter["last_error"]) == MAX_TEXT_CHARS and letter["last_error"].endswith("end")
 

@@ -28,7 +28,7 @@ from fastapi import APIRouter, Depends, Path, Request
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
-from schedctl import errors
+from schedctl import errors, limits
 from schedctl.leasing import Beat
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.service import Scheduler
@@ -40,7 +40,9 @@ from scheduled_d.api.schemas import error_responses
 MAX_LEASES_PER_CALL = 100
 MAX_LEASE_SECONDS = 3600
 DEFAULT_LEASE_SECONDS = 30
-MAX_OUTPUT_TAIL_CHARS = 65_536
+# what a worker may keep of a run's output ([[worker]] output_bytes); the request size limit
+# (at least 1 MiB, scheduled_d.api) bounds the body too: the worker cuts its tail to fit
+MAX_OUTPUT_TAIL_CHARS = limits.MAX_OUTPUT_BYTES
 MAX_ERROR_CHARS = 4096
 _LEASE_ID = re.compile(r"([0-9]{1,18})\.([0-9a-f]{32})")
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}")
@@ -63,12 +65,6 @@ class LeaseRequest(BaseModel):
     )
 
 
-class HeartbeatRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    lease_seconds: float = _lease_seconds("The lease is extended to now plus this.")
-
-
 def _storable(value: str | None) -> str | None:
     """Text the database can hold: JSON can spell NUL, which Postgres text refuses; it
     becomes U+FFFD (pydantic already refuses unpaired surrogates: a 422)."""
@@ -78,6 +74,17 @@ def _storable(value: str | None) -> str | None:
 
 
 Storable = Annotated[str, AfterValidator(_storable)]
+
+
+class HeartbeatRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    lease_seconds: float = _lease_seconds("The lease is extended to now plus this.")
+    output_tail: Storable | None = Field(
+        default=None,
+        max_length=MAX_OUTPUT_TAIL_CHARS,
+        description="The output so far (shown by `schedctl logs` while the run runs).",
+    )
 
 
 class AckRequest(BaseModel):
@@ -283,7 +290,7 @@ def heartbeat(
     request = _parse(HeartbeatRequest, body)
     lease = _held(scheduler, caller, lease_id)
     record_presence(scheduler.store, *api_worker(caller, lease.queue), request.lease_seconds)
-    beat = QueueRepo(scheduler.store).beat(lease, request.lease_seconds)
+    beat = QueueRepo(scheduler.store).beat(lease, request.lease_seconds, request.output_tail)
     if beat is Beat.lost:
         raise _lost()
     return {"status": beat.value}
