@@ -130,12 +130,14 @@ def alert_body(
     attempt: int | None,
     error: str | None,
     at: datetime,
+    job_name: str | None = None,
 ) -> dict[str, Any]:
     """What every channel sends: the run and why; never the job's payload."""
     return {
         "alert": kind,
         "tenant_id": tenant_id,
         "job_id": job_id,
+        "job_name": job_name,
         "scheduled_at": scheduled_at.isoformat(),
         "attempt": attempt,
         "error": error,

@@ -44,9 +44,11 @@ def message(sender: str, recipients: list[str], alert: dict[str, Any]) -> EmailM
     mail = EmailMessage()
     mail["From"] = sender
     mail["To"] = ", ".join(recipients)
+    job = alert.get("job_id")
+    if alert.get("job_name"):
+        job = f"{alert['job_name']} ({job})"
     mail["Subject"] = (
-        f"[scheduled] {alert.get('alert')}: job {alert.get('job_id')} "
-        f"(tenant {alert.get('tenant_id')})"
+        f"[scheduled] {alert.get('alert')}: job {job} (tenant {alert.get('tenant_id')})"
     )
     mail.set_content(json.dumps(alert, indent=2, sort_keys=True) + "\n")
     return mail

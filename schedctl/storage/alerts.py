@@ -120,6 +120,15 @@ def _effective(
     return result
 
 
+def _job_names(connection: Connection, job_ids: set[str]) -> dict[str, str]:
+    """Names for the alert texts: an operator reads "backup@web1", not a job id."""
+    if not job_ids:
+        return {}
+    j = schema.jobs
+    rows = connection.execute(select(j.c.job_id, j.c.name).where(j.c.job_id.in_(job_ids)))
+    return {row.job_id: row.name for row in rows}
+
+
 # -- queueing --------------------------------------------------------------------------
 
 
@@ -177,6 +186,9 @@ def queue_for_failures(connection: Connection, failures: Sequence[Failure], now:
     if not failures:
         return
     configs = _effective(connection, ((f.tenant_id, f.job_id) for f in failures))
+    names = _job_names(
+        connection, {f.job_id for f in failures if (f.tenant_id, f.job_id) in configs}
+    )
     rows: list[dict[str, Any]] = []
     for f in failures:
         config = configs.get((f.tenant_id, f.job_id))
@@ -197,6 +209,7 @@ def queue_for_failures(connection: Connection, failures: Sequence[Failure], now:
                 attempt=f.attempt,
                 error=f.error,
                 at=now,
+                job_name=names.get(f.job_id),
             )
             rows += _rows(
                 config,
@@ -229,7 +242,9 @@ def check_no_success(store: Store, *, limit: int = NO_SUCCESS_BATCH) -> int:
                 defaults[row.tenant_id] = config
             else:
                 own[row.job_id] = config
-        candidates = select(j.c.job_id, j.c.tenant_id, j.c.created_at, j.c.target_type, j.c.target)
+        candidates = select(
+            j.c.job_id, j.c.tenant_id, j.c.name, j.c.created_at, j.c.target_type, j.c.target
+        )
         candidates = candidates.where(j.c.status == JobStatus.active.value)
         wanted = [jid for jid, c in own.items() if c.no_success is not None]
         tenants = [t for t, c in defaults.items() if c.no_success is not None]
@@ -256,6 +271,7 @@ def check_no_success(store: Store, *, limit: int = NO_SUCCESS_BATCH) -> int:
                 attempt=None,
                 error=f"no successful run since {start.isoformat()}",
                 at=now,
+                job_name=job.name,
             )
             new = _rows(
                 found,
