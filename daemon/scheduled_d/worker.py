@@ -182,7 +182,10 @@ class Worker:
         self._force = threading.Event()
         self._slot_freed = threading.Event()
         self._lock = threading.Lock()
-        self._active: set[threading.Thread] = set()
+        self._active: set[threading.Thread] = set()  # run threads, until recorded
+        # run threads whose command runs (or starts): what `concurrency` bounds. A thread
+        # leaves it once its command has exited, so the next lease overlaps the recording
+        self._commands: set[threading.Thread] = set()
         self._sequence = 0
         self._unavailable = False
         self.store_errors = 0  # backend calls of the lease loop that found it unavailable
@@ -295,7 +298,14 @@ class Worker:
 
     def _active_count(self) -> int:
         with self._lock:
-            return len(self._active)
+            return len(self._commands)
+
+    def _command_done(self) -> None:
+        """The calling run thread's command has exited: its slot is free for the next
+        lease while the outcome is still being recorded."""
+        with self._lock:
+            self._commands.discard(threading.current_thread())
+        self._slot_freed.set()
 
     def _start(self, lease: Lease) -> None:
         with self._lock:
@@ -307,6 +317,7 @@ class Worker:
                 daemon=True,
             )
             self._active.add(thread)
+            self._commands.add(thread)
         thread.start()
 
     def _drain(self) -> None:
@@ -339,6 +350,7 @@ class Worker:
         finally:
             with self._lock:
                 self._active.discard(threading.current_thread())
+                self._commands.discard(threading.current_thread())
             self._slot_freed.set()
 
     def _environment(self, lease: Lease, extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -400,6 +412,7 @@ class Worker:
             return
         stdout, stderr = TailBuffer(self.output_tail_bytes), TailBuffer(self.output_tail_bytes)
         outcome = self._supervise(lease, process, spec.stdin, stdout, stderr)
+        self._command_done()
         finished_at = datetime.now(UTC)
         tail = _combine_tails(stdout.text(), stderr.text())
         if outcome.cancelled and not outcome.lease_lost:
