@@ -26,8 +26,6 @@ from schedctl.jobpatch import JobPatch
 from schedctl.models import Job, JobStatus
 from schedctl.scheduling.schedules import (
     AfterSchedule,
-    OnceSchedule,
-    first_occurrence,
     schedule_to_dict,
 )
 from schedctl.scheduling.windows import fire_time
@@ -35,7 +33,7 @@ from schedctl.storage import dependencies, job_lookup, schema
 from schedctl.storage.audit import audit
 from schedctl.storage.changes import notify_job_change
 from schedctl.storage.clock import db_now
-from schedctl.storage.jobs import JobRepo
+from schedctl.storage.jobs import JobRepo, reschedule_values
 from schedctl.storage.payloads import encode_payload
 from schedctl.storage.store import Store
 
@@ -183,34 +181,12 @@ def _values(job: Job, patch: JobPatch, now: datetime) -> dict[str, Any]:
     if patch.after is not None:
         values.update(_after_values(job))
     elif patch.schedule is not None:
-        values.update(_schedule_values(job, patch, window, now))
+        values.update(reschedule_values(job, patch.schedule, window, now))
     elif patch.window_seconds is not None and job.next_fire_at is not None:
         # the fire time is the next run spread over the window: a new window moves it
         assert job.next_run_at is not None
         values["next_fire_at"] = fire_time(job.job_id, job.next_run_at, window)
     return values
-
-
-def _schedule_values(job: Job, patch: JobPatch, window: int, now: datetime) -> dict[str, Any]:
-    """As a reschedule: the next run from now, and a completed job becomes active again."""
-    schedule = patch.schedule
-    assert schedule is not None
-    if isinstance(schedule, OnceSchedule) and schedule.run_at <= now:
-        raise errors.ValidationError("run_at is in the past", field="run_at")
-    next_run = first_occurrence(schedule, now, start=job.start_at, end=job.end_at)
-    if next_run is None:
-        raise errors.ValidationError(
-            "the schedule has no run between its start and end", field="schedule"
-        )
-    status = JobStatus.paused if job.status is JobStatus.paused else JobStatus.active
-    return {
-        "schedule": json.dumps(schedule_to_dict(schedule)),
-        "status": status.value,
-        "next_run_at": next_run,
-        "next_fire_at": (
-            fire_time(job.job_id, next_run, window) if status is JobStatus.active else None
-        ),
-    }
 
 
 def _after_values(job: Job) -> dict[str, Any]:

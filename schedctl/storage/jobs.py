@@ -36,7 +36,7 @@ from schedctl.storage.rows import job_from_row, run_from_row
 from schedctl.storage.store import Store
 
 # MAX_PAGE (defined in cursors.py) is re-exported: the API takes its page bound from here
-__all__ = ["MAX_PAGE", "JobRepo", "new_job_id", "partition_of"]
+__all__ = ["MAX_PAGE", "JobRepo", "new_job_id", "partition_of", "reschedule_values"]
 
 
 def new_job_id() -> str:
@@ -47,6 +47,27 @@ def new_job_id() -> str:
 def partition_of(job_id: str, partition_count: int) -> int:
     # a stable hash: Python's hash() differs between processes
     return int.from_bytes(hashlib.sha256(job_id.encode()).digest()[:4], "big") % partition_count
+
+
+def reschedule_values(job: Job, schedule: Schedule, window: int, now: datetime) -> dict[str, Any]:
+    """The columns a new schedule sets (a reschedule, or an update with a schedule): the
+    next run from now; a paused job stays paused, any other becomes active again."""
+    if isinstance(schedule, OnceSchedule) and schedule.run_at <= now:
+        raise errors.ValidationError("run_at is in the past", field="run_at")
+    next_run = first_occurrence(schedule, now, start=job.start_at, end=job.end_at)
+    if next_run is None:
+        raise errors.ValidationError(
+            "the schedule has no run between its start and end", field="schedule"
+        )
+    status = JobStatus.paused if job.status is JobStatus.paused else JobStatus.active
+    return {
+        "schedule": json.dumps(schedule_to_dict(schedule)),
+        "status": status.value,
+        "next_run_at": next_run,
+        "next_fire_at": (
+            fire_time(job.job_id, next_run, window) if status is JobStatus.active else None
+        ),
+    }
 
 
 class JobRepo:
@@ -329,33 +350,13 @@ class JobRepo:
         *,
         actor: str,
     ) -> Job:
-        def values(job: Job, now: datetime) -> dict[str, Any]:
-            if isinstance(schedule, OnceSchedule) and schedule.run_at <= now:
-                raise errors.ValidationError("run_at is in the past", field="run_at")
-            next_run = first_occurrence(schedule, now, start=job.start_at, end=job.end_at)
-            if next_run is None:
-                raise errors.ValidationError(
-                    "the schedule has no run between its start and end", field="schedule"
-                )
-            status = JobStatus.paused if job.status is JobStatus.paused else JobStatus.active
-            return {
-                "schedule": json.dumps(schedule_to_dict(schedule)),
-                "status": status.value,
-                "next_run_at": next_run,
-                "next_fire_at": (
-                    fire_time(job.job_id, next_run, job.window_seconds)
-                    if status is JobStatus.active
-                    else None
-                ),
-            }
-
         return self._change(
             job_id,
             tenant_id,
             actor=actor,
             action="reschedule",
             allowed={JobStatus.active, JobStatus.paused, JobStatus.completed},
-            values=values,
+            values=lambda job, now: reschedule_values(job, schedule, job.window_seconds, now),
             detail={"schedule": schedule_to_dict(schedule)},
         )
 
