@@ -32,11 +32,10 @@ from schedctl.config import command_env
 from schedctl.leasing import CANCELLED_RUNNING_ERROR, Beat, LeaseBackend
 from schedctl.leasing import LeasedRun as Lease
 from schedctl.scheduling.timeparse import format_instant
+from scheduled_d.direct_backend import DirectBackend
 
 if TYPE_CHECKING:
     # the database layer is imported only by DirectBackend: `--api` workers never load it
-    from schedctl.storage.queue import Lease as StoredLease
-    from schedctl.storage.queue import QueueRepo
     from schedctl.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -681,106 +680,6 @@ class Worker:
                 lease.attempt,
             )
         return recorded
-
-
-class DirectBackend:
-    """The operator worker's backend: the database, through QueueRepo, for one tenant's
-    queue.
-
-    - tenant: the tenant's name or id; may be left out while exactly one tenant exists
-      (ConfigError otherwise: a worker guessing could run one tenant's runs with a command
-      meant for another's).
-    """
-
-    def __init__(self, store: Store, tenant: str | None = None) -> None:
-        from schedctl.storage.queue import QueueRepo, worker_tenant
-
-        self.store = store
-        self.repo: QueueRepo = QueueRepo(store)
-        self.tenant_id = worker_tenant(store, tenant)
-
-    def lease(self, queue: str, owner: str, lease_seconds: float, limit: int) -> list[Lease]:
-        from schedctl.storage.workers import record_presence
-
-        leases: list[Lease] = list(
-            self.repo.lease(queue, owner, lease_seconds, limit, tenant_id=self.tenant_id)
-        )
-        # a poll says this worker serves the queue (`schedctl status`); throttled
-        record_presence(self.store, self.tenant_id, queue, owner, lease_seconds)
-        return leases
-
-    def beat(self, lease: Lease, lease_seconds: float) -> Beat:
-        from schedctl.storage.workers import record_presence
-
-        stored = _stored(lease)
-        # a busy worker polls no more: its heartbeats say it is still there
-        record_presence(self.store, stored.tenant_id, stored.queue, stored.owner, lease_seconds)
-        return self.repo.beat(stored, lease_seconds)
-
-    def ack(
-        self,
-        lease: Lease,
-        *,
-        exit_code: int | None,
-        output_tail: str | None,
-        started_at: datetime,
-        finished_at: datetime,
-    ) -> bool:
-        return self.repo.ack(
-            _stored(lease),
-            exit_code=exit_code,
-            output_tail=output_tail,
-            started_at=started_at,
-            finished_at=finished_at,
-        )
-
-    def fail(
-        self,
-        lease: Lease,
-        *,
-        error: str,
-        exit_code: int | None,
-        output_tail: str | None,
-        started_at: datetime,
-        finished_at: datetime,
-    ) -> bool:
-        return self.repo.fail(
-            _stored(lease),
-            error=error,
-            exit_code=exit_code,
-            output_tail=output_tail,
-            started_at=started_at,
-            finished_at=finished_at,
-        )
-
-    def stop_cancelled(
-        self,
-        lease: Lease,
-        *,
-        exit_code: int | None,
-        output_tail: str | None,
-        started_at: datetime,
-        finished_at: datetime,
-        error: str,
-    ) -> bool:
-        return self.repo.stop_cancelled(
-            _stored(lease),
-            exit_code=exit_code,
-            output_tail=output_tail,
-            started_at=started_at,
-            finished_at=finished_at,
-            error=error,
-        )
-
-    def reap(self) -> int:
-        return self.repo.expire_leases()
-
-
-def _stored(lease: Lease) -> StoredLease:
-    from schedctl.storage.queue import Lease as StoredLease
-
-    assert isinstance(lease, StoredLease), "a lease is settled by the backend that leased it"
-    return lease
 
 
 def _kill_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:

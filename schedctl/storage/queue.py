@@ -25,7 +25,7 @@ from sqlalchemy import and_, case, delete, func, or_, select, update
 from sqlalchemy.engine import Connection, RowMapping
 
 from schedctl import errors
-from schedctl.leasing import Beat
+from schedctl.leasing import Beat, Finish, Settlement, Settles
 from schedctl.models import RunStatus, TargetType, run_key
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
@@ -116,7 +116,7 @@ class QueueStat:
     oldest_ready_seconds: float = 0.0
 
 
-class QueueRepo:
+class QueueRepo(Settles[Lease]):
     """The built-in queue over the `outbox`, `queue_messages`, `runs`, `run_attempts` and
     `dead_letters` tables."""
 
@@ -363,61 +363,12 @@ class QueueRepo:
             ).scalar_one_or_none()
             return Beat.cancelled if status in STOPPED_JOB_STATUSES else Beat.extended
 
-    def stop_cancelled(
-        self,
-        lease: Lease,
-        *,
-        exit_code: int | None,
-        output_tail: str | None,
-        started_at: datetime,
-        finished_at: datetime,
-        error: str = CANCELLED_RUNNING_ERROR,
-    ) -> bool:
-        """The job was cancelled and its running command stopped: record the attempt as
-        failed, retry nothing, dead-letter nothing (the cancel asked for exactly this).
-        False (and nothing changed) when the lease is no longer ours."""
-        return self._finish(
-            lease,
-            Ending.stopped,
-            error=error,
-            exit_code=exit_code,
-            output_tail=output_tail,
-            started_at=started_at,
-            finished_at=finished_at,
-        )
+    # ack, fail and stop_cancelled come from Settles: a success drops the message; a failure
+    # is retried after a backoff or, with the attempts used up, dead-lettered; a cancelled
+    # run's stopped attempt is recorded as failed and neither retried nor dead-lettered (the
+    # cancel asked for exactly this)
 
-    def ack(
-        self,
-        lease: Lease,
-        *,
-        exit_code: int | None,
-        output_tail: str | None,
-        started_at: datetime,
-        finished_at: datetime,
-    ) -> bool:
-        """The run succeeded: drop the message, record the attempt. False (and nothing
-        changed) when the lease is no longer ours."""
-        return self._finish(
-            lease,
-            Ending.succeeded,
-            error=None,
-            exit_code=exit_code,
-            output_tail=output_tail,
-            started_at=started_at,
-            finished_at=finished_at,
-        )
-
-    def _finish(
-        self,
-        lease: Lease,
-        ending: Ending,
-        *,
-        error: str | None,
-        exit_code: int | None,
-        output_tail: str | None,
-        started_at: datetime,
-        finished_at: datetime,
-    ) -> bool:
+    def settle(self, lease: Lease, settlement: Settlement) -> bool:
         """Settle the lease's attempt if the lease is still ours; False (and nothing
         changed) otherwise."""
         with self.store.tx() as connection:
@@ -426,39 +377,16 @@ class QueueRepo:
                 return False
             ((held, _owner),) = found
             attempt = Attempt(
-                ending,
-                started_at,
-                finished_at,
+                _ENDINGS[settlement.finish],
+                settlement.started_at,
+                settlement.finished_at,
                 lease.owner,
-                error=error,
-                exit_code=exit_code,
-                output_tail=output_tail,
+                error=settlement.error,
+                exit_code=settlement.exit_code,
+                output_tail=settlement.output_tail,
             )
             settle(connection, [(held, attempt)], now=db_now(connection), rng=self._rng)
             return True
-
-    def fail(
-        self,
-        lease: Lease,
-        *,
-        error: str,
-        exit_code: int | None,
-        output_tail: str | None,
-        started_at: datetime,
-        finished_at: datetime,
-    ) -> bool:
-        """The attempt failed: record it, then retry after a backoff or, with the attempts
-        used up, dead-letter the run. False (and nothing changed) when the lease is no
-        longer ours."""
-        return self._finish(
-            lease,
-            Ending.retryable,
-            error=error,
-            exit_code=exit_code,
-            output_tail=output_tail,
-            started_at=started_at,
-            finished_at=finished_at,
-        )
 
     def expire_leases(self, limit: int = 500) -> int:
         """Settle messages whose lease ran out (their worker died or lost the database):
@@ -638,6 +566,13 @@ class QueueRepo:
             owner=owner,
             leased_until=row["leased_until"],
         )
+
+
+_ENDINGS = {
+    Finish.succeeded: Ending.succeeded,
+    Finish.failed: Ending.retryable,
+    Finish.cancelled: Ending.stopped,
+}
 
 
 def worker_tenant(store: Store, tenant: str | None, *, field: str = "tenant") -> str:

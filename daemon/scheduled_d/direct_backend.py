@@ -1,0 +1,65 @@
+"""Owns `DirectBackend`, the operator worker's LeaseBackend: one tenant's queue in the
+database, through schedctl.storage.queue.QueueRepo.
+
+The database layer is imported only when a DirectBackend is made, so a tenant worker
+(`--api`), which imports this module with the worker, loads no database code.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from schedctl.leasing import Beat, LeaseBackend, LeasedRun, Settlement
+
+if TYPE_CHECKING:
+    from schedctl.storage.queue import Lease as StoredLease
+    from schedctl.storage.queue import QueueRepo
+    from schedctl.storage.store import Store
+
+
+class DirectBackend(LeaseBackend):
+    """The operator worker's backend: the database, through QueueRepo, for one tenant's
+    queue.
+
+    - tenant: the tenant's name or id; may be left out while exactly one tenant exists
+      (ConfigError otherwise: a worker guessing could run one tenant's runs with a command
+      meant for another's).
+    """
+
+    def __init__(self, store: Store, tenant: str | None = None) -> None:
+        from schedctl.storage.queue import QueueRepo, worker_tenant
+
+        self.store = store
+        self.repo: QueueRepo = QueueRepo(store)
+        self.tenant_id = worker_tenant(store, tenant)
+
+    def lease(self, queue: str, owner: str, lease_seconds: float, limit: int) -> list[LeasedRun]:
+        from schedctl.storage.workers import record_presence
+
+        leases: list[LeasedRun] = list(
+            self.repo.lease(queue, owner, lease_seconds, limit, tenant_id=self.tenant_id)
+        )
+        # a poll says this worker serves the queue (`schedctl status`); throttled
+        record_presence(self.store, self.tenant_id, queue, owner, lease_seconds)
+        return leases
+
+    def beat(self, lease: LeasedRun, lease_seconds: float) -> Beat:
+        from schedctl.storage.workers import record_presence
+
+        stored = _stored(lease)
+        # a busy worker polls no more: its heartbeats say it is still there
+        record_presence(self.store, stored.tenant_id, stored.queue, stored.owner, lease_seconds)
+        return self.repo.beat(stored, lease_seconds)
+
+    def settle(self, lease: LeasedRun, settlement: Settlement) -> bool:
+        return self.repo.settle(_stored(lease), settlement)
+
+    def reap(self) -> int:
+        return self.repo.expire_leases()
+
+
+def _stored(lease: LeasedRun) -> StoredLease:
+    from schedctl.storage.queue import Lease as StoredLease
+
+    assert isinstance(lease, StoredLease), "a lease is settled by the backend that leased it"
+    return lease
