@@ -127,11 +127,11 @@ class Settles(abc.ABC, Generic[L]):
         self,
         lease: L,
         *,
+        error: str = CANCELLED_RUNNING_ERROR,
         exit_code: int | None,
         output_tail: str | None,
         started_at: datetime,
         finished_at: datetime,
-        error: str = CANCELLED_RUNNING_ERROR,
     ) -> bool:
         """The job was cancelled and the command stopped: recorded as failed, never retried
         nor dead-lettered."""

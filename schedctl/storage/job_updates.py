@@ -19,21 +19,15 @@ from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import IntegrityError
 
 from schedctl import errors
 from schedctl.jobpatch import JobPatch
 from schedctl.models import Job, JobStatus
-from schedctl.scheduling.schedules import (
-    AfterSchedule,
-    schedule_to_dict,
-)
+from schedctl.scheduling.schedules import AfterSchedule, schedule_to_dict
 from schedctl.scheduling.windows import fire_time
 from schedctl.storage import dependencies, job_lookup, schema
-from schedctl.storage.audit import audit
-from schedctl.storage.changes import notify_job_change
 from schedctl.storage.clock import db_now
-from schedctl.storage.jobs import JobRepo, reschedule_values
+from schedctl.storage.jobs import JobRepo, reschedule_values, write_job
 from schedctl.storage.payloads import encode_payload
 from schedctl.storage.store import Store
 
@@ -64,7 +58,7 @@ def update_job(
             )
         changes = _values(job, patch, now)
         if patch.name is not None:
-            # a clear error first; the unique index is the final word (see _write)
+            # a clear error first; the unique index is the final word (see write_job)
             job_lookup.check_name_free(
                 connection, job.tenant_id, patch.name, except_job_id=job.job_id
             )
@@ -73,21 +67,12 @@ def update_job(
             dependencies.replace(connection, job.job_id, job.tenant_id, patch.after)
         if patch.has_payload:
             _keep_claimed_payloads(connection, job_id)
-        _write(connection, job, changes, now)
         detail: dict[str, Any] = {"fields": list(patch.fields)}
         # a schedule-only change is the reschedule it always was, in the audit log too
         action = "reschedule" if patch.fields == ("schedule",) else "update"
         if patch.schedule is not None:
             detail["schedule"] = schedule_to_dict(patch.schedule)
-        audit(
-            connection,
-            at=now,
-            tenant_id=job.tenant_id,
-            actor=actor,
-            action=action,
-            job_id=job_id,
-            detail=detail,
-        )
+        write_job(connection, job, changes, now, actor=actor, action=action, detail=detail)
         return repo._get(connection, job_id, tenant_id)
 
 
@@ -106,15 +91,7 @@ def delete_job(
         job = _live(repo, connection, job_id, tenant_id, if_version)
         now = db_now(connection)
         changes = {"status": JobStatus.deleted.value, "next_run_at": None, "next_fire_at": None}
-        _write(connection, job, changes, now)
-        audit(
-            connection,
-            at=now,
-            tenant_id=job.tenant_id,
-            actor=actor,
-            action="delete",
-            job_id=job_id,
-        )
+        write_job(connection, job, changes, now, actor=actor, action="delete")
         return repo._get(connection, job_id, tenant_id)
 
 
@@ -135,27 +112,6 @@ def _live(
             field="version",
         )
     return job
-
-
-def _write(connection: Connection, job: Job, changes: dict[str, Any], now: datetime) -> None:
-    # version-conditional: a claim that read the old version commits nothing
-    try:
-        result = connection.execute(
-            update(schema.jobs)
-            .where(schema.jobs.c.job_id == job.job_id, schema.jobs.c.version == job.version)
-            .values(version=job.version + 1, updated_at=now, **changes)
-        )
-    except IntegrityError as exc:
-        if changes.get("name") is not None and job_lookup.is_name_conflict(exc):
-            # a concurrent rename or create took the name after the check
-            raise job_lookup.name_conflict(str(changes["name"])) from exc
-        raise
-    if result.rowcount != 1:
-        raise errors.Conflict(
-            f"job {job.job_id} changed while being updated; try again", field="version"
-        )
-    if changes.get("next_fire_at") is not None:
-        notify_job_change(connection, job.job_id, job.partition)
 
 
 def _values(job: Job, patch: JobPatch, now: datetime) -> dict[str, Any]:
