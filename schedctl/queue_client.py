@@ -18,6 +18,7 @@ from urllib.parse import quote
 import requests
 
 from schedctl import __version__, errors
+from schedctl.api_call import send
 from schedctl.leasing import Beat, Finish, LeaseBackend, LeasedRun, Settlement
 from schedctl.scheduling.timeparse import format_instant
 
@@ -150,17 +151,7 @@ class ApiLeaseBackend(LeaseBackend):
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
         """The JSON answer; None on a 404 of a lease route (the lease is not held)."""
-        url = self.base_url + path
-        try:
-            response = self.session.post(url, json=body, timeout=self.timeout)
-        except requests.Timeout as exc:
-            raise errors.StoreUnavailable(
-                f"the API at {self.base_url} did not answer within {self.timeout:.0f} s"
-            ) from exc
-        except requests.RequestException as exc:
-            raise errors.StoreUnavailable(
-                f"cannot reach the API at {self.base_url}: {type(exc).__name__}"
-            ) from exc
+        response = send(self.session, "POST", self.base_url, path, timeout=self.timeout, json=body)
         if response.status_code == 404 and path.startswith("/v1/leases/"):
             return None
         if response.status_code >= 400:
