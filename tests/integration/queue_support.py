@@ -24,6 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select, update
+from sqlalchemy.engine import Connection
 
 from schedctl.models import RetryPolicy, Target, TargetType
 from schedctl.storage import schema
@@ -76,6 +77,26 @@ def queued_run(store: Store, **job_options: Any) -> tuple[str, datetime]:
     scheduled_at = trigger(store, job_id)
     QueueRepo(store).move_outbox()
     return job_id, scheduled_at
+
+
+def add_dispatched_run(
+    connection: Connection,
+    job_id: str,
+    at: datetime,
+    tenant: str,
+    *,
+    trigger: str = "manual",
+    target: tuple[str, str] = ("queue", "q"),
+    dispatched_at: datetime | None = None,
+) -> None:
+    """A dispatched run (job_id, at) and its outbox row, due at `at`, written directly (as
+    a claim would, without one)."""
+    key = {"job_id": job_id, "scheduled_at": at, "tenant_id": tenant, "attempt": 1}
+    run = {"partition": 0, "trigger": trigger, "status": "dispatched"}
+    connection.execute(schema.runs.insert().values(**key, **run, dispatched_at=dispatched_at))
+    target_type, address = target
+    row = {"target_type": target_type, "target": address, "available_at": at, "created_at": at}
+    connection.execute(schema.outbox.insert().values(**key, **row))
 
 
 def existing_tenant(store: Store) -> str:

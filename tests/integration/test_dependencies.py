@@ -31,8 +31,9 @@ from schedctl.storage.claim import Claimer
 from schedctl.storage.outbox import OutboxRepo, Outcome
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
-from tests.factories import create_job, make_tenant, spec
+from tests.factories import create_job, make_tenant, move_next_run, spec
 from tests.integration.queue_support import (
+    add_dispatched_run,
     existing_tenant,
     http_job,
     queue_job,
@@ -138,29 +139,7 @@ def test_fan_in_runs_once_after_both(store: Store) -> None:
     tenant = existing_tenant(store)
     # b's run at the same scheduled_at (a manual run of b keyed at a's time)
     with store.tx() as connection:
-        connection.execute(
-            schema.runs.insert().values(
-                job_id=b,
-                scheduled_at=at,
-                tenant_id=tenant,
-                partition=0,
-                trigger="manual",
-                status="dispatched",
-                attempt=1,
-            )
-        )
-        connection.execute(
-            schema.outbox.insert().values(
-                job_id=b,
-                scheduled_at=at,
-                tenant_id=tenant,
-                target_type="queue",
-                target="q",
-                attempt=1,
-                available_at=at,
-                created_at=at,
-            )
-        )
+        add_dispatched_run(connection, b, at, tenant)
     repo = QueueRepo(store)
     repo.move_outbox()
     leases = {
@@ -276,29 +255,7 @@ def test_concurrent_fan_in_creates_one_run(store: Store) -> None:
     at = trigger(store, a)
     tenant = existing_tenant(store)
     with store.tx() as connection:
-        connection.execute(
-            schema.runs.insert().values(
-                job_id=b,
-                scheduled_at=at,
-                tenant_id=tenant,
-                partition=0,
-                trigger="manual",
-                status="dispatched",
-                attempt=1,
-            )
-        )
-        connection.execute(
-            schema.outbox.insert().values(
-                job_id=b,
-                scheduled_at=at,
-                tenant_id=tenant,
-                target_type="queue",
-                target="q",
-                attempt=1,
-                available_at=at,
-                created_at=at,
-            )
-        )
+        add_dispatched_run(connection, b, at, tenant)
     repo = QueueRepo(store)
     repo.move_outbox()
     leases = repo.lease("q", "w", 60, limit=10, tenant_id=tenant)
@@ -380,12 +337,7 @@ def test_misfire_skipped_upstream_runs_skip_the_dependent(store: Store) -> None:
     b = queue_job(store)
     after(store, b, a)
     missed_from = (datetime.now(UTC) - timedelta(minutes=5)).replace(second=0, microsecond=0)
-    with store.tx() as connection:
-        connection.execute(
-            schema.jobs.update()
-            .where(schema.jobs.c.job_id == a)
-            .values(next_run_at=missed_from, next_fire_at=missed_from)
-        )
+    move_next_run(store, a, missed_from)
     claimer = Claimer(store, "d1")
     now = datetime.now(UTC)
     result = claimer.claim(claimer.load_due(range(1024), now), epochs, now)
