@@ -13,14 +13,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import signal
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select, update
@@ -32,6 +35,7 @@ from schedctl.storage.jobs import JobRepo
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
 from tests.factories import ahead, create_job, make_tenant, once_at
+from tests.services.ports import pid_alive
 
 if TYPE_CHECKING:
     from scheduled_d.relay import Relay
@@ -366,17 +370,43 @@ def fast_relay(store: Store, **options: Any) -> Relay:
 
 
 @contextlib.contextmanager
-def running_relay(relay: Relay) -> Iterator[Relay]:
-    """The relay's loop in a thread until the block ends (then stopped and joined)."""
+def running_loop(run: Callable[[threading.Event], object], name: str) -> Iterator[None]:
+    """`run(stop)` (a relay's or a worker's loop) in a thread until the block ends; then
+    `stop` is set and the thread joined."""
     stop = threading.Event()
-    thread = threading.Thread(target=relay.run, args=(stop,), daemon=True, name="relay")
+    thread = threading.Thread(target=run, args=(stop,), daemon=True, name=name)
     thread.start()
     try:
-        yield relay
+        yield
     finally:
         stop.set()
         thread.join(120)
-        assert not thread.is_alive(), "the relay did not stop"
+        assert not thread.is_alive(), f"the {name} did not stop"
+
+
+@contextlib.contextmanager
+def running_relay(relay: Relay) -> Iterator[Relay]:
+    """The relay's loop in a thread until the block ends (then stopped and joined)."""
+    with running_loop(relay.run, "relay"):
+        yield relay
+
+
+def started_pid(pid_file: Path) -> int:
+    """The pid a run's command wrote to `pid_file` once it started."""
+    wait_for(pid_file.exists, "the first attempt to start")
+    wait_for(lambda: pid_file.read_text().strip() != "", "the pid file")
+    return int(pid_file.read_text())
+
+
+def end_processes(children: Iterable[subprocess.Popen[bytes] | None], orphan: int | None) -> None:
+    """A test's cleanup: kill the worker processes still running and the process group of
+    a command that outlived its killed worker."""
+    for child in children:
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.wait(60)
+    if orphan is not None and pid_alive(orphan):
+        os.killpg(orphan, signal.SIGKILL)
 
 
 def wait_for(predicate: Callable[[], bool], what: str, seconds: float = WAIT_SECONDS) -> None:

@@ -76,15 +76,6 @@ def serving(sched: Scheduler, **kwargs: Any) -> Iterator[ApiServer]:
 
 
 @pytest.fixture
-def sched(db_url: str) -> Iterator[Scheduler]:
-    scheduler = Scheduler.open(db_url)
-    try:
-        yield scheduler
-    finally:
-        scheduler.close()
-
-
-@pytest.fixture
 def server(sched: Scheduler) -> Iterator[ApiServer]:
     with serving(sched) as running:
         yield running

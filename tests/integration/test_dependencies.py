@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -34,22 +33,19 @@ from schedctl.storage.store import Store
 from tests.factories import create_job, make_tenant, move_next_run, spec
 from tests.integration.queue_support import (
     add_dispatched_run,
+    allow_loopback_tenant,
     existing_tenant,
     http_job,
     queue_job,
     run_row,
-    set_allow_list,
     trigger,
 )
 
 
 @pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    store = Store.open(db_url)
-    tenant = make_tenant(store)
-    set_allow_list(store, tenant, ["127.0.0.1"])
-    yield store
-    store.close()
+def store(store: Store) -> Store:
+    allow_loopback_tenant(store)
+    return store
 
 
 def after(store: Store, job: str, *ups: str) -> None:

@@ -4,7 +4,7 @@ tenants and tokens, job lifecycle, idempotency, paging, and "bad input changes n
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -28,15 +28,6 @@ SNAPSHOT_TABLES = (
     schema.outbox,
     schema.audit_log,
 )
-
-
-@pytest.fixture
-def sched(db_url: str) -> Iterator[Scheduler]:
-    scheduler = Scheduler.open(db_url)
-    try:
-        yield scheduler
-    finally:
-        scheduler.close()
 
 
 @pytest.fixture
