@@ -26,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select, update
+from sqlalchemy import Table, select, update
 from sqlalchemy.engine import Connection
 
 from schedctl.models import RetryPolicy, Target, TargetType
@@ -159,6 +159,17 @@ def dead_letters(store: Store) -> list[dict[str, Any]]:
     with store.read() as connection:
         rows = connection.execute(select(schema.dead_letters)).mappings().all()
     return [dict(r) for r in rows]
+
+
+def table_snapshot(store: Store, tables: Iterable[Table]) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of `tables`, in a stable order: compared before and after, it shows that
+    a refused request changed nothing."""
+    result: dict[str, list[tuple[Any, ...]]] = {}
+    with store.read() as connection:
+        for table in tables:
+            rows = connection.execute(select(table)).all()
+            result[table.name] = sorted((tuple(r) for r in rows), key=repr)
+    return result
 
 
 def outbox_count(store: Store) -> int:
@@ -391,11 +402,15 @@ def running_relay(relay: Relay) -> Iterator[Relay]:
         yield relay
 
 
-def started_pid(pid_file: Path) -> int:
-    """The pid a run's command wrote to `pid_file` once it started."""
+def kill_when_started(worker: subprocess.Popen[bytes], pid_file: Path) -> int:
+    """Once the run's command wrote its pid to `pid_file`, kill -9 the worker process (the
+    command lives on in its own session); returns the command's pid."""
     wait_for(pid_file.exists, "the first attempt to start")
     wait_for(lambda: pid_file.read_text().strip() != "", "the pid file")
-    return int(pid_file.read_text())
+    pid = int(pid_file.read_text())
+    worker.send_signal(signal.SIGKILL)
+    worker.wait(60)
+    return pid
 
 
 def end_processes(children: Iterable[subprocess.Popen[bytes] | None], orphan: int | None) -> None:

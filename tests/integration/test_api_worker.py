@@ -32,12 +32,12 @@ from scheduled_d.worker import Worker
 from tests.integration.queue_support import (
     attempts,
     end_processes,
+    kill_when_started,
     messages,
     queue_job,
     run_row,
     running_loop,
     running_relay,
-    started_pid,
     trigger,
     wait_for,
 )
@@ -237,9 +237,7 @@ def test_an_api_worker_killed_mid_run_is_redelivered_after_its_lease(
     rescuer: subprocess.Popen[bytes] | None = None
     orphan: int | None = None
     try:
-        orphan = started_pid(started)
-        doomed.send_signal(signal.SIGKILL)
-        doomed.wait(60)
+        orphan = kill_when_started(doomed, started)
         (message,) = messages(store)
         assert message["lease_owner"].startswith(f"api:{env.acme.token_id}:")
         assert message["leased_until"] is not None, "the dead worker's lease is still held"

@@ -29,12 +29,12 @@ from tests.integration.queue_support import (
     attempts,
     dead_letters,
     end_processes,
+    kill_when_started,
     messages,
     queue_job,
     queued_run,
     run_row,
     running_loop,
-    started_pid,
     trigger,
     wait_for,
 )
@@ -243,9 +243,7 @@ def test_a_worker_killed_mid_run_is_recovered_by_another(
     )
     orphan: int | None = None
     try:
-        orphan = started_pid(started)
-        child.send_signal(signal.SIGKILL)
-        child.wait(60)
+        orphan = kill_when_started(child, started)
         (message,) = messages(store)
         assert message["lease_owner"] == "doomed-worker"
         assert message["leased_until"] is not None, "the dead worker's lease is still held"
