@@ -128,7 +128,9 @@ def test_http_success_creates_the_dependent_run(store: Store) -> None:
     assert run_row(store, b, at)["status"] == RunStatus.succeeded.value
 
 
-def test_fan_in_runs_once_after_both(store: Store) -> None:
+def fan_in(store: Store) -> tuple[str, str, str, datetime]:
+    """c after a and b, and a run of a and one of b at the same scheduled_at, both moved
+    into the queue: (a, b, c, scheduled_at)."""
     a, b, c = queue_job(store, max_concurrency=0), queue_job(store), queue_job(store)
     after(store, c, a, b)
     at = trigger(store, a)
@@ -136,8 +138,13 @@ def test_fan_in_runs_once_after_both(store: Store) -> None:
     # b's run at the same scheduled_at (a manual run of b keyed at a's time)
     with store.tx() as connection:
         add_dispatched_run(connection, b, at, tenant)
+    QueueRepo(store).move_outbox()
+    return a, b, c, at
+
+
+def test_fan_in_runs_once_after_both(store: Store) -> None:
+    a, b, c, at = fan_in(store)
     repo = QueueRepo(store)
-    repo.move_outbox()
     leases = {
         lease.job_id: lease
         for lease in repo.lease("q", "w", 60, limit=10, tenant_id=existing_tenant(store))
@@ -246,15 +253,9 @@ def test_upstream_success_and_dependent_run_commit_together(store: Store) -> Non
 
 def test_concurrent_fan_in_creates_one_run(store: Store) -> None:
     """Two upstreams settled at once from two threads: exactly one run of the dependent."""
-    a, b, c = queue_job(store, max_concurrency=0), queue_job(store), queue_job(store)
-    after(store, c, a, b)
-    at = trigger(store, a)
-    tenant = existing_tenant(store)
-    with store.tx() as connection:
-        add_dispatched_run(connection, b, at, tenant)
+    _a, _b, c, _at = fan_in(store)
     repo = QueueRepo(store)
-    repo.move_outbox()
-    leases = repo.lease("q", "w", 60, limit=10, tenant_id=tenant)
+    leases = repo.lease("q", "w", 60, limit=10, tenant_id=existing_tenant(store))
     assert len(leases) == 2
     barrier = threading.Barrier(2, timeout=60)
     results: list[bool] = []
