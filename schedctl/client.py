@@ -13,7 +13,6 @@ an unreachable API is StoreUnavailable (exit code 7), like an unreachable databa
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
@@ -21,6 +20,8 @@ import requests
 
 from schedctl import __version__, errors
 from schedctl.alerts.model import AlertConfig, parse_alerts
+from schedctl.api_call import send
+from schedctl.closing import Closing
 from schedctl.job_refs import shortest_among
 from schedctl.models import Job, JobStatus, Page, Run
 from schedctl.views import job_from_dict, run_from_dict
@@ -28,7 +29,7 @@ from schedctl.views import job_from_dict, run_from_dict
 DEFAULT_TIMEOUT_SECONDS = 30.0
 
 
-class ApiClient:
+class ApiClient(Closing):
     def __init__(
         self,
         base_url: str,
@@ -55,17 +56,6 @@ class ApiClient:
 
     def close(self) -> None:
         self.session.close()
-
-    def __enter__(self) -> ApiClient:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # -- the caller --------------------------------------------------------------------
 
@@ -255,17 +245,7 @@ class ApiClient:
         return _body(self._request(method, path, **kwargs))
 
     def _request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
-        url = self.base_url + path
-        try:
-            response = self.session.request(method, url, timeout=self.timeout, **kwargs)
-        except requests.Timeout as exc:
-            raise errors.StoreUnavailable(
-                f"the API at {self.base_url} did not answer within {self.timeout:.0f} s"
-            ) from exc
-        except requests.RequestException as exc:
-            raise errors.StoreUnavailable(
-                f"cannot reach the API at {self.base_url}: {type(exc).__name__}"
-            ) from exc
+        response = send(self.session, method, self.base_url, path, timeout=self.timeout, **kwargs)
         if response.status_code >= 400:
             raise _error(response)
         return response

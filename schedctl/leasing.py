@@ -1,8 +1,10 @@
 """Owns the seam between the queue worker and where its runs come from: `LeaseBackend` (lease,
-beat, ack, fail, stop_cancelled, reap) and `LeasedRun`, what the worker needs of a held run.
+beat, ack, fail, stop_cancelled, reap), `LeasedRun`, what the worker needs of a held run, and
+`Settles`, the one place ack, fail and stop_cancelled turn into a `Settlement`.
 
-Two backends implement it: the direct one over the database (scheduled_d.worker.DirectBackend,
-over schedctl.storage.queue.QueueRepo) and the tenant one over the REST API
+Two backends implement it: the direct one over the database
+(scheduled_d.direct_backend.DirectBackend, over schedctl.storage.queue.QueueRepo, which
+settles through `Settles` too) and the tenant one over the REST API
 (schedctl.queue_client.ApiLeaseBackend), so the worker's supervision (heartbeats, timeouts,
 cancellation, output tails) is one piece of code for both.
 
@@ -12,10 +14,12 @@ and loads no database code.
 
 from __future__ import annotations
 
+import abc
 import enum
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar
 
 # The error recorded for an attempt whose command a cancel stopped.
 CANCELLED_RUNNING_ERROR = "job cancelled while the command ran: stopped"
@@ -56,26 +60,42 @@ class LeasedRun(Protocol):
         ...
 
 
-@runtime_checkable
-class LeaseBackend(Protocol):
-    """Where a worker leases runs and records their outcomes. Every method raises
-    schedctl.errors.StoreUnavailable when the backend cannot be reached (the worker retries);
-    ack, fail and stop_cancelled return False when the lease is no longer the worker's."""
+# what a backend settles: any LeasedRun (a worker's backend), or its own lease type (QueueRepo)
+L = TypeVar("L")
 
-    def lease(
-        self, queue: str, owner: str, lease_seconds: float, limit: int
-    ) -> Sequence[LeasedRun]:
-        """Up to `limit` ready runs of `queue`, held for `lease_seconds`."""
-        ...
 
-    def beat(self, lease: LeasedRun, lease_seconds: float, output_tail: str | None = None) -> Beat:
-        """Extend the lease; whether it is still held and whether the job was cancelled.
-        `output_tail`, when given, is the run's output so far (shown by `schedctl logs`)."""
-        ...
+class Finish(enum.StrEnum):
+    """How a worker's attempt ended, as it reports it."""
+
+    succeeded = "succeeded"  # ack: the run is done
+    failed = "failed"  # fail: retried per the job's policy, or dead-lettered
+    cancelled = "cancelled"  # stop_cancelled: the job was cancelled; never retried
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """One report of how an attempt ended: what ack, fail and stop_cancelled hand on."""
+
+    finish: Finish
+    error: str | None  # None for a success
+    exit_code: int | None
+    output_tail: str | None
+    started_at: datetime
+    finished_at: datetime
+
+
+class Settles(abc.ABC, Generic[L]):
+    """ack, fail and stop_cancelled, written once: each makes one Settlement and hands it to
+    `settle`, which a subclass implements. They return False (and change nothing) when the
+    lease is no longer the caller's."""
+
+    @abc.abstractmethod
+    def settle(self, lease: L, settlement: Settlement) -> bool:
+        """Record the settlement if the lease is still held; False (nothing changed) if not."""
 
     def ack(
         self,
-        lease: LeasedRun,
+        lease: L,
         *,
         exit_code: int | None,
         output_tail: str | None,
@@ -83,11 +103,14 @@ class LeaseBackend(Protocol):
         finished_at: datetime,
     ) -> bool:
         """The run succeeded."""
-        ...
+        return self.settle(
+            lease,
+            Settlement(Finish.succeeded, None, exit_code, output_tail, started_at, finished_at),
+        )
 
     def fail(
         self,
-        lease: LeasedRun,
+        lease: L,
         *,
         error: str,
         exit_code: int | None,
@@ -96,22 +119,45 @@ class LeaseBackend(Protocol):
         finished_at: datetime,
     ) -> bool:
         """The attempt failed: retried per the job's policy, or dead-lettered."""
-        ...
+        return self.settle(
+            lease, Settlement(Finish.failed, error, exit_code, output_tail, started_at, finished_at)
+        )
 
     def stop_cancelled(
         self,
-        lease: LeasedRun,
+        lease: L,
         *,
+        error: str = CANCELLED_RUNNING_ERROR,
         exit_code: int | None,
         output_tail: str | None,
         started_at: datetime,
         finished_at: datetime,
-        error: str,
     ) -> bool:
-        """The job was cancelled and the command stopped: recorded, never retried."""
-        ...
+        """The job was cancelled and the command stopped: recorded as failed, never retried
+        nor dead-lettered."""
+        return self.settle(
+            lease,
+            Settlement(Finish.cancelled, error, exit_code, output_tail, started_at, finished_at),
+        )
 
+
+class LeaseBackend(Settles[LeasedRun]):
+    """Where a worker leases runs and records their outcomes (ack, fail, stop_cancelled:
+    Settles). Every method raises schedctl.errors.StoreUnavailable when the backend cannot
+    be reached (the worker retries)."""
+
+    @abc.abstractmethod
+    def lease(
+        self, queue: str, owner: str, lease_seconds: float, limit: int
+    ) -> Sequence[LeasedRun]:
+        """Up to `limit` ready runs of `queue`, held for `lease_seconds`."""
+
+    @abc.abstractmethod
+    def beat(self, lease: LeasedRun, lease_seconds: float, output_tail: str | None = None) -> Beat:
+        """Extend the lease; whether it is still held and whether the job was cancelled.
+        `output_tail`, when given, is the run's output so far (shown by `schedctl logs`)."""
+
+    @abc.abstractmethod
     def reap(self) -> int:
         """Settle expired leases of any queue (their worker died); how many. A backend
         whose server reaps by itself returns 0."""
-        ...

@@ -19,7 +19,8 @@ from urllib.parse import quote
 import requests
 
 from schedctl import __version__, errors, limits
-from schedctl.leasing import Beat, LeasedRun
+from schedctl.api_call import send
+from schedctl.leasing import Beat, Finish, LeaseBackend, LeasedRun, Settlement
 from schedctl.scheduling.timeparse import format_instant
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
@@ -70,7 +71,7 @@ class ApiLease:
         )
 
 
-class ApiLeaseBackend:
+class ApiLeaseBackend(LeaseBackend):
     """LeaseBackend over the tenant REST API at `base_url`, authenticated by `token`.
 
     - timeout: seconds per HTTP call; keep it under the heartbeat interval's slack, since a
@@ -131,72 +132,30 @@ class ApiLeaseBackend:
         data = self._post(_lease_path(lease, "heartbeat"), body)
         return Beat.lost if data is None else Beat(data["status"])
 
-    def ack(
-        self,
-        lease: LeasedRun,
-        *,
-        exit_code: int | None,
-        output_tail: str | None,
-        started_at: datetime,
-        finished_at: datetime,
-    ) -> bool:
-        body = _outcome(exit_code, output_tail, started_at, finished_at)
-        return self._post(_lease_path(lease, "ack"), body) is not None
-
-    def fail(
-        self,
-        lease: LeasedRun,
-        *,
-        error: str,
-        exit_code: int | None,
-        output_tail: str | None,
-        started_at: datetime,
-        finished_at: datetime,
-    ) -> bool:
-        return self._fail(
-            lease, _outcome(exit_code, output_tail, started_at, finished_at), error, cancelled=False
-        )
-
-    def stop_cancelled(
-        self,
-        lease: LeasedRun,
-        *,
-        exit_code: int | None,
-        output_tail: str | None,
-        started_at: datetime,
-        finished_at: datetime,
-        error: str,
-    ) -> bool:
-        return self._fail(
-            lease, _outcome(exit_code, output_tail, started_at, finished_at), error, cancelled=True
-        )
+    def settle(self, lease: LeasedRun, settlement: Settlement) -> bool:
+        """POST .../ack, or .../fail where `cancelled` tells the API not to retry."""
+        body: dict[str, Any] = {
+            "exit_code": settlement.exit_code,
+            "output_tail": fit_output(settlement.output_tail),
+            "started_at": format_instant(settlement.started_at),
+            "finished_at": format_instant(settlement.finished_at),
+        }
+        action = "ack"
+        if settlement.finish is not Finish.succeeded:
+            action = "fail"
+            body["error"] = (settlement.error or "")[:MAX_ERROR_CHARS]
+            body["cancelled"] = settlement.finish is Finish.cancelled
+        return self._post(_lease_path(lease, action), body) is not None
 
     def reap(self) -> int:
         # expired leases are settled server-side (by the relay): nothing to do here
         return 0
 
-    def _fail(
-        self, lease: LeasedRun, outcome: dict[str, Any], error: str, *, cancelled: bool
-    ) -> bool:
-        """POST .../fail: `cancelled` tells the API not to retry (the job was cancelled)."""
-        body = {**outcome, "error": error[:MAX_ERROR_CHARS], "cancelled": cancelled}
-        return self._post(_lease_path(lease, "fail"), body) is not None
-
     # -- HTTP --------------------------------------------------------------------------
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
         """The JSON answer; None on a 404 of a lease route (the lease is not held)."""
-        url = self.base_url + path
-        try:
-            response = self.session.post(url, json=body, timeout=self.timeout)
-        except requests.Timeout as exc:
-            raise errors.StoreUnavailable(
-                f"the API at {self.base_url} did not answer within {self.timeout:.0f} s"
-            ) from exc
-        except requests.RequestException as exc:
-            raise errors.StoreUnavailable(
-                f"cannot reach the API at {self.base_url}: {type(exc).__name__}"
-            ) from exc
+        response = send(self.session, "POST", self.base_url, path, timeout=self.timeout, json=body)
         if response.status_code == 404 and path.startswith("/v1/leases/"):
             return None
         if response.status_code >= 400:
@@ -215,17 +174,6 @@ class ApiLeaseBackend:
 def _lease_path(lease: LeasedRun, action: str) -> str:
     assert isinstance(lease, ApiLease), "a lease is settled by the backend that leased it"
     return f"/v1/leases/{quote(lease.lease_id, safe='')}/{action}"
-
-
-def _outcome(
-    exit_code: int | None, output_tail: str | None, started_at: datetime, finished_at: datetime
-) -> dict[str, Any]:
-    return {
-        "exit_code": exit_code,
-        "output_tail": fit_output(output_tail),
-        "started_at": format_instant(started_at),
-        "finished_at": format_instant(finished_at),
-    }
 
 
 def fit_output(text: str | None, budget: int = MAX_OUTPUT_JSON_BYTES) -> str | None:

@@ -13,11 +13,11 @@ import math
 import re
 from collections.abc import Mapping
 from datetime import datetime, timedelta
-from types import TracebackType
 from typing import Any
 
 from schedctl import errors
 from schedctl.alerts.model import AlertConfig, parse_alerts
+from schedctl.closing import Closing
 from schedctl.jobpatch import JobPatch, parse_job_patch
 from schedctl.jobspec import parse_job_request, parse_schedule
 from schedctl.limits import DEFAULT_MAX_PAYLOAD_BYTES
@@ -60,7 +60,7 @@ class OverQuota(errors.QuotaExceeded):
         self.retry_after = max(1, retry_after)
 
 
-class Scheduler:
+class Scheduler(Closing):
     def __init__(self, store: Store, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> None:
         self.store = store
         self.max_payload_bytes = max_payload_bytes
@@ -81,17 +81,6 @@ class Scheduler:
 
     def close(self) -> None:
         self.store.close()
-
-    def __enter__(self) -> Scheduler:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # -- tenants -----------------------------------------------------------------------
 

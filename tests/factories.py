@@ -139,6 +139,16 @@ def bulk_once_jobs(
     return insert_once_jobs(store, tenant_id, times, queue=queue)
 
 
+def move_next_run(store: Store, job_id: str, at: datetime) -> None:
+    """Set the job's next run and fire time to `at`: how a test makes a job due (or missed)."""
+    with store.tx() as connection:
+        connection.execute(
+            schema.jobs.update()
+            .where(schema.jobs.c.job_id == job_id)
+            .values(next_run_at=at, next_fire_at=at)
+        )
+
+
 def ago(seconds: float) -> datetime:
     return datetime.now(UTC) - timedelta(seconds=seconds)
 

@@ -27,8 +27,9 @@ from schedctl.jobfiles.model import Job
 from schedctl.jobfiles.placement import host_queues
 from schedctl.leasing import LeaseBackend
 from schedctl.leasing import LeasedRun as Lease
+from scheduled_d.direct_backend import DirectBackend
 from scheduled_d.signals import add_reload_listener
-from scheduled_d.worker import INHERITED_VARIABLES, DirectBackend, RunSpec, Worker
+from scheduled_d.worker import INHERITED_VARIABLES, RunSpec, Worker
 
 if TYPE_CHECKING:
     from schedctl.storage.store import Store

@@ -29,17 +29,14 @@ from typing import TYPE_CHECKING
 
 from schedctl import errors, limits, retrying
 from schedctl.config import command_env
-from schedctl.group_commit import GroupCommit
 from schedctl.leasing import CANCELLED_RUNNING_ERROR, Beat, LeaseBackend
 from schedctl.leasing import LeasedRun as Lease
 from schedctl.scheduling.timeparse import format_instant
+from scheduled_d.direct_backend import DirectBackend
 from scheduled_d.output_log import RunOutputLog
 
 if TYPE_CHECKING:
     # the database layer is imported only by DirectBackend: `--api` workers never load it
-    from schedctl.storage.queue import Lease as StoredLease
-    from schedctl.storage.queue import QueueRepo
-    from schedctl.storage.settle import Attempt
     from schedctl.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -754,122 +751,6 @@ class Worker:
                 lease.attempt,
             )
         return recorded
-
-
-class DirectBackend:
-    """The operator worker's backend: the database, through QueueRepo, for one tenant's
-    queue.
-
-    - tenant: the tenant's name or id; may be left out while exactly one tenant exists
-      (ConfigError otherwise: a worker guessing could run one tenant's runs with a command
-      meant for another's).
-    """
-
-    def __init__(self, store: Store, tenant: str | None = None) -> None:
-        from schedctl.storage.queue import QueueRepo, worker_tenant
-
-        self.store = store
-        self.repo: QueueRepo = QueueRepo(store)
-        self.tenant_id = worker_tenant(store, tenant)
-        self._settles: GroupCommit[tuple[StoredLease, Attempt], bool] = GroupCommit(
-            self.repo.finish_many, name="worker-settle"
-        )
-
-    def lease(self, queue: str, owner: str, lease_seconds: float, limit: int) -> list[Lease]:
-        from schedctl.storage.workers import record_presence
-
-        leases: list[Lease] = list(
-            self.repo.lease(queue, owner, lease_seconds, limit, tenant_id=self.tenant_id)
-        )
-        # a poll says this worker serves the queue (`schedctl status`); throttled
-        record_presence(self.store, self.tenant_id, queue, owner, lease_seconds)
-        return leases
-
-    def beat(self, lease: Lease, lease_seconds: float, output_tail: str | None = None) -> Beat:
-        from schedctl.storage.workers import record_presence
-
-        stored = _stored(lease)
-        # a busy worker polls no more: its heartbeats say it is still there
-        record_presence(self.store, stored.tenant_id, stored.queue, stored.owner, lease_seconds)
-        return self.repo.beat(stored, lease_seconds, output_tail)
-
-    def ack(
-        self,
-        lease: Lease,
-        *,
-        exit_code: int | None,
-        output_tail: str | None,
-        started_at: datetime,
-        finished_at: datetime,
-    ) -> bool:
-        return self._finish(
-            lease, "succeeded", None, exit_code, output_tail, started_at, finished_at
-        )
-
-    def fail(
-        self,
-        lease: Lease,
-        *,
-        error: str,
-        exit_code: int | None,
-        output_tail: str | None,
-        started_at: datetime,
-        finished_at: datetime,
-    ) -> bool:
-        return self._finish(
-            lease, "retryable", error, exit_code, output_tail, started_at, finished_at
-        )
-
-    def stop_cancelled(
-        self,
-        lease: Lease,
-        *,
-        exit_code: int | None,
-        output_tail: str | None,
-        started_at: datetime,
-        finished_at: datetime,
-        error: str,
-    ) -> bool:
-        return self._finish(
-            lease, "stopped", error, exit_code, output_tail, started_at, finished_at
-        )
-
-    def _finish(
-        self,
-        lease: Lease,
-        ending: str,
-        error: str | None,
-        exit_code: int | None,
-        output_tail: str | None,
-        started_at: datetime,
-        finished_at: datetime,
-    ) -> bool:
-        """Settle through the group commit: the outcomes of runs ending together are
-        recorded in one transaction (QueueRepo.finish_many), each caller still waiting for
-        its own."""
-        from schedctl.storage.settle import Attempt, Ending
-
-        stored = _stored(lease)
-        attempt = Attempt(
-            Ending(ending),
-            started_at,
-            finished_at,
-            stored.owner,
-            error=error,
-            exit_code=exit_code,
-            output_tail=output_tail,
-        )
-        return self._settles.submit((stored, attempt))
-
-    def reap(self) -> int:
-        return self.repo.expire_leases()
-
-
-def _stored(lease: Lease) -> StoredLease:
-    from schedctl.storage.queue import Lease as StoredLease
-
-    assert isinstance(lease, StoredLease), "a lease is settled by the backend that leased it"
-    return lease
 
 
 def _kill_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:

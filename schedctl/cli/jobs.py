@@ -58,6 +58,38 @@ AnchorOption = Annotated[
     typer.Option("--anchor", help="With --every: the instant the intervals count from (ISO)."),
 ]
 
+WindowOption = Annotated[
+    str | None, typer.Option("--window", help="Spread each run within this window.")
+]
+TimeoutOption = Annotated[
+    str | None, typer.Option("--timeout", help="Kill a run after this long (worker).")
+]
+IfVersionOption = Annotated[
+    int | None,
+    typer.Option(
+        "--if-version",
+        help="Refuse (exit 4) unless the job is still at this version.",
+        parser=int_parser("version", 1, 2**62),
+    ),
+]
+
+
+def max_attempts_option(help_text: str) -> Any:
+    return typer.Option(
+        "--max-attempts",
+        help=help_text,
+        parser=int_parser("retry.max_attempts", 1, limits.MAX_ATTEMPTS),
+    )
+
+
+def max_concurrency_option(help_text: str) -> Any:
+    return typer.Option(
+        "--max-concurrency",
+        help=help_text,
+        parser=int_parser("max_concurrency", 0, limits.MAX_CONCURRENCY),
+    )
+
+
 JOB_COLUMNS = ("job_id", "name", "status", "schedule", "target", "next_run_at")
 
 
@@ -101,6 +133,27 @@ def after_body(
             field="after",
         )
     return {"after": [part.strip() for part in after.split(",")]}
+
+
+def target_body(queue: str | None, url: str | None) -> dict[str, Any]:
+    """The REST "target" object for exactly one of --queue, --url."""
+    kind = require_one({"--queue": queue, "--url": url}, field="target")
+    return {"type": "queue", "name": queue} if kind == "--queue" else {"type": "http", "url": url}
+
+
+def settings_body(
+    retry: dict[str, Any], max_concurrency: int | None, optional: dict[str, Any]
+) -> dict[str, Any]:
+    """The body's settings, only those given: the defaults (or, for an update, the job's
+    values) stay the parser's, and the same command line always gives the same idempotency
+    hash. --max-concurrency 0 means no limit."""
+    body: dict[str, Any] = {}
+    if any(v is not None for v in retry.values()):
+        body["retry"] = {k: v for k, v in retry.items() if v is not None}
+    if max_concurrency is not None:
+        body["max_concurrency"] = max_concurrency if max_concurrency != 0 else None
+    body.update({k: v for k, v in optional.items() if v is not None})
+    return body
 
 
 def read_payload(payload: str | None, payload_file: Path | None) -> Any:
@@ -171,11 +224,7 @@ def create(
     ] = None,
     max_attempts: Annotated[
         int | None,
-        typer.Option(
-            "--max-attempts",
-            help=f"Delivery attempts per run (default 3, 1-{limits.MAX_ATTEMPTS}).",
-            parser=int_parser("retry.max_attempts", 1, limits.MAX_ATTEMPTS),
-        ),
+        max_attempts_option(f"Delivery attempts per run (default 3, 1-{limits.MAX_ATTEMPTS})."),
     ] = None,
     misfire: Annotated[
         str | None,
@@ -187,21 +236,14 @@ def create(
     grace: Annotated[
         str | None, typer.Option("--grace", help="How late a run may start (default 60s).")
     ] = None,
-    window: Annotated[
-        str | None, typer.Option("--window", help="Spread each run within this window.")
-    ] = None,
+    window: WindowOption = None,
     max_concurrency: Annotated[
         int | None,
-        typer.Option(
-            "--max-concurrency",
-            help=f"Overlapping runs allowed (default 1, at most {limits.MAX_CONCURRENCY}; "
-            "0: no limit).",
-            parser=int_parser("max_concurrency", 0, limits.MAX_CONCURRENCY),
+        max_concurrency_option(
+            f"Overlapping runs allowed (default 1, at most {limits.MAX_CONCURRENCY}; 0: no limit)."
         ),
     ] = None,
-    timeout: Annotated[
-        str | None, typer.Option("--timeout", help="Kill a run after this long (worker).")
-    ] = None,
+    timeout: TimeoutOption = None,
     start: Annotated[str | None, typer.Option("--start", help="No runs before (ISO).")] = None,
     end: Annotated[str | None, typer.Option("--end", help="No runs after (ISO).")] = None,
     idempotency_key: Annotated[
@@ -225,19 +267,10 @@ def create(
     body: dict[str, Any] = after_body(after, at, in_, cron, every) or {
         "schedule": schedule_body(at, in_, cron, tz, every, anchor)
     }
-    kind = require_one({"--queue": queue, "--url": url}, field="target")
-    body["target"] = (
-        {"type": "queue", "name": queue} if kind == "--queue" else {"type": "http", "url": url}
-    )
-    # only what was given goes into the body: the defaults stay the parser's, and the same
-    # command line always gives the same idempotency hash
+    body["target"] = target_body(queue, url)
     value = read_payload(payload, payload_file)
     if value is not None:
         body["payload"] = value
-    if max_attempts is not None:
-        body["retry"] = {"max_attempts": max_attempts}
-    if max_concurrency is not None:
-        body["max_concurrency"] = max_concurrency if max_concurrency != 0 else None
     optional = {
         "misfire_policy": misfire,
         "grace": grace,
@@ -248,7 +281,7 @@ def create(
         "idempotency_key": idempotency_key,
         "name": name,
     }
-    body.update({k: v for k, v in optional.items() if v is not None})
+    body.update(settings_body({"max_attempts": max_attempts}, max_concurrency, optional))
     scheduler = cli_state(ctx).scheduler()
     from schedctl.client import ApiClient
 
@@ -315,40 +348,27 @@ def show(
         emit_tree(dependency_tree(job, graph))
 
 
-@app.command()
-def cancel(
-    ctx: typer.Context,
-    job_id: JobArgument,
-    tenant: TenantOption = None,
-    output: OutputOption = None,
-) -> None:
-    """Cancel all future runs (a run already dispatched still completes)."""
-    job = cli_state(ctx).scheduler().cancel_job(job_id, tenant, actor=actor())
-    _show(ctx, job, output, title=f"job {job.job_id} cancelled")
+def _lifecycle_command(name: str, help_text: str, done: str) -> None:
+    """Register `job NAME`: a change of state (cancel, pause, resume) shown as the changed job."""
+
+    def command(
+        ctx: typer.Context,
+        job_id: JobArgument,
+        tenant: TenantOption = None,
+        output: OutputOption = None,
+    ) -> None:
+        change = getattr(cli_state(ctx).scheduler(), f"{name}_job")
+        job: Job = change(job_id, tenant, actor=actor())
+        _show(ctx, job, output, title=f"job {job.job_id} {done}")
+
+    app.command(name, help=help_text)(command)
 
 
-@app.command()
-def pause(
-    ctx: typer.Context,
-    job_id: JobArgument,
-    tenant: TenantOption = None,
-    output: OutputOption = None,
-) -> None:
-    """Stop scheduling runs until resumed."""
-    job = cli_state(ctx).scheduler().pause_job(job_id, tenant, actor=actor())
-    _show(ctx, job, output, title=f"job {job.job_id} paused")
-
-
-@app.command()
-def resume(
-    ctx: typer.Context,
-    job_id: JobArgument,
-    tenant: TenantOption = None,
-    output: OutputOption = None,
-) -> None:
-    """Continue from the next scheduled time after now."""
-    job = cli_state(ctx).scheduler().resume_job(job_id, tenant, actor=actor())
-    _show(ctx, job, output, title=f"job {job.job_id} resumed")
+_lifecycle_command(
+    "cancel", "Cancel all future runs (a run already dispatched still completes).", "cancelled"
+)
+_lifecycle_command("pause", "Stop scheduling runs until resumed.", "paused")
+_lifecycle_command("resume", "Continue from the next scheduled time after now.", "resumed")
 
 
 @app.command()
@@ -418,12 +438,7 @@ def update(
         Path | None, typer.Option("--payload-file", help="New payload from a file ('-': stdin).")
     ] = None,
     max_attempts: Annotated[
-        int | None,
-        typer.Option(
-            "--max-attempts",
-            help=f"Delivery attempts per run (1-{limits.MAX_ATTEMPTS}).",
-            parser=int_parser("retry.max_attempts", 1, limits.MAX_ATTEMPTS),
-        ),
+        int | None, max_attempts_option(f"Delivery attempts per run (1-{limits.MAX_ATTEMPTS}).")
     ] = None,
     base_delay: Annotated[
         str | None, typer.Option("--base-delay", help="First retry delay (doubles each time).")
@@ -435,20 +450,14 @@ def update(
         str | None, typer.Option("--misfire", help="run_once, skip or run_all.")
     ] = None,
     grace: Annotated[str | None, typer.Option("--grace", help="How late a run may start.")] = None,
-    window: Annotated[
-        str | None, typer.Option("--window", help="Spread each run within this window.")
-    ] = None,
+    window: WindowOption = None,
     max_concurrency: Annotated[
         int | None,
-        typer.Option(
-            "--max-concurrency",
-            help=f"Overlapping runs allowed (at most {limits.MAX_CONCURRENCY}; 0: no limit).",
-            parser=int_parser("max_concurrency", 0, limits.MAX_CONCURRENCY),
+        max_concurrency_option(
+            f"Overlapping runs allowed (at most {limits.MAX_CONCURRENCY}; 0: no limit)."
         ),
     ] = None,
-    timeout: Annotated[
-        str | None, typer.Option("--timeout", help="Kill a run after this long (worker).")
-    ] = None,
+    timeout: TimeoutOption = None,
     name: Annotated[str | None, typer.Option("--name", help="A new name.")] = None,
     after: Annotated[
         str | None,
@@ -457,14 +466,7 @@ def update(
             help="New upstream jobs JOB[,JOB...] (ids or names): a dependent job, no schedule.",
         ),
     ] = None,
-    if_version: Annotated[
-        int | None,
-        typer.Option(
-            "--if-version",
-            help="Refuse (exit 4) unless the job is still at this version.",
-            parser=int_parser("version", 1, 2**62),
-        ),
-    ] = None,
+    if_version: IfVersionOption = None,
     tenant: TenantOption = None,
     output: OutputOption = None,
 ) -> None:
@@ -478,17 +480,11 @@ def update(
     elif tz is not None:
         body["schedule"] = {"timezone": tz}
     if queue is not None or url is not None:
-        kind = require_one({"--queue": queue, "--url": url}, field="target")
-        body["target"] = (
-            {"type": "queue", "name": queue} if kind == "--queue" else {"type": "http", "url": url}
-        )
+        body["target"] = target_body(queue, url)
     if payload is not None or payload_file is not None:
+        # given, the payload is set even to JSON null
         body["payload"] = read_payload(payload, payload_file)
     retry = {"max_attempts": max_attempts, "base_delay": base_delay, "max_delay": max_delay}
-    if any(v is not None for v in retry.values()):
-        body["retry"] = {k: v for k, v in retry.items() if v is not None}
-    if max_concurrency is not None:
-        body["max_concurrency"] = max_concurrency if max_concurrency != 0 else None
     optional = {
         "misfire_policy": misfire,
         "grace": grace,
@@ -496,7 +492,7 @@ def update(
         "timeout": timeout,
         "name": name,
     }
-    body.update({k: v for k, v in optional.items() if v is not None})
+    body.update(settings_body(retry, max_concurrency, optional))
     job = (
         cli_state(ctx)
         .scheduler()
@@ -509,14 +505,7 @@ def update(
 def delete(
     ctx: typer.Context,
     job_id: JobArgument,
-    if_version: Annotated[
-        int | None,
-        typer.Option(
-            "--if-version",
-            help="Refuse (exit 4) unless the job is still at this version.",
-            parser=int_parser("version", 1, 2**62),
-        ),
-    ] = None,
+    if_version: IfVersionOption = None,
     tenant: TenantOption = None,
 ) -> None:
     """Stop the job (as cancel) and remove it from lists and lookups; `schedctl runs JOB`

@@ -19,23 +19,15 @@ from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import IntegrityError
 
 from schedctl import errors
 from schedctl.jobpatch import JobPatch
 from schedctl.models import Job, JobStatus
-from schedctl.scheduling.schedules import (
-    AfterSchedule,
-    OnceSchedule,
-    first_occurrence,
-    schedule_to_dict,
-)
+from schedctl.scheduling.schedules import AfterSchedule, schedule_to_dict
 from schedctl.scheduling.windows import fire_time
 from schedctl.storage import dependencies, job_lookup, schema
-from schedctl.storage.audit import audit
-from schedctl.storage.changes import notify_job_change
 from schedctl.storage.clock import db_now
-from schedctl.storage.jobs import JobRepo
+from schedctl.storage.jobs import JobRepo, reschedule_values, write_job
 from schedctl.storage.payloads import encode_payload
 from schedctl.storage.store import Store
 
@@ -66,7 +58,7 @@ def update_job(
             )
         changes = _values(job, patch, now)
         if patch.name is not None:
-            # a clear error first; the unique index is the final word (see _write)
+            # a clear error first; the unique index is the final word (see write_job)
             job_lookup.check_name_free(
                 connection, job.tenant_id, patch.name, except_job_id=job.job_id
             )
@@ -75,21 +67,12 @@ def update_job(
             dependencies.replace(connection, job.job_id, job.tenant_id, patch.after)
         if patch.has_payload:
             _keep_claimed_payloads(connection, job_id)
-        _write(connection, job, changes, now)
         detail: dict[str, Any] = {"fields": list(patch.fields)}
         # a schedule-only change is the reschedule it always was, in the audit log too
         action = "reschedule" if patch.fields == ("schedule",) else "update"
         if patch.schedule is not None:
             detail["schedule"] = schedule_to_dict(patch.schedule)
-        audit(
-            connection,
-            at=now,
-            tenant_id=job.tenant_id,
-            actor=actor,
-            action=action,
-            job_id=job_id,
-            detail=detail,
-        )
+        write_job(connection, job, changes, now, actor=actor, action=action, detail=detail)
         return repo._get(connection, job_id, tenant_id)
 
 
@@ -108,15 +91,7 @@ def delete_job(
         job = _live(repo, connection, job_id, tenant_id, if_version)
         now = db_now(connection)
         changes = {"status": JobStatus.deleted.value, "next_run_at": None, "next_fire_at": None}
-        _write(connection, job, changes, now)
-        audit(
-            connection,
-            at=now,
-            tenant_id=job.tenant_id,
-            actor=actor,
-            action="delete",
-            job_id=job_id,
-        )
+        write_job(connection, job, changes, now, actor=actor, action="delete")
         return repo._get(connection, job_id, tenant_id)
 
 
@@ -137,27 +112,6 @@ def _live(
             field="version",
         )
     return job
-
-
-def _write(connection: Connection, job: Job, changes: dict[str, Any], now: datetime) -> None:
-    # version-conditional: a claim that read the old version commits nothing
-    try:
-        result = connection.execute(
-            update(schema.jobs)
-            .where(schema.jobs.c.job_id == job.job_id, schema.jobs.c.version == job.version)
-            .values(version=job.version + 1, updated_at=now, **changes)
-        )
-    except IntegrityError as exc:
-        if changes.get("name") is not None and job_lookup.is_name_conflict(exc):
-            # a concurrent rename or create took the name after the check
-            raise job_lookup.name_conflict(str(changes["name"])) from exc
-        raise
-    if result.rowcount != 1:
-        raise errors.Conflict(
-            f"job {job.job_id} changed while being updated; try again", field="version"
-        )
-    if changes.get("next_fire_at") is not None:
-        notify_job_change(connection, job.job_id, job.partition)
 
 
 def _values(job: Job, patch: JobPatch, now: datetime) -> dict[str, Any]:
@@ -183,34 +137,12 @@ def _values(job: Job, patch: JobPatch, now: datetime) -> dict[str, Any]:
     if patch.after is not None:
         values.update(_after_values(job))
     elif patch.schedule is not None:
-        values.update(_schedule_values(job, patch, window, now))
+        values.update(reschedule_values(job, patch.schedule, window, now))
     elif patch.window_seconds is not None and job.next_fire_at is not None:
         # the fire time is the next run spread over the window: a new window moves it
         assert job.next_run_at is not None
         values["next_fire_at"] = fire_time(job.job_id, job.next_run_at, window)
     return values
-
-
-def _schedule_values(job: Job, patch: JobPatch, window: int, now: datetime) -> dict[str, Any]:
-    """As a reschedule: the next run from now, and a completed job becomes active again."""
-    schedule = patch.schedule
-    assert schedule is not None
-    if isinstance(schedule, OnceSchedule) and schedule.run_at <= now:
-        raise errors.ValidationError("run_at is in the past", field="run_at")
-    next_run = first_occurrence(schedule, now, start=job.start_at, end=job.end_at)
-    if next_run is None:
-        raise errors.ValidationError(
-            "the schedule has no run between its start and end", field="schedule"
-        )
-    status = JobStatus.paused if job.status is JobStatus.paused else JobStatus.active
-    return {
-        "schedule": json.dumps(schedule_to_dict(schedule)),
-        "status": status.value,
-        "next_run_at": next_run,
-        "next_fire_at": (
-            fire_time(job.job_id, next_run, window) if status is JobStatus.active else None
-        ),
-    }
 
 
 def _after_values(job: Job) -> dict[str, Any]:

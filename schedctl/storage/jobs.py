@@ -36,7 +36,7 @@ from schedctl.storage.rows import job_from_row, run_from_row
 from schedctl.storage.store import Store
 
 # MAX_PAGE (defined in cursors.py) is re-exported: the API takes its page bound from here
-__all__ = ["MAX_PAGE", "JobRepo", "new_job_id", "partition_of"]
+__all__ = ["MAX_PAGE", "JobRepo", "new_job_id", "partition_of", "reschedule_values", "write_job"]
 
 
 def new_job_id() -> str:
@@ -47,6 +47,68 @@ def new_job_id() -> str:
 def partition_of(job_id: str, partition_count: int) -> int:
     # a stable hash: Python's hash() differs between processes
     return int.from_bytes(hashlib.sha256(job_id.encode()).digest()[:4], "big") % partition_count
+
+
+def write_job(
+    connection: Connection,
+    job: Job,
+    changes: dict[str, Any],
+    now: datetime,
+    *,
+    actor: str,
+    action: str,
+    detail: dict[str, Any] | None = None,
+) -> None:
+    """Write a change of the job read (and locked) as `job`, bump its version, wake the
+    dispatchers if it has a fire time, and audit it. Conflict if the job changed since."""
+    # version-conditional: a claim that read the old version commits nothing
+    try:
+        result = connection.execute(
+            update(schema.jobs)
+            .where(schema.jobs.c.job_id == job.job_id, schema.jobs.c.version == job.version)
+            .values(version=job.version + 1, updated_at=now, **changes)
+        )
+    except IntegrityError as exc:
+        if changes.get("name") is not None and job_lookup.is_name_conflict(exc):
+            # a concurrent rename or create took the name after the check
+            raise job_lookup.name_conflict(str(changes["name"])) from exc
+        raise
+    if result.rowcount != 1:
+        raise errors.Conflict(
+            f"job {job.job_id} changed while being updated; try again", field="version"
+        )
+    if changes.get("next_fire_at") is not None:
+        notify_job_change(connection, job.job_id, job.partition)
+    audit(
+        connection,
+        at=now,
+        tenant_id=job.tenant_id,
+        actor=actor,
+        action=action,
+        job_id=job.job_id,
+        detail=detail,
+    )
+
+
+def reschedule_values(job: Job, schedule: Schedule, window: int, now: datetime) -> dict[str, Any]:
+    """The columns a new schedule sets (a reschedule, or an update with a schedule): the
+    next run from now; a paused job stays paused, any other becomes active again."""
+    if isinstance(schedule, OnceSchedule) and schedule.run_at <= now:
+        raise errors.ValidationError("run_at is in the past", field="run_at")
+    next_run = first_occurrence(schedule, now, start=job.start_at, end=job.end_at)
+    if next_run is None:
+        raise errors.ValidationError(
+            "the schedule has no run between its start and end", field="schedule"
+        )
+    status = JobStatus.paused if job.status is JobStatus.paused else JobStatus.active
+    return {
+        "schedule": json.dumps(schedule_to_dict(schedule)),
+        "status": status.value,
+        "next_run_at": next_run,
+        "next_fire_at": (
+            fire_time(job.job_id, next_run, window) if status is JobStatus.active else None
+        ),
+    }
 
 
 class JobRepo:
@@ -329,33 +391,13 @@ class JobRepo:
         *,
         actor: str,
     ) -> Job:
-        def values(job: Job, now: datetime) -> dict[str, Any]:
-            if isinstance(schedule, OnceSchedule) and schedule.run_at <= now:
-                raise errors.ValidationError("run_at is in the past", field="run_at")
-            next_run = first_occurrence(schedule, now, start=job.start_at, end=job.end_at)
-            if next_run is None:
-                raise errors.ValidationError(
-                    "the schedule has no run between its start and end", field="schedule"
-                )
-            status = JobStatus.paused if job.status is JobStatus.paused else JobStatus.active
-            return {
-                "schedule": json.dumps(schedule_to_dict(schedule)),
-                "status": status.value,
-                "next_run_at": next_run,
-                "next_fire_at": (
-                    fire_time(job.job_id, next_run, job.window_seconds)
-                    if status is JobStatus.active
-                    else None
-                ),
-            }
-
         return self._change(
             job_id,
             tenant_id,
             actor=actor,
             action="reschedule",
             allowed={JobStatus.active, JobStatus.paused, JobStatus.completed},
-            values=values,
+            values=lambda job, now: reschedule_values(job, schedule, job.window_seconds, now),
             detail={"schedule": schedule_to_dict(schedule)},
         )
 
@@ -379,27 +421,8 @@ class JobRepo:
                     f"cannot {action} job {job_id}: it is {job.status.value}", field="status"
                 )
             now = db_now(connection)
-            changes = values(job, now)
-            # version-conditional: a claim that read the old version commits nothing
-            result = connection.execute(
-                update(schema.jobs)
-                .where(schema.jobs.c.job_id == job_id, schema.jobs.c.version == job.version)
-                .values(version=job.version + 1, updated_at=now, **changes)
-            )
-            if result.rowcount != 1:
-                raise errors.Conflict(
-                    f"job {job_id} changed while being updated; try again", field="version"
-                )
-            if changes.get("next_fire_at") is not None:
-                notify_job_change(connection, job_id, job.partition)
-            audit(
-                connection,
-                at=now,
-                tenant_id=job.tenant_id,
-                actor=actor,
-                action=action,
-                job_id=job_id,
-                detail=detail,
+            write_job(
+                connection, job, values(job, now), now, actor=actor, action=action, detail=detail
             )
             return self._get(connection, job_id, tenant_id)
 

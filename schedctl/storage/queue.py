@@ -25,7 +25,7 @@ from sqlalchemy import and_, bindparam, case, delete, func, or_, select, update
 from sqlalchemy.engine import Connection, RowMapping
 
 from schedctl import errors
-from schedctl.leasing import Beat
+from schedctl.leasing import Beat, Finish, Settlement, Settles
 from schedctl.models import RunStatus, TargetType, run_key
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
@@ -117,7 +117,7 @@ class QueueStat:
     oldest_ready_seconds: float = 0.0
 
 
-class QueueRepo:
+class QueueRepo(Settles[Lease]):
     """The built-in queue over the `outbox`, `queue_messages`, `runs`, `run_attempts` and
     `dead_letters` tables."""
 
@@ -388,73 +388,15 @@ class QueueRepo:
             ).scalar_one_or_none()
             return Beat.cancelled if status in STOPPED_JOB_STATUSES else Beat.extended
 
-    def stop_cancelled(
-        self,
-        lease: Lease,
-        *,
-        exit_code: int | None,
-        output_tail: str | None,
-        started_at: datetime,
-        finished_at: datetime,
-        error: str = CANCELLED_RUNNING_ERROR,
-    ) -> bool:
-        """The job was cancelled and its running command stopped: record the attempt as
-        failed, retry nothing, dead-letter nothing (the cancel asked for exactly this).
-        False (and nothing changed) when the lease is no longer ours."""
-        return self._finish(
-            lease,
-            Ending.stopped,
-            error=error,
-            exit_code=exit_code,
-            output_tail=output_tail,
-            started_at=started_at,
-            finished_at=finished_at,
-        )
+    # ack, fail and stop_cancelled come from Settles: a success drops the message; a failure
+    # is retried after a backoff or, with the attempts used up, dead-lettered; a cancelled
+    # run's stopped attempt is recorded as failed and neither retried nor dead-lettered (the
+    # cancel asked for exactly this)
 
-    def ack(
-        self,
-        lease: Lease,
-        *,
-        exit_code: int | None,
-        output_tail: str | None,
-        started_at: datetime,
-        finished_at: datetime,
-    ) -> bool:
-        """The run succeeded: drop the message, record the attempt. False (and nothing
-        changed) when the lease is no longer ours."""
-        return self._finish(
-            lease,
-            Ending.succeeded,
-            error=None,
-            exit_code=exit_code,
-            output_tail=output_tail,
-            started_at=started_at,
-            finished_at=finished_at,
-        )
-
-    def _finish(
-        self,
-        lease: Lease,
-        ending: Ending,
-        *,
-        error: str | None,
-        exit_code: int | None,
-        output_tail: str | None,
-        started_at: datetime,
-        finished_at: datetime,
-    ) -> bool:
+    def settle(self, lease: Lease, settlement: Settlement) -> bool:
         """Settle the lease's attempt if the lease is still ours; False (and nothing
         changed) otherwise."""
-        attempt = Attempt(
-            ending,
-            started_at,
-            finished_at,
-            lease.owner,
-            error=error,
-            exit_code=exit_code,
-            output_tail=output_tail,
-        )
-        return self.finish_many([(lease, attempt)])[0]
+        return self.finish_many([(lease, attempt_of(lease, settlement))])[0]
 
     def finish_many(self, items: Sequence[tuple[Lease, Attempt]]) -> list[bool]:
         """Settle many leases' attempts in one transaction (a worker's group commit): for
@@ -487,29 +429,6 @@ class QueueRepo:
             if ours:
                 settle(connection, ours, now=db_now(connection), rng=self._rng)
             return settled
-
-    def fail(
-        self,
-        lease: Lease,
-        *,
-        error: str,
-        exit_code: int | None,
-        output_tail: str | None,
-        started_at: datetime,
-        finished_at: datetime,
-    ) -> bool:
-        """The attempt failed: record it, then retry after a backoff or, with the attempts
-        used up, dead-letter the run. False (and nothing changed) when the lease is no
-        longer ours."""
-        return self._finish(
-            lease,
-            Ending.retryable,
-            error=error,
-            exit_code=exit_code,
-            output_tail=output_tail,
-            started_at=started_at,
-            finished_at=finished_at,
-        )
 
     def expire_leases(self, limit: int = 500) -> int:
         """Settle messages whose lease ran out (their worker died or lost the database):
@@ -691,6 +610,13 @@ class QueueRepo:
         )
 
 
+_ENDINGS = {
+    Finish.succeeded: Ending.succeeded,
+    Finish.failed: Ending.retryable,
+    Finish.cancelled: Ending.stopped,
+}
+
+
 def worker_tenant(store: Store, tenant: str | None, *, field: str = "tenant") -> str:
     """The id of the tenant whose queue a worker serves, from its name or id. It may be
     left out only while exactly one tenant exists: with two, a worker guessing would run
@@ -715,6 +641,19 @@ def worker_tenant(store: Store, tenant: str | None, *, field: str = "tenant") ->
             field=field,
         )
     return str(found[0])
+
+
+def attempt_of(lease: Lease, settlement: Settlement) -> Attempt:
+    """The attempt a worker's settlement of `lease` records."""
+    return Attempt(
+        _ENDINGS[settlement.finish],
+        settlement.started_at,
+        settlement.finished_at,
+        lease.owner,
+        error=settlement.error,
+        exit_code=settlement.exit_code,
+        output_tail=settlement.output_tail,
+    )
 
 
 def _ours(lease: Lease) -> Any:

@@ -13,17 +13,21 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import signal
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select, update
+from sqlalchemy import Table, select, update
+from sqlalchemy.engine import Connection
 
 from schedctl.models import RetryPolicy, Target, TargetType
 from schedctl.storage import schema
@@ -31,6 +35,7 @@ from schedctl.storage.jobs import JobRepo
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
 from tests.factories import ahead, create_job, make_tenant, once_at
+from tests.services.ports import pid_alive
 
 if TYPE_CHECKING:
     from scheduled_d.relay import Relay
@@ -76,6 +81,26 @@ def queued_run(store: Store, **job_options: Any) -> tuple[str, datetime]:
     scheduled_at = trigger(store, job_id)
     QueueRepo(store).move_outbox()
     return job_id, scheduled_at
+
+
+def add_dispatched_run(
+    connection: Connection,
+    job_id: str,
+    at: datetime,
+    tenant: str,
+    *,
+    trigger: str = "manual",
+    target: tuple[str, str] = ("queue", "q"),
+    dispatched_at: datetime | None = None,
+) -> None:
+    """A dispatched run (job_id, at) and its outbox row, due at `at`, written directly (as
+    a claim would, without one)."""
+    key = {"job_id": job_id, "scheduled_at": at, "tenant_id": tenant, "attempt": 1}
+    run = {"partition": 0, "trigger": trigger, "status": "dispatched"}
+    connection.execute(schema.runs.insert().values(**key, **run, dispatched_at=dispatched_at))
+    target_type, address = target
+    row = {"target_type": target_type, "target": address, "available_at": at, "created_at": at}
+    connection.execute(schema.outbox.insert().values(**key, **row))
 
 
 def existing_tenant(store: Store) -> str:
@@ -134,6 +159,17 @@ def dead_letters(store: Store) -> list[dict[str, Any]]:
     with store.read() as connection:
         rows = connection.execute(select(schema.dead_letters)).mappings().all()
     return [dict(r) for r in rows]
+
+
+def table_snapshot(store: Store, tables: Iterable[Table]) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of `tables`, in a stable order: compared before and after, it shows that
+    a refused request changed nothing."""
+    result: dict[str, list[tuple[Any, ...]]] = {}
+    with store.read() as connection:
+        for table in tables:
+            rows = connection.execute(select(table)).all()
+            result[table.name] = sorted((tuple(r) for r in rows), key=repr)
+    return result
 
 
 def outbox_count(store: Store) -> int:
@@ -345,17 +381,47 @@ def fast_relay(store: Store, **options: Any) -> Relay:
 
 
 @contextlib.contextmanager
-def running_relay(relay: Relay) -> Iterator[Relay]:
-    """The relay's loop in a thread until the block ends (then stopped and joined)."""
+def running_loop(run: Callable[[threading.Event], object], name: str) -> Iterator[None]:
+    """`run(stop)` (a relay's or a worker's loop) in a thread until the block ends; then
+    `stop` is set and the thread joined."""
     stop = threading.Event()
-    thread = threading.Thread(target=relay.run, args=(stop,), daemon=True, name="relay")
+    thread = threading.Thread(target=run, args=(stop,), daemon=True, name=name)
     thread.start()
     try:
-        yield relay
+        yield
     finally:
         stop.set()
         thread.join(120)
-        assert not thread.is_alive(), "the relay did not stop"
+        assert not thread.is_alive(), f"the {name} did not stop"
+
+
+@contextlib.contextmanager
+def running_relay(relay: Relay) -> Iterator[Relay]:
+    """The relay's loop in a thread until the block ends (then stopped and joined)."""
+    with running_loop(relay.run, "relay"):
+        yield relay
+
+
+def kill_when_started(worker: subprocess.Popen[bytes], pid_file: Path) -> int:
+    """Once the run's command wrote its pid to `pid_file`, kill -9 the worker process (the
+    command lives on in its own session); returns the command's pid."""
+    wait_for(pid_file.exists, "the first attempt to start")
+    wait_for(lambda: pid_file.read_text().strip() != "", "the pid file")
+    pid = int(pid_file.read_text())
+    worker.send_signal(signal.SIGKILL)
+    worker.wait(60)
+    return pid
+
+
+def end_processes(children: Iterable[subprocess.Popen[bytes] | None], orphan: int | None) -> None:
+    """A test's cleanup: kill the worker processes still running and the process group of
+    a command that outlived its killed worker."""
+    for child in children:
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.wait(60)
+    if orphan is not None and pid_alive(orphan):
+        os.killpg(orphan, signal.SIGKILL)
 
 
 def wait_for(predicate: Callable[[], bool], what: str, seconds: float = WAIT_SECONDS) -> None:

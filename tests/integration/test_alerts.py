@@ -37,8 +37,8 @@ from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
 from scheduled_d.relay import Relay
 from scheduled_d.worker import Worker
-from tests.factories import make_tenant
 from tests.integration.queue_support import (
+    allow_loopback_tenant,
     answer,
     attempts,
     dead_letters,
@@ -47,7 +47,6 @@ from tests.integration.queue_support import (
     queue_job,
     run_row,
     running_relay,
-    set_allow_list,
     trigger,
     wait_for,
 )
@@ -79,12 +78,9 @@ def smtp() -> Iterator[tuple[Inbox, int]]:
 
 
 @pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    store = Store.open(db_url)
-    tenant = make_tenant(store)
-    set_allow_list(store, tenant, ["127.0.0.1"])
-    yield store
-    store.close()
+def store(store: Store) -> Store:
+    allow_loopback_tenant(store)
+    return store
 
 
 def relay(store: Store, port: int | None) -> Relay:

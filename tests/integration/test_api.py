@@ -28,6 +28,7 @@ from schedctl.storage.payloads import configure_payload_cipher, reset_payload_ci
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
 from scheduled_d.api.server import ApiServer
+from tests.integration.queue_support import table_snapshot
 
 QUEUE = {"type": "queue", "name": "digest-jobs"}
 MARKER = "PAYLOAD-MARKER-5c1e9d"
@@ -76,15 +77,6 @@ def serving(sched: Scheduler, **kwargs: Any) -> Iterator[ApiServer]:
 
 
 @pytest.fixture
-def sched(db_url: str) -> Iterator[Scheduler]:
-    scheduler = Scheduler.open(db_url)
-    try:
-        yield scheduler
-    finally:
-        scheduler.close()
-
-
-@pytest.fixture
 def server(sched: Scheduler) -> Iterator[ApiServer]:
     with serving(sched) as running:
         yield running
@@ -103,12 +95,7 @@ def other(sched: Scheduler, server: ApiServer) -> Api:
 
 
 def snapshot(store: Store) -> dict[str, list[tuple[Any, ...]]]:
-    result: dict[str, list[tuple[Any, ...]]] = {}
-    with store.read() as connection:
-        for table in SNAPSHOT_TABLES:
-            rows = connection.execute(select(table)).all()
-            result[table.name] = sorted((tuple(r) for r in rows), key=repr)
-    return result
+    return table_snapshot(store, SNAPSHOT_TABLES)
 
 
 def stored_payload(store: Store, job_id: str) -> str:

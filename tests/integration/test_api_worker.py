@@ -31,14 +31,16 @@ from scheduled_d.relay import Relay
 from scheduled_d.worker import Worker
 from tests.integration.queue_support import (
     attempts,
+    end_processes,
+    kill_when_started,
     messages,
     queue_job,
     run_row,
+    running_loop,
     running_relay,
     trigger,
     wait_for,
 )
-from tests.services.ports import pid_alive
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -235,11 +237,7 @@ def test_an_api_worker_killed_mid_run_is_redelivered_after_its_lease(
     rescuer: subprocess.Popen[bytes] | None = None
     orphan: int | None = None
     try:
-        wait_for(started.exists, "the first attempt to start")
-        wait_for(lambda: started.read_text().strip() != "", "the pid file")
-        orphan = int(started.read_text())
-        doomed.send_signal(signal.SIGKILL)
-        doomed.wait(60)
+        orphan = kill_when_started(doomed, started)
         (message,) = messages(store)
         assert message["lease_owner"].startswith(f"api:{env.acme.token_id}:")
         assert message["leased_until"] is not None, "the dead worker's lease is still held"
@@ -253,12 +251,7 @@ def test_an_api_worker_killed_mid_run_is_redelivered_after_its_lease(
             )
             assert rescuer.wait(120) == 0
     finally:
-        for child in (doomed, rescuer):
-            if child is not None and child.poll() is None:
-                child.kill()
-                child.wait(60)
-        if orphan is not None and pid_alive(orphan):
-            os.killpg(orphan, signal.SIGKILL)
+        end_processes([doomed, rescuer], orphan)
     run = run_row(store, job, at)
     assert (run["status"], run["attempt"]) == ("succeeded", 2)
     history = attempts(store, job, at)
@@ -284,16 +277,11 @@ def run_api_worker(
         poll_seconds=0.05,
         kill_grace_seconds=1.0,
     )
-    stop = threading.Event()
-    thread = threading.Thread(target=w.run, args=(stop,), daemon=True)
-    thread.start()
     try:
-        wait_for(done, what)
+        with running_loop(w.run, "worker"):
+            wait_for(done, what)
     finally:
-        stop.set()
-        thread.join(60)
         backend.close()
-    assert not thread.is_alive()
 
 
 def test_heartbeats_keep_a_long_run_and_a_cancel_reaches_the_command(

@@ -21,6 +21,7 @@ from scheduled_d.worker import Worker
 from tests.factories import make_tenant
 from tests.integration.queue_support import (
     Received,
+    add_dispatched_run,
     attempts,
     dead_letters,
     existing_tenant,
@@ -163,33 +164,16 @@ def _trigger_after_cancel(store: Store, job: str) -> list[datetime]:
     """A run claimed just before the cancel committed: an outbox row already due."""
     from datetime import UTC
 
-    from schedctl.storage import schema
-
     now = datetime.now(UTC)
     tenant = existing_tenant(store)
     with store.tx() as connection:
-        connection.execute(
-            schema.runs.insert().values(
-                job_id=job,
-                scheduled_at=now,
-                tenant_id=tenant,
-                partition=0,
-                trigger="schedule",
-                status="dispatched",
-                attempt=1,
-                dispatched_at=now,
-            )
-        )
-        connection.execute(
-            schema.outbox.insert().values(
-                job_id=job,
-                scheduled_at=now,
-                tenant_id=tenant,
-                target_type="http",
-                target="http://127.0.0.1:9/never",
-                attempt=1,
-                available_at=now,
-                created_at=now,
-            )
+        add_dispatched_run(
+            connection,
+            job,
+            now,
+            tenant,
+            trigger="schedule",
+            target=("http", "http://127.0.0.1:9/never"),
+            dispatched_at=now,
         )
     return [now]

@@ -27,6 +27,7 @@ from tests.factories import (
     create_job,
     every,
     make_tenant,
+    move_next_run,
     once_at,
     spec,
 )
@@ -74,12 +75,7 @@ def test_claim_dispatches_due_one_time_and_recurring_jobs(store: Store) -> None:
     anchor = ago(10).replace(microsecond=0)
     recurring = create_job(store, tenant, every(60, anchor))
     # an interval job's first run is after creation: make it due by moving its time back
-    with store.tx() as connection:
-        connection.execute(
-            schema.jobs.update()
-            .where(schema.jobs.c.job_id == recurring)
-            .values(next_run_at=anchor, next_fire_at=anchor)
-        )
+    move_next_run(store, recurring, anchor)
     claimer = Claimer(store, "d1")
     now = datetime.now(UTC)
     due = claimer.load_due(ALL, now)
@@ -101,12 +97,7 @@ def test_two_claimers_racing_from_the_same_stale_read_enqueue_each_run_once(stor
     anchor = ago(30).replace(microsecond=0)
     for _ in range(20):
         job_id = create_job(store, tenant, every(1, anchor, misfire=MisfirePolicy.run_all))
-        with store.tx() as connection:
-            connection.execute(
-                schema.jobs.update()
-                .where(schema.jobs.c.job_id == job_id)
-                .values(next_run_at=anchor, next_fire_at=anchor)
-            )
+        move_next_run(store, job_id, anchor)
     a, b = Claimer(store, "d1"), Claimer(store, "d2")
     for _round in range(5):
         now = datetime.now(UTC)
@@ -263,12 +254,7 @@ def test_misfire_skip_records_missed_runs_and_waits_for_the_next(store: Store) -
         store, tenant, spec(CronSchedule.parse("* * * * *", "UTC"), misfire=MisfirePolicy.skip)
     )
     missed_from = (datetime.now(UTC) - timedelta(minutes=10)).replace(second=0, microsecond=0)
-    with store.tx() as connection:
-        connection.execute(
-            schema.jobs.update()
-            .where(schema.jobs.c.job_id == job_id)
-            .values(next_run_at=missed_from, next_fire_at=missed_from)
-        )
+    move_next_run(store, job_id, missed_from)
     claimer = Claimer(store, "d1")
     now = datetime.now(UTC)
     result = claimer.claim(claimer.load_due(ALL, now), epochs, now)
@@ -291,12 +277,7 @@ def test_misfire_run_once_dispatches_one_catch_up_run(store: Store) -> None:
     job = JobRepo(store).get(job_id)
     assert job.next_run_at is not None
     start = job.next_run_at - timedelta(seconds=600)
-    with store.tx() as connection:
-        connection.execute(
-            schema.jobs.update()
-            .where(schema.jobs.c.job_id == job_id)
-            .values(next_run_at=start, next_fire_at=start)
-        )
+    move_next_run(store, job_id, start)
     del missed_from
     claimer = Claimer(store, "d1")
     now = datetime.now(UTC)

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -31,24 +30,22 @@ from schedctl.storage.claim import Claimer
 from schedctl.storage.outbox import OutboxRepo, Outcome
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
-from tests.factories import create_job, make_tenant, spec
+from tests.factories import create_job, make_tenant, move_next_run, spec
 from tests.integration.queue_support import (
+    add_dispatched_run,
+    allow_loopback_tenant,
     existing_tenant,
     http_job,
     queue_job,
     run_row,
-    set_allow_list,
     trigger,
 )
 
 
 @pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    store = Store.open(db_url)
-    tenant = make_tenant(store)
-    set_allow_list(store, tenant, ["127.0.0.1"])
-    yield store
-    store.close()
+def store(store: Store) -> Store:
+    allow_loopback_tenant(store)
+    return store
 
 
 def after(store: Store, job: str, *ups: str) -> None:
@@ -131,38 +128,23 @@ def test_http_success_creates_the_dependent_run(store: Store) -> None:
     assert run_row(store, b, at)["status"] == RunStatus.succeeded.value
 
 
-def test_fan_in_runs_once_after_both(store: Store) -> None:
+def fan_in(store: Store) -> tuple[str, str, str, datetime]:
+    """c after a and b, and a run of a and one of b at the same scheduled_at, both moved
+    into the queue: (a, b, c, scheduled_at)."""
     a, b, c = queue_job(store, max_concurrency=0), queue_job(store), queue_job(store)
     after(store, c, a, b)
     at = trigger(store, a)
     tenant = existing_tenant(store)
     # b's run at the same scheduled_at (a manual run of b keyed at a's time)
     with store.tx() as connection:
-        connection.execute(
-            schema.runs.insert().values(
-                job_id=b,
-                scheduled_at=at,
-                tenant_id=tenant,
-                partition=0,
-                trigger="manual",
-                status="dispatched",
-                attempt=1,
-            )
-        )
-        connection.execute(
-            schema.outbox.insert().values(
-                job_id=b,
-                scheduled_at=at,
-                tenant_id=tenant,
-                target_type="queue",
-                target="q",
-                attempt=1,
-                available_at=at,
-                created_at=at,
-            )
-        )
+        add_dispatched_run(connection, b, at, tenant)
+    QueueRepo(store).move_outbox()
+    return a, b, c, at
+
+
+def test_fan_in_runs_once_after_both(store: Store) -> None:
+    a, b, c, at = fan_in(store)
     repo = QueueRepo(store)
-    repo.move_outbox()
     leases = {
         lease.job_id: lease
         for lease in repo.lease("q", "w", 60, limit=10, tenant_id=existing_tenant(store))
@@ -271,37 +253,9 @@ def test_upstream_success_and_dependent_run_commit_together(store: Store) -> Non
 
 def test_concurrent_fan_in_creates_one_run(store: Store) -> None:
     """Two upstreams settled at once from two threads: exactly one run of the dependent."""
-    a, b, c = queue_job(store, max_concurrency=0), queue_job(store), queue_job(store)
-    after(store, c, a, b)
-    at = trigger(store, a)
-    tenant = existing_tenant(store)
-    with store.tx() as connection:
-        connection.execute(
-            schema.runs.insert().values(
-                job_id=b,
-                scheduled_at=at,
-                tenant_id=tenant,
-                partition=0,
-                trigger="manual",
-                status="dispatched",
-                attempt=1,
-            )
-        )
-        connection.execute(
-            schema.outbox.insert().values(
-                job_id=b,
-                scheduled_at=at,
-                tenant_id=tenant,
-                target_type="queue",
-                target="q",
-                attempt=1,
-                available_at=at,
-                created_at=at,
-            )
-        )
+    _a, _b, c, _at = fan_in(store)
     repo = QueueRepo(store)
-    repo.move_outbox()
-    leases = repo.lease("q", "w", 60, limit=10, tenant_id=tenant)
+    leases = repo.lease("q", "w", 60, limit=10, tenant_id=existing_tenant(store))
     assert len(leases) == 2
     barrier = threading.Barrier(2, timeout=60)
     results: list[bool] = []
@@ -380,12 +334,7 @@ def test_misfire_skipped_upstream_runs_skip_the_dependent(store: Store) -> None:
     b = queue_job(store)
     after(store, b, a)
     missed_from = (datetime.now(UTC) - timedelta(minutes=5)).replace(second=0, microsecond=0)
-    with store.tx() as connection:
-        connection.execute(
-            schema.jobs.update()
-            .where(schema.jobs.c.job_id == a)
-            .values(next_run_at=missed_from, next_fire_at=missed_from)
-        )
+    move_next_run(store, a, missed_from)
     claimer = Claimer(store, "d1")
     now = datetime.now(UTC)
     result = claimer.claim(claimer.load_due(range(1024), now), epochs, now)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,15 +35,6 @@ def body(**overrides: Any) -> dict[str, Any]:
     }
     data.update(overrides)
     return data
-
-
-@pytest.fixture
-def sched(db_url: str) -> Iterator[Scheduler]:
-    scheduler = Scheduler.open(db_url)
-    try:
-        yield scheduler
-    finally:
-        scheduler.close()
 
 
 @pytest.fixture

@@ -37,13 +37,9 @@ runner = CliRunner()
 
 
 @pytest.fixture
-def sched(db_url: str) -> Iterator[Scheduler]:
-    scheduler = Scheduler.open(db_url)
-    scheduler.create_tenant("acme", ACTOR)
-    try:
-        yield scheduler
-    finally:
-        scheduler.close()
+def sched(sched: Scheduler) -> Scheduler:
+    sched.create_tenant("acme", ACTOR)
+    return sched
 
 
 def new_job(sched: Scheduler, **overrides: Any) -> str:

@@ -22,6 +22,7 @@ from schedctl.storage.queue import (
 from schedctl.storage.store import Store
 from tests.factories import ago, bulk_once_jobs, make_tenant
 from tests.integration.queue_support import (
+    add_dispatched_run,
     attempts,
     dead_letters,
     messages,
@@ -172,29 +173,7 @@ def test_concurrent_relays_on_postgres_move_each_row_once(pg_store: Store) -> No
     job_ids = bulk_once_jobs(store, tenant, times)
     with store.tx() as connection:
         for job_id, at in zip(job_ids, times, strict=True):
-            connection.execute(
-                schema.runs.insert().values(
-                    job_id=job_id,
-                    scheduled_at=at,
-                    tenant_id=tenant,
-                    partition=0,
-                    trigger="schedule",
-                    status="dispatched",
-                    attempt=1,
-                )
-            )
-            connection.execute(
-                schema.outbox.insert().values(
-                    job_id=job_id,
-                    scheduled_at=at,
-                    tenant_id=tenant,
-                    target_type="queue",
-                    target="q",
-                    attempt=1,
-                    available_at=at,
-                    created_at=at,
-                )
-            )
+            add_dispatched_run(connection, job_id, at, tenant, trigger="schedule")
     repo = QueueRepo(store)
     barrier = threading.Barrier(4)
     moved: list[int] = []

@@ -4,7 +4,7 @@ tenants and tokens, job lifecycle, idempotency, paging, and "bad input changes n
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,6 +17,7 @@ from schedctl.scheduling.schedules import CronSchedule, IntervalSchedule, OnceSc
 from schedctl.service import Scheduler
 from schedctl.storage import schema
 from schedctl.storage.store import Store
+from tests.integration.queue_support import table_snapshot
 
 ACTOR = "test:service"
 QUEUE = {"type": "queue", "name": "digest-jobs"}
@@ -28,15 +29,6 @@ SNAPSHOT_TABLES = (
     schema.outbox,
     schema.audit_log,
 )
-
-
-@pytest.fixture
-def sched(db_url: str) -> Iterator[Scheduler]:
-    scheduler = Scheduler.open(db_url)
-    try:
-        yield scheduler
-    finally:
-        scheduler.close()
 
 
 @pytest.fixture
@@ -57,12 +49,7 @@ def iso(value: datetime) -> str:
 
 def snapshot(store: Store) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of the tables a job request could touch, in a stable order."""
-    result: dict[str, list[tuple[Any, ...]]] = {}
-    with store.read() as connection:
-        for table in SNAPSHOT_TABLES:
-            rows = connection.execute(select(table)).all()
-            result[table.name] = sorted((tuple(r) for r in rows), key=repr)
-    return result
+    return table_snapshot(store, SNAPSHOT_TABLES)
 
 
 def job_row(store: Store, job_id: str) -> dict[str, Any]:

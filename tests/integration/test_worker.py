@@ -28,10 +28,13 @@ from tests.factories import make_tenant
 from tests.integration.queue_support import (
     attempts,
     dead_letters,
+    end_processes,
+    kill_when_started,
     messages,
     queue_job,
     queued_run,
     run_row,
+    running_loop,
     trigger,
     wait_for,
 )
@@ -62,19 +65,13 @@ def worker(store: Store, command: list[str], **kwargs: object) -> Worker:
 
 def run_until(w: Worker, done: Callable[[], bool], what: str, **run_kwargs: object) -> int:
     """Run the worker in a thread until `done()`, then stop it warmly; returns runs taken."""
-    stop = threading.Event()
     taken: list[int] = []
-    thread = threading.Thread(
-        target=lambda: taken.append(w.run(stop, **run_kwargs)),  # type: ignore[arg-type]
-        daemon=True,
-    )
-    thread.start()
-    try:
+
+    def run(stop: threading.Event) -> None:
+        taken.append(w.run(stop, **run_kwargs))  # type: ignore[arg-type]
+
+    with running_loop(run, "worker"):
         wait_for(done, what)
-    finally:
-        stop.set()
-        thread.join(60)
-    assert not thread.is_alive()
     return taken[0]
 
 
@@ -246,11 +243,7 @@ def test_a_worker_killed_mid_run_is_recovered_by_another(
     )
     orphan: int | None = None
     try:
-        wait_for(started.exists, "the first attempt to start")
-        wait_for(lambda: started.read_text().strip() != "", "the pid file")
-        orphan = int(started.read_text())
-        child.send_signal(signal.SIGKILL)
-        child.wait(60)
+        orphan = kill_when_started(child, started)
         (message,) = messages(store)
         assert message["lease_owner"] == "doomed-worker"
         assert message["leased_until"] is not None, "the dead worker's lease is still held"
@@ -260,11 +253,7 @@ def test_a_worker_killed_mid_run_is_recovered_by_another(
         w = worker(store, ["sh", "-c", script], owner="rescuer")
         run_until(w, finished(store, job, at), "the redelivered run")
     finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait(60)
-        if orphan is not None and pid_alive(orphan):
-            os.killpg(orphan, signal.SIGKILL)
+        end_processes([child], orphan)
     run = run_row(store, job, at)
     assert (run["status"], run["attempt"]) == ("succeeded", 2)
     history = attempts(store, job, at)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import sys
 import threading
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -31,13 +30,6 @@ from scheduled_d.metrics import export_queue_depths
 from scheduled_d.worker import DirectBackend, Worker
 from tests.factories import make_tenant
 from tests.integration.queue_support import queue_job, trigger
-
-
-@pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    store = Store.open(db_url)
-    yield store
-    store.close()
 
 
 @pytest.fixture

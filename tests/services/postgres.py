@@ -159,16 +159,12 @@ class PostgresServer(Service):
             raise ValueError(f"unknown pg_ctl stop mode {mode!r}")
         if not self.is_running():
             return
-        result = self._run(
-            [
-                str(self.bindir / "pg_ctl"),
-                *("-D", str(self.data_dir)),
-                *("-m", mode, "-w", "-t", str(_STOP_TIMEOUT_S)),
-                "stop",
-            ],
-            as_server_user=True,
+        result = self._pg(
+            "pg_ctl",
+            *("-D", str(self.data_dir)),
+            *("-m", mode, "-w", "-t", str(_STOP_TIMEOUT_S)),
+            "stop",
             timeout=_STOP_TIMEOUT_S + 30,
-            check=False,
         )
         if result.returncode != 0 and self.is_running():
             self.kill()
@@ -233,16 +229,12 @@ class PostgresServer(Service):
 
     def psql(self, sql: str, dbname: str = "postgres") -> str:
         """Run ``sql`` with psql (unaligned, tuples only) and return its stdout."""
-        result = self._run(
-            [
-                str(self.bindir / "psql"),
-                *("-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"),
-                *("-h", self.host, "-p", str(self.port), "-U", "postgres", "-d", dbname),
-                *("-c", sql),
-            ],
+        result = self._pg(
+            "psql",
+            *("-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"),
+            *("-h", self.host, "-p", str(self.port), "-U", "postgres", "-d", dbname),
+            *("-c", sql),
             as_server_user=False,
-            timeout=_COMMAND_TIMEOUT_S,
-            check=False,
         )
         if result.returncode != 0:
             raise ServiceError(
@@ -327,15 +319,10 @@ class PostgresServer(Service):
                 )
 
     def _initdb(self) -> None:
-        result = self._run(
-            [
-                str(self.bindir / "initdb"),
-                *("-D", str(self.data_dir)),
-                *("-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C.UTF-8"),
-            ],
-            as_server_user=True,
-            timeout=_COMMAND_TIMEOUT_S,
-            check=False,
+        result = self._pg(
+            "initdb",
+            *("-D", str(self.data_dir)),
+            *("-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C.UTF-8"),
         )
         if result.returncode != 0:
             raise ServiceError(
@@ -357,16 +344,12 @@ class PostgresServer(Service):
         return " ".join(options)
 
     def _pg_ctl_start(self) -> None:
-        result = self._run(
-            [
-                str(self.bindir / "pg_ctl"),
-                *("-D", str(self.data_dir), "-l", str(self.log_path)),
-                *("-w", "-t", str(_START_TIMEOUT_S), "-o", self._server_options()),
-                "start",
-            ],
-            as_server_user=True,
+        result = self._pg(
+            "pg_ctl",
+            *("-D", str(self.data_dir), "-l", str(self.log_path)),
+            *("-w", "-t", str(_START_TIMEOUT_S), "-o", self._server_options()),
+            "start",
             timeout=_START_TIMEOUT_S + 30,
-            check=False,
         )
         if result.returncode != 0 or not self.is_running():
             if self.is_running():
@@ -376,6 +359,18 @@ class PostgresServer(Service):
                 f"{result.stdout}{result.stderr}",
                 self.logs(),
             )
+
+    def _pg(
+        self,
+        tool: str,
+        *args: str,
+        as_server_user: bool = True,
+        timeout: float = _COMMAND_TIMEOUT_S,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the server's program `tool` (pg_ctl, initdb, psql) with `args`; the caller
+        reads its return code."""
+        cmd = [str(self.bindir / tool), *args]
+        return self._run(cmd, as_server_user=as_server_user, timeout=timeout, check=False)
 
     def _run(
         self,

@@ -29,7 +29,7 @@ from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
 from schedctl import errors, limits
-from schedctl.leasing import Beat
+from schedctl.leasing import Beat, Finish, Settlement
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.service import Scheduler
 from schedctl.storage.queue import Lease, QueueRepo
@@ -305,16 +305,7 @@ def ack(
     """Record the run as succeeded with its exit code, output tail and times; the message is
     removed from the queue."""
     request = _parse(AckRequest, body)
-    lease = _settling(scheduler, caller, lease_id, request)
-    done = QueueRepo(scheduler.store).ack(
-        lease,
-        exit_code=request.exit_code,
-        output_tail=request.output_tail,
-        started_at=request.started_at,
-        finished_at=request.finished_at,
-    )
-    if not done:
-        raise _lost()
+    _settle(scheduler, caller, lease_id, request, Finish.succeeded, None)
     return {"status": "succeeded"}
 
 
@@ -333,19 +324,8 @@ def fail(
     `cancelled: true` (the command was stopped because the job was cancelled) it is
     recorded as failed and neither retried nor dead-lettered."""
     request = _parse(FailRequest, body)
-    lease = _settling(scheduler, caller, lease_id, request)
-    repo = QueueRepo(scheduler.store)
-    settle = repo.stop_cancelled if request.cancelled else repo.fail
-    done = settle(
-        lease,
-        error=request.error,
-        exit_code=request.exit_code,
-        output_tail=request.output_tail,
-        started_at=request.started_at,
-        finished_at=request.finished_at,
-    )
-    if not done:
-        raise _lost()
+    finish = Finish.cancelled if request.cancelled else Finish.failed
+    _settle(scheduler, caller, lease_id, request, finish, request.error)
     return {"status": "stopped" if request.cancelled else "failed"}
 
 
@@ -354,10 +334,21 @@ def _lost() -> errors.NotFound:
     return errors.NotFound("the lease expired and the run was redelivered", field="lease_id")
 
 
-def _settling(scheduler: Scheduler, caller: Caller, lease_id: str, request: AckRequest) -> Lease:
-    """The caller's lease `lease_id` that `request` settles, once its times are plausible."""
+def _settle(
+    scheduler: Scheduler,
+    caller: Caller,
+    lease_id: str,
+    request: AckRequest,
+    finish: Finish,
+    error: str | None,
+) -> None:
+    """Settle the caller's lease `lease_id` as `request` reports, once its times are
+    plausible; NotFound if the lease was lost meanwhile."""
     _check_times(request.started_at, request.finished_at)
-    return _held(scheduler, caller, lease_id)
+    lease = _held(scheduler, caller, lease_id)
+    report = (request.exit_code, request.output_tail, request.started_at, request.finished_at)
+    if not QueueRepo(scheduler.store).settle(lease, Settlement(finish, error, *report)):
+        raise _lost()
 
 
 def _check_times(started_at: datetime, finished_at: datetime) -> None:
