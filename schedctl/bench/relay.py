@@ -131,6 +131,15 @@ def _peak_rss_mb(pid: int) -> float | None:
     return None
 
 
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a live process so far (Linux)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _relay(store: Store, job_id: str, runs: int, deadline: float) -> dict[str, Any]:
     """Run one real `scheduled-d relay` until the job's outbox rows are all settled; the
     rate is timed from the first settled row (start-up is not delivery) to the last."""
@@ -153,6 +162,7 @@ def _relay(store: Store, job_id: str, runs: int, deadline: float) -> dict[str, A
                 started, counted = time.monotonic(), left
             time.sleep(0.02)
         finished = time.monotonic()
+        cpu = _cpu_seconds(process.pid)
         if started is None or counted is None:  # all settled before the first look
             started, counted = launched, runs
         return {
@@ -160,6 +170,7 @@ def _relay(store: Store, job_id: str, runs: int, deadline: float) -> dict[str, A
             "settled": counted,
             "pid": process.pid,
             "peak_rss_mb": _peak_rss_mb(process.pid),
+            "cpu_seconds": cpu,
         }
     finally:
         process.send_signal(signal.SIGTERM)
@@ -209,5 +220,10 @@ def run_relay_bench(
         "unsigned": received["unsigned"],
         "run_statuses": statuses,
         "relay_peak_rss_mb": relay["peak_rss_mb"],
+        # noise-proof on a shared machine: what one core would do, start-up included
+        "relay_cpu_seconds": relay["cpu_seconds"],
+        "deliveries_per_relay_cpu_second": (
+            round(runs / relay["cpu_seconds"], 1) if relay["cpu_seconds"] else None
+        ),
         "note": "one scheduled-d relay process; a receiver process on loopback (keep-alive)",
     }

@@ -19,7 +19,18 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Table, bindparam, delete, insert, or_, update
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Table,
+    any_,
+    bindparam,
+    delete,
+    insert,
+    or_,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 
 from schedctl.backoff import backoff_delay
@@ -109,6 +120,16 @@ def unexpected_error(exc: BaseException) -> str:
 def lost(*, started_at: datetime | None, now: datetime, worker: str | None) -> Attempt:
     """The attempt of a worker or relay whose lease ran out."""
     return Attempt(Ending.lost, started_at, now, worker, error=LOST_ERROR)
+
+
+def id_in(connection: Connection, column: Any, ids: Sequence[int]) -> ColumnElement[bool]:
+    """`column IN ids` for a batch of row ids. On Postgres one array parameter (``= ANY``):
+    one statement text whatever the batch size, which psycopg parses once, instead of one
+    placeholder per id (a new text, parsed again, for every length; it cost the relay a
+    tenth of its CPU)."""
+    if connection.dialect.name == "postgresql":
+        return column == any_(bindparam(None, list(ids), type_=ARRAY(BigInteger)))  # type: ignore[no-any-return]
+    return column.in_(ids)  # type: ignore[no-any-return]
 
 
 def settle(
@@ -206,7 +227,7 @@ def settle(
     _record_attempts(connection, runs)
     _update_runs(connection, runs)
     for table, ids in gone.items():
-        connection.execute(delete(table).where(table.c.id.in_(ids)))
+        connection.execute(delete(table).where(id_in(connection, table.c.id, ids)))
     for table, rows in retry.items():
         _retry(connection, table, rows)
     if dead:
@@ -230,7 +251,7 @@ def skip_cancelled(
     record those runs skipped, if they had not started (again)."""
     if not rows:
         return
-    connection.execute(delete(table).where(table.c.id.in_([r[0] for r in rows])))
+    connection.execute(delete(table).where(id_in(connection, table.c.id, [r[0] for r in rows])))
     r = schema.runs
     connection.execute(
         update(r)
