@@ -57,11 +57,6 @@ log = logging.getLogger(__name__)
 
 # RabbitMQ publishes are quick: one slot publishes up to this many runs in a row.
 RABBITMQ_PER_SLOT = 50
-# An HTTP slot delivers up to this many claimed runs one after the other: starting a slot
-# (a coroutine handed to the HTTP loop from the claiming thread) cost more than a loopback
-# call, once per call. A lane holds at most this many times more claimed runs (leased and
-# heartbeated) than slots; its concurrency is unchanged.
-HTTP_PER_SLOT = 4
 # After a slot frees, wait this long for others before claiming again: one claim
 # transaction then refills several slots instead of one each.
 REFILL_PAUSE_SECONDS = 0.002
@@ -95,7 +90,7 @@ DELIVERY_SECONDS = Histogram(
 
 
 def _per_slot(lane: Lane) -> int:
-    return RABBITMQ_PER_SLOT if lane.kind == TargetType.rabbitmq else HTTP_PER_SLOT
+    return RABBITMQ_PER_SLOT if lane.kind == TargetType.rabbitmq else 1
 
 
 @dataclass

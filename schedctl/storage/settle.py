@@ -28,6 +28,7 @@ from sqlalchemy import (
     delete,
     insert,
     or_,
+    text,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -287,27 +288,86 @@ def _recorded(ending: Ending) -> RunStatus:
 
 
 def _record_attempts(connection: Connection, runs: list[dict[str, Any]]) -> None:
+    rows = [
+        {
+            "job_id": x["b_job_id"],
+            "scheduled_at": x["b_scheduled_at"],
+            "attempt": x["b_attempt"],
+            "status": x["b_recorded"],
+            "started_at": x["b_started_at"],
+            "finished_at": x["b_finished_at"],
+            "exit_code": x["b_exit_code"],
+            "error": x["b_error"],
+            "output_tail": x["b_output_tail"],
+            "worker": x["b_worker"],
+        }
+        for x in runs
+    ]
+    if connection.dialect.name == "postgresql":
+        _insert_attempts_postgres(connection, rows)
+        return
+    connection.execute(insert(schema.run_attempts), rows)
+
+
+# Postgres: a batch of rows as one statement over arrays (unnest), one array per column: a
+# constant statement text and C-speed parameter encoding, instead of one statement per row
+# in a pipeline (executemany), which was a fifth of the relay's CPU.
+_ATTEMPT_ARRAYS = (
+    ("job_id", "text"),
+    ("scheduled_at", "timestamptz"),
+    ("attempt", "integer"),
+    ("status", "text"),
+    ("started_at", "timestamptz"),
+    ("finished_at", "timestamptz"),
+    ("exit_code", "integer"),
+    ("error", "text"),
+    ("output_tail", "text"),
+    ("worker", "text"),
+)
+_INSERT_ATTEMPTS = text(
+    "INSERT INTO run_attempts ("
+    + ", ".join(name for name, _ in _ATTEMPT_ARRAYS)
+    + ") SELECT * FROM unnest("
+    + ", ".join(f"CAST(:{name} AS {kind}[])" for name, kind in _ATTEMPT_ARRAYS)
+    + ")"
+)
+_RUN_ARRAYS = (
+    ("job_id", "text"),
+    ("scheduled_at", "timestamptz"),
+    ("status", "text"),
+    ("attempt", "integer"),
+    ("started_at", "timestamptz"),
+    ("finished_at", "timestamptz"),
+    ("exit_code", "integer"),
+    ("error", "text"),
+    ("output_tail", "text"),
+)
+_UPDATE_RUNS = text(
+    "UPDATE runs SET "
+    + ", ".join(f"{name} = v.{name}" for name, _ in _RUN_ARRAYS[2:])
+    + " FROM unnest("
+    + ", ".join(f"CAST(:{name} AS {kind}[])" for name, kind in _RUN_ARRAYS)
+    + ") AS v("
+    + ", ".join(name for name, _ in _RUN_ARRAYS)
+    + ") WHERE runs.job_id = v.job_id AND runs.scheduled_at = v.scheduled_at"
+)
+
+
+def _insert_attempts_postgres(connection: Connection, rows: list[dict[str, Any]]) -> None:
     connection.execute(
-        insert(schema.run_attempts),
-        [
-            {
-                "job_id": x["b_job_id"],
-                "scheduled_at": x["b_scheduled_at"],
-                "attempt": x["b_attempt"],
-                "status": x["b_recorded"],
-                "started_at": x["b_started_at"],
-                "finished_at": x["b_finished_at"],
-                "exit_code": x["b_exit_code"],
-                "error": x["b_error"],
-                "output_tail": x["b_output_tail"],
-                "worker": x["b_worker"],
-            }
-            for x in runs
-        ],
+        _INSERT_ATTEMPTS, {name: [row[name] for row in rows] for name, _ in _ATTEMPT_ARRAYS}
     )
 
 
 def _update_runs(connection: Connection, runs: list[dict[str, Any]]) -> None:
+    if connection.dialect.name == "postgresql":
+        # one row per run (the last outcome wins, as it would one statement after another)
+        latest = {(x["b_job_id"], x["b_scheduled_at"]): x for x in runs}
+        connection.execute(
+            _UPDATE_RUNS,
+            {name: [x[f"b_{name}"] for x in latest.values()] for name, _ in _RUN_ARRAYS},
+        )
+        return
     r = schema.runs
     connection.execute(
         update(r)
