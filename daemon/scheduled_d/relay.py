@@ -8,8 +8,9 @@ its own concurrency (tenants.delivery_concurrency) and the tenant's rate
 one waiting batch per slot (so a fast lane never idles while its next claim is on the
 way); a tenant whose endpoint hangs holds at most that, the rest of its backlog waits in
 the outbox unclaimed, and every other lane keeps claiming and delivering. The calls run
-on a thread pool outside any transaction; outcomes are written in batches by one settler
-thread.
+outside any transaction: HTTP calls as coroutines on the HTTP client's one event loop thread
+(schedctl.delivery.http), broker publishes on a thread pool; outcomes are written in
+batches by one settler thread.
 
 Leases and heartbeat: a claim leases its rows for `lease_seconds` (9 s by default); a
 heartbeat thread extends, every lease/3, the leases of every row this relay holds -- waiting
