@@ -245,9 +245,12 @@ class HttpDelivery:
         def result(verdict: Verdict, **fields: Any) -> DeliveryResult:
             return DeliveryResult(verdict, seconds=loop.time() - started, **fields)
 
+        allowed: Hashable = allow_list if isinstance(allow_list, AllowList) else tuple(allow_list)
         try:
-            async with asyncio.timeout_at(deadline):
-                route = await self._route(url, allow_list)
+            route = self._cached_route(url, allowed)
+            if route is None:  # a timer only when the guard has to resolve
+                async with asyncio.timeout_at(deadline):
+                    route = await self._route(url, allowed)
         except errors.ForbiddenDestination as exc:
             return result(Verdict.failed, error=f"refused by the SSRF guard: {exc}")
         except UnresolvableHost as exc:
@@ -318,14 +321,15 @@ class HttpDelivery:
     def _timed_out(self) -> str:
         return f"timed out: no complete answer within the {self.timeout:g} s deadline"
 
-    async def _route(self, url: str, allow_list: AllowList | Iterable[str]) -> _Route:
+    def _cached_route(self, url: str, allowed: Hashable) -> _Route | None:
+        found = self._routes.get((url, allowed))
+        if found is not None and found[0] > time.monotonic():
+            return found[1]
+        return None
+
+    async def _route(self, url: str, allowed: Hashable) -> _Route:
         """Where and how to send a call to `url`: checked by the guard (its answer cached as
         long as the name's resolution), the request head prepared."""
-        allowed: Hashable = allow_list if isinstance(allow_list, AllowList) else tuple(allow_list)
-        now = time.monotonic()
-        found = self._routes.get((url, allowed))
-        if found is not None and found[0] > now:
-            return found[1]
         destination, expires = await self._guard.check_async(url, allowed)  # type: ignore[arg-type]
         route = _Route.of(destination, self.user_agent)
         if len(self._routes) >= MAX_ROUTES:
