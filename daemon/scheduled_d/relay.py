@@ -8,8 +8,9 @@ its own concurrency (tenants.delivery_concurrency) and the tenant's rate
 one waiting batch per slot (so a fast lane never idles while its next claim is on the
 way); a tenant whose endpoint hangs holds at most that, the rest of its backlog waits in
 the outbox unclaimed, and every other lane keeps claiming and delivering. The calls run
-on a thread pool outside any transaction; outcomes are written in batches by one settler
-thread.
+outside any transaction: HTTP calls as coroutines on the HTTP client's one event loop thread
+(schedctl.delivery.http), broker publishes on a thread pool; outcomes are written in
+batches by one settler thread.
 
 Leases and heartbeat: a claim leases its rows for `lease_seconds` (9 s by default); a
 heartbeat thread extends, every lease/3, the leases of every row this relay holds -- waiting
@@ -20,6 +21,7 @@ about one lease later, without the lease having to outlast the slowest call.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import queue
@@ -29,7 +31,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -199,7 +201,10 @@ class Relay:
         self._next_settings = 0.0
         self._tenants: dict[str, TenantSettings] = {}
         self._rotation = 0
+        # broker slots; HTTP slots are coroutines on the HTTP client's loop
         self._pool = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="deliver")
+        self._async_slots: set[Future[None]] = set()
+        self._slots_lock = threading.Lock()
         self._outcomes: queue.Queue[Outcome] = queue.Queue()
         self._unsettled = 0  # outcomes produced and not recorded yet
         self._unsettled_lock = threading.Lock()
@@ -320,6 +325,10 @@ class Relay:
             waiting = [d for batches in self._queued.values() for b in batches for d in b]
             self._queued.clear()
         self._pool.shutdown(wait=True)
+        with self._slots_lock:
+            slots = list(self._async_slots)
+        # each ends after its call under way, which its deadline bounds
+        wait(slots, timeout=self.http.timeout + 5)
         try:
             self.outbox.release(waiting)
         except errors.StoreUnavailable as exc:
@@ -449,7 +458,7 @@ class Relay:
             for lane, waiting in list(self._queued.items()):
                 started = self._running.get(lane, 0)
                 while len(waiting) > started and self.limits.try_acquire(lane):
-                    self._pool.submit(self._slot, lane)
+                    self._start_slot(lane)
                     started += 1
                 self._running[lane] = started
                 if not waiting and not started:
@@ -457,22 +466,48 @@ class Relay:
                     self._running.pop(lane, None)
         return len(claimed.deliveries) if claimed is not None else 0
 
-    # -- delivering (pool threads) ---------------------------------------------------------
+    # -- delivering (HTTP: coroutines on the HTTP loop; RabbitMQ: pool threads) -------------
+
+    def _start_slot(self, lane: Lane) -> None:
+        """Run one slot of the lane: HTTP slots are coroutines on the HTTP client's event
+        loop (one thread does every call's I/O), broker slots run on the thread pool (pika
+        blocks)."""
+        if lane.kind == TargetType.http:
+            future = asyncio.run_coroutine_threadsafe(self._http_slot(lane), self.http.loop)
+            with self._slots_lock:  # pump() holds _queue_lock here
+                self._async_slots.add(future)
+            future.add_done_callback(self._async_slot_done)
+        else:
+            self._pool.submit(self._slot, lane)
+
+    def _async_slot_done(self, future: Future[None]) -> None:
+        with self._slots_lock:
+            self._async_slots.discard(future)
+
+    def _next_batch(self, lane: Lane) -> list[Delivery] | None:
+        """The lane's next waiting batch, or None when the slot leaves (counted out of the
+        lane's running slots in the same lock as the look: pump() never counts on a slot
+        that is already leaving)."""
+        with self._queue_lock:
+            waiting = self._queued.get(lane)
+            if self._closing.is_set() or not waiting:
+                self._running[lane] = self._running.get(lane, 1) - 1
+                return None
+            return waiting.popleft()
+
+    def _slot_left(self, lane: Lane, counted: bool) -> None:
+        with self._queue_lock:
+            if counted:
+                self._running[lane] = self._running.get(lane, 1) - 1
+            self._last_active[lane] = time.monotonic()
+        self.limits.release(lane)
+        self._freed.set()
 
     def _slot(self, lane: Lane) -> None:
         """One slot of a lane: deliver the lane's waiting batches until there are none."""
         counted = True
         try:
-            while True:
-                with self._queue_lock:
-                    waiting = self._queued.get(lane)
-                    if self._closing.is_set() or not waiting:
-                        # in the same lock as the look: pump() never counts on a slot
-                        # that is already leaving
-                        self._running[lane] = self._running.get(lane, 1) - 1
-                        counted = False
-                        break
-                    batch = waiting.popleft()
+            while (batch := self._next_batch(lane)) is not None:
                 try:
                     if lane.kind == TargetType.rabbitmq:
                         self._publish(batch)
@@ -484,13 +519,49 @@ class Relay:
                     # records a lost attempt each; nothing is lost
                     self._let_go(batch)
                     log.exception("relay: delivery to %s failed unexpectedly", lane)
+            counted = False
         finally:
-            with self._queue_lock:
-                if counted:
-                    self._running[lane] = self._running.get(lane, 1) - 1
-                self._last_active[lane] = time.monotonic()
-            self.limits.release(lane)
-            self._freed.set()
+            self._slot_left(lane, counted)
+
+    async def _http_slot(self, lane: Lane) -> None:
+        """_slot for an HTTP lane, on the HTTP loop."""
+        counted = True
+        try:
+            while (batch := self._next_batch(lane)) is not None:
+                for delivery in batch:
+                    started = datetime.now(UTC)
+                    try:
+                        await self._call_async(delivery, started)
+                    except Exception as exc:  # like _guarded
+                        log.exception(
+                            "relay: delivery of %s failed unexpectedly", delivery.idempotency_key
+                        )
+                        self._record(
+                            delivery,
+                            DeliveryResult(Verdict.retry, error=unexpected_error(exc)),
+                            started,
+                        )
+            counted = False
+        finally:
+            self._slot_left(lane, counted)
+
+    async def _call_async(self, delivery: Delivery, started: datetime) -> None:
+        try:
+            payload = decode_payload(delivery.stored_payload)
+            secrets = self.signing.secrets_for(delivery.tenant_id)
+        except errors.SchedError as exc:
+            self._record(delivery, DeliveryResult(Verdict.retry, error=str(exc)), started)
+            return
+        result = await self.http.deliver_async(
+            url=delivery.target,
+            allow_list=delivery.allow_list,
+            secret=secrets,
+            job_id=delivery.job_id,
+            scheduled_at=delivery.scheduled_at,
+            attempt=delivery.attempt,
+            payload=payload,
+        )
+        self._record(delivery, result, started)
 
     def _guarded(self, deliver: Callable[[Delivery], None], delivery: Delivery) -> None:
         """deliver(delivery), with any exception escaping it recorded as a retryable

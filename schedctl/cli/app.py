@@ -18,6 +18,7 @@ from schedctl.cli import (
     audit,
     bench,
     bench_dispatch,
+    bench_relay,
     completion,
     cron_cmd,
     db,
@@ -166,6 +167,7 @@ jobs.app.command("alerts")(alerts.job_alerts)
 bench.app.command("burst")(bench_dispatch.burst)
 bench.app.command("steady")(bench_dispatch.steady)
 bench.app.command("failover")(bench_dispatch.failover)
+bench.app.command("relay")(bench_relay.relay)
 app.add_typer(bench.app, name="bench")
 app.command("completion")(completion.completion)
 

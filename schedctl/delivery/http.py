@@ -6,11 +6,19 @@ with ``Content-Type: application/json`` and the headers of schedctl.signing
 (Idempotency-Key, X-Sched-Timestamp, X-Sched-Signature), signed with every secret given
 (the tenant's current one, and its previous one during a rotation's grace period).
 
-The deadline: connecting, sending, the status line and headers and the body snippet share
-one wall-clock budget (`timeout`), not a timeout per socket read: an endpoint that trickles
-a byte every half second is cut off at the deadline, when a watchdog thread shuts the
-connection's socket down. A deadline reached before the status arrived is a timeout (retry);
-one reached while reading the body of a complete answer only cuts the snippet short.
+The deadline: the guard's check (name resolution included), connecting, the TLS handshake,
+sending, the status line and headers and the body snippet share one wall-clock budget
+(`timeout`), not a timeout per socket read: an endpoint that trickles a byte every half
+second is cut off at the deadline, when the event loop cancels the call and closes its
+connection. A deadline reached before the status arrived is a timeout (retry); one reached
+while reading the body of a complete answer only cuts the snippet short.
+
+The I/O: an asyncio HTTP/1.1 client of this module's own on one event loop thread, with
+kept-alive connections pooled per checked address -- thousands of calls a second from one
+process, where requests + urllib3 on a thread per call spent most of the relay's CPU. The
+connection goes to the address the SSRF guard checked (never resolved again), the Host
+header, TLS SNI and certificate name are the URL's host. Only what a delivery needs: POST,
+Content-Length or chunked or close-delimited answers, no redirects, no compression.
 
 The answer: 2xx succeeded. 408, 429, 5xx, a timeout or a network error: retry, after at
 least the Retry-After the endpoint asked for (seconds or an HTTP date, capped at
@@ -21,34 +29,35 @@ without any connection being made.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import email.utils
-import heapq
-import itertools
 import json
 import math
-import socket
+import ssl
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlsplit
 
-import requests
-import urllib3
-from urllib3.connection import HTTPConnection, HTTPSConnection
-from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+import certifi
+from requests.utils import requote_uri
+from urllib3.util.ssl_match_hostname import match_hostname
 
 from schedctl import __version__, errors
 from schedctl.delivery.ssrf import (
     AllowList,
-    PinnedAdapter,
+    Destination,
+    GuardCache,
     Resolver,
     UnresolvableHost,
-    check_destination,
     hide_addresses,
     pinned_url,
 )
+from schedctl.delivery.ssrf import tls_name as tls_name_of
 from schedctl.models import Verdict, run_key
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.signing import signed_headers
@@ -117,15 +126,20 @@ def classify(status: int) -> Verdict:
 
 
 class HttpDelivery:
-    """Delivers runs over HTTP; one instance is shared by all delivery threads (the
-    connection pools are thread-safe and keep connections to each checked address alive).
+    """Delivers runs over HTTP; one instance is shared by the relay's lanes and its alert lane.
+
+    The calls run on one event loop, in a thread of this object's own (started on first use):
+    `deliver_async` is for coroutines on that loop (`loop`), `deliver` for any other thread.
+    Kept-alive connections are pooled per checked address and TLS name.
 
     - timeout: the wall-clock deadline of one call, from its start (the guard's name
-      resolution counts against it, though a resolver that hangs is not cut short) to the
-      end of the body snippet; connect_timeout: at most this for the TCP connect.
-    - resolver: how host names become addresses (tests inject one).
+      resolution counts against it) to the end of the body snippet; connect_timeout: at most
+      this for the TCP connect.
+    - resolver: how host names become addresses (tests inject one); answers are cached for
+      ssrf.DNS_CACHE_SECONDS.
     - ca_bundle: a PEM file of the CAs to check endpoints against, instead of the bundled
       public ones (certifi), for endpoints with a private CA.
+    - pool_size: idle connections kept per destination address.
     """
 
     def __init__(
@@ -135,7 +149,7 @@ class HttpDelivery:
         connect_timeout: float | None = None,
         resolver: Resolver | None = None,
         ca_bundle: str | None = None,
-        pool_size: int = 32,
+        pool_size: int = 256,
         user_agent: str = USER_AGENT,
     ) -> None:
         if timeout <= 0:
@@ -146,19 +160,74 @@ class HttpDelivery:
             timeout,
         )
         self.resolver = resolver
-        self.verify: bool | str = ca_bundle or True
+        self.ca_bundle = ca_bundle
         self.user_agent = user_agent
-        # no retries inside urllib3: every attempt is recorded and paced by the relay
-        self._adapter = _DeadlineAdapter(
-            pool_connections=256, pool_maxsize=pool_size, max_retries=0, pool_block=False
-        )
-        self._watchdog = _Watchdog()
+        self.pool_size = pool_size
+        self._guard = GuardCache(resolver)
+        self._routes: dict[tuple[str, Hashable], tuple[float, _Route]] = {}
+        self._idle: dict[_PoolKey, list[_Connection]] = {}
+        self._open: set[_Connection] = set()  # every connection not closed yet
+        self._tls: ssl.SSLContext | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the calls run on (its thread starts on first use)."""
+        with self._lock:
+            if self._closed:
+                raise errors.SchedError("the HTTP client is closed")
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                ready = threading.Event()
+
+                def run() -> None:
+                    asyncio.set_event_loop(loop)
+                    loop.call_soon(ready.set)
+                    loop.run_forever()
+
+                self._thread = threading.Thread(target=run, name="http-loop", daemon=True)
+                self._thread.start()
+                ready.wait(10)
+                self._loop = loop
+            return self._loop
 
     def close(self) -> None:
-        self._adapter.close()
-        self._watchdog.stop()
+        """Close the pooled connections and stop the loop (calls under way are cut)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
 
-    def deliver(
+        async def shut() -> None:
+            self._idle.clear()
+            for connection in list(self._open):
+                connection.close(abort=True)
+            # let the transports' close callbacks run before the loop closes
+            for _ in range(3):
+                await asyncio.sleep(0)
+
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(shut(), loop).result(5)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        if not thread.is_alive():
+            loop.close()
+
+    def deliver(self, **call: Any) -> DeliveryResult:
+        """deliver_async from a thread that is not the loop's (same keyword arguments)."""
+        return asyncio.run_coroutine_threadsafe(self.deliver_async(**call), self.loop).result()
+
+    # -- one call ------------------------------------------------------------------------------
+
+    async def deliver_async(
         self,
         *,
         url: str,
@@ -169,77 +238,75 @@ class HttpDelivery:
         attempt: int,
         payload: Any,
     ) -> DeliveryResult:
-        started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = started + self.timeout
 
         def result(verdict: Verdict, **fields: Any) -> DeliveryResult:
-            return DeliveryResult(verdict, seconds=time.monotonic() - started, **fields)
+            return DeliveryResult(verdict, seconds=loop.time() - started, **fields)
 
+        allowed: Hashable = allow_list if isinstance(allow_list, AllowList) else tuple(allow_list)
         try:
-            destination = check_destination(url, allow_list, resolver=self.resolver)
+            route = self._cached_route(url, allowed)
+            if route is None:  # a timer only when the guard has to resolve
+                async with asyncio.timeout_at(deadline):
+                    route = await self._route(url, allowed)
         except errors.ForbiddenDestination as exc:
             return result(Verdict.failed, error=f"refused by the SSRF guard: {exc}")
         except UnresolvableHost as exc:
             return result(Verdict.retry, error=f"network error: {exc}")
         except errors.ValidationError as exc:
             return result(Verdict.failed, error=str(exc))
+        except TimeoutError:
+            return result(Verdict.retry, error=self._timed_out())
         body = delivery_body(job_id, scheduled_at, attempt, payload)
         key = run_key(job_id, scheduled_at)
-        target, host_header = pinned_url(destination, destination.addresses[0])
-        headers = {
-            "Host": host_header,
-            "Content-Type": "application/json",
-            "User-Agent": self.user_agent,
-            "Accept": "*/*",
-        }
-        prepared = requests.Request("POST", target, headers=headers, data=body).prepare()
         # v2 signs the request target exactly as it goes on the wire (path and query)
-        prepared.headers.update(
-            signed_headers(secret, body, key, method="POST", path=prepared.path_url or "/")
+        signed = signed_headers(secret, body, key, method="POST", path=route.target)
+        request = b"".join(
+            (
+                route.head,
+                f"Content-Length: {len(body)}\r\n".encode(),
+                "".join(f"{name}: {value}\r\n" for name, value in signed.items()).encode(),
+                b"\r\n",
+                body,
+            )
         )
-        call = _Call(started + self.timeout)
-        self._watchdog.watch(call)
-        _calls.current = call
+        connection: _Connection | None = None
         try:
             try:
-                response = self._adapter.send(
-                    prepared,
-                    stream=True,
-                    timeout=(
-                        max(min(self.connect_timeout, call.left()), 0.001),
-                        max(call.left(), 0.001),
-                    ),
-                    verify=self.verify,
-                )
-            except requests.Timeout as exc:
-                return result(Verdict.retry, error=f"timed out: {_reason(exc)}")
-            except requests.RequestException as exc:
-                if call.fired:
-                    return result(Verdict.retry, error=self._timed_out())
+                async with asyncio.timeout_at(deadline):
+                    connection, answer = await self._exchange(route, request, deadline)
+            except TimeoutError:
+                return result(Verdict.retry, error=self._timed_out())
+            except (OSError, EOFError, ValueError, asyncio.IncompleteReadError) as exc:
                 return result(Verdict.retry, error=f"network error: {_reason(exc)}")
-            try:
-                snippet, broken = _read_snippet(response)
-            finally:
-                response.close()
+            status, reason, headers = answer
+            snippet, cut, broken = await _read_body(connection, status, headers, deadline)
+            if cut or broken is not None or not connection.reusable:
+                connection.close()
+            else:
+                self._put_back(route.pool, connection)
+            connection = None
         finally:
-            _calls.current = None
-            call.finish()
-        if broken is not None and not call.fired:
+            if connection is not None:
+                connection.close()
+        if broken is not None:
             return result(
                 Verdict.retry,
-                status=response.status_code,
-                error=f"HTTP {response.status_code}, then the body failed: {broken}",
+                status=status,
+                error=f"HTTP {status}, then the body failed: {broken}",
             )
-        if call.fired:
+        if cut:
             # the answer is known; only its body was too slow for the deadline
             snippet = f"{snippet} (body cut at the {self.timeout:g} s deadline)".lstrip()
-        status = response.status_code
         verdict = classify(status)
-        said = f"HTTP {status} {response.reason or ''}".strip()
+        said = f"HTTP {status} {reason}".strip()
         detail = f"{said}: {snippet}" if snippet else said
         if verdict is Verdict.succeeded:
             return result(verdict, status=status, detail=detail)
         if 300 <= status < 400:
-            location = response.headers.get("Location", "")
+            location = headers.get("location", "")
             error = f"{said}: redirect to {location[:200]!r} not followed"
         else:
             error = detail
@@ -248,28 +315,274 @@ class HttpDelivery:
             status=status,
             error=error,
             detail=detail,
-            retry_after=parse_retry_after(response.headers.get("Retry-After")),
+            retry_after=parse_retry_after(headers.get("retry-after")),
         )
 
     def _timed_out(self) -> str:
         return f"timed out: no complete answer within the {self.timeout:g} s deadline"
 
+    def _cached_route(self, url: str, allowed: Hashable) -> _Route | None:
+        found = self._routes.get((url, allowed))
+        if found is not None and found[0] > time.monotonic():
+            return found[1]
+        return None
 
-def _read_snippet(response: requests.Response) -> tuple[str, str | None]:
-    """A bounded read of the body; fully read bodies let the connection be reused. Returns
-    the snippet (of what arrived) and why the read failed, if it did."""
+    async def _route(self, url: str, allowed: Hashable) -> _Route:
+        """Where and how to send a call to `url`: checked by the guard (its answer cached as
+        long as the name's resolution), the request head prepared."""
+        destination, expires = await self._guard.check_async(url, allowed)  # type: ignore[arg-type]
+        route = _Route.of(destination, self.user_agent)
+        if len(self._routes) >= MAX_ROUTES:
+            self._routes.clear()  # a bound, not an eviction policy: entries live seconds
+        self._routes[(url, allowed)] = (expires, route)
+        return route
+
+    async def _exchange(
+        self, route: _Route, request: bytes, deadline: float
+    ) -> tuple[_Connection, tuple[int, str, dict[str, str]]]:
+        """Send the request and read the answer's head, on a kept-alive connection if one is
+        idle (once more on a new one when that one turns out closed by the other side)."""
+        for _ in range(2):
+            connection = self._take(route.pool)
+            fresh = connection is None
+            if connection is None:
+                connection = await self._connect(route, deadline)
+            try:
+                connection.writer.write(request)
+                answer = await connection.read_head()
+            except (OSError, EOFError, asyncio.IncompleteReadError):
+                connection.close()
+                if fresh:
+                    raise
+                continue  # the server had closed the idle connection: a new one
+            except BaseException:
+                connection.close()
+                raise
+            return connection, answer
+        raise EOFError("the connection closed before an answer")  # pragma: no cover
+
+    async def _connect(self, route: _Route, deadline: float) -> _Connection:
+        loop = asyncio.get_running_loop()
+        connect_by = min(deadline, loop.time() + self.connect_timeout)
+        tls = self._tls_context() if route.tls_name is not None else None
+        async with asyncio.timeout_at(connect_by):
+            reader, writer = await asyncio.open_connection(
+                route.address,
+                route.port,
+                ssl=tls,
+                server_hostname=route.tls_name,
+                limit=MAX_HEAD_BYTES,
+            )
+        if tls is not None and route.tls_name is not None:
+            try:
+                # the name check of urllib3 (which the pinned requests used): the address
+                # is the checked one, the certificate must be the URL host's
+                match_hostname(writer.get_extra_info("peercert"), route.tls_name)
+            except Exception:
+                writer.close()
+                raise
+        return _Connection(reader, writer, self._open)
+
+    def _tls_context(self) -> ssl.SSLContext:
+        if self._tls is None:
+            context = ssl.create_default_context(cafile=self.ca_bundle or certifi.where())
+            # checked by match_hostname after the handshake (its messages name both names)
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_REQUIRED
+            self._tls = context
+        return self._tls
+
+    def _take(self, pool: _PoolKey) -> _Connection | None:
+        idle = self._idle.get(pool)
+        while idle:
+            connection = idle.pop()
+            if connection.alive():
+                return connection
+            connection.close()
+        return None
+
+    def _put_back(self, pool: _PoolKey, connection: _Connection) -> None:
+        idle = self._idle.setdefault(pool, [])
+        if len(idle) >= self.pool_size or self._closed:
+            connection.close()
+        else:
+            idle.append(connection)
+
+
+# the request head and route cache bounds
+MAX_HEAD_BYTES = 64 * 1024
+MAX_HEADERS = 200
+MAX_INTERIM_ANSWERS = 8  # 1xx answers skipped before the real one
+MAX_ROUTES = 10_000
+
+_PoolKey = tuple[str, str, int, str | None]  # scheme, address, port, TLS name
+
+
+@dataclass(frozen=True)
+class _Route:
+    """A checked destination, ready to send to: the address to connect to, the TLS name,
+    and the request head up to the per-call headers."""
+
+    address: str
+    port: int
+    tls_name: str | None
+    target: str  # path and query, as sent (and signed)
+    head: bytes
+    pool: _PoolKey
+
+    @classmethod
+    def of(cls, destination: Destination, user_agent: str) -> _Route:
+        url, host_header = pinned_url(destination, destination.addresses[0])
+        parts = urlsplit(url)
+        # the request target as requests sent it (percent-encoded the same way)
+        target = requote_uri(parts.path or "/") + (
+            f"?{requote_uri(parts.query)}" if parts.query else ""
+        )
+        address = destination.addresses[0]
+        tls_name = tls_name_of(host_header) if destination.scheme == "https" else None
+        head = (
+            f"POST {target} HTTP/1.1\r\n"
+            f"Host: {host_header}\r\n"
+            "Content-Type: application/json\r\n"
+            f"User-Agent: {user_agent}\r\n"
+            "Accept: */*\r\n"
+            "Accept-Encoding: identity\r\n"
+        ).encode()
+        return cls(
+            address=address,
+            port=destination.port,
+            tls_name=tls_name,
+            target=target,
+            head=head,
+            pool=(destination.scheme, address, destination.port, tls_name),
+        )
+
+
+class _Connection:
+    """One HTTP/1.1 connection: the stream pair, and whether it may carry another request."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        registry: set[_Connection],
+    ) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.reusable = True
+        self._registry = registry
+        registry.add(self)
+
+    def alive(self) -> bool:
+        return not (self.writer.is_closing() or self.reader.at_eof())
+
+    def close(self, *, abort: bool = False) -> None:
+        self.reusable = False
+        self._registry.discard(self)
+        if abort:
+            self.writer.transport.abort()
+        else:
+            self.writer.close()
+
+    async def read_head(self) -> tuple[int, str, dict[str, str]]:
+        """The status, reason and headers (names in lower case) of the answer, after any
+        interim 1xx ones."""
+        for _ in range(MAX_INTERIM_ANSWERS):
+            try:
+                raw = await self.reader.readuntil(b"\r\n\r\n")
+            except asyncio.LimitOverrunError:
+                raise ValueError(f"the answer's head is over {MAX_HEAD_BYTES} bytes") from None
+            lines = raw.decode("latin-1").split("\r\n")
+            version, _, rest = lines[0].partition(" ")
+            code, _, reason = rest.partition(" ")
+            if not version.startswith("HTTP/") or not (code.isascii() and code.isdigit()):
+                raise ValueError(f"not an HTTP answer: {lines[0][:80]!r}")
+            status = int(code)
+            if len(lines) > MAX_HEADERS:
+                raise ValueError(f"the answer has over {MAX_HEADERS} header lines")
+            headers: dict[str, str] = {}
+            for line in lines[1:]:
+                if line:
+                    name, _, value = line.partition(":")
+                    headers[name.strip().lower()] = value.strip()
+            if 100 <= status < 200 and status != 101:
+                continue
+            connection = headers.get("connection", "").lower()
+            if (version == "HTTP/1.0" and "keep-alive" not in connection) or "close" in connection:
+                self.reusable = False
+            return status, reason.strip(), headers
+        raise ValueError("too many interim (1xx) answers")
+
+
+async def _read_body(
+    connection: _Connection, status: int, headers: dict[str, str], deadline: float
+) -> tuple[str, bool, str | None]:
+    """A bounded read of the body (a fully read one lets the connection be reused), until
+    the deadline. Returns the snippet of what arrived, whether the deadline cut it, and why
+    the read failed, if it did."""
     data = bytearray()
-    broken: str | None = None
+    cut, broken = False, None
     try:
-        for chunk in response.iter_content(8192):
-            data += chunk
-            if len(data) > MAX_RESPONSE_BYTES:
-                break  # response.close() then drops the connection instead of reading on
-    except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
-        broken = _reason(exc)
+        async with asyncio.timeout_at(deadline):
+            await _body(connection, status, headers, data)
+    except TimeoutError:
+        cut = True
+    except (OSError, EOFError, ValueError, asyncio.IncompleteReadError) as exc:
+        broken = (
+            _reason(exc)
+            if not isinstance(exc, asyncio.IncompleteReadError)
+            else (f"the connection closed after {len(data) + len(exc.partial)} byte(s)")
+        )
+        if isinstance(exc, asyncio.IncompleteReadError):
+            data += exc.partial
     text = bytes(data[:RESPONSE_SNIPPET_BYTES]).decode("utf-8", errors="replace")
     # one line in the run history, whatever the endpoint sent
-    return " ".join("".join(c if c.isprintable() else " " for c in text).split()), broken
+    snippet = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    return snippet, cut, broken
+
+
+async def _body(
+    connection: _Connection, status: int, headers: dict[str, str], data: bytearray
+) -> None:
+    reader = connection.reader
+    if status in (204, 304) or 100 <= status < 200:
+        return
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        for _ in range(MAX_RESPONSE_BYTES):  # each chunk is at least a byte
+            size_line = await reader.readuntil(b"\r\n")
+            size = int(size_line.split(b";", 1)[0].strip() or b"0", 16)
+            if size == 0:
+                # trailers, up to the empty line
+                for _ in range(MAX_HEADERS):
+                    if await reader.readuntil(b"\r\n") == b"\r\n":
+                        return
+                raise ValueError("too many trailer lines")
+            if len(data) + size > MAX_RESPONSE_BYTES:
+                connection.reusable = False  # not read on: dropped instead of reused
+                data += await reader.read(MAX_RESPONSE_BYTES - len(data))
+                return
+            data += await reader.readexactly(size)
+            await reader.readexactly(2)
+        return
+    length = headers.get("content-length")
+    if length is not None:
+        size = int(length)
+        if size > MAX_RESPONSE_BYTES:
+            connection.reusable = False
+            size = RESPONSE_SNIPPET_BYTES
+        while len(data) < size:
+            chunk = await reader.read(min(65536, size - len(data)))
+            if not chunk:
+                raise asyncio.IncompleteReadError(b"", size)
+            data += chunk
+        return
+    # no length: the body ends with the connection
+    connection.reusable = False
+    while len(data) <= MAX_RESPONSE_BYTES:
+        chunk = await reader.read(65536)
+        if not chunk:
+            return
+        data += chunk
 
 
 def _reason(exc: BaseException) -> str:
@@ -279,7 +592,7 @@ def _reason(exc: BaseException) -> str:
 
 
 def _cause(exc: BaseException) -> str:
-    """The innermost readable cause of a requests/urllib3 error, on one line."""
+    """The innermost readable cause of a network or TLS error, on one line."""
     current: BaseException | None = exc
     text = str(exc)
     seen = 0
@@ -295,188 +608,3 @@ def _cause(exc: BaseException) -> str:
             break
         seen += 1
     return " ".join(text.split())[:300] or type(exc).__name__
-
-
-# -- the deadline --------------------------------------------------------------------------------
-#
-# Socket timeouts bound each read, not the call. The wall clock is kept by a watchdog: each
-# call registers a _Call with its deadline; the connections the call uses (new or from the
-# pool) attach themselves to it; at the deadline the watchdog shuts their sockets down
-# (shutdown(2) on a dup of the socket, which wakes a blocked read or TLS handshake in the
-# calling thread at once, and never touches a file descriptor the connection closed).
-
-
-class _Tripwire:
-    """A duplicate of a connection's socket, to shut the connection down from another
-    thread; closed with the connection."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self._lock = threading.Lock()
-        self._sock: socket.socket | None = sock.dup()
-
-    def trip(self) -> None:
-        with self._lock:
-            if self._sock is not None:
-                try:
-                    self._sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass  # not connected (any more)
-
-    def close(self) -> None:
-        with self._lock:
-            if self._sock is not None:
-                self._sock.close()
-                self._sock = None
-
-
-class _Call:
-    """One call's deadline and the connections it uses."""
-
-    def __init__(self, deadline: float) -> None:
-        self.deadline = deadline
-        self.fired = False
-        self._finished = False
-        self._lock = threading.Lock()
-        self._tripwires: list[_Tripwire] = []
-
-    def left(self) -> float:
-        return self.deadline - time.monotonic()
-
-    def attach(self, tripwire: _Tripwire | None) -> None:
-        if tripwire is None:
-            return
-        with self._lock:
-            if self._finished:
-                return
-            if tripwire not in self._tripwires:
-                self._tripwires.append(tripwire)
-            if self.fired:
-                tripwire.trip()  # connected after the deadline: cut at once
-
-    def fire(self) -> None:
-        with self._lock:
-            if self._finished:
-                return
-            self.fired = True
-            for tripwire in self._tripwires:
-                tripwire.trip()
-
-    def finish(self) -> None:
-        with self._lock:
-            self._finished = True
-            self._tripwires.clear()
-
-    @property
-    def finished(self) -> bool:
-        return self._finished
-
-
-class _CallSlot(threading.local):
-    current: _Call | None = None
-
-
-# the call running in this thread (requests runs a call entirely in the calling thread)
-_calls = _CallSlot()
-
-
-class _Watchdog:
-    """One thread firing the calls whose deadline passed (started on first use)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._heap: list[tuple[float, int, _Call]] = []
-        self._order = itertools.count()
-        self._thread: threading.Thread | None = None
-        self._stopped = False
-
-    def watch(self, call: _Call) -> None:
-        with self._cond:
-            if self._thread is None and not self._stopped:
-                self._thread = threading.Thread(target=self._run, name="http-deadline", daemon=True)
-                self._thread.start()
-            heapq.heappush(self._heap, (call.deadline, next(self._order), call))
-            if self._heap[0][2] is call:
-                self._cond.notify()
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stopped = True
-            self._cond.notify()
-            thread = self._thread
-        if thread is not None:
-            thread.join(5)
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while True:
-                    if self._stopped:
-                        return
-                    while self._heap and self._heap[0][2].finished:
-                        heapq.heappop(self._heap)
-                    if not self._heap:
-                        self._cond.wait()
-                        continue
-                    wait = self._heap[0][0] - time.monotonic()
-                    if wait <= 0:
-                        call = heapq.heappop(self._heap)[2]
-                        break
-                    self._cond.wait(wait)
-            call.fire()
-
-
-class _DeadlineHTTPConnection(HTTPConnection):
-    """A connection whose socket the current call's deadline can cut (through its tripwire)."""
-
-    tripwire: _Tripwire | None = None
-
-    def _new_conn(self) -> socket.socket:
-        # for HTTPS this runs before the TLS handshake: a handshake that trickles is cut at
-        # the deadline too
-        sock = super()._new_conn()
-        if self.tripwire is not None:
-            self.tripwire.close()
-        self.tripwire = _Tripwire(sock)
-        if _calls.current is not None:
-            _calls.current.attach(self.tripwire)
-        return sock
-
-    def close(self) -> None:
-        try:
-            super().close()
-        finally:
-            if self.tripwire is not None:
-                self.tripwire.close()
-                self.tripwire = None
-
-
-class _DeadlineHTTPSConnection(_DeadlineHTTPConnection, HTTPSConnection):
-    """The same tripwire over TLS (HTTPSConnection overrides neither _new_conn nor close)."""
-
-
-class _DeadlineHTTPPool(HTTPConnectionPool):
-    ConnectionCls = _DeadlineHTTPConnection
-
-    def _get_conn(self, timeout: float | None = None) -> Any:
-        connection = super()._get_conn(timeout)
-        if _calls.current is not None:
-            # a kept-alive connection: its socket joins this call
-            _calls.current.attach(getattr(connection, "tripwire", None))
-        return connection
-
-
-class _DeadlineHTTPSPool(_DeadlineHTTPPool, HTTPSConnectionPool):
-    ConnectionCls = _DeadlineHTTPSConnection
-
-
-class _DeadlineAdapter(PinnedAdapter):
-    """PinnedAdapter whose connections a call's deadline can cut."""
-
-    def init_poolmanager(
-        self, connections: int, maxsize: int, block: bool = False, **pool_kwargs: Any
-    ) -> None:
-        super().init_poolmanager(connections, maxsize, block=block, **pool_kwargs)
-        self.poolmanager.pool_classes_by_scheme = {
-            "http": _DeadlineHTTPPool,
-            "https": _DeadlineHTTPSPool,
-        }

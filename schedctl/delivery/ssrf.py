@@ -28,15 +28,23 @@ How it is checked, at job creation and again at every delivery:
 
 At creation a name that does not resolve is accepted (the check at delivery decides);
 literal addresses and names that resolve are checked at once.
+
+At delivery (`GuardCache`) a name's resolution is kept for DNS_CACHE_SECONDS (5 s), and so is
+the check of a URL against an allow-list made with it: resolving on every call cost more
+than the call itself. Every call still connects to an address checked with that resolution
+and that allow-list (a changed allow-list is a new cache key); a DNS answer that changes is
+used (and checked) at most 5 s later. Failed resolutions are not kept.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import re
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -525,6 +533,78 @@ def check_destination(
         _check_address(url, host, address, allowed, field=field, host_allowed=host_allowed)
         addresses.append(str(address))
     return Destination(url, scheme, host, port, tuple(addresses))
+
+
+# How long a name's resolution, and the checks made with it, are reused at delivery: short,
+# so a moved endpoint is followed within seconds; long enough that a busy destination costs
+# one lookup every few seconds instead of one per call.
+DNS_CACHE_SECONDS = 5.0
+MAX_CACHED_NAMES = 10_000
+
+
+class GuardCache:
+    """check_destination for delivery, with each name's resolution kept `ttl` seconds (see
+    the module documentation). Thread-safe; `check_async` resolves a name that is not cached
+    in the loop's executor, so a slow resolver does not stop the event loop."""
+
+    def __init__(
+        self,
+        resolver: Resolver | None = None,
+        *,
+        ttl: float = DNS_CACHE_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._resolver = resolver or system_resolver
+        self.ttl = ttl
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._names: dict[tuple[str, int], tuple[float, tuple[str, ...]]] = {}
+        self.lookups = 0  # resolutions made (cache misses)
+
+    def _cached(self, host: str, port: int) -> tuple[float, tuple[str, ...]] | None:
+        with self._lock:
+            found = self._names.get((host, port))
+        if found is None or found[0] <= self._clock():
+            return None
+        return found
+
+    def _store(
+        self, host: str, port: int, addresses: Sequence[str]
+    ) -> tuple[float, tuple[str, ...]]:
+        entry = (self._clock() + self.ttl, tuple(addresses))
+        with self._lock:
+            if len(self._names) >= MAX_CACHED_NAMES:
+                self._names.clear()  # a bound, not an eviction policy: entries live seconds
+            self._names[(host, port)] = entry
+            self.lookups += 1
+        return entry
+
+    def check(
+        self, url: str, allow_list: AllowList | Iterable[str], *, field: str = "target.url"
+    ) -> tuple[Destination, float]:
+        """The checked Destination, and until when (monotonic clock) it may be reused."""
+        expires = self._clock() + self.ttl
+
+        def resolve(host: str, port: int) -> Sequence[str]:
+            nonlocal expires
+            entry = self._cached(host, port) or self._store(host, port, self._resolver(host, port))
+            expires = entry[0]
+            return entry[1]
+
+        return check_destination(url, allow_list, resolver=resolve, field=field), expires
+
+    async def check_async(
+        self, url: str, allow_list: AllowList | Iterable[str]
+    ) -> tuple[Destination, float]:
+        """check(), resolving an uncached name off the event loop."""
+        _scheme, host, port = split_url(url)
+        if literal_address(host) is None and not _looks_numeric(host):
+            if self._cached(host, port) is None:
+                loop = asyncio.get_running_loop()
+                addresses = await loop.run_in_executor(None, self._resolver, host, port)
+                if addresses:
+                    self._store(host, port, addresses)
+        return self.check(url, allow_list)
 
 
 def check_at_creation(

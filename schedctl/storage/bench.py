@@ -170,3 +170,29 @@ def delete_tenant(store: Store, tenant_id: str) -> None:
             schema.tenants,
         ):
             connection.execute(delete(table).where(table.c.tenant_id == tenant_id))
+
+
+def attempt_seconds(store: Store, job_id: str) -> list[float]:
+    """How long each recorded attempt of the job's runs took (started to finished)."""
+    attempts = schema.run_attempts
+    with store.read() as connection:
+        rows = connection.execute(
+            select(attempts.c.started_at, attempts.c.finished_at).where(attempts.c.job_id == job_id)
+        ).all()
+    return [
+        (finished - started).total_seconds()
+        for started, finished in rows
+        if started is not None and finished is not None
+    ]
+
+
+def run_statuses(store: Store, job_id: str) -> dict[str, int]:
+    """The job's runs counted by status."""
+    runs = schema.runs
+    with store.read() as connection:
+        rows = connection.execute(
+            select(runs.c.status, func.count())
+            .where(runs.c.job_id == job_id)
+            .group_by(runs.c.status)
+        ).all()
+    return {str(status): int(count) for status, count in rows}

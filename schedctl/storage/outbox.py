@@ -41,6 +41,7 @@ from schedctl.storage.settle import (
     Attempt,
     Ending,
     Held,
+    id_in,
     lost,
     settle,
     skip_cancelled,
@@ -285,7 +286,7 @@ class OutboxRepo:
         if lease_ids:
             connection.execute(
                 update(o)
-                .where(o.c.id.in_(lease_ids))
+                .where(id_in(connection, o.c.id, lease_ids))
                 .values(available_at=now + timedelta(seconds=lease_seconds), lease_owner=token)
             )
         if lost_rows:
@@ -332,7 +333,7 @@ class OutboxRepo:
             now = db_now(connection)
             query = (
                 select(o.c.id, o.c.lease_owner, o.c.attempt)
-                .where(o.c.id.in_([x.delivery.outbox_id for x in outcomes]))
+                .where(id_in(connection, o.c.id, [x.delivery.outbox_id for x in outcomes]))
                 # id order: two settlers (or a settler and a release) lock in one order
                 .order_by(o.c.id)
             )
@@ -402,7 +403,7 @@ class OutboxRepo:
             mine_query = (
                 select(o.c.id)
                 .where(
-                    o.c.id.in_(wanted),
+                    id_in(connection, o.c.id, wanted),
                     func.substr(o.c.lease_owner, 1, len(prefix)) == prefix,
                 )
                 .order_by(o.c.id)
@@ -416,7 +417,7 @@ class OutboxRepo:
                 return 0
             outcome = connection.execute(
                 update(o)
-                .where(o.c.id.in_(mine))
+                .where(id_in(connection, o.c.id, mine))
                 .values(available_at=now + timedelta(seconds=lease_seconds))
             )
             return int(outcome.rowcount)

@@ -19,7 +19,19 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Table, bindparam, delete, insert, or_, update
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Table,
+    any_,
+    bindparam,
+    delete,
+    insert,
+    or_,
+    text,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 
 from schedctl import limits
@@ -113,6 +125,16 @@ def unexpected_error(exc: BaseException) -> str:
 def lost(*, started_at: datetime | None, now: datetime, worker: str | None) -> Attempt:
     """The attempt of a worker or relay whose lease ran out."""
     return Attempt(Ending.lost, started_at, now, worker, error=LOST_ERROR)
+
+
+def id_in(connection: Connection, column: Any, ids: Sequence[int]) -> ColumnElement[bool]:
+    """`column IN ids` for a batch of row ids. On Postgres one array parameter (``= ANY``):
+    one statement text whatever the batch size, which psycopg parses once, instead of one
+    placeholder per id (a new text, parsed again, for every length; it cost the relay a
+    tenth of its CPU)."""
+    if connection.dialect.name == "postgresql":
+        return column == any_(bindparam(None, list(ids), type_=ARRAY(BigInteger)))  # type: ignore[no-any-return]
+    return column.in_(ids)  # type: ignore[no-any-return]
 
 
 def settle(
@@ -210,7 +232,7 @@ def settle(
     _record_attempts(connection, runs)
     _update_runs(connection, runs)
     for table, ids in gone.items():
-        connection.execute(delete(table).where(table.c.id.in_(ids)))
+        connection.execute(delete(table).where(id_in(connection, table.c.id, ids)))
     for table, rows in retry.items():
         _retry(connection, table, rows)
     if dead:
@@ -234,7 +256,7 @@ def skip_cancelled(
     record those runs skipped, if they had not started (again)."""
     if not rows:
         return
-    connection.execute(delete(table).where(table.c.id.in_([r[0] for r in rows])))
+    connection.execute(delete(table).where(id_in(connection, table.c.id, [r[0] for r in rows])))
     r = schema.runs
     connection.execute(
         update(r)
@@ -270,27 +292,86 @@ def _recorded(ending: Ending) -> RunStatus:
 
 
 def _record_attempts(connection: Connection, runs: list[dict[str, Any]]) -> None:
+    rows = [
+        {
+            "job_id": x["b_job_id"],
+            "scheduled_at": x["b_scheduled_at"],
+            "attempt": x["b_attempt"],
+            "status": x["b_recorded"],
+            "started_at": x["b_started_at"],
+            "finished_at": x["b_finished_at"],
+            "exit_code": x["b_exit_code"],
+            "error": x["b_error"],
+            "output_tail": x["b_output_tail"],
+            "worker": x["b_worker"],
+        }
+        for x in runs
+    ]
+    if connection.dialect.name == "postgresql":
+        _insert_attempts_postgres(connection, rows)
+        return
+    connection.execute(insert(schema.run_attempts), rows)
+
+
+# Postgres: a batch of rows as one statement over arrays (unnest), one array per column: a
+# constant statement text and C-speed parameter encoding, instead of one statement per row
+# in a pipeline (executemany), which was a fifth of the relay's CPU.
+_ATTEMPT_ARRAYS = (
+    ("job_id", "text"),
+    ("scheduled_at", "timestamptz"),
+    ("attempt", "integer"),
+    ("status", "text"),
+    ("started_at", "timestamptz"),
+    ("finished_at", "timestamptz"),
+    ("exit_code", "integer"),
+    ("error", "text"),
+    ("output_tail", "text"),
+    ("worker", "text"),
+)
+_INSERT_ATTEMPTS = text(
+    "INSERT INTO run_attempts ("
+    + ", ".join(name for name, _ in _ATTEMPT_ARRAYS)
+    + ") SELECT * FROM unnest("
+    + ", ".join(f"CAST(:{name} AS {kind}[])" for name, kind in _ATTEMPT_ARRAYS)
+    + ")"
+)
+_RUN_ARRAYS = (
+    ("job_id", "text"),
+    ("scheduled_at", "timestamptz"),
+    ("status", "text"),
+    ("attempt", "integer"),
+    ("started_at", "timestamptz"),
+    ("finished_at", "timestamptz"),
+    ("exit_code", "integer"),
+    ("error", "text"),
+    ("output_tail", "text"),
+)
+_UPDATE_RUNS = text(
+    "UPDATE runs SET "
+    + ", ".join(f"{name} = v.{name}" for name, _ in _RUN_ARRAYS[2:])
+    + " FROM unnest("
+    + ", ".join(f"CAST(:{name} AS {kind}[])" for name, kind in _RUN_ARRAYS)
+    + ") AS v("
+    + ", ".join(name for name, _ in _RUN_ARRAYS)
+    + ") WHERE runs.job_id = v.job_id AND runs.scheduled_at = v.scheduled_at"
+)
+
+
+def _insert_attempts_postgres(connection: Connection, rows: list[dict[str, Any]]) -> None:
     connection.execute(
-        insert(schema.run_attempts),
-        [
-            {
-                "job_id": x["b_job_id"],
-                "scheduled_at": x["b_scheduled_at"],
-                "attempt": x["b_attempt"],
-                "status": x["b_recorded"],
-                "started_at": x["b_started_at"],
-                "finished_at": x["b_finished_at"],
-                "exit_code": x["b_exit_code"],
-                "error": x["b_error"],
-                "output_tail": x["b_output_tail"],
-                "worker": x["b_worker"],
-            }
-            for x in runs
-        ],
+        _INSERT_ATTEMPTS, {name: [row[name] for row in rows] for name, _ in _ATTEMPT_ARRAYS}
     )
 
 
 def _update_runs(connection: Connection, runs: list[dict[str, Any]]) -> None:
+    if connection.dialect.name == "postgresql":
+        # one row per run (the last outcome wins, as it would one statement after another)
+        latest = {(x["b_job_id"], x["b_scheduled_at"]): x for x in runs}
+        connection.execute(
+            _UPDATE_RUNS,
+            {name: [x[f"b_{name}"] for x in latest.values()] for name, _ in _RUN_ARRAYS},
+        )
+        return
     r = schema.runs
     connection.execute(
         update(r)

@@ -76,6 +76,9 @@ class ExplodingHttp(HttpDelivery):
     def deliver(self, **kwargs: Any) -> Any:
         raise ZeroDivisionError("a bug in the delivery path")
 
+    async def deliver_async(self, **kwargs: Any) -> Any:  # the relay's path
+        raise ZeroDivisionError("a bug in the delivery path")
+
 
 def test_an_exception_inside_a_delivery_is_a_retryable_failed_attempt(store: Store) -> None:
     job = http_job(store, "http://127.0.0.1:9/hook", max_attempts=2)

@@ -1,0 +1,53 @@
+"""`schedctl bench relay`: the command of the relay benchmark (schedctl.bench.relay), signed
+HTTP deliveries per second from one relay process to a loopback keep-alive receiver;
+registered on the `bench` group in app.py. The benchmark is imported when the command runs
+(`schedctl --help` must not load sqlalchemy)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from schedctl.cli.common import OutputOption, cli_state, int_parser, number_parser, output_format
+from schedctl.cli.output import emit
+
+
+def relay(
+    ctx: typer.Context,
+    runs: Annotated[
+        int,
+        typer.Option(
+            "--runs", parser=int_parser("runs", 1, 1_000_000), help="Runs to deliver (1-1000000)."
+        ),
+    ] = 20_000,
+    concurrency: Annotated[
+        int,
+        typer.Option(
+            "--concurrency",
+            parser=int_parser("concurrency", 1, 256),
+            help="The tenant's HTTP lane width (1-256).",
+        ),
+    ] = 64,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout",
+            parser=number_parser("timeout", 1.0, 3600.0),
+            help="Give up after this many seconds (1-3600).",
+        ),
+    ] = 600.0,
+    keep: Annotated[
+        bool, typer.Option("--keep", help="Keep the benchmark tenant, job and runs afterwards.")
+    ] = False,
+    output: OutputOption = None,
+) -> None:
+    """Signed HTTP deliveries per second from one `scheduled-d relay` to a loopback
+    keep-alive receiver, p50/p99 call latency, duplicates and missing runs. Use a scratch
+    database: it adds a tenant, a job and its runs (removed after unless --keep)."""
+    from schedctl.bench.relay import run_relay_bench
+
+    result = run_relay_bench(
+        cli_state(ctx).store(), runs=runs, concurrency=concurrency, timeout=timeout, keep=keep
+    )
+    emit(result, output_format(ctx, output), title="relay")
