@@ -36,6 +36,7 @@ SAMPLE_OVERLAP = 2_000
 HTTP_LANE_WIDTH = 64  # the bench tenant's delivery_concurrency
 SPAWN_THREADS = 16
 STEADY_LEAD_SECONDS = 5.0
+MIN_RATE_SPAN_SECONDS = 0.05
 STOP_GRACE_SECONDS = 30.0
 
 Run = tuple[str, datetime]  # (job_id, scheduled_at)
@@ -155,9 +156,10 @@ def _lateness(pairs: Sequence[tuple[datetime, float]]) -> dict[str, float | int 
 
 def _rate(times: Sequence[float]) -> float | None:
     """Arrivals per second between the first and the last arrival."""
-    if len(times) < 2:
-        return None
-    return round((len(times) - 1) / max(max(times) - min(times), 1e-6), 1)
+    span = max(times) - min(times) if times else 0.0
+    if len(times) < 2 or span < MIN_RATE_SPAN_SECONDS:
+        return None  # all at one instant (one claim statement): no rate to speak of
+    return round((len(times) - 1) / span, 1)
 
 
 class _Bench:
@@ -207,6 +209,20 @@ class _Bench:
             if p.popen is not None:
                 self.procs.pids[p.name] = p.popen.pid
         return target
+
+    def load_far(self, target: str, count: int, name: str) -> None:
+        """`count` one-time jobs of `target`, due a day ahead (moved to their instants once
+        loaded, so that the load's time does not eat the lead)."""
+        far = datetime.now(UTC) + timedelta(days=1)
+        insert_once_jobs(
+            self.store,
+            self.tenant_id,
+            [far] * count,
+            name=name,
+            queue=target,
+            target_type=self.plan.target,
+            grace_seconds=86_400,
+        )
 
     def start_dispatchers(self) -> None:
         self.plan.dispatchers.start()
@@ -356,16 +372,7 @@ def burst(store: Store, plan: Plan, *, jobs: int, lead_seconds: float) -> dict[s
 
     def load(bench: _Bench, target: str) -> float:
         began = time.monotonic()
-        far = datetime.now(UTC) + timedelta(days=1)
-        insert_once_jobs(
-            store,
-            bench.tenant_id,
-            [far] * jobs,
-            name="bench-burst",
-            queue=target,
-            target_type=plan.target,
-            grace_seconds=86_400,
-        )
+        bench.load_far(target, jobs, "bench-burst")
         # the instant is set once loading is done, so it is the same lead for any size
         bench_rows.move_jobs_due(
             store, bench.tenant_id, datetime.now(UTC) + timedelta(seconds=lead_seconds)
@@ -384,16 +391,7 @@ def steady(store: Store, plan: Plan, *, rate: int, duration: float) -> dict[str,
 
     def load(bench: _Bench, target: str) -> float:
         began = time.monotonic()
-        far = datetime.now(UTC) + timedelta(days=1)
-        insert_once_jobs(
-            store,
-            bench.tenant_id,
-            [far] * total,
-            name="bench-steady",
-            queue=target,
-            target_type=plan.target,
-            grace_seconds=86_400,
-        )
+        bench.load_far(target, total, "bench-steady")
         inserted = time.monotonic() - began
         start = datetime.now(UTC) + timedelta(seconds=STEADY_LEAD_SECONDS + 1.5 * inserted)
         ids = bench_rows.jobs_of(store, bench.tenant_id)

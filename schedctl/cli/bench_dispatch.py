@@ -36,13 +36,20 @@ def _url(ctx: typer.Context) -> str:
     return cli_state(ctx).store().engine.url.render_as_string(hide_password=False)
 
 
-def _plan(ctx: typer.Context, target: str, dispatchers: int, **knobs: Any) -> Plan:
-    """The processes of a run; `knobs` are Plan's fields but the dispatchers'."""
+STAGES = ("claimed", "delivered", "started", "finished")  # as schedctl.bench.pipeline.STAGES
+PLAN_KNOBS = ("relays", "workers", "worker_concurrency", "timeout", "spawn_seconds", "api_workers")
+
+
+def _plan(ctx: typer.Context, options: dict[str, Any]) -> Plan:
+    """The processes of a run, from a command's options (its locals())."""
     from schedctl.bench.dispatch import Dispatchers
     from schedctl.bench.pipeline import Plan
 
-    group = Dispatchers(_url(ctx), dispatchers, knobs.pop("zookeeper"), knobs.pop("batch_size"))
-    return Plan(target=target, dispatchers=group, **knobs)
+    group = Dispatchers(
+        _url(ctx), options["dispatchers"], options["zookeeper"], options["batch_size"]
+    )
+    knobs = {k: options[k] for k in PLAN_KNOBS if k in options}
+    return Plan(target=options["target"], dispatchers=group, **knobs)
 
 
 def _emit(ctx: typer.Context, result: dict[str, Any], output: OutputFormat | None) -> None:
@@ -57,12 +64,13 @@ def _emit(ctx: typer.Context, result: dict[str, Any], output: OutputFormat | Non
             **result[f"{stage}_after_due_seconds"],
             "per_second": result[f"{stage}_per_second"],
         }
-        for stage in ("claimed", "delivered", "started", "finished")
+        for stage in STAGES
     ]
     emit(stages, fmt, title=f"{result['benchmark']}: seconds after the due instant")
-    rest = {
-        k: v for k, v in result.items() if not k.endswith(("_after_due_seconds", "_per_second"))
+    per_stage = {
+        f"{stage}_{what}" for stage in STAGES for what in ("after_due_seconds", "per_second")
     }
+    rest = {k: v for k, v in result.items() if k not in per_stage}
     rest["peak_rss_mb"] = {k: round(v / 2**20, 1) for k, v in rest.pop("peak_rss_bytes").items()}
     emit(rest, fmt, title=result["benchmark"])
 
@@ -90,18 +98,7 @@ def burst(
     scratch database: it adds a tenant and its jobs."""
     from schedctl.bench import pipeline
 
-    plan = _plan(
-        ctx,
-        target,
-        dispatchers,
-        zookeeper=zookeeper,
-        batch_size=batch_size,
-        relays=relays,
-        workers=workers,
-        worker_concurrency=worker_concurrency,
-        timeout=timeout,
-        spawn_seconds=spawn_seconds,
-    )
+    plan = _plan(ctx, locals())
     result = pipeline.burst(cli_state(ctx).store(), plan, jobs=jobs, lead_seconds=lead)
     _emit(ctx, result, output)
 
@@ -138,19 +135,7 @@ def steady(
     a tenant and its jobs."""
     from schedctl.bench import pipeline
 
-    plan = _plan(
-        ctx,
-        target,
-        dispatchers,
-        zookeeper=zookeeper,
-        batch_size=batch_size,
-        relays=relays,
-        workers=workers,
-        worker_concurrency=worker_concurrency,
-        timeout=timeout,
-        spawn_seconds=spawn_seconds,
-        api_workers=api_workers,
-    )
+    plan = _plan(ctx, locals())
     result = pipeline.steady(cli_state(ctx).store(), plan, rate=rate, duration=duration)
     _emit(ctx, result, output)
 
