@@ -25,13 +25,16 @@ SCHEDULED_D = Path(sys.executable).parent / "scheduled-d"
 
 @dataclass
 class Dispatchers:
-    """N dispatcher processes on one database (N > 1 needs ZooKeeper)."""
+    """N dispatcher processes on one database (N > 1 needs ZooKeeper); with `mode` "all",
+    N `scheduled-d all` processes (dispatcher, relay and `config`'s workers in one)."""
 
     url: str
     count: int = 1
     zookeeper: str | None = None
     batch_size: int = 5000
     extra_env: dict[str, str] = field(default_factory=dict)
+    mode: str = "dispatcher"
+    config: Path | None = None
 
     def __post_init__(self) -> None:
         if self.count > 1 and not self.zookeeper:
@@ -53,26 +56,33 @@ class Dispatchers:
             if self.zookeeper:
                 env["SCHEDULED_ZOOKEEPER"] = self.zookeeper
             env.update(self.extra_env)
-            with (self.logdir / f"dispatcher-{i}.log").open("w") as log:
+            argv = [str(SCHEDULED_D), self.mode]
+            if self.config is not None:
+                argv += ["--config", str(self.config)]
+            with (self.logdir / f"{self.mode}-{i}.log").open("w") as log:
                 self.processes.append(
                     subprocess.Popen(
-                        [str(SCHEDULED_D), "dispatcher"],
+                        argv,
                         stdout=log,
                         stderr=subprocess.STDOUT,
                         env=env,
                     )
                 )
 
-    def stop(self) -> None:
+    def stop(self) -> dict[str, int | None]:
+        """SIGTERM, then wait (SIGKILL after 30 s); `MODE-i` -> exit code (None: killed)."""
         for process in self.processes:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
-        for process in self.processes:
+        codes: dict[str, int | None] = {}
+        for i, process in enumerate(self.processes):
             try:
-                process.wait(30)
+                codes[f"{self.mode}-{i}"] = process.wait(30)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(10)
+                codes[f"{self.mode}-{i}"] = None
+        return codes
 
 
 def bench_tenant(store: Store) -> tuple[str, str]:

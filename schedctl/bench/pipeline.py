@@ -54,6 +54,9 @@ class Plan:
     timeout: float = 300.0
     spawn_seconds: float = 0.0  # measure the spawn ceiling this long first; 0: not
     api_workers: int = 0  # tenant workers over a `scheduled-d api` (queue target only)
+    # one `scheduled-d all` (the embedded default) with a [[worker]] table if `workers`,
+    # instead of separate dispatcher, relay and worker processes
+    embedded: bool = False
 
 
 def spawn_ceiling(seconds: float, threads: int = SPAWN_THREADS) -> float:
@@ -177,8 +180,8 @@ class _Bench:
         self.consumers = Consumers(
             plan.dispatchers.url,
             self.queue,
-            workers=plan.workers if plan.target == "queue" else 0,
-            relays=plan.relays,
+            workers=plan.workers if plan.target == "queue" and not plan.embedded else 0,
+            relays=0 if plan.embedded else plan.relays,
             concurrency=plan.worker_concurrency,
             tenant=self.tenant,
             logdir=plan.dispatchers.logdir,
@@ -225,11 +228,27 @@ class _Bench:
         )
 
     def start_dispatchers(self) -> None:
-        self.plan.dispatchers.start()
-        for i, popen in enumerate(self.plan.dispatchers.processes):
-            self.procs.pids[f"dispatcher-{i}"] = popen.pid
+        group = self.plan.dispatchers
+        if self.plan.embedded:
+            group.mode, group.config = "all", group.logdir / "scheduled.toml"
+            group.config.write_text(self._embedded_config())
+        group.start()
+        for i, popen in enumerate(group.processes):
+            self.procs.pids[f"{group.mode}-{i}"] = popen.pid
         if self.sampler is not None:
             self.sampler.start()
+
+    def _embedded_config(self) -> str:
+        """`scheduled-d all`'s configuration: a [[worker]] on the bench queue if workers."""
+        if not (self.plan.workers and self.plan.target == "queue"):
+            return ""
+        return (
+            "[[worker]]\n"
+            f"queue = {json.dumps(self.queue)}\n"
+            f"tenant = {json.dumps(self.tenant)}\n"
+            'command = ["/bin/true"]\n'
+            f"concurrency = {self.plan.worker_concurrency}\n"
+        )
 
     def _done(self) -> int:
         """Runs at the last stage this run has: received (HTTP), finished (queue with
@@ -259,8 +278,7 @@ class _Bench:
         self.procs.sample()
         if self.sampler is not None:
             self.sampler.stop()
-        self.plan.dispatchers.stop()
-        return self.consumers.stop()
+        return self.plan.dispatchers.stop() | self.consumers.stop()
 
     def close(self) -> None:
         if self.receiver is not None:
@@ -342,7 +360,8 @@ def _run(
             "target": plan.target,
             "database": bench_rows.database_settings(store),
             "dispatchers": plan.dispatchers.count,
-            "relays": plan.relays,
+            "relays": 0 if plan.embedded else plan.relays,
+            "embedded": plan.embedded,
             "workers": plan.workers if plan.target == "queue" else 0,
             "api_workers": plan.api_workers if plan.target == "queue" else 0,
             "worker_concurrency": plan.worker_concurrency,

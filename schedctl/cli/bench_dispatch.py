@@ -16,6 +16,7 @@ from schedctl.cli.bench_options import (
     BatchOption,
     ConcurrencyOption,
     DispatchersOption,
+    EmbeddedOption,
     RelaysOption,
     SpawnOption,
     TargetOption,
@@ -37,7 +38,15 @@ def _url(ctx: typer.Context) -> str:
 
 
 STAGES = ("claimed", "delivered", "started", "finished")  # as schedctl.bench.pipeline.STAGES
-PLAN_KNOBS = ("relays", "workers", "worker_concurrency", "timeout", "spawn_seconds", "api_workers")
+PLAN_KNOBS = (
+    "embedded",
+    "relays",
+    "workers",
+    "worker_concurrency",
+    "timeout",
+    "spawn_seconds",
+    "api_workers",
+)
 
 
 def _plan(ctx: typer.Context, options: dict[str, Any]) -> Plan:
@@ -89,6 +98,7 @@ def burst(
     workers: WorkersOption = 1,
     worker_concurrency: ConcurrencyOption = 16,
     spawn_seconds: SpawnOption = 0.0,
+    embedded: EmbeddedOption = False,
     timeout: TimeoutOption = 300.0,
     output: OutputOption = None,
 ) -> None:
@@ -126,6 +136,7 @@ def steady(
     ] = 0,
     worker_concurrency: ConcurrencyOption = 16,
     spawn_seconds: SpawnOption = 0.0,
+    embedded: EmbeddedOption = False,
     timeout: TimeoutOption = 120.0,
     output: OutputOption = None,
 ) -> None:

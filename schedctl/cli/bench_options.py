@@ -64,6 +64,16 @@ SpawnOption = Annotated[
 ]
 
 
+EmbeddedOption = Annotated[
+    bool,
+    typer.Option(
+        "--embedded",
+        help="One `scheduled-d all` (the embedded default) with a [[worker]] table running "
+        "/bin/true (when --workers is not 0) instead of separate dispatcher, relay and "
+        "worker processes; --dispatchers and --relays then count nothing.",
+    ),
+]
+
 TARGETS = ("queue", "http")
 
 
