@@ -3,7 +3,8 @@
 (burst) or at a steady rate, and for each stage of a run -- claimed, delivered (in the
 built-in queue, or received by a loopback HTTP receiver), started, finished -- how late after
 its due instant it got there; duplicates, missing runs and each process's peak RSS. Measured
-and reported, never asserted. Use a scratch database: it adds a tenant, jobs and runs."""
+and reported, never asserted. Use a scratch database: a run adds a tenant with its jobs and
+runs, and deletes them at the end."""
 
 from __future__ import annotations
 
@@ -107,7 +108,8 @@ class _QueueSampler:
 
     def stop(self) -> None:
         self.stopping.set()
-        self.thread.join(60)
+        if self.thread.is_alive():
+            self.thread.join(60)
 
 
 def _vm_hwm(pid: int) -> int | None:
@@ -281,9 +283,19 @@ class _Bench:
         return self.plan.dispatchers.stop() | self.consumers.stop()
 
     def close(self) -> None:
+        """Whatever still runs after a failure is killed; the receiver stops."""
+        if self.sampler is not None:
+            self.sampler.stop()
+        for popen in self.plan.dispatchers.processes:
+            if popen.poll() is None:
+                popen.kill()
+                popen.wait(10)
+        self.consumers.kill()
         if self.receiver is not None:
             self.receiver.close()
-        self.consumers.kill()
+        # what is left (outbox rows whose receiver is gone, unclaimed jobs, queue messages)
+        # would otherwise be delivered, claimed or counted by the next benchmark here
+        bench_rows.delete_tenant(self.store, self.tenant_id)
 
     def measure(self, total: int) -> dict[str, Any]:
         history = bench_rows.run_stages(self.store, self.tenant_id)

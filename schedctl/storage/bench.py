@@ -158,9 +158,20 @@ def delete_queue_messages(store: Store, queue: str) -> None:
 
 
 def delete_tenant(store: Store, tenant_id: str) -> None:
-    """A benchmark tenant and everything it made: jobs (and any runs), tokens, audit rows."""
+    """A benchmark tenant and everything it made: jobs, their runs and attempts, outbox rows,
+    queue messages, dead letters, workers, tokens, audit rows."""
+    a, j = schema.run_attempts, schema.jobs
     with store.tx() as connection:
+        # attempts are keyed by run, not tenant: those of the tenant's jobs
+        connection.execute(
+            delete(a).where(a.c.job_id.in_(select(j.c.job_id).where(j.c.tenant_id == tenant_id)))
+        )
         for table in (
+            schema.alerts,
+            schema.alert_settings,
+            schema.job_dependencies,
+            schema.dead_letters,
+            schema.workers,
             schema.outbox,
             schema.queue_messages,
             schema.runs,
