@@ -105,7 +105,7 @@ def burst(
     """Runs all due at one instant, through real dispatcher, relay and worker processes:
     for each stage (claimed, delivered, started, finished) how long after the instant the
     last run got there, lateness p50/p99/max, duplicates, missing and peak RSS. Use a
-    scratch database: it adds a tenant and its jobs."""
+    scratch database: it adds a tenant with its jobs, deleted at the end."""
     from schedctl.bench import pipeline
 
     plan = _plan(ctx, locals())
@@ -143,7 +143,7 @@ def steady(
     """A steady stream of due runs through real dispatcher, relay and worker processes: the
     lateness of each stage (claimed, delivered, started, finished), duplicates, missing and
     peak RSS. --timeout counts after the last run's instant. Use a scratch database: it adds
-    a tenant and its jobs."""
+    a tenant with its jobs, deleted at the end."""
     from schedctl.bench import pipeline
 
     plan = _plan(ctx, locals())
