@@ -178,7 +178,7 @@ class _Bench:
         self.receiver: Receiver | None = None
         self.sampler: _QueueSampler | None = None
         self.procs = _Processes()
-        self.first_due: datetime | None = None  # steady: the first run's instant
+        self.first_due: datetime | None = None  # the first run's instant, once loaded
         self.consumers = Consumers(
             plan.dispatchers.url,
             self.queue,
@@ -352,16 +352,18 @@ def _run(
     load: Callable[[_Bench, str], float],
     wait_seconds: float,
 ) -> dict[str, Any]:
-    """The common course: spawn ceiling, consumers, `load` (returns its seconds), dispatchers,
-    the wait, the stop, the measurement."""
+    """The common course: spawn ceiling, consumers, `load` (returns its seconds; sets
+    `first_due`), dispatchers, the wait (`wait_seconds` after the first due instant), the
+    stop, the measurement."""
     ceiling = spawn_ceiling(plan.spawn_seconds) if plan.spawn_seconds > 0 else None
     bench = _Bench(store, plan)
     try:
         target = bench.start_consumers()
         load_seconds = load(bench, target)
-        margin = (bench.first_due - datetime.now(UTC)).total_seconds() if bench.first_due else None
+        assert bench.first_due is not None
+        margin = (bench.first_due - datetime.now(UTC)).total_seconds()
         bench.start_dispatchers()
-        complete = bench.wait(total, wait_seconds)
+        complete = bench.wait(total, max(margin, 0.0) + wait_seconds)
         exits = bench.stop()
         result = bench.measure(total)
     finally:
@@ -380,9 +382,7 @@ def _run(
             "batch_size": plan.dispatchers.batch_size,
             "load_seconds": round(load_seconds, 2),
             # steady: how long before the first run's instant the dispatchers started
-            "dispatchers_started_before_first_due_seconds": None
-            if margin is None
-            else round(margin, 2),
+            "dispatchers_started_before_first_due_seconds": round(margin, 2),
             "complete": complete,
             "peak_rss_bytes": procs,
             "exit_codes": exits,
@@ -405,12 +405,11 @@ def burst(store: Store, plan: Plan, *, jobs: int, lead_seconds: float) -> dict[s
         began = time.monotonic()
         bench.load_far(target, jobs, "bench-burst")
         # the instant is set once loading is done, so it is the same lead for any size
-        bench_rows.move_jobs_due(
-            store, bench.tenant_id, datetime.now(UTC) + timedelta(seconds=lead_seconds)
-        )
+        bench.first_due = datetime.now(UTC) + timedelta(seconds=lead_seconds)
+        bench_rows.move_jobs_due(store, bench.tenant_id, bench.first_due)
         return time.monotonic() - began
 
-    result = _run(store, plan, jobs, load, lead_seconds + plan.timeout)
+    result = _run(store, plan, jobs, load, plan.timeout)
     return {"benchmark": "burst", "jobs": jobs, "lead_seconds": lead_seconds, **result}
 
 
@@ -432,5 +431,5 @@ def steady(store: Store, plan: Plan, *, rate: int, duration: float) -> dict[str,
         bench.first_due = start
         return time.monotonic() - began
 
-    result = _run(store, plan, total, load, STEADY_LEAD_SECONDS + duration + plan.timeout)
+    result = _run(store, plan, total, load, duration + plan.timeout)
     return {"benchmark": "steady", "rate_per_second": rate, "duration_seconds": duration, **result}
