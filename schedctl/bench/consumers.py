@@ -1,4 +1,4 @@
-"""Queue consumers for benchmarks, soak and chaos runs: a `scheduled-d relay`,
+"""Queue consumers for benchmarks, soak and chaos runs: `scheduled-d relay` processes,
 `scheduled-d worker --queue Q -- CMD` processes (direct workers, with database access) and,
 beside or instead of them, a `scheduled-d api` with tenant workers over it (`scheduled-d
 worker --api URL`, the tenant's token, no database setting), so that runs are really leased,
@@ -83,7 +83,7 @@ class Process:
 
 @dataclass
 class Consumers:
-    """A relay, `workers` direct worker processes and `api_workers` API worker processes
+    """`relays` relays, `workers` direct worker processes and `api_workers` API worker processes
     (with a `scheduled-d api` for them; the tenant's `api_token` needed) on `queue`, each
     logging to its own file."""
 
@@ -93,7 +93,7 @@ class Consumers:
     command: Sequence[str] = ("/bin/true",)
     concurrency: int = 16
     tenant: str | None = None
-    relay: bool = True
+    relays: int = 1
     logdir: Path | None = None
     extra_env: Mapping[str, str] = field(default_factory=dict)
     api_workers: int = 0
@@ -121,8 +121,9 @@ class Consumers:
         if self.api_workers:
             self.api_url = self._start_api()
         planned: list[tuple[str, list[str], dict[str, str]]] = []
-        if self.relay:
-            planned.append(("relay", [str(SCHEDULED_D), "relay"], self._env()))
+        for i in range(self.relays):
+            name = "relay" if self.relays == 1 else f"relay-{i}"
+            planned.append((name, [str(SCHEDULED_D), "relay"], self._env()))
         for i in range(self.workers):
             argv = worker_argv(
                 self.queue, self.command, tenant=self.tenant, concurrency=self.concurrency

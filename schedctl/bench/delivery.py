@@ -21,86 +21,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import requests
-
 from schedctl import errors
+from schedctl.bench.receiver import Receiver
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import bench as bench_rows
 from schedctl.storage.jobs import new_job_id, partition_of
 from schedctl.storage.store import Store
 from schedctl.storage.tenants import TenantRepo
-
-# The endpoint runs in its own process: in this one it would compete with the relay for
-# the interpreter lock, and the figure would be half the relay's.
-_ENDPOINT = r"""
-import json, sys, threading, time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-times, lock = [], threading.Lock()
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self.send_response(204)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-        with lock:
-            times.append(time.time())
-    def do_GET(self):
-        with lock:
-            body = json.dumps({"count": len(times), "first": times[0] if times else None,
-                               "last": times[-1] if times else None}).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *args):
-        pass
-ThreadingHTTPServer.request_queue_size = 128
-server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-server.daemon_threads = True
-print(server.server_address[1], flush=True)
-threading.Thread(target=lambda: (sys.stdin.read(), server.shutdown()), daemon=True).start()
-server.serve_forever()
-"""
-
-
-class _Endpoint:
-    """A keep-alive HTTP/1.1 server on 127.0.0.1 in a child process, answering 204 to every
-    POST and its counts to GET; it stops when its stdin closes."""
-
-    def __init__(self) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", _ENDPOINT],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-        )
-        assert self.process.stdout is not None
-        line = self.process.stdout.readline().strip()
-        if not line.isdigit():
-            self.close()
-            raise errors.SchedError("the benchmark's HTTP endpoint did not start")
-        self.port = int(line)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/bench"
-
-    def stats(self) -> dict[str, Any]:
-        response = requests.get(f"http://127.0.0.1:{self.port}/stats", timeout=10)
-        data: dict[str, Any] = response.json()
-        return data
-
-    def close(self) -> None:
-        if self.process.stdin is not None:
-            self.process.stdin.close()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
-        if self.process.stdout is not None:
-            self.process.stdout.close()
 
 
 def _tenant(store: Store, concurrency: int) -> str:
@@ -236,14 +163,16 @@ def run_delivery_bench(
 ) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     tenant_id = _tenant(store, concurrency)
-    endpoint = _Endpoint()
+    # the receiver runs in its own process: in this one it would compete with the relay for
+    # the interpreter lock, and the figure would be half the relay's
+    endpoint = Receiver()
     try:
         http_job = _claimed_runs(store, tenant_id, "http", endpoint.url, runs)
         http_rate = _drain(store, http_job, deadline)
-        received = endpoint.stats()
+        times = [t for received in endpoint.keys().values() for t in received]
     finally:
         endpoint.close()
-    span = (received["last"] or 0.0) - (received["first"] or 0.0)
+    span = max(times) - min(times) if times else 0.0
     queue = f"bench-{uuid.uuid4().hex[:8]}"
     queue_job = _claimed_runs(store, tenant_id, "queue", queue, runs)
     try:
@@ -255,8 +184,8 @@ def run_delivery_bench(
         "tenant_delivery_concurrency": concurrency,
         "database": bench_rows.database_settings(store),
         "http_deliveries_per_second": round(http_rate, 1),
-        "http_received": received["count"],
-        "http_received_per_second": round((received["count"] - 1) / span, 1) if span else None,
+        "http_received": len(times),
+        "http_received_per_second": round((len(times) - 1) / span, 1) if span else None,
         "queue_deliveries_per_second": round(queue_rate, 1),
         "note": "one scheduled-d relay process; http = signed POST + SSRF check + outcome",
     }

@@ -168,6 +168,7 @@ bench.app.command("burst")(bench_dispatch.burst)
 bench.app.command("steady")(bench_dispatch.steady)
 bench.app.command("failover")(bench_dispatch.failover)
 bench.app.command("relay")(bench_relay.relay)
+bench.app.command("spawn")(bench_dispatch.spawn)
 app.add_typer(bench.app, name="bench")
 app.command("completion")(completion.completion)
 

@@ -23,12 +23,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from schedctl import errors
+from schedctl.cli.bench_options import count, seconds
 from schedctl.cli.common import (
     OutputOption,
     actor,
     cli_state,
-    int_parser,
-    number_parser,
     output_format,
     say,
 )
@@ -56,39 +55,13 @@ class _Results:
 @app.command("api")
 def api(
     ctx: typer.Context,
-    requests_total: Annotated[
-        int,
-        typer.Option(
-            "--requests",
-            "-n",
-            parser=int_parser("requests", 1, 1_000_000),
-            help="POSTs to send (1-1000000).",
-        ),
-    ] = 2000,
-    threads: Annotated[
-        int,
-        typer.Option(
-            "--threads",
-            "-c",
-            parser=int_parser("threads", 1, 64),
-            help="Concurrent clients (1-64).",
-        ),
-    ] = 4,
+    requests_total: Annotated[int, count("--requests", 1, 1_000_000, "POSTs to send", "-n")] = 2000,
+    threads: Annotated[int, count("--threads", 1, 64, "Concurrent clients", "-c")] = 4,
     max_seconds: Annotated[
-        float,
-        typer.Option(
-            "--max-seconds",
-            parser=number_parser("max_seconds", 1.0, 86_400.0),
-            help="Stop sending after this long (1-86400).",
-        ),
+        float, seconds("--max-seconds", 1.0, 86_400.0, "Stop sending after this")
     ] = 60.0,
     payload_bytes: Annotated[
-        int,
-        typer.Option(
-            "--payload-bytes",
-            parser=int_parser("payload_bytes", 0, 60_000),
-            help="Payload size per job (0-60000).",
-        ),
+        int, count("--payload-bytes", 0, 60_000, "Payload size per job")
     ] = 256,
     keep: Annotated[
         bool, typer.Option("--keep", help="Keep the benchmark tenant and its jobs afterwards.")

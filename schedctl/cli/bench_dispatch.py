@@ -1,173 +1,178 @@
-"""`schedctl bench burst`, `bench steady`, `bench failover` and `bench delivery`: the commands
-of the dispatch benchmarks against real dispatcher processes (schedctl.bench.dispatch) and of
-the delivery benchmark (schedctl.bench.delivery); registered on the `bench` group in app.py.
+"""`schedctl bench burst`, `bench steady`, `bench spawn`, `bench failover` and `bench
+delivery`: the commands of the whole-path benchmarks against real dispatcher, relay and
+worker processes (schedctl.bench.pipeline), of the failover benchmark
+(schedctl.bench.dispatch) and of the delivery benchmark (schedctl.bench.delivery);
+registered on the `bench` group in app.py.
 The benchmarks themselves are imported when a command runs: they load sqlalchemy, requests
 and pika, which `schedctl --help` must not."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from schedctl.cli.common import (
-    OutputOption,
-    cli_state,
-    int_parser,
-    number_parser,
-    output_format,
+from schedctl.cli.bench_options import (
+    BatchOption,
+    ConcurrencyOption,
+    DispatchersOption,
+    EmbeddedOption,
+    RelaysOption,
+    SpawnOption,
+    TargetOption,
+    TimeoutOption,
+    WorkersOption,
+    ZooKeeperOption,
+    count,
+    seconds,
 )
-from schedctl.cli.output import emit
+from schedctl.cli.common import OutputOption, cli_state, output_format
+from schedctl.cli.output import OutputFormat, emit
 
-DispatchersOption = Annotated[
-    int,
-    typer.Option(
-        "--dispatchers",
-        parser=int_parser("dispatchers", 1, 16),
-        help="Dispatcher processes (>1 needs --zookeeper).",
-    ),
-]
-ZooKeeperOption = Annotated[
-    str | None, typer.Option("--zookeeper", help="ZooKeeper hosts for several dispatchers.")
-]
-BatchOption = Annotated[
-    int,
-    typer.Option(
-        "--batch-size",
-        parser=int_parser("batch_size", 1, 100_000),
-        help="Runs per claim (1-100000).",
-    ),
-]
+if TYPE_CHECKING:
+    from schedctl.bench.pipeline import Plan
 
 
 def _url(ctx: typer.Context) -> str:
     return cli_state(ctx).store().engine.url.render_as_string(hide_password=False)
 
 
+STAGES = ("claimed", "delivered", "started", "finished")  # as schedctl.bench.pipeline.STAGES
+PLAN_KNOBS = (
+    "embedded",
+    "relays",
+    "workers",
+    "worker_concurrency",
+    "timeout",
+    "spawn_seconds",
+    "api_workers",
+)
+
+
+def _plan(ctx: typer.Context, options: dict[str, Any]) -> Plan:
+    """The processes of a run, from a command's options (its locals())."""
+    from schedctl.bench.dispatch import Dispatchers
+    from schedctl.bench.pipeline import Plan
+
+    group = Dispatchers(
+        _url(ctx), options["dispatchers"], options["zookeeper"], options["batch_size"]
+    )
+    knobs = {k: options[k] for k in PLAN_KNOBS if k in options}
+    return Plan(target=options["target"], dispatchers=group, **knobs)
+
+
+def _emit(ctx: typer.Context, result: dict[str, Any], output: OutputFormat | None) -> None:
+    """JSON as measured; for humans, a table of the stages and then the rest."""
+    fmt = output_format(ctx, output)
+    if fmt is not OutputFormat.table:
+        emit(result, fmt)
+        return
+    stages = [
+        {
+            "stage": stage,
+            **result[f"{stage}_after_due_seconds"],
+            "per_second": result[f"{stage}_per_second"],
+        }
+        for stage in STAGES
+    ]
+    emit(stages, fmt, title=f"{result['benchmark']}: seconds after the due instant")
+    per_stage = {
+        f"{stage}_{what}" for stage in STAGES for what in ("after_due_seconds", "per_second")
+    }
+    rest = {k: v for k, v in result.items() if k not in per_stage}
+    rest["peak_rss_mb"] = {k: round(v / 2**20, 1) for k, v in rest.pop("peak_rss_bytes").items()}
+    emit(rest, fmt, title=result["benchmark"])
+
+
 def burst(
     ctx: typer.Context,
-    jobs: Annotated[
-        int,
-        typer.Option(
-            "--jobs", parser=int_parser("jobs", 1, 1_000_000), help="Runs due at once (1-1000000)."
-        ),
-    ] = 100_000,
+    jobs: Annotated[int, count("--jobs", 1, 1_000_000, "Runs due at once")] = 100_000,
     lead: Annotated[
-        float,
-        typer.Option(
-            "--lead",
-            parser=number_parser("lead", 1.0, 86_400.0),
-            help="Seconds from dispatcher start to the due instant (1-86400).",
-        ),
+        float, seconds("--lead", 1.0, 86_400.0, "From the load's end to the due instant")
     ] = 10.0,
-    timeout: Annotated[
-        float,
-        typer.Option(
-            "--timeout",
-            parser=number_parser("timeout", 1.0, 86_400.0),
-            help="Give up after this (1-86400).",
-        ),
-    ] = 300.0,
+    target: TargetOption = "queue",
     dispatchers: DispatchersOption = 1,
     zookeeper: ZooKeeperOption = None,
     batch_size: BatchOption = 10_000,
+    relays: RelaysOption = 1,
+    workers: WorkersOption = 1,
+    worker_concurrency: ConcurrencyOption = 16,
+    spawn_seconds: SpawnOption = 0.0,
+    embedded: EmbeddedOption = False,
+    timeout: TimeoutOption = 300.0,
     output: OutputOption = None,
 ) -> None:
-    """Runs all due at one instant: how soon after it the last one is claimed. Use a
-    scratch database: it adds a tenant and its jobs."""
-    from schedctl.bench import dispatch
+    """Runs all due at one instant, through real dispatcher, relay and worker processes:
+    for each stage (claimed, delivered, started, finished) how long after the instant the
+    last run got there, lateness p50/p99/max, duplicates, missing and peak RSS. Use a
+    scratch database: it adds a tenant with its jobs, deleted at the end."""
+    from schedctl.bench import pipeline
 
-    result = dispatch.burst(
-        cli_state(ctx).store(),
-        jobs=jobs,
-        lead_seconds=lead,
-        timeout=timeout,
-        dispatchers=dispatch.Dispatchers(_url(ctx), dispatchers, zookeeper, batch_size),
-    )
-    emit(result, output_format(ctx, output), title="burst")
+    plan = _plan(ctx, locals())
+    result = pipeline.burst(cli_state(ctx).store(), plan, jobs=jobs, lead_seconds=lead)
+    _emit(ctx, result, output)
 
 
 def steady(
     ctx: typer.Context,
-    rate: Annotated[
-        int,
-        typer.Option(
-            "--rate", parser=int_parser("rate", 1, 100_000), help="Runs due a second (1-100000)."
-        ),
-    ] = 500,
-    duration: Annotated[
-        float,
-        typer.Option(
-            "--duration",
-            parser=number_parser("duration", 1.0, 3600.0),
-            help="Seconds of load (1-3600).",
-        ),
-    ] = 30.0,
+    rate: Annotated[int, count("--rate", 1, 100_000, "Runs due a second")] = 500,
+    duration: Annotated[float, seconds("--duration", 1.0, 3600.0, "Seconds of load")] = 30.0,
+    target: TargetOption = "queue",
     dispatchers: DispatchersOption = 1,
     zookeeper: ZooKeeperOption = None,
     batch_size: BatchOption = 1000,
-    workers: Annotated[
-        int,
-        typer.Option(
-            "--workers",
-            min=0,
-            max=64,
-            help="`scheduled-d worker` processes running /bin/true (plus a relay) that "
-            "consume the queue during the run; 0: claims only.",
-        ),
-    ] = 2,
+    relays: RelaysOption = 1,
+    workers: WorkersOption = 2,
     api_workers: Annotated[
         int,
-        typer.Option(
+        count(
             "--api-workers",
-            min=0,
-            max=64,
-            help="Tenant workers over the REST API (`scheduled-d worker --api`, the bench "
-            "tenant's token, no database setting) running /bin/true beside the --workers, "
-            "with a `scheduled-d api` on a free loopback port; 0: none.",
+            0,
+            64,
+            "Tenant workers over the REST API (`scheduled-d worker --api`, the bench tenant's "
+            "token, no database setting) running /bin/true beside the --workers, with a "
+            "`scheduled-d api` on a free loopback port",
         ),
     ] = 0,
-    worker_concurrency: Annotated[
-        int, typer.Option("--worker-concurrency", min=1, max=256, help="Commands per worker.")
-    ] = 16,
+    worker_concurrency: ConcurrencyOption = 16,
+    spawn_seconds: SpawnOption = 0.0,
+    embedded: EmbeddedOption = False,
+    timeout: TimeoutOption = 120.0,
     output: OutputOption = None,
 ) -> None:
-    """A steady stream of due runs: the dispatch lateness distribution, with workers (direct,
-    and over the API with --api-workers) executing the runs meanwhile. Use a scratch
-    database: it adds a tenant and its jobs."""
-    from schedctl.bench import dispatch
+    """A steady stream of due runs through real dispatcher, relay and worker processes: the
+    lateness of each stage (claimed, delivered, started, finished), duplicates, missing and
+    peak RSS. --timeout counts after the last run's instant. Use a scratch database: it adds
+    a tenant with its jobs, deleted at the end."""
+    from schedctl.bench import pipeline
 
-    result = dispatch.steady(
-        cli_state(ctx).store(),
-        rate=rate,
-        duration=duration,
-        dispatchers=dispatch.Dispatchers(_url(ctx), dispatchers, zookeeper, batch_size),
-        workers=workers,
-        worker_concurrency=worker_concurrency,
-        api_workers=api_workers,
-    )
-    emit(result, output_format(ctx, output), title="steady")
+    plan = _plan(ctx, locals())
+    result = pipeline.steady(cli_state(ctx).store(), plan, rate=rate, duration=duration)
+    _emit(ctx, result, output)
+
+
+def spawn(
+    ctx: typer.Context,
+    duration: Annotated[float, seconds("--duration", 1.0, 600.0, "Seconds to measure")] = 5.0,
+    threads: Annotated[int, count("--threads", 1, 256, "Threads starting /bin/true")] = 16,
+    output: OutputOption = None,
+) -> None:
+    """The spawn ceiling: how many times a second Python starts /bin/true from --threads
+    threads on this machine (the most one worker process could start)."""
+    from schedctl.bench.pipeline import spawn_ceiling
+
+    rate = spawn_ceiling(duration, threads)
+    result = {"threads": threads, "duration_seconds": duration, "starts_per_second": round(rate, 1)}
+    emit(result, output_format(ctx, output), title="spawn ceiling")
 
 
 def failover(
     ctx: typer.Context,
     zookeeper: Annotated[str, typer.Option("--zookeeper", help="ZooKeeper hosts.")],
     session_timeout: Annotated[
-        float,
-        typer.Option(
-            "--session-timeout",
-            parser=number_parser("session_timeout", 1.0, 120.0),
-            help="Seconds (1-120).",
-        ),
+        float, seconds("--session-timeout", 1.0, 120.0, "The dispatchers' ZooKeeper session")
     ] = 10.0,
-    timeout: Annotated[
-        float,
-        typer.Option(
-            "--timeout",
-            parser=number_parser("timeout", 1.0, 86_400.0),
-            help="Give up after this (1-86400).",
-        ),
-    ] = 120.0,
+    timeout: TimeoutOption = 120.0,
     output: OutputOption = None,
 ) -> None:
     """Recovery time: three dispatchers, then kill -9, SIGSTOP and SIGTERM of one each;
@@ -187,28 +192,11 @@ def failover(
 
 def delivery(
     ctx: typer.Context,
-    runs: Annotated[
-        int,
-        typer.Option(
-            "--runs", parser=int_parser("runs", 1, 200_000), help="Runs per target kind (1-200000)."
-        ),
-    ] = 5000,
+    runs: Annotated[int, count("--runs", 1, 200_000, "Runs per target kind")] = 5000,
     concurrency: Annotated[
-        int,
-        typer.Option(
-            "--concurrency",
-            parser=int_parser("concurrency", 1, 256),
-            help="The tenant's HTTP lane width (1-256).",
-        ),
+        int, count("--concurrency", 1, 256, "The tenant's HTTP lane width")
     ] = 16,
-    timeout: Annotated[
-        float,
-        typer.Option(
-            "--timeout",
-            parser=number_parser("timeout", 1.0, 3600.0),
-            help="Give up after this (1-3600).",
-        ),
-    ] = 300.0,
+    timeout: TimeoutOption = 300.0,
     rabbitmq: Annotated[
         str | None,
         typer.Option(

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, delete, func, select, update
+from sqlalchemy import and_, bindparam, delete, func, select, update
 
 from schedctl.storage import schema
 from schedctl.storage.store import Store
@@ -158,9 +158,20 @@ def delete_queue_messages(store: Store, queue: str) -> None:
 
 
 def delete_tenant(store: Store, tenant_id: str) -> None:
-    """A benchmark tenant and everything it made: jobs (and any runs), tokens, audit rows."""
+    """A benchmark tenant and everything it made: jobs, their runs and attempts, outbox rows,
+    queue messages, dead letters, workers, tokens, audit rows."""
+    a, j = schema.run_attempts, schema.jobs
     with store.tx() as connection:
+        # attempts are keyed by run, not tenant: those of the tenant's jobs
+        connection.execute(
+            delete(a).where(a.c.job_id.in_(select(j.c.job_id).where(j.c.tenant_id == tenant_id)))
+        )
         for table in (
+            schema.alerts,
+            schema.alert_settings,
+            schema.job_dependencies,
+            schema.dead_letters,
+            schema.workers,
             schema.outbox,
             schema.queue_messages,
             schema.runs,
@@ -196,3 +207,80 @@ def run_statuses(store: Store, job_id: str) -> dict[str, int]:
             .group_by(runs.c.status)
         ).all()
     return {str(status): int(count) for status, count in rows}
+
+
+def run_stages(
+    store: Store, tenant_id: str
+) -> list[tuple[str, datetime, datetime | None, datetime | None, datetime | None]]:
+    """(run key's job_id, scheduled_at, dispatched_at, started_at, finished_at) of every run
+    of the tenant: the run history a whole-path benchmark measures."""
+    r = schema.runs
+    with store.read() as connection:
+        rows = connection.execute(
+            select(
+                r.c.job_id, r.c.scheduled_at, r.c.dispatched_at, r.c.started_at, r.c.finished_at
+            ).where(r.c.tenant_id == tenant_id)
+        ).all()
+    return [(j, at, d, s, f) for j, at, d, s, f in rows]
+
+
+def extra_executions(store: Store, tenant_id: str) -> int:
+    """Attempts of the tenant's runs beyond the first that ran to success: a run executed
+    more than once."""
+    a, r = schema.run_attempts, schema.runs
+    per_run = (
+        select(func.count().label("n"))
+        .select_from(
+            a.join(r, and_(a.c.job_id == r.c.job_id, a.c.scheduled_at == r.c.scheduled_at))
+        )
+        .where(r.c.tenant_id == tenant_id, a.c.status == "succeeded")
+        .group_by(a.c.job_id, a.c.scheduled_at)
+        .subquery()
+    )
+    with store.read() as connection:
+        value = connection.execute(
+            select(func.coalesce(func.sum(per_run.c.n - 1), 0)).where(per_run.c.n > 1)
+        ).scalar_one()
+    return int(value)
+
+
+def queued_since(
+    store: Store, tenant_id: str, after_id: int, limit: int
+) -> list[tuple[int, str, datetime, datetime]]:
+    """(id, job_id, scheduled_at, created_at) of the tenant's queue messages with an id above
+    `after_id`, in id order: when each run was put in the built-in queue."""
+    m = schema.queue_messages
+    with store.read() as connection:
+        rows = connection.execute(
+            select(m.c.id, m.c.job_id, m.c.scheduled_at, m.c.created_at)
+            .where(m.c.tenant_id == tenant_id, m.c.id > after_id)
+            .order_by(m.c.id)
+            .limit(limit)
+        ).all()
+    return [(int(i), j, at, c) for i, j, at, c in rows]
+
+
+def jobs_of(store: Store, tenant_id: str) -> list[str]:
+    """The tenant's job ids, in id order."""
+    j = schema.jobs
+    with store.read() as connection:
+        rows = connection.execute(
+            select(j.c.job_id).where(j.c.tenant_id == tenant_id).order_by(j.c.job_id)
+        ).all()
+    return [job_id for (job_id,) in rows]
+
+
+def set_jobs_due(store: Store, due: Sequence[tuple[str, datetime]]) -> None:
+    """Each job (id) due and firing at its own instant, in one transaction."""
+    j = schema.jobs
+    statement = (
+        update(j)
+        .where(j.c.job_id == bindparam("b_job_id"))
+        .values(next_run_at=bindparam("b_at"), next_fire_at=bindparam("b_at"))
+    )
+    with store.tx() as connection:
+        for start in range(0, len(due), CHUNK):
+            connection.execute(
+                statement,
+                [{"b_job_id": job_id, "b_at": at} for job_id, at in due[start : start + CHUNK]],
+            )

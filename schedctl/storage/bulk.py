@@ -20,10 +20,12 @@ def insert_once_jobs(
     times: Sequence[datetime],
     *,
     queue: str = "q",
+    target_type: str = "queue",
     name: str = "bulk",
     grace_seconds: int = 3600,
 ) -> list[str]:
-    """One-time jobs at `times`, active and due at their time; returns their ids."""
+    """One-time jobs at `times`, active and due at their time; returns their ids. Their
+    target is the built-in queue `queue`, or with `target_type` "http" the URL `queue`."""
     now = datetime.now(UTC)
     count = store.partition_count
     ids: list[str] = []
@@ -38,7 +40,7 @@ def insert_once_jobs(
                 # names are unique per tenant: the id makes each bulk job's name its own
                 "name": f"{name}-{job_id}",
                 "schedule": json.dumps({"kind": "once", "run_at": format_instant(at)}),
-                "target_type": "queue",
+                "target_type": target_type,
                 "target": queue,
                 "payload": "{}",
                 "max_attempts": 3,

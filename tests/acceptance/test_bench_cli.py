@@ -21,21 +21,74 @@ def bench(db: str, *args: str) -> Any:
     return json.loads(result.stdout)
 
 
-def test_burst_claims_every_run(sqlite_url: str) -> None:
-    result = bench(sqlite_url, "burst", "--jobs", "200", "--lead", "2", "--timeout", "60")
-    assert result["claimed"] == result["jobs"] == 200
-    assert result["all_claimed_after_due_seconds"] is not None
+STAGE_KEYS = [
+    f"{stage}_after_due_seconds" for stage in ("claimed", "delivered", "started", "finished")
+]
 
 
-def test_steady_reports_lateness_percentiles(sqlite_url: str) -> None:
-    result = bench(sqlite_url, "steady", "--rate", "20", "--duration", "2", "--workers", "2")
-    assert result["claimed"] == result["runs"] == 40
-    assert result["lateness_p99_seconds"] >= result["lateness_p50_seconds"]
-    # workers consumed the queue meanwhile: every run executed, nothing escaped a loop
-    assert result["executed"] == 40
-    assert result["start_lateness_p99_seconds"] >= result["start_lateness_p50_seconds"]
-    assert result["consumer_exit_codes"] == {"relay": 0, "worker-0": 0, "worker-1": 0}
-    assert result["consumer_log_trouble"] == 0
+def assert_whole_path(result: dict[str, Any], runs: int, *, executed: bool) -> None:
+    """Every stage reported with its figures, every run through, none twice, no process in
+    trouble; started and finished only where workers ran the runs."""
+    assert result["runs"] == runs
+    assert result["complete"] is True
+    assert result["duplicates"] == 0
+    assert result["missing"] == 0
+    for key in STAGE_KEYS:
+        assert set(result[key]) == {"last", "p50", "p99", "max", "count"}
+    for key in STAGE_KEYS[:2] + (STAGE_KEYS[2:] if executed else []):
+        assert result[key]["count"] == runs
+        assert result[key]["p99"] >= result[key]["p50"]
+    assert set(result["exit_codes"].values()) == {0}
+    assert result["log_trouble"] == 0
+
+
+def test_burst_through_the_queue_and_a_worker(sqlite_url: str) -> None:
+    result = bench(
+        sqlite_url, "burst", "--jobs", "200", "--lead", "2", "--workers", "1", "--timeout", "120"
+    )
+    assert_whole_path(result, 200, executed=True)
+    assert result["missing_counted_at"] == "finished"
+    assert result["peak_rss_bytes"]["worker-0"] > 0
+    assert set(result["exit_codes"]) == {"dispatcher-0", "relay", "worker-0"}
+
+
+def test_burst_over_http_counts_what_the_receiver_got(pg_url: str) -> None:
+    result = bench(
+        pg_url,
+        "burst",
+        "--jobs",
+        "100",
+        "--lead",
+        "2",
+        "--target",
+        "http",
+        "--relays",
+        "2",
+        "--timeout",
+        "120",
+    )
+    assert_whole_path(result, 100, executed=False)
+    assert result["missing_counted_at"] == "delivered"
+    assert result["peak_rss_bytes"]["receiver"] > 0
+    assert set(result["exit_codes"]) == {"dispatcher-0", "relay-0", "relay-1"}
+
+
+def test_steady_through_the_queue_with_two_workers(sqlite_url: str) -> None:
+    result = bench(
+        sqlite_url,
+        "steady",
+        "--rate",
+        "20",
+        "--duration",
+        "3",
+        "--workers",
+        "2",
+        "--spawn-seconds",
+        "1",
+    )
+    assert_whole_path(result, 60, executed=True)
+    assert result["spawn_ceiling_per_second"] > 0
+    assert set(result["exit_codes"]) == {"dispatcher-0", "relay", "worker-0", "worker-1"}
 
 
 def test_steady_with_api_workers_executes_every_run_through_the_api(db_url: str) -> None:
@@ -44,18 +97,41 @@ def test_steady_with_api_workers_executes_every_run_through_the_api(db_url: str)
     result = bench(
         db_url, "steady", "--rate", "20", "--duration", "2", "--workers", "0", "--api-workers", "1"
     )
-    assert result["claimed"] == result["runs"] == 40
-    assert result["executed"] == result["executed_by_api_workers"] == 40
-    assert result["executed_by_direct_workers"] == 0
-    assert result["api_start_lateness_p99_seconds"] >= result["api_start_lateness_p50_seconds"]
-    assert result["consumer_exit_codes"] == {"relay": 0, "api-worker-0": 0, "api": 0}
-    assert result["consumer_log_trouble"] == 0
+    assert_whole_path(result, 40, executed=True)
+    assert result["exit_codes"] == {
+        "dispatcher-0": 0,
+        "relay": 0,
+        "api-worker-0": 0,
+        "api": 0,
+    }
+
+
+def test_steady_embedded_runs_everything_in_one_process(sqlite_url: str) -> None:
+    # the embedded default: one `scheduled-d all` with a [[worker]] table running /bin/true
+    result = bench(
+        sqlite_url, "steady", "--rate", "20", "--duration", "3", "--workers", "1", "--embedded"
+    )
+    assert_whole_path(result, 60, executed=True)
+    assert result["embedded"] is True
+    assert result["exit_codes"] == {"all-0": 0}
+    assert result["peak_rss_bytes"]["all-0"] > 0
+
+
+def test_an_unknown_target_is_refused_by_name(sqlite_url: str) -> None:
+    result = runner.invoke(app, ["--db", sqlite_url, "bench", "burst", "--target", "smtp"])
+    assert result.exit_code == 2
+    assert "target" in result.output
 
 
 def test_steady_rejects_a_negative_api_worker_count(sqlite_url: str) -> None:
     result = runner.invoke(app, ["--db", sqlite_url, "bench", "steady", "--api-workers", "-1"])
     assert result.exit_code == 2
-    assert "--api-workers" in result.output
+    assert "api_workers" in result.output
+
+
+def test_spawn_reports_the_ceiling(sqlite_url: str) -> None:
+    result = bench(sqlite_url, "spawn", "--duration", "1", "--threads", "2")
+    assert result["starts_per_second"] > 0
 
 
 def test_delivery_reports_http_and_queue_rates(sqlite_url: str) -> None:

@@ -1,0 +1,435 @@
+"""Owns the whole-path benchmarks behind `schedctl bench burst` and `bench steady`: real
+`scheduled-d` dispatcher, relay and worker processes on loopback, runs due at one instant
+(burst) or at a steady rate, and for each stage of a run -- claimed, delivered (in the
+built-in queue, or received by a loopback HTTP receiver), started, finished -- how late after
+its due instant it got there; duplicates, missing runs and each process's peak RSS. Measured
+and reported, never asserted. Use a scratch database: a run adds a tenant with its jobs and
+runs, and deletes them at the end."""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from schedctl.bench.consumers import Consumers
+from schedctl.bench.dispatch import Dispatchers, bench_tenant
+from schedctl.bench.receiver import Receiver
+from schedctl.models import run_key
+from schedctl.storage import bench as bench_rows
+from schedctl.storage.bulk import insert_once_jobs
+from schedctl.storage.store import Store
+
+STAGES = ("claimed", "delivered", "started", "finished")
+POLL_SECONDS = 0.2
+SAMPLE_SECONDS = 0.05  # queue messages live until a worker acks them: look often
+SAMPLE_LIMIT = 20_000
+# ids of concurrent relay transactions commit out of order: each look re-reads this many
+SAMPLE_OVERLAP = 2_000
+HTTP_LANE_WIDTH = 64  # the bench tenant's delivery_concurrency
+SPAWN_THREADS = 16
+STEADY_LEAD_SECONDS = 5.0
+MIN_RATE_SPAN_SECONDS = 0.05
+STOP_GRACE_SECONDS = 30.0
+
+Run = tuple[str, datetime]  # (job_id, scheduled_at)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The processes of one run: what they deliver to and how many of each."""
+
+    target: str  # "queue" or "http"
+    dispatchers: Dispatchers
+    relays: int = 1
+    workers: int = 1
+    worker_concurrency: int = 16
+    timeout: float = 300.0
+    spawn_seconds: float = 0.0  # measure the spawn ceiling this long first; 0: not
+    api_workers: int = 0  # tenant workers over a `scheduled-d api` (queue target only)
+    # one `scheduled-d all` (the embedded default) with a [[worker]] table if `workers`,
+    # instead of separate dispatcher, relay and worker processes
+    embedded: bool = False
+
+
+def spawn_ceiling(seconds: float, threads: int = SPAWN_THREADS) -> float:
+    """Starts of /bin/true per second from `threads` Python threads for `seconds`: the most a
+    worker process could start on this machine."""
+    deadline = time.monotonic() + seconds
+    counts = [0] * threads
+
+    def spawn(slot: int) -> None:
+        while time.monotonic() < deadline:
+            subprocess.run(["/bin/true"], check=False)
+            counts[slot] += 1
+
+    began = time.monotonic()
+    pool = [threading.Thread(target=spawn, args=(i,), daemon=True) for i in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join(seconds + 30)
+    return sum(counts) / max(time.monotonic() - began, 1e-6)
+
+
+class _QueueSampler:
+    """Looks at the tenant's queue messages every SAMPLE_SECONDS until stopped, keeping when
+    each run first appeared there. A message leased and acknowledged between two looks is
+    not seen (its delivery is then bounded by its start)."""
+
+    def __init__(self, store: Store, tenant_id: str) -> None:
+        self.store, self.tenant_id = store, tenant_id
+        self.seen: dict[Run, datetime] = {}
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        after = 0
+        while not self.stopping.wait(SAMPLE_SECONDS):
+            for _ in range(100):  # a backlog is read in chunks, each look bounded
+                rows = bench_rows.queued_since(self.store, self.tenant_id, after, SAMPLE_LIMIT)
+                for _id, job_id, at, created in rows:
+                    self.seen.setdefault((job_id, at), created)
+                if rows:
+                    after = max(after, rows[-1][0] - SAMPLE_OVERLAP)
+                if len(rows) < SAMPLE_LIMIT:
+                    break
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.thread.is_alive():
+            self.thread.join(60)
+
+
+def _vm_hwm(pid: int) -> int | None:
+    """A live process's peak resident set (VmHWM), in bytes."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+class _Processes:
+    """Every process of a run by name, and their peak RSS as last sampled (VmHWM only
+    grows, so the last look before the stop is the peak)."""
+
+    def __init__(self) -> None:
+        self.pids: dict[str, int] = {}
+        self.peak: dict[str, int] = {}
+
+    def sample(self) -> None:
+        for name, pid in self.pids.items():
+            value = _vm_hwm(pid)
+            if value is not None:
+                self.peak[name] = max(value, self.peak.get(name, 0))
+
+
+def _lateness(pairs: Sequence[tuple[datetime, float]]) -> dict[str, float | int | None]:
+    """{last, p50, p99, max, count} of (due instant, unix time reached) pairs: `last` is from
+    the latest due instant to the latest arrival (for a burst, from the due instant to the
+    last run)."""
+    if not pairs:
+        return {"last": None, "p50": None, "p99": None, "max": None, "count": 0}
+    late = sorted(reached - due.timestamp() for due, reached in pairs)
+    last = max(reached for _, reached in pairs) - max(due for due, _ in pairs).timestamp()
+
+    def pct(q: float) -> float:
+        return round(late[min(len(late) - 1, int(q * len(late)))], 3)
+
+    return {
+        "last": round(last, 3),
+        "p50": pct(0.50),
+        "p99": pct(0.99),
+        "max": round(late[-1], 3),
+        "count": len(late),
+    }
+
+
+def _rate(times: Sequence[float]) -> float | None:
+    """Arrivals per second between the first and the last arrival."""
+    span = max(times) - min(times) if times else 0.0
+    if len(times) < 2 or span < MIN_RATE_SPAN_SECONDS:
+        return None  # all at one instant (one claim statement): no rate to speak of
+    return round((len(times) - 1) / span, 1)
+
+
+class _Bench:
+    """One whole-path run: set up, load, wait, measure."""
+
+    def __init__(self, store: Store, plan: Plan) -> None:
+        self.store, self.plan = store, plan
+        self.tenant_id, token = bench_tenant(store)
+        self.tenant = bench_rows.tenant_name(store, self.tenant_id)
+        self.queue = f"bench-{uuid.uuid4().hex[:8]}"
+        self.receiver: Receiver | None = None
+        self.sampler: _QueueSampler | None = None
+        self.procs = _Processes()
+        self.first_due: datetime | None = None  # the first run's instant, once loaded
+        self.consumers = Consumers(
+            plan.dispatchers.url,
+            self.queue,
+            workers=plan.workers if plan.target == "queue" and not plan.embedded else 0,
+            relays=0 if plan.embedded else plan.relays,
+            concurrency=plan.worker_concurrency,
+            tenant=self.tenant,
+            logdir=plan.dispatchers.logdir,
+            api_workers=plan.api_workers if plan.target == "queue" else 0,
+            api_token=token,
+        )
+
+    def start_consumers(self) -> str:
+        """The receiver (HTTP) and the relays and workers, before any load: their start-up
+        must not eat the lead. Returns the jobs' target (a queue name or the receiver URL)."""
+        target = self.queue
+        if self.plan.target == "http":
+            self.receiver = Receiver()
+            self.procs.pids["receiver"] = self.receiver.process.pid
+            target = self.receiver.url
+            bench_rows.set_tenant_columns(
+                self.store,
+                self.tenant_id,
+                {
+                    "delivery_concurrency": HTTP_LANE_WIDTH,
+                    "allow_list": json.dumps(["127.0.0.1/32"]),
+                },
+            )
+        else:
+            self.sampler = _QueueSampler(self.store, self.tenant_id)
+        self.consumers.start()
+        for p in self.consumers.processes:
+            if p.popen is not None:
+                self.procs.pids[p.name] = p.popen.pid
+        return target
+
+    def load_far(self, target: str, count: int, name: str) -> None:
+        """`count` one-time jobs of `target`, due a day ahead (moved to their instants once
+        loaded, so that the load's time does not eat the lead)."""
+        far = datetime.now(UTC) + timedelta(days=1)
+        insert_once_jobs(
+            self.store,
+            self.tenant_id,
+            [far] * count,
+            name=name,
+            queue=target,
+            target_type=self.plan.target,
+            grace_seconds=86_400,
+        )
+
+    def start_dispatchers(self) -> None:
+        group = self.plan.dispatchers
+        if self.plan.embedded:
+            group.mode, group.config = "all", group.logdir / "scheduled.toml"
+            group.config.write_text(self._embedded_config())
+        group.start()
+        for i, popen in enumerate(group.processes):
+            self.procs.pids[f"{group.mode}-{i}"] = popen.pid
+        if self.sampler is not None:
+            self.sampler.start()
+
+    def _embedded_config(self) -> str:
+        """`scheduled-d all`'s configuration: a [[worker]] on the bench queue if workers."""
+        if not (self.plan.workers and self.plan.target == "queue"):
+            return ""
+        return (
+            "[[worker]]\n"
+            f"queue = {json.dumps(self.queue)}\n"
+            f"tenant = {json.dumps(self.tenant)}\n"
+            'command = ["/bin/true"]\n'
+            f"concurrency = {self.plan.worker_concurrency}\n"
+        )
+
+    def _done(self) -> int:
+        """Runs at the last stage this run has: received (HTTP), finished (queue with
+        workers), or in the queue (without)."""
+        if self.receiver is not None:
+            return self.receiver.count()["distinct"]
+        if self.plan.workers or self.plan.api_workers:
+            return bench_rows.count_runs(self.store, self.tenant_id, status="succeeded")
+        assert self.sampler is not None
+        return len(self.sampler.seen)
+
+    def wait(self, total: int, seconds: float) -> bool:
+        """Until `total` runs are done, `seconds` pass or a process exits; whether all were."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self.procs.sample()
+            if self._done() >= total:
+                return True
+            if self.consumers.dead() or any(
+                p.poll() is not None for p in self.plan.dispatchers.processes
+            ):
+                return False
+            time.sleep(POLL_SECONDS)
+        return False
+
+    def stop(self) -> dict[str, int | None]:
+        self.procs.sample()
+        if self.sampler is not None:
+            self.sampler.stop()
+        return self.plan.dispatchers.stop() | self.consumers.stop()
+
+    def close(self) -> None:
+        """Whatever still runs after a failure is killed; the receiver stops."""
+        if self.sampler is not None:
+            self.sampler.stop()
+        for popen in self.plan.dispatchers.processes:
+            if popen.poll() is None:
+                popen.kill()
+                popen.wait(10)
+        self.consumers.kill()
+        if self.receiver is not None:
+            self.receiver.close()
+        # what is left (outbox rows whose receiver is gone, unclaimed jobs, queue messages)
+        # would otherwise be delivered, claimed or counted by the next benchmark here
+        bench_rows.delete_tenant(self.store, self.tenant_id)
+
+    def measure(self, total: int) -> dict[str, Any]:
+        history = bench_rows.run_stages(self.store, self.tenant_id)
+        received: dict[str, list[float]] = self.receiver.keys() if self.receiver else {}
+        stages: dict[str, list[tuple[datetime, float]]] = {s: [] for s in STAGES}
+        unseen = 0
+        for job_id, at, dispatched, started, finished in history:
+            for stage, when in (("claimed", dispatched), ("started", started)):
+                if when is not None:
+                    stages[stage].append((at, when.timestamp()))
+            if finished is not None:
+                stages["finished"].append((at, finished.timestamp()))
+            delivered = self._delivered(job_id, at, received)
+            if delivered is None and started is not None and self.plan.target == "queue":
+                delivered, unseen = started.timestamp(), unseen + 1  # an upper bound
+            if delivered is not None:
+                stages["delivered"].append((at, delivered))
+        duplicates = sum(len(times) - 1 for times in received.values())
+        duplicates += bench_rows.extra_executions(self.store, self.tenant_id)
+        executes = self.plan.target == "queue" and (self.plan.workers or self.plan.api_workers)
+        last = "finished" if executes else "delivered"
+        result: dict[str, Any] = {
+            f"{stage}_after_due_seconds": _lateness(pairs) for stage, pairs in stages.items()
+        }
+        result.update(
+            {f"{stage}_per_second": _rate([t for _, t in pairs]) for stage, pairs in stages.items()}
+        )
+        result.update(
+            {
+                "runs": total,
+                "duplicates": duplicates,
+                "missing": total - len(stages[last]),
+                "missing_counted_at": last,
+                "delivered_unseen_in_queue": unseen,
+            }
+        )
+        return result
+
+    def _delivered(
+        self, job_id: str, at: datetime, received: dict[str, list[float]]
+    ) -> float | None:
+        if self.receiver is not None:
+            times = received.get(run_key(job_id, at))
+            return min(times) if times else None
+        assert self.sampler is not None
+        seen = self.sampler.seen.get((job_id, at))
+        return seen.timestamp() if seen is not None else None
+
+
+def _run(
+    store: Store,
+    plan: Plan,
+    total: int,
+    load: Callable[[_Bench, str], float],
+    wait_seconds: float,
+) -> dict[str, Any]:
+    """The common course: spawn ceiling, consumers, `load` (returns its seconds; sets
+    `first_due`), dispatchers, the wait (`wait_seconds` after the first due instant), the
+    stop, the measurement."""
+    ceiling = spawn_ceiling(plan.spawn_seconds) if plan.spawn_seconds > 0 else None
+    bench = _Bench(store, plan)
+    try:
+        target = bench.start_consumers()
+        load_seconds = load(bench, target)
+        assert bench.first_due is not None
+        margin = (bench.first_due - datetime.now(UTC)).total_seconds()
+        bench.start_dispatchers()
+        complete = bench.wait(total, max(margin, 0.0) + wait_seconds)
+        exits = bench.stop()
+        result = bench.measure(total)
+    finally:
+        bench.close()
+    procs = bench.procs.peak | {"bench": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    result.update(
+        {
+            "target": plan.target,
+            "database": bench_rows.database_settings(store),
+            "dispatchers": plan.dispatchers.count,
+            "relays": 0 if plan.embedded else plan.relays,
+            "embedded": plan.embedded,
+            "workers": plan.workers if plan.target == "queue" else 0,
+            "api_workers": plan.api_workers if plan.target == "queue" else 0,
+            "worker_concurrency": plan.worker_concurrency,
+            "batch_size": plan.dispatchers.batch_size,
+            "load_seconds": round(load_seconds, 2),
+            # steady: how long before the first run's instant the dispatchers started
+            "dispatchers_started_before_first_due_seconds": round(margin, 2),
+            "complete": complete,
+            "peak_rss_bytes": procs,
+            "exit_codes": exits,
+            "log_trouble": sum(len(v) for v in bench.consumers.trouble().values()),
+            "logs": str(plan.dispatchers.logdir),
+        }
+    )
+    if ceiling is not None:
+        result["spawn_ceiling_per_second"] = round(ceiling, 1)
+        starts = result["started_per_second"]
+        result["worker_starts_to_ceiling"] = round(starts / ceiling, 3) if starts else None
+    return result
+
+
+def burst(store: Store, plan: Plan, *, jobs: int, lead_seconds: float) -> dict[str, Any]:
+    """`jobs` one-time runs all due at one instant `lead_seconds` after the dispatchers
+    start."""
+
+    def load(bench: _Bench, target: str) -> float:
+        began = time.monotonic()
+        bench.load_far(target, jobs, "bench-burst")
+        # the instant is set once loading is done, so it is the same lead for any size
+        bench.first_due = datetime.now(UTC) + timedelta(seconds=lead_seconds)
+        bench_rows.move_jobs_due(store, bench.tenant_id, bench.first_due)
+        return time.monotonic() - began
+
+    result = _run(store, plan, jobs, load, plan.timeout)
+    return {"benchmark": "burst", "jobs": jobs, "lead_seconds": lead_seconds, **result}
+
+
+def steady(store: Store, plan: Plan, *, rate: int, duration: float) -> dict[str, Any]:
+    """`rate` runs a second, each due at its own instant, for `duration` seconds. The jobs
+    are loaded far ahead, then moved to their instants: the first STEADY_LEAD_SECONDS plus
+    half again the load's time after the load, so that moving them ends before the first."""
+    total = max(1, int(rate * duration))
+
+    def load(bench: _Bench, target: str) -> float:
+        began = time.monotonic()
+        bench.load_far(target, total, "bench-steady")
+        inserted = time.monotonic() - began
+        start = datetime.now(UTC) + timedelta(seconds=STEADY_LEAD_SECONDS + 1.5 * inserted)
+        ids = bench_rows.jobs_of(store, bench.tenant_id)
+        bench_rows.set_jobs_due(
+            store, [(job_id, start + timedelta(seconds=i / rate)) for i, job_id in enumerate(ids)]
+        )
+        bench.first_due = start
+        return time.monotonic() - began
+
+    result = _run(store, plan, total, load, duration + plan.timeout)
+    return {"benchmark": "steady", "rate_per_second": rate, "duration_seconds": duration, **result}
