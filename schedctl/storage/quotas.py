@@ -17,6 +17,7 @@ from schedctl.models import JobStatus
 from schedctl.storage import schema
 from schedctl.storage.clock import db_now
 from schedctl.storage.dialect import Lock, dialect_of
+from schedctl.storage.job_create import Admission, Admit
 
 
 @dataclass(frozen=True)
@@ -46,18 +47,20 @@ class QuotaUse:
         return int(count), oldest
 
     def active_jobs(self) -> int:
-        """Jobs that hold a max_jobs slot: active or paused."""
+        """Jobs that hold a max_jobs slot (active or paused), counted up to max_jobs: past
+        that the answer is the same (full), and a tenant with millions of jobs must not
+        cost a count of millions per create."""
         jobs = schema.jobs
-        return int(
-            self._connection.execute(
-                select(func.count())
-                .select_from(jobs)
-                .where(
-                    jobs.c.tenant_id == self.tenant_id,
-                    jobs.c.status.in_([JobStatus.active.value, JobStatus.paused.value]),
-                )
-            ).scalar_one()
+        holding = (
+            select(jobs.c.job_id)
+            .where(
+                jobs.c.tenant_id == self.tenant_id,
+                jobs.c.status.in_([JobStatus.active.value, JobStatus.paused.value]),
+            )
+            .limit(self.max_jobs)
+            .subquery()
         )
+        return int(self._connection.execute(select(func.count()).select_from(holding)).scalar_one())
 
 
 def lock_quota_use(connection: Connection, tenant_id: str) -> QuotaUse:
@@ -80,7 +83,15 @@ def lock_quota_use(connection: Connection, tenant_id: str) -> QuotaUse:
     )
 
 
-def quota_guard(tenant_id: str, check: Callable[[QuotaUse], None]) -> Callable[[Connection], None]:
-    """A JobRepo.create guard: `check` sees the tenant's quota use in the create's own
-    transaction, so a check that passes is atomic with the insert."""
-    return lambda connection: check(lock_quota_use(connection, tenant_id))
+def quota_admission(
+    tenant_id: str, check: Callable[[QuotaUse], Callable[[int], errors.SchedError | None]]
+) -> Admit:
+    """A create_jobs `admit`: `check` sees the tenant's quota use in the create's own
+    transaction and answers for each position of a job to create, so what it allows is
+    atomic with the insert."""
+
+    def admit(connection: Connection) -> Admission:
+        use = lock_quota_use(connection, tenant_id)
+        return Admission(now=use.now, refuse=check(use))
+
+    return admit
