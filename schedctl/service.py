@@ -22,13 +22,13 @@ from schedctl.alerts.model import AlertConfig, parse_alerts
 from schedctl.jobpatch import JobPatch, parse_job_patch
 from schedctl.jobspec import parse_job_request, parse_schedule
 from schedctl.limits import DEFAULT_MAX_PAYLOAD_BYTES
-from schedctl.models import Job, JobStatus, Page, Run, Tenant
+from schedctl.models import Job, JobStatus, Outcome, Page, Run, Tenant
 from schedctl.scheduling.schedules import AfterSchedule
 from schedctl.storage import alerts as alert_store
 from schedctl.storage import dependencies
 from schedctl.storage.audit import AuditRepo
 from schedctl.storage.cursors import check_page_limit, decode_cursor
-from schedctl.storage.job_create import MAX_BATCH, NewJob, Outcome
+from schedctl.storage.job_create import MAX_BATCH, NewJob
 from schedctl.storage.job_lookup import JobLookup
 from schedctl.storage.job_updates import delete_job, update_job
 from schedctl.storage.jobs import JobRepo

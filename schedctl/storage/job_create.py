@@ -24,8 +24,8 @@ from sqlalchemy import select
 from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.exc import IntegrityError
 
-from schedctl import errors
-from schedctl.models import Job, JobSpec, JobStatus
+from schedctl import errors, limits
+from schedctl.models import Job, JobSpec, JobStatus, Outcome
 from schedctl.scheduling.schedules import AfterSchedule, first_occurrence, schedule_to_dict
 from schedctl.scheduling.windows import fire_time
 from schedctl.storage import dependencies, job_lookup, schema
@@ -36,7 +36,7 @@ from schedctl.storage.payloads import encode_payload
 from schedctl.storage.rows import job_from_row
 from schedctl.storage.store import Store
 
-MAX_BATCH = 1000
+MAX_BATCH = limits.MAX_BATCH_JOBS
 # a concurrent create that took a key or a name between our read and our insert fails the
 # whole transaction once; the next pass sees its row and answers per item
 RACE_ATTEMPTS = 3
@@ -52,15 +52,6 @@ class NewJob:
 
     spec: JobSpec
     auto_name: bool = False
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """One item's result: its job and whether this call created it, or the error."""
-
-    job: Job | None = None
-    created: bool = False
-    error: errors.SchedError | None = None
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.engine import Connection
 
 from schedctl import errors
-from schedctl.models import Job, JobSpec, JobStatus, Page, Run, RunStatus, RunTrigger
+from schedctl.models import Job, JobSpec, JobStatus, Outcome, Page, Run, RunStatus, RunTrigger
 from schedctl.scheduling.schedules import (
     AfterSchedule,
     OnceSchedule,
@@ -30,7 +30,6 @@ from schedctl.storage.dialect import dialect_of
 from schedctl.storage.job_create import (
     Admit,
     NewJob,
-    Outcome,
     create_jobs,
     new_job_id,
     partition_of,
