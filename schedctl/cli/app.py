@@ -22,6 +22,7 @@ from schedctl.cli import (
     db,
     dlq,
     import_crontab,
+    job_import,
     jobs,
     runs,
     status,
@@ -159,6 +160,7 @@ tenants.app.add_typer(tenant_allow.signing_app, name="signing-secret")
 bench.app.command("delivery")(bench_dispatch.delivery)
 tenants.app.command("alerts")(alerts.tenant_alerts)
 jobs.app.command("alerts")(alerts.job_alerts)
+jobs.app.command("import")(job_import.job_import)
 bench.app.command("burst")(bench_dispatch.burst)
 bench.app.command("steady")(bench_dispatch.steady)
 bench.app.command("failover")(bench_dispatch.failover)
