@@ -16,6 +16,7 @@ from schedctl.cli import (
     alerts,
     audit,
     bench,
+    bench_create,
     bench_dispatch,
     completion,
     cron_cmd,
@@ -164,6 +165,7 @@ jobs.app.command("import")(job_import.job_import)
 bench.app.command("burst")(bench_dispatch.burst)
 bench.app.command("steady")(bench_dispatch.steady)
 bench.app.command("failover")(bench_dispatch.failover)
+bench.app.command("create")(bench_create.create)
 app.add_typer(bench.app, name="bench")
 app.command("completion")(completion.completion)
 
