@@ -233,8 +233,7 @@ class Scheduler:
         create in this transaction (from 0): the create rate first, then max_jobs."""
 
         def check(use: QuotaUse) -> Callable[[int], errors.SchedError | None]:
-            count, oldest = use.created_since(RATE_WINDOW, CLOCK_SKEW)
-            active = use.active_jobs()
+            count, oldest, active = use.counts(RATE_WINDOW, CLOCK_SKEW)
 
             def refuse(n: int) -> errors.SchedError | None:
                 if count + n >= use.create_rate_per_minute:

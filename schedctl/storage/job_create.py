@@ -134,15 +134,17 @@ class _Batch:
         self.pending: list[tuple[int, dict[str, Any]]] = []  # rows not yet inserted
 
     def run(self, admit: Admit | None) -> list[Outcome]:
+        # read before the tenant's lock, which serializes its creates: a key or a name
+        # taken meanwhile fails the insert on its unique index, and the next pass sees it
         existing = self._existing_keys()
+        ids = [new_job_id() for _ in self.items]
+        taken = self._taken_names(ids)
         if admit is not None:
             admission = admit(self.connection)
             now, refuse = admission.now, admission.refuse
         else:
             self._require_tenant()
             now, refuse = db_now(self.connection), _admit_all
-        ids = [new_job_id() for _ in self.items]
-        taken = self._taken_names(ids)
         admitted = 0
         for index, item in enumerate(self.items):
             spec = item.spec

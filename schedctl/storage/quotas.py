@@ -30,27 +30,22 @@ class QuotaUse:
     now: datetime  # the database's clock
     _connection: Connection
 
-    def created_since(self, window: timedelta, skew: timedelta) -> tuple[int, datetime | None]:
-        """Jobs created in the last `window` and the oldest one's created_at. Job ids start
-        with their creator's clock in milliseconds: only ids from `window` plus `skew` (for
-        API servers whose clocks run behind) are read, a short range of the (tenant_id,
-        job_id) index, not a scan of every job the tenant ever had."""
+    def counts(self, window: timedelta, skew: timedelta) -> tuple[int, datetime | None, int]:
+        """In one statement: the jobs created in the last `window` and the oldest one's
+        created_at, and the jobs holding a max_jobs slot (active or paused).
+
+        Job ids start with their creator's clock in milliseconds: only ids from `window`
+        plus `skew` (for API servers whose clocks run behind) are read for the rate, a
+        short range of the (tenant_id, job_id) index, not a scan of every job the tenant
+        ever had. Slots are counted up to max_jobs: past that the answer is the same (full),
+        and a tenant with millions of jobs must not cost a count of millions per create."""
         jobs = schema.jobs
         floor = max(0, int((time.time() - (window + skew).total_seconds()) * 1000))
-        count, oldest = self._connection.execute(
-            select(func.count(), func.min(jobs.c.created_at)).where(
-                jobs.c.tenant_id == self.tenant_id,
-                jobs.c.job_id >= f"{floor:012x}",
-                jobs.c.created_at > self.now - window,
-            )
-        ).one()
-        return int(count), oldest
-
-    def active_jobs(self) -> int:
-        """Jobs that hold a max_jobs slot (active or paused), counted up to max_jobs: past
-        that the answer is the same (full), and a tenant with millions of jobs must not
-        cost a count of millions per create."""
-        jobs = schema.jobs
+        recent = (
+            jobs.c.tenant_id == self.tenant_id,
+            jobs.c.job_id >= f"{floor:012x}",
+            jobs.c.created_at > self.now - window,
+        )
         holding = (
             select(jobs.c.job_id)
             .where(
@@ -60,7 +55,14 @@ class QuotaUse:
             .limit(self.max_jobs)
             .subquery()
         )
-        return int(self._connection.execute(select(func.count()).select_from(holding)).scalar_one())
+        created, oldest, active = self._connection.execute(
+            select(
+                select(func.count()).select_from(jobs).where(*recent).scalar_subquery(),
+                select(func.min(jobs.c.created_at)).where(*recent).scalar_subquery(),
+                select(func.count()).select_from(holding).scalar_subquery(),
+            )
+        ).one()
+        return int(created), oldest, int(active)
 
 
 def lock_quota_use(connection: Connection, tenant_id: str) -> QuotaUse:
