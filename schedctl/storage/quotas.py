@@ -37,14 +37,23 @@ class QuotaUse:
         Job ids start with their creator's clock in milliseconds: only ids from `window`
         plus `skew` (for API servers whose clocks run behind) are read for the rate, a
         short range of the (tenant_id, job_id) index, not a scan of every job the tenant
-        ever had. Slots are counted up to max_jobs: past that the answer is the same (full),
-        and a tenant with millions of jobs must not cost a count of millions per create."""
+        ever had, and at most create_rate_per_minute of them. Slots are counted up to
+        max_jobs: past that the answer is the same (full), and a tenant with millions of
+        jobs must not cost a count of millions per create."""
         jobs = schema.jobs
         floor = max(0, int((time.time() - (window + skew).total_seconds()) * 1000))
+        # the oldest `create_rate_per_minute` of them at most (ids sort by creation): past
+        # that the answer is the same (over), whatever the window holds
         recent = (
-            jobs.c.tenant_id == self.tenant_id,
-            jobs.c.job_id >= f"{floor:012x}",
-            jobs.c.created_at > self.now - window,
+            select(jobs.c.created_at)
+            .where(
+                jobs.c.tenant_id == self.tenant_id,
+                jobs.c.job_id >= f"{floor:012x}",
+                jobs.c.created_at > self.now - window,
+            )
+            .order_by(jobs.c.job_id)
+            .limit(self.create_rate_per_minute)
+            .subquery()
         )
         holding = (
             select(jobs.c.job_id)
@@ -57,8 +66,8 @@ class QuotaUse:
         )
         created, oldest, active = self._connection.execute(
             select(
-                select(func.count()).select_from(jobs).where(*recent).scalar_subquery(),
-                select(func.min(jobs.c.created_at)).where(*recent).scalar_subquery(),
+                select(func.count()).select_from(recent).scalar_subquery(),
+                select(func.min(recent.c.created_at)).scalar_subquery(),
                 select(func.count()).select_from(holding).scalar_subquery(),
             )
         ).one()
