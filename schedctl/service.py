@@ -19,6 +19,7 @@ from typing import Any
 
 from schedctl import errors
 from schedctl.alerts.model import AlertConfig, parse_alerts
+from schedctl.create_combiner import CreateCombiner
 from schedctl.jobpatch import JobPatch, parse_job_patch
 from schedctl.jobspec import parse_job_request, parse_schedule
 from schedctl.limits import DEFAULT_MAX_PAYLOAD_BYTES
@@ -74,6 +75,7 @@ class Scheduler:
         self.tenants = TenantRepo(store)
         self.lookup = JobLookup(store)
         self._clock_offset: tuple[float, float] | None = None  # (measured at, seconds)
+        self._combiner = CreateCombiner()
 
     @classmethod
     def open(
@@ -156,14 +158,18 @@ class Scheduler:
         (Postgres; SQLite transactions are serialized anyway), so concurrent creates can
         neither both take the last slot nor both pass the rate limit."""
         found = self._tenant(tenant)
-        item = self._new_job(found, body, self._validation_now())
-        job, created = self.jobs.create(
-            found.tenant_id,
-            item.spec,
-            actor=actor,
-            admit=quota_admission(found.tenant_id, self._quotas(found)),
-            auto_name=item.auto_name,
-        )
+        item = self._new_job(found, body, self._validation_now(), actor=actor)
+        admit = quota_admission(found.tenant_id, self._quotas(found))
+
+        def create_many(items: Sequence[NewJob]) -> list[Outcome]:
+            return self.jobs.create_many(found.tenant_id, items, actor=actor, admit=admit)
+
+        # concurrent creates of one tenant (API threads) share one transaction
+        outcome = self._combiner.create(found.tenant_id, item, create_many)
+        if outcome.error is not None:
+            raise outcome.error
+        assert outcome.job is not None
+        job, created = outcome.job, outcome.created
         if created and item.spec.alerts is not None:
             alert_store.set_settings(self.store, found.tenant_id, job.job_id, item.spec.alerts)
         return job, created
@@ -205,7 +211,9 @@ class Scheduler:
                 )
         return [r if r is not None else Outcome(error=errors.SchedError()) for r in results]
 
-    def _new_job(self, tenant: Tenant, body: Any, now: datetime) -> NewJob:
+    def _new_job(
+        self, tenant: Tenant, body: Any, now: datetime, *, actor: str | None = None
+    ) -> NewJob:
         """A body validated (at the database's `now`) into a NewJob; an HTTP target passes
         the SSRF guard. Raises the SchedError naming the field."""
         spec = parse_job_request(body, now=now, max_payload_bytes=self.max_payload_bytes)
@@ -215,7 +223,9 @@ class Scheduler:
             from schedctl.delivery.ssrf import check_at_creation
 
             check_at_creation(spec.target.url, tenant.allow_list)
-        return NewJob(spec, auto_name=body.get("name") is None)  # parse checked it is a Mapping
+        return NewJob(
+            spec, auto_name=body.get("name") is None, actor=actor
+        )  # parse checked it is a Mapping
 
     def _validation_now(self) -> datetime:
         """The database's clock for validating a body (is run_at past, when is "in 10m"):

@@ -52,6 +52,7 @@ class NewJob:
 
     spec: JobSpec
     auto_name: bool = False
+    actor: str | None = None  # who the audit log names, when not the batch's actor
 
 
 @dataclass(frozen=True)
@@ -316,14 +317,15 @@ class _Batch:
         if not self.pending:
             return
         pending, self.pending = self.pending, []
-        jobs = self._insert([row for _, row in pending], now)
+        jobs = self._insert(pending, now)
         for (index, _), job in zip(pending, jobs, strict=True):
             self.outcomes[index] = Outcome(job=job, created=True)
 
-    def _insert(self, rows: list[dict[str, Any]], now: datetime) -> list[Job]:
+    def _insert(self, pending: list[tuple[int, dict[str, Any]]], now: datetime) -> list[Job]:
         # executemany without RETURNING: the driver pipelines the rows, where one multi-row
         # INSERT ... RETURNING of a thousand rows (26,000 parameters) took four times as
         # long; the jobs are built from the rows written
+        rows = [row for _, row in pending]
         self.connection.execute(schema.jobs.insert(), rows)
         jobs = [job_from_row(row) for row in rows]
         audit_many(
@@ -332,11 +334,11 @@ class _Batch:
                 {
                     "at": now,
                     "tenant_id": self.tenant_id,
-                    "actor": self.actor,
+                    "actor": self.items[index].actor or self.actor,
                     "action": "create",
                     "job_id": row["job_id"],
                 }
-                for row in rows
+                for index, row in pending
             ],
         )
         notify_job_changes(
@@ -351,7 +353,7 @@ class _Batch:
         spec = self.items[index].spec
         try:
             with self.connection.begin_nested():
-                (job,) = self._insert([row], now)
+                (job,) = self._insert([(index, row)], now)
                 dependencies.add(self.connection, row["job_id"], self.tenant_id, spec.after)
         except errors.SchedError as exc:
             self.outcomes[index] = Outcome(error=exc)
