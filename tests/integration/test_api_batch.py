@@ -5,6 +5,7 @@ isolation."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -212,3 +213,46 @@ def test_dependent_jobs_in_a_batch(sched: Scheduler, acme: Api) -> None:
     graph = acme.request("GET", f"/v1/jobs/{results[1]['job']['job_id']}/dependencies").json()
     assert [n["name"] for n in graph["upstream"]] == ["up"]
     assert count(sched, schema.jobs) == 3
+
+
+def test_concurrent_single_creates_are_each_answered_as_if_in_turn(sched: Scheduler) -> None:
+    """Concurrent creates of one tenant share transactions (schedctl/create_combiner.py):
+    each still gets its own job, its own refusal, and its own audit actor."""
+    tenant, _ = sched.create_tenant("busy", "test")
+    sched.set_quotas("busy", max_jobs=30, actor="test")
+    results: dict[int, Any] = {}
+
+    def create(i: int) -> None:
+        # 40 distinct jobs and 8 that reuse key k0 with its body: 30 slots in all
+        key = "k0" if i >= 40 else f"k{i}"
+        body = job_body(idempotency_key=key, payload={"i": 0 if i >= 40 else i})
+        try:
+            results[i] = sched.create_job(tenant, body, actor=f"token:t{i}")
+        except Exception as exc:  # a refusal is this thread's answer
+            results[i] = exc
+
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(48)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert len(results) == 48
+    created = {i: r[0] for i, r in results.items() if isinstance(r, tuple) and r[1]}
+    refused = [r for r in results.values() if isinstance(r, Exception)]
+    assert len(created) == 30
+    assert {getattr(r, "field", None) for r in refused} == {"max_jobs"}
+    # k0 made one job at most, and every create of it that was answered got that job
+    k0 = {
+        r[0].job_id for i, r in results.items() if isinstance(r, tuple) and i in {0, *range(40, 48)}
+    }
+    assert len(k0) <= 1
+    assert count(sched, schema.jobs, "busy") == 30
+    with sched.store.read() as connection:
+        actors = dict(
+            connection.execute(
+                select(schema.audit_log.c.job_id, schema.audit_log.c.actor).where(
+                    schema.audit_log.c.job_id.is_not(None)
+                )
+            ).all()
+        )
+    assert {actors[job.job_id] for job in created.values()} == {f"token:t{i}" for i in created}
