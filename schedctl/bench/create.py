@@ -77,7 +77,6 @@ def run(scheduler: Scheduler, database_url: str, config: CreateBenchConfig) -> d
     per_request = sorted(tally.latencies)
     return {
         "database": redact(str(scheduler.store.engine.url)),
-        "dialect": scheduler.store.dialect.name,
         "mode": "batch" if config.batch else "single",
         "batch_size": config.batch_size if config.batch else 1,
         "concurrency": config.concurrency,
