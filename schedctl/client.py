@@ -12,7 +12,7 @@ an unreachable API is StoreUnavailable (exit code 7), like an unreachable databa
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -23,7 +23,7 @@ from schedctl.alerts.model import AlertConfig, parse_alerts
 from schedctl.api_call import send
 from schedctl.closing import Closing
 from schedctl.job_refs import shortest_among
-from schedctl.models import Job, JobStatus, Page, Run
+from schedctl.models import Job, JobStatus, Outcome, Page, Run
 from schedctl.views import job_from_dict, run_from_dict
 
 DEFAULT_TIMEOUT_SECONDS = 30.0
@@ -93,6 +93,20 @@ class ApiClient(Closing):
             data["idempotency_key"] = key  # not a string: let the server refuse it
         response = self._request("POST", "/v1/jobs", json=data, headers=headers)
         return job_from_dict(_body(response)), response.status_code == 201
+
+    def create_many(
+        self, tenant: str | None, bodies: Sequence[Any], *, actor: str = ""
+    ) -> list[Outcome]:
+        """POST /v1/jobs:batch (up to MAX_BATCH_JOBS bodies, each with its own
+        idempotency_key): one Outcome per body, in order, each refusal rebuilt as the
+        SchedError its code names."""
+        del actor  # the server records the token id
+        self._check_tenant(tenant)
+        data = self._json("POST", "/v1/jobs:batch", json={"jobs": list(bodies)})
+        results = data.get("results")
+        if not isinstance(results, list) or len(results) != len(bodies):
+            raise errors.SchedError("the API answered the batch with unexpected JSON")
+        return [_outcome(item) for item in results]
 
     def get_job(self, job_id: str, tenant: str | None = None) -> Job:
         self._check_tenant(tenant)
@@ -249,6 +263,27 @@ class ApiClient(Closing):
         if response.status_code >= 400:
             raise _error(response)
         return response
+
+
+def _outcome(item: Any) -> Outcome:
+    """One result of a batch: the job (201 created, 200 replayed) or its error."""
+    if not isinstance(item, dict):
+        raise errors.SchedError("the API answered the batch with unexpected JSON")
+    if isinstance(item.get("job"), dict):
+        return Outcome(job=job_from_dict(item["job"]), created=item.get("status") == 201)
+    error, code = item.get("error"), item.get("status")
+    detail: dict[str, Any] = error if isinstance(error, dict) else {}
+    status = code if isinstance(code, int) else 500
+    kind = errors.from_code(str(detail.get("code"))) or errors.from_status(status)
+    kind = kind or errors.SchedError
+    message = str(detail.get("message") or f"refused ({status})")
+    field = detail.get("field") if isinstance(detail.get("field"), str) else None
+    if issubclass(kind, errors.QuotaExceeded):
+        retry = item.get("retry_after")
+        return Outcome(
+            error=kind(message, field=field, retry_after=retry if isinstance(retry, int) else None)
+        )
+    return Outcome(error=kind(message, field=field))
 
 
 def _alerts_job(job_id: str | None) -> str:

@@ -33,6 +33,8 @@ MAX_ID = INT64_MAX
 MAX_CURSOR_LENGTH = 512
 # items per page of every listing (jobs, runs, dead letters, audit)
 MAX_PAGE = 1000
+# jobs per POST /v1/jobs:batch (and per request of `schedctl job import`)
+MAX_BATCH_JOBS = 1000
 # payload: JSON nested deeper than this is a mistake or an attack (serializers give up near
 # 255, Python's json near 1,000); integers must fit in 64 bits; floats must be finite
 MAX_PAYLOAD_DEPTH = 64

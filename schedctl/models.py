@@ -14,6 +14,7 @@ from schedctl.scheduling.timeparse import format_instant
 
 if TYPE_CHECKING:
     from schedctl.alerts.model import AlertConfig
+    from schedctl.errors import SchedError
 
 
 class JobStatus(enum.StrEnum):
@@ -147,6 +148,16 @@ class Job:
     idempotency_key: str | None
     created_at: datetime
     updated_at: datetime
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One job of a batch create: the job and whether this call created it (else an
+    idempotent replay), or the error that refused it."""
+
+    job: Job | None = None
+    created: bool = False
+    error: SchedError | None = None
 
 
 @dataclass(frozen=True)

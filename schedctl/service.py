@@ -11,26 +11,29 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
-from datetime import datetime, timedelta
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from schedctl import errors
 from schedctl.alerts.model import AlertConfig, parse_alerts
 from schedctl.closing import Closing
+from schedctl.create_combiner import CreateCombiner
 from schedctl.jobpatch import JobPatch, parse_job_patch
 from schedctl.jobspec import parse_job_request, parse_schedule
 from schedctl.limits import DEFAULT_MAX_PAYLOAD_BYTES
-from schedctl.models import Job, JobStatus, Page, Run, Tenant
+from schedctl.models import Job, JobStatus, Outcome, Page, Run, Tenant
 from schedctl.scheduling.schedules import AfterSchedule
 from schedctl.storage import alerts as alert_store
 from schedctl.storage import dependencies
 from schedctl.storage.audit import AuditRepo
 from schedctl.storage.cursors import check_page_limit, decode_cursor
+from schedctl.storage.job_create import MAX_BATCH, NewJob
 from schedctl.storage.job_lookup import JobLookup
 from schedctl.storage.job_updates import delete_job, update_job
 from schedctl.storage.jobs import JobRepo
-from schedctl.storage.quotas import QuotaUse, quota_guard
+from schedctl.storage.quotas import QuotaUse, quota_admission
 from schedctl.storage.store import Store
 from schedctl.storage.tenants import TenantRepo, TokenInfo, token_id_of
 
@@ -49,6 +52,9 @@ MAX_JOBS_RETRY_AFTER_SECONDS = 60
 # deleted, so a key is kept for as long as its job exists: "at least 24 hours" holds.
 # Anything that ever purges old jobs must keep rows younger than this.
 IDEMPOTENCY_KEY_RETENTION = timedelta(hours=24)
+# how long a measured offset between this machine's clock and the database's is trusted
+# for validating bodies (clocks drift by milliseconds a day)
+CLOCK_OFFSET_TTL = 30.0
 _JOB_ID = re.compile(r"[0-9a-f]{1,40}")
 
 
@@ -68,6 +74,8 @@ class Scheduler(Closing):
         self.audit_log = AuditRepo(store)
         self.tenants = TenantRepo(store)
         self.lookup = JobLookup(store)
+        self._clock_offset: tuple[float, float] | None = None  # (measured at, seconds)
+        self._combiner = CreateCombiner()
 
     @classmethod
     def open(
@@ -139,44 +147,115 @@ class Scheduler(Closing):
         (Postgres; SQLite transactions are serialized anyway), so concurrent creates can
         neither both take the last slot nor both pass the rate limit."""
         found = self._tenant(tenant)
-        # validated against the database's clock, the one every dispatcher uses
-        spec = parse_job_request(
-            body, now=self.store.now(), max_payload_bytes=self.max_payload_bytes
+        item = self._new_job(found, body, self._validation_now(), actor=actor)
+        admit = quota_admission(found.tenant_id, self._quotas(found))
+
+        def create_many(items: Sequence[NewJob]) -> list[Outcome]:
+            return self.jobs.create_many(found.tenant_id, items, actor=actor, admit=admit)
+
+        # concurrent creates of one tenant (API threads) share one transaction
+        outcome = self._combiner.create(found.tenant_id, item, create_many)
+        if outcome.error is not None:
+            raise outcome.error
+        assert outcome.job is not None
+        job, created = outcome.job, outcome.created
+        if created and item.spec.alerts is not None:
+            alert_store.set_settings(self.store, found.tenant_id, job.job_id, item.spec.alerts)
+        return job, created
+
+    def create_many(self, tenant: TenantRef, bodies: Sequence[Any], *, actor: str) -> list[Outcome]:
+        """Create up to MAX_BATCH jobs from REST-shaped bodies in one transaction; one
+        Outcome per body, in order: the job and whether it is new (else an idempotent
+        replay), or the SchedError that refused it, naming the field. A refused body writes
+        nothing; the others are created as by create_job, quotas included: once the
+        tenant's create rate or max_jobs is reached, the remaining bodies are refused (429)
+        and nothing over a quota is written."""
+        if len(bodies) > MAX_BATCH:
+            raise errors.ValidationError(
+                f"at most {MAX_BATCH} jobs per batch, got {len(bodies)}", field="jobs"
+            )
+        found = self._tenant(tenant)
+        now = self._validation_now()
+        results: list[Outcome | None] = [None] * len(bodies)
+        valid: list[int] = []
+        items: list[NewJob] = []
+        for index, body in enumerate(bodies):
+            try:
+                items.append(self._new_job(found, body, now))
+            except errors.SchedError as exc:
+                results[index] = Outcome(error=exc)
+                continue
+            valid.append(index)
+        outcomes = self.jobs.create_many(
+            found.tenant_id,
+            items,
+            actor=actor,
+            admit=quota_admission(found.tenant_id, self._quotas(found)),
         )
+        for index, item, outcome in zip(valid, items, outcomes, strict=True):
+            results[index] = outcome
+            if outcome.created and outcome.job is not None and item.spec.alerts is not None:
+                alert_store.set_settings(
+                    self.store, found.tenant_id, outcome.job.job_id, item.spec.alerts
+                )
+        return [r if r is not None else Outcome(error=errors.SchedError()) for r in results]
+
+    def _new_job(
+        self, tenant: Tenant, body: Any, now: datetime, *, actor: str | None = None
+    ) -> NewJob:
+        """A body validated (at the database's `now`) into a NewJob; an HTTP target passes
+        the SSRF guard. Raises the SchedError naming the field."""
+        spec = parse_job_request(body, now=now, max_payload_bytes=self.max_payload_bytes)
         if spec.target.url is not None:
             # the SSRF guard at creation; every delivery checks again
             # the SSRF guard loads requests: only a command that creates an HTTP job needs it
             from schedctl.delivery.ssrf import check_at_creation
 
-            check_at_creation(spec.target.url, found.allow_list)
+            check_at_creation(spec.target.url, tenant.allow_list)
+        return NewJob(
+            spec, auto_name=body.get("name") is None, actor=actor
+        )  # parse checked it is a Mapping
 
-        def quotas(use: QuotaUse) -> None:
-            self._check_rate(use, found)
-            self._check_max_jobs(use, found)
-
-        job, created = self.jobs.create(
-            found.tenant_id,
-            spec,
-            actor=actor,
-            guard=quota_guard(found.tenant_id, quotas),
-            auto_name=body.get("name") is None,
-        )
-        if created and spec.alerts is not None:
-            alert_store.set_settings(self.store, found.tenant_id, job.job_id, spec.alerts)
-        return job, created
+    def _validation_now(self) -> datetime:
+        """The database's clock for validating a body (is run_at past, when is "in 10m"):
+        this machine's clock plus its offset to the database's, measured again every
+        CLOCK_OFFSET_TTL, not a round trip per create. The insert reads the database's
+        clock itself for everything it stores."""
+        checked = time.monotonic()
+        if self._clock_offset is None or checked - self._clock_offset[0] > CLOCK_OFFSET_TTL:
+            self._clock_offset = (checked, self.store.clock_offset(samples=1))
+        return datetime.now(UTC) + timedelta(seconds=self._clock_offset[1])
 
     @staticmethod
-    def _check_rate(use: QuotaUse, tenant: Tenant) -> None:
+    def _quotas(tenant: Tenant) -> Callable[[QuotaUse], Callable[[int], errors.SchedError | None]]:
+        """The quota checks: read the tenant's use once, then answer for the n-th job to
+        create in this transaction (from 0): the create rate first, then max_jobs."""
+
+        def check(use: QuotaUse) -> Callable[[int], errors.SchedError | None]:
+            count, oldest, active = use.counts(RATE_WINDOW, CLOCK_SKEW)
+
+            def refuse(n: int) -> errors.SchedError | None:
+                if count + n >= use.create_rate_per_minute:
+                    return Scheduler._rate_error(use, tenant, count + n, oldest)
+                if active + n >= use.max_jobs:
+                    return Scheduler._max_jobs_error(use, tenant)
+                return None
+
+            return refuse
+
+        return check
+
+    @staticmethod
+    def _rate_error(
+        use: QuotaUse, tenant: Tenant, count: int, oldest: datetime | None
+    ) -> OverQuota:
         rate = use.create_rate_per_minute
-        count, oldest = use.created_since(RATE_WINDOW, CLOCK_SKEW)
-        if count < rate:
-            return
         retry = (
             math.ceil((oldest + RATE_WINDOW - use.now).total_seconds())
             if oldest is not None
             else math.ceil(RATE_WINDOW.total_seconds())
         )
-        raise OverQuota(
+        return OverQuota(
             f"tenant {tenant.name!r} may create {rate} jobs per minute and has created "
             f"{count} in the last minute",
             field="create_rate_per_minute",
@@ -184,15 +263,13 @@ class Scheduler(Closing):
         )
 
     @staticmethod
-    def _check_max_jobs(use: QuotaUse, tenant: Tenant) -> None:
-        max_jobs = use.max_jobs
-        if use.active_jobs() >= max_jobs:
-            raise OverQuota(
-                f"tenant {tenant.name!r} has reached its limit of {max_jobs} active jobs "
-                "(cancel some, or ask an operator to raise max_jobs)",
-                field="max_jobs",
-                retry_after=MAX_JOBS_RETRY_AFTER_SECONDS,
-            )
+    def _max_jobs_error(use: QuotaUse, tenant: Tenant) -> OverQuota:
+        return OverQuota(
+            f"tenant {tenant.name!r} has reached its limit of {use.max_jobs} active jobs "
+            "(cancel some, or ask an operator to raise max_jobs)",
+            field="max_jobs",
+            retry_after=MAX_JOBS_RETRY_AFTER_SECONDS,
+        )
 
     def get_job(self, job_id: str, tenant: TenantRef | None = None) -> Job:
         job_id, tenant_id = self._job_ref(job_id, tenant)

@@ -17,6 +17,7 @@ from schedctl.cli import (
     apply,
     audit,
     bench,
+    bench_create,
     bench_dispatch,
     bench_relay,
     completion,
@@ -24,6 +25,7 @@ from schedctl.cli import (
     db,
     dlq,
     import_crontab,
+    job_import,
     jobs,
     logs,
     runs,
@@ -164,11 +166,13 @@ tenants.app.add_typer(tenant_allow.signing_app, name="signing-secret")
 bench.app.command("delivery")(bench_dispatch.delivery)
 tenants.app.command("alerts")(alerts.tenant_alerts)
 jobs.app.command("alerts")(alerts.job_alerts)
+jobs.app.command("import")(job_import.job_import)
 bench.app.command("burst")(bench_dispatch.burst)
 bench.app.command("steady")(bench_dispatch.steady)
 bench.app.command("failover")(bench_dispatch.failover)
 bench.app.command("relay")(bench_relay.relay)
 bench.app.command("spawn")(bench_dispatch.spawn)
+bench.app.command("create")(bench_create.create)
 app.add_typer(bench.app, name="bench")
 app.command("completion")(completion.completion)
 

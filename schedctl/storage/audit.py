@@ -52,6 +52,12 @@ def audit(
     )
 
 
+def audit_many(connection: Connection, entries: list[dict[str, Any]]) -> None:
+    """Several entries (at, tenant_id, actor, action, job_id; no detail) in one statement."""
+    if entries:
+        connection.execute(schema.audit_log.insert(), [{"detail": None, **e} for e in entries])
+
+
 class AuditRepo:
     def __init__(self, store: Store) -> None:
         self.store = store

@@ -6,6 +6,8 @@ Each backend's side is its dialect's (storage/dialect.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sqlalchemy.engine import Connection
 
 from schedctl.storage.dialect import ChangeFeed as ChangeFeed
@@ -17,6 +19,12 @@ from schedctl.storage.store import Store
 def notify_job_change(connection: Connection, job_id: str, partition: int) -> None:
     """Tell the dispatchers (at commit) that this job's next run may have moved."""
     dialect_of(connection).notify_job_change(connection, job_id, partition)
+
+
+def notify_job_changes(connection: Connection, changed: Sequence[tuple[str, int]]) -> None:
+    """notify_job_change for many (job_id, partition) pairs in one statement."""
+    if changed:
+        dialect_of(connection).notify_job_changes(connection, changed)
 
 
 def open_change_feed(store: Store, poll_seconds: float = 0.25) -> ChangeFeed:

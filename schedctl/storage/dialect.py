@@ -95,6 +95,12 @@ class Dialect(Protocol):
         """Tell the dispatchers (at commit) that this job's next run may have moved."""
         ...
 
+    def notify_job_changes(
+        self, connection: Connection, changed: Sequence[tuple[str, int]]
+    ) -> None:
+        """notify_job_change for many (job_id, partition) pairs, in one statement."""
+        ...
+
     def change_feed(self, engine: Engine, poll_seconds: float) -> ChangeFeed:
         """A feed of job changes for one dispatcher (its own connection)."""
         ...

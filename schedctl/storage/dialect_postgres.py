@@ -87,6 +87,14 @@ class PostgresDialect:
             {"channel": CHANNEL, "payload": f"{partition}:{job_id}"},
         )
 
+    def notify_job_changes(
+        self, connection: Connection, changed: Sequence[tuple[str, int]]
+    ) -> None:
+        connection.execute(
+            text("SELECT pg_notify(:channel, p) FROM unnest(CAST(:payloads AS text[])) AS p"),
+            {"channel": CHANNEL, "payloads": [f"{part}:{job_id}" for job_id, part in changed]},
+        )
+
     def change_feed(self, engine: Engine, poll_seconds: float) -> ChangeFeed:
         return PostgresChangeFeed(engine)
 

@@ -62,6 +62,12 @@ class SqliteDialect:
             {"key": COUNTER_KEY},
         )
 
+    def notify_job_changes(
+        self, connection: Connection, changed: Sequence[tuple[str, int]]
+    ) -> None:
+        # one bump tells every dispatcher to reload, whatever changed
+        self.notify_job_change(connection, "", 0)
+
     def change_feed(self, engine: Engine, poll_seconds: float) -> ChangeFeed:
         return SqliteChangeFeed(engine, poll_seconds)
 

@@ -3,11 +3,8 @@ reschedule, trigger and run history; every change bumps the version and writes t
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -16,7 +13,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from schedctl import errors
-from schedctl.models import Job, JobSpec, JobStatus, Page, Run, RunStatus, RunTrigger
+from schedctl.models import Job, JobSpec, JobStatus, Outcome, Page, Run, RunStatus, RunTrigger
 from schedctl.scheduling.schedules import (
     AfterSchedule,
     OnceSchedule,
@@ -25,28 +22,33 @@ from schedctl.scheduling.schedules import (
     schedule_to_dict,
 )
 from schedctl.scheduling.windows import fire_time
-from schedctl.storage import dependencies, job_lookup, schema
+from schedctl.storage import job_lookup, schema
 from schedctl.storage.audit import audit
 from schedctl.storage.changes import notify_job_change
 from schedctl.storage.clock import db_now
 from schedctl.storage.cursors import MAX_PAGE, check_page_limit, decode_cursor, encode_cursor
 from schedctl.storage.dialect import dialect_of
-from schedctl.storage.payloads import encode_payload
+from schedctl.storage.job_create import (
+    Admit,
+    NewJob,
+    create_jobs,
+    new_job_id,
+    partition_of,
+)
 from schedctl.storage.rows import job_from_row, run_from_row
 from schedctl.storage.store import Store
 
 # MAX_PAGE (defined in cursors.py) is re-exported: the API takes its page bound from here
-__all__ = ["MAX_PAGE", "JobRepo", "new_job_id", "partition_of", "reschedule_values", "write_job"]
-
-
-def new_job_id() -> str:
-    """Time-ordered (48-bit milliseconds) then random: ids sort by creation, for paging."""
-    return f"{int(time.time() * 1000):012x}{os.urandom(10).hex()}"
-
-
-def partition_of(job_id: str, partition_count: int) -> int:
-    # a stable hash: Python's hash() differs between processes
-    return int.from_bytes(hashlib.sha256(job_id.encode()).digest()[:4], "big") % partition_count
+__all__ = [
+    "MAX_PAGE",
+    "JobRepo",
+    "NewJob",
+    "Outcome",
+    "new_job_id",
+    "partition_of",
+    "reschedule_values",
+    "write_job",
+]
 
 
 def write_job(
@@ -115,7 +117,7 @@ class JobRepo:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    # -- create ------------------------------------------------------------------------
+    # -- create ----------------------------------------------------------------------
 
     def create(
         self,
@@ -123,152 +125,33 @@ class JobRepo:
         spec: JobSpec,
         *,
         actor: str,
-        guard: Callable[[Connection], None] | None = None,
+        admit: Admit | None = None,
         auto_name: bool = False,
     ) -> tuple[Job, bool]:
         """Insert a job; with an idempotency key already used, return that job (created=False)
-        if the request was the same and raise Conflict if it was not. `guard` runs in the
-        same transaction just before the insert (quota checks), so it is atomic with it.
-        A name another job of the tenant (not deleted) has is Conflict naming `name`; with
+        if the request was the same and raise Conflict if it was not. `admit` (the quota
+        checks) runs in the same transaction before the insert, so it is atomic with it. A
+        name another job of the tenant (not deleted) has is Conflict naming `name`; with
         `auto_name` (no name was given) the default name gets a suffix from the new id, so
-        it never collides."""
-        # read before the write transaction: on SQLite a second connection would wait
-        # for this one's lock
-        partition_count = self.store.partition_count
-        try:
-            with self.store.tx() as connection:
-                existing = self._by_idempotency_key(connection, tenant_id, spec)
-                if existing is not None:
-                    return existing, False
-                if guard is not None:
-                    guard(connection)
-                job_id = self._insert(
-                    connection,
-                    tenant_id,
-                    spec,
-                    actor=actor,
-                    partition_count=partition_count,
-                    auto_name=auto_name,
-                )
-                return self._get(connection, job_id, tenant_id), True
-        except IntegrityError as exc:
-            if job_lookup.is_name_conflict(exc):
-                # a concurrent create took the name between the check and the insert
-                raise job_lookup.name_conflict(spec.name) from None
-            # a concurrent create with the same key won the race: answer with its job
-            with self.store.read() as connection:
-                existing = self._by_idempotency_key(connection, tenant_id, spec)
-            if existing is None:
-                raise
-            return existing, False
-
-    def _by_idempotency_key(
-        self, connection: Connection, tenant_id: str, spec: JobSpec
-    ) -> Job | None:
-        if spec.idempotency_key is None:
-            return None
-        row = (
-            connection.execute(
-                select(schema.jobs).where(
-                    schema.jobs.c.tenant_id == tenant_id,
-                    schema.jobs.c.idempotency_key == spec.idempotency_key,
-                )
-            )
-            .mappings()
-            .first()
+        it never collides. A batch of one of `create_many`."""
+        (outcome,) = self.create_many(
+            tenant_id, [NewJob(spec, auto_name=auto_name)], actor=actor, admit=admit
         )
-        if row is None:
-            return None
-        if row["status"] == JobStatus.deleted.value:
-            # the key keeps its meaning while the deleted job's row is kept: no new job
-            raise errors.Conflict(
-                f"idempotency key {spec.idempotency_key!r} belongs to job {row['job_id']}, "
-                "which was deleted",
-                field="idempotency_key",
-            )
-        if row["request_hash"] != spec.request_hash:
-            raise errors.Conflict(
-                f"idempotency key {spec.idempotency_key!r} was already used for a different "
-                f"job definition (job {row['job_id']})",
-                field="idempotency_key",
-            )
-        return job_from_row(row)
+        if outcome.error is not None:
+            raise outcome.error
+        assert outcome.job is not None
+        return outcome.job, outcome.created
 
-    def _insert(
+    def create_many(
         self,
-        connection: Connection,
         tenant_id: str,
-        spec: JobSpec,
+        items: Sequence[NewJob],
         *,
         actor: str,
-        partition_count: int,
-        auto_name: bool = False,
-    ) -> str:
-        tenant = connection.execute(
-            select(schema.tenants.c.tenant_id).where(schema.tenants.c.tenant_id == tenant_id)
-        ).scalar_one_or_none()
-        if tenant is None:
-            raise errors.NotFound(f"no tenant {tenant_id!r}", field="tenant")
-        now = db_now(connection)
-        next_run_at = self._first_run(spec.schedule, now, spec)
-        job_id = new_job_id()
-        partition = partition_of(job_id, partition_count)
-        name = (
-            job_lookup.default_name(connection, tenant_id, spec.name, job_id)
-            if auto_name
-            else spec.name
-        )
-        job_lookup.check_name_free(connection, tenant_id, name)
-        connection.execute(
-            schema.jobs.insert().values(
-                job_id=job_id,
-                tenant_id=tenant_id,
-                name=name,
-                schedule=json.dumps(schedule_to_dict(spec.schedule)),
-                target_type=spec.target.type.value,
-                target=spec.target.address,
-                payload=encode_payload(spec.payload),
-                max_attempts=spec.retry.max_attempts,
-                retry_base_seconds=spec.retry.base_delay_seconds,
-                retry_max_seconds=spec.retry.max_delay_seconds,
-                misfire_policy=spec.misfire_policy.value,
-                grace_seconds=spec.grace_seconds,
-                window_seconds=spec.window_seconds,
-                max_concurrency=spec.max_concurrency,
-                timeout_seconds=spec.timeout_seconds,
-                start_at=spec.start_at,
-                end_at=spec.end_at,
-                status=JobStatus.active.value,
-                next_run_at=next_run_at,
-                next_fire_at=(
-                    fire_time(job_id, next_run_at, spec.window_seconds)
-                    if next_run_at is not None
-                    else None  # a dependent job: never due, its runs come from upstream
-                ),
-                partition=partition,
-                version=1,
-                idempotency_key=spec.idempotency_key,
-                request_hash=spec.request_hash,
-                created_at=now,
-                updated_at=now,
-            )
-        )
-        audit(connection, at=now, tenant_id=tenant_id, actor=actor, action="create", job_id=job_id)
-        # `after`: in the create's transaction, so a refused upstream creates nothing
-        dependencies.add(connection, job_id, tenant_id, spec.after)
-        notify_job_change(connection, job_id, partition)
-        return job_id
-
-    @staticmethod
-    def _first_run(schedule: Schedule, now: datetime, spec: JobSpec) -> datetime | None:
-        if isinstance(schedule, AfterSchedule):
-            return None
-        first = first_occurrence(schedule, now, start=spec.start_at, end=spec.end_at)
-        if first is None:
-            raise errors.ValidationError(
-                "the schedule has no run between its start and end", field="schedule"
-            )
-        return first
+        admit: Admit | None = None,
+    ) -> list[Outcome]:
+        """Up to MAX_BATCH jobs in one transaction, one Outcome each (storage/job_create.py)."""
+        return create_jobs(self.store, tenant_id, items, actor=actor, admit=admit)
 
     # -- read --------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from schedctl.models import JobStatus
 from schedctl.storage import schema
 from schedctl.storage.clock import db_now
 from schedctl.storage.dialect import Lock, dialect_of
+from schedctl.storage.job_create import Admission, Admit
 
 
 @dataclass(frozen=True)
@@ -29,35 +30,48 @@ class QuotaUse:
     now: datetime  # the database's clock
     _connection: Connection
 
-    def created_since(self, window: timedelta, skew: timedelta) -> tuple[int, datetime | None]:
-        """Jobs created in the last `window` and the oldest one's created_at. Job ids start
-        with their creator's clock in milliseconds: only ids from `window` plus `skew` (for
-        API servers whose clocks run behind) are read, a short range of the (tenant_id,
-        job_id) index, not a scan of every job the tenant ever had."""
+    def counts(self, window: timedelta, skew: timedelta) -> tuple[int, datetime | None, int]:
+        """In one statement: the jobs created in the last `window` and the oldest one's
+        created_at, and the jobs holding a max_jobs slot (active or paused).
+
+        Job ids start with their creator's clock in milliseconds: only ids from `window`
+        plus `skew` (for API servers whose clocks run behind) are read for the rate, a
+        short range of the (tenant_id, job_id) index, not a scan of every job the tenant
+        ever had, and at most create_rate_per_minute of them. Slots are counted up to
+        max_jobs: past that the answer is the same (full), and a tenant with millions of
+        jobs must not cost a count of millions per create."""
         jobs = schema.jobs
         floor = max(0, int((time.time() - (window + skew).total_seconds()) * 1000))
-        count, oldest = self._connection.execute(
-            select(func.count(), func.min(jobs.c.created_at)).where(
+        # the oldest `create_rate_per_minute` of them at most (ids sort by creation): past
+        # that the answer is the same (over), whatever the window holds
+        recent = (
+            select(jobs.c.created_at)
+            .where(
                 jobs.c.tenant_id == self.tenant_id,
                 jobs.c.job_id >= f"{floor:012x}",
                 jobs.c.created_at > self.now - window,
             )
-        ).one()
-        return int(count), oldest
-
-    def active_jobs(self) -> int:
-        """Jobs that hold a max_jobs slot: active or paused."""
-        jobs = schema.jobs
-        return int(
-            self._connection.execute(
-                select(func.count())
-                .select_from(jobs)
-                .where(
-                    jobs.c.tenant_id == self.tenant_id,
-                    jobs.c.status.in_([JobStatus.active.value, JobStatus.paused.value]),
-                )
-            ).scalar_one()
+            .order_by(jobs.c.job_id)
+            .limit(self.create_rate_per_minute)
+            .subquery()
         )
+        holding = (
+            select(jobs.c.job_id)
+            .where(
+                jobs.c.tenant_id == self.tenant_id,
+                jobs.c.status.in_([JobStatus.active.value, JobStatus.paused.value]),
+            )
+            .limit(self.max_jobs)
+            .subquery()
+        )
+        created, oldest, active = self._connection.execute(
+            select(
+                select(func.count()).select_from(recent).scalar_subquery(),
+                select(func.min(recent.c.created_at)).scalar_subquery(),
+                select(func.count()).select_from(holding).scalar_subquery(),
+            )
+        ).one()
+        return int(created), oldest, int(active)
 
 
 def lock_quota_use(connection: Connection, tenant_id: str) -> QuotaUse:
@@ -80,7 +94,15 @@ def lock_quota_use(connection: Connection, tenant_id: str) -> QuotaUse:
     )
 
 
-def quota_guard(tenant_id: str, check: Callable[[QuotaUse], None]) -> Callable[[Connection], None]:
-    """A JobRepo.create guard: `check` sees the tenant's quota use in the create's own
-    transaction, so a check that passes is atomic with the insert."""
-    return lambda connection: check(lock_quota_use(connection, tenant_id))
+def quota_admission(
+    tenant_id: str, check: Callable[[QuotaUse], Callable[[int], errors.SchedError | None]]
+) -> Admit:
+    """A create_jobs `admit`: `check` sees the tenant's quota use in the create's own
+    transaction and answers for each position of a job to create, so what it allows is
+    atomic with the insert."""
+
+    def admit(connection: Connection) -> Admission:
+        use = lock_quota_use(connection, tenant_id)
+        return Admission(now=use.now, refuse=check(use))
+
+    return admit

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy.engine import RowMapping
@@ -28,7 +29,7 @@ def target_from_row(target_type: str, address: str) -> Target:
     return Target(kind, name=address) if kind is TargetType.queue else Target(kind, url=address)
 
 
-def job_from_row(row: RowMapping) -> Job:
+def job_from_row(row: Mapping[Any, Any]) -> Job:
     return Job(
         job_id=row["job_id"],
         tenant_id=row["tenant_id"],

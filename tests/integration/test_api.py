@@ -765,6 +765,7 @@ def test_openapi_document(server: ApiServer) -> None:
     }
     assert operations == {
         ("POST", "/v1/jobs"),
+        ("POST", "/v1/jobs:batch"),
         ("GET", "/v1/jobs"),
         ("GET", "/v1/jobs/{job_id}"),
         ("PATCH", "/v1/jobs/{job_id}"),

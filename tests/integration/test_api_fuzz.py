@@ -38,6 +38,7 @@ CHECKS = [
 ]
 OPERATIONS = [
     "POST /v1/jobs",
+    "POST /v1/jobs:batch",
     "GET /v1/jobs",
     "GET /v1/jobs/{job_id}",
     "PATCH /v1/jobs/{job_id}",

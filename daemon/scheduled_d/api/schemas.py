@@ -96,6 +96,23 @@ class JobOut(BaseModel):
     updated_at: str
 
 
+class BatchItemOut(BaseModel):
+    """One job of a batch: its index in the request, the status a single POST /v1/jobs
+    would have answered (201 created, 200 replayed, 4xx refused), and the job or the error."""
+
+    index: int
+    status: int = Field(description="201 created, 200 an idempotent replay, 4xx refused.")
+    job: JobOut | None = Field(default=None, description="The job (201 and 200).")
+    error: ErrorDetail | None = Field(default=None, description="Why it was refused (4xx).")
+    retry_after: int | None = Field(
+        default=None, description="With 429: seconds until a retry can succeed."
+    )
+
+
+class BatchOut(BaseModel):
+    results: list[BatchItemOut] = Field(description="One per job sent, in the order sent.")
+
+
 class RunOut(BaseModel):
     job_id: str
     scheduled_at: str
@@ -312,6 +329,41 @@ JOB_REQUEST_EXAMPLES: dict[str, Any] = {
             "target": {"type": "http", "url": "https://hooks.example.com/run"},
         }
     },
+}
+BATCH_REQUEST_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["jobs"],
+    "additionalProperties": False,
+    "properties": {
+        "jobs": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": limits.MAX_BATCH_JOBS,
+            "items": JOB_REQUEST_SCHEMA,
+            "description": (
+                f"1 to {limits.MAX_BATCH_JOBS} job bodies, each as POST /v1/jobs takes it, with "
+                "its own idempotency_key; each gets its own result, in the same order."
+            ),
+        }
+    },
+}
+BATCH_REQUEST_EXAMPLES: dict[str, Any] = {
+    "two jobs": {
+        "value": {
+            "jobs": [
+                {
+                    "schedule": {"delay": "PT10M"},
+                    "target": {"type": "queue", "name": "digest-jobs"},
+                    "idempotency_key": "digest-0001",
+                },
+                {
+                    "schedule": {"cron": "0 8 * * MON", "timezone": "Asia/Kolkata"},
+                    "target": {"type": "queue", "name": "digest-jobs"},
+                    "idempotency_key": "digest-0002",
+                },
+            ]
+        }
+    }
 }
 RESCHEDULE_SCHEMA: dict[str, Any] = {
     "type": "object",

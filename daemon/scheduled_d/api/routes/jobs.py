@@ -1,15 +1,17 @@
-"""Owns the /v1/jobs routes: create (with idempotency keys), list, read (by id, name or id
-prefix), update (PATCH, with If-Match), delete, cancel, pause, resume and trigger a job of the
-caller's tenant, and its dependencies (after)."""
+"""Owns the /v1/jobs routes: create (with idempotency keys; one, or up to 1,000 in a batch),
+list, read (by id, name or id prefix), update (PATCH, with If-Match), delete, cancel, pause,
+resume and trigger a job of the caller's tenant, and its dependencies (after)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
 from fastapi import APIRouter, Response
 
-from schedctl import errors
+from schedctl import errors, limits
+from schedctl.models import Outcome
 from schedctl.views import job_to_dict, run_to_dict
 from scheduled_d.api.auth import BodyDep, CallerDep, SchedulerDep
 from scheduled_d.api.routes.params import (
@@ -22,10 +24,13 @@ from scheduled_d.api.routes.params import (
     checked_job_id,
 )
 from scheduled_d.api.schemas import (
+    BATCH_REQUEST_EXAMPLES,
+    BATCH_REQUEST_SCHEMA,
     JOB_REQUEST_EXAMPLES,
     JOB_REQUEST_SCHEMA,
     JOB_UPDATE_EXAMPLES,
     JOB_UPDATE_SCHEMA,
+    BatchOut,
     DependenciesOut,
     JobOut,
     JobPage,
@@ -74,6 +79,71 @@ def create_job(
         response.status_code = 200
         response.headers["Idempotent-Replayed"] = "true"
     return job_to_dict(job)
+
+
+@router.post(
+    "/jobs:batch",
+    response_model=None,
+    summary="Create up to 1,000 jobs",
+    responses={
+        200: {"model": BatchOut, "description": "One result per job, in the order sent"},
+        **error_responses(400, 413, 415, 422),
+    },
+    openapi_extra=json_request_body(BATCH_REQUEST_SCHEMA, BATCH_REQUEST_EXAMPLES),
+)
+def create_jobs_batch(scheduler: SchedulerDep, caller: CallerDep, body: BodyDep) -> Response:
+    """Each job as POST /v1/jobs would create it (its own idempotency_key, the same
+    validation and quotas), all in one transaction: each result says the status a single
+    create would have answered: 201 created, 200 replayed, or 4xx with the error naming the
+    field; a refused job writes nothing and does not stop the others. Once a quota is
+    reached the remaining jobs are 429. The whole request is 422 only when the envelope is
+    bad (not {"jobs": [...]}, or more than 1,000 jobs)."""
+    bodies = _batch_bodies(body)
+    outcomes = scheduler.create_many(caller.tenant, bodies, actor=caller.actor)
+    results = [_batch_result(index, outcome) for index, outcome in enumerate(outcomes)]
+    # serialized here, not through the response model: a thousand jobs validated again
+    # would cost more than creating them
+    return Response(
+        json.dumps({"results": results}, separators=(",", ":")),
+        media_type="application/json",
+    )
+
+
+def _batch_bodies(body: Any) -> list[Any]:
+    if not isinstance(body, Mapping):
+        raise errors.ValidationError('must be an object: {"jobs": [...]}', field="body")
+    unknown = sorted(str(key) for key in body if key != "jobs")
+    if unknown:
+        raise errors.ValidationError(
+            f'unknown field {unknown[0]!r}: the batch is {{"jobs": [...]}}', field=unknown[0]
+        )
+    jobs = body.get("jobs")
+    if not isinstance(jobs, list):
+        raise errors.ValidationError("is required: a list of job bodies", field="jobs")
+    if not 1 <= len(jobs) <= limits.MAX_BATCH_JOBS:
+        raise errors.ValidationError(
+            f"must hold 1 to {limits.MAX_BATCH_JOBS} jobs, got {len(jobs)}", field="jobs"
+        )
+    return jobs
+
+
+def _batch_result(index: int, outcome: Outcome) -> dict[str, Any]:
+    if outcome.error is not None:
+        exc = outcome.error
+        result: dict[str, Any] = {
+            "index": index,
+            "status": exc.http_status,
+            "error": {"code": exc.code, "message": exc.public_message, "field": exc.field},
+        }
+        if isinstance(exc, errors.QuotaExceeded):
+            result["retry_after"] = exc.retry_after
+        return result
+    assert outcome.job is not None
+    return {
+        "index": index,
+        "status": 201 if outcome.created else 200,
+        "job": job_to_dict(outcome.job),
+    }
 
 
 @router.get("/jobs", response_model=JobPage, summary="List jobs", responses=error_responses(422))

@@ -1,0 +1,253 @@
+"""Owns the creation benchmark (`schedctl bench create`): jobs created per second through a
+`scheduled-d api` process on loopback, by single POST /v1/jobs or by POST /v1/jobs:batch,
+from C keep-alive clients (http.client: the client's own cost stays small next to the
+server's), with the request latency percentiles. Measured and reported, never asserted.
+
+A throwaway tenant with quotas raised out of the way creates one-time jobs a year ahead
+(nothing fires), each with its own idempotency key; the tenant and its jobs are deleted
+at the end unless kept.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import math
+import os
+import subprocess
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from schedctl import errors
+from schedctl.bench.api_workers import api_argv, api_url, loopback_port, wait_healthy
+from schedctl.service import Scheduler
+from schedctl.storage import bench as bench_rows
+from schedctl.storage.engine import redact
+
+API_READY_SECONDS = 30.0
+WARMUP_REQUESTS = 3  # per client, before the clock starts: connections, caches
+REQUEST_TIMEOUT_SECONDS = 60.0
+STOP_SECONDS = 20.0
+
+
+@dataclass(frozen=True)
+class CreateBenchConfig:
+    jobs: int
+    concurrency: int
+    batch: bool
+    batch_size: int
+    max_seconds: float
+    payload_bytes: int
+    keep: bool
+
+
+@dataclass
+class _Tally:
+    latencies: list[float] = field(default_factory=list)  # seconds per request
+    created: int = 0
+    statuses: Counter[int] = field(default_factory=Counter)  # per job
+    failures: Counter[str] = field(default_factory=Counter)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def run(scheduler: Scheduler, database_url: str, config: CreateBenchConfig) -> dict[str, Any]:
+    """Start the API, create the jobs, report. The tenant is removed afterwards unless kept."""
+    tenant, token = scheduler.create_tenant(f"bench-create-{uuid.uuid4().hex[:8]}", "cli:bench")
+    warmup = config.concurrency * WARMUP_REQUESTS * (config.batch_size if config.batch else 1)
+    try:
+        scheduler.set_quotas(
+            tenant.tenant_id,
+            max_jobs=config.jobs + warmup + 10,
+            create_rate_per_minute=1_000_000_000,
+            actor="cli:bench",
+        )
+        with _api(database_url) as (host, port, pid):
+            cpu_before = _cpu_seconds(pid)
+            tally, elapsed = _drive(host, port, token, config)
+            cpu_after = _cpu_seconds(pid)
+    finally:
+        if not config.keep:
+            bench_rows.delete_tenant(scheduler.store, tenant.tenant_id)
+    per_request = sorted(tally.latencies)
+    return {
+        "database": redact(str(scheduler.store.engine.url)),
+        "mode": "batch" if config.batch else "single",
+        "batch_size": config.batch_size if config.batch else 1,
+        "concurrency": config.concurrency,
+        "jobs": config.jobs,
+        "payload_bytes": config.payload_bytes,
+        "created": tally.created,
+        "refused": {str(k): v for k, v in sorted(tally.statuses.items()) if k != 201},
+        "failures": dict(tally.failures),
+        "elapsed_s": round(elapsed, 3),
+        "jobs_per_s": round(tally.created / elapsed, 1) if elapsed > 0 else None,
+        "requests": len(per_request),
+        "request_p50_ms": _ms(_percentile(per_request, 50)),
+        "request_p99_ms": _ms(_percentile(per_request, 99)),
+        "request_max_ms": _ms(per_request[-1] if per_request else None),
+        # CPU of the API process per job: what the machine's other load does not change
+        "api_cpu_s": _round(cpu_after - cpu_before, 3),
+        "api_cpu_ms_per_job": _round(1000 * (cpu_after - cpu_before) / max(1, tally.created), 3),
+        "tenant": tenant.name if config.keep else None,
+    }
+
+
+@contextmanager
+def _api(database_url: str) -> Iterator[tuple[str, int, int]]:
+    """`scheduled-d api` on a free loopback port, logging warnings only; stopped by its pid."""
+    port = loopback_port()
+    env = {
+        **os.environ,
+        "SCHEDULED_DATABASE_URL": database_url,
+        "SCHEDULED_LOG_LEVEL": "WARNING",
+    }
+    process = subprocess.Popen(
+        api_argv(port),
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        if not wait_healthy(api_url(port), API_READY_SECONDS, lambda: process.poll() is None):
+            process.kill()
+            _, err = process.communicate(timeout=STOP_SECONDS)
+            tail = err.decode(errors="replace").strip().splitlines()[-3:]
+            raise errors.SchedError("the API did not start: " + " | ".join(tail))
+        yield "127.0.0.1", port, process.pid
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(STOP_SECONDS)
+
+
+def _drive(host: str, port: int, token: str, config: CreateBenchConfig) -> tuple[_Tally, float]:
+    tally = _Tally()
+    per_request = config.batch_size if config.batch else 1
+    requests_total = math.ceil(config.jobs / per_request)
+    next_request = iter(range(requests_total))
+    take = threading.Lock()
+    start = threading.Barrier(config.concurrency + 1)
+    deadline = [math.inf]
+    payload = {"bench": "x" * config.payload_bytes}
+    run_id = uuid.uuid4().hex[:8]
+
+    def body(key: str) -> dict[str, Any]:
+        return {
+            "schedule": {"delay": "365d"},
+            "target": {"type": "queue", "name": "bench-create"},
+            "payload": payload,
+            "idempotency_key": key,
+        }
+
+    def request(client: _Client, number: int, prefix: str) -> tuple[int, list[int]]:
+        """One request (number `number`): its latency's status and each job's status."""
+        if not config.batch:
+            status, _ = client.post("/v1/jobs", body(f"{prefix}-{number}"))
+            return status, [status]
+        first = number * per_request
+        count = min(per_request, config.jobs - first) if prefix == run_id else per_request
+        jobs = [body(f"{prefix}-{first + i}") for i in range(count)]
+        status, data = client.post("/v1/jobs:batch", {"jobs": jobs})
+        if status != 200:
+            return status, [status] * count
+        return status, [int(r["status"]) for r in data["results"]]
+
+    def worker(index: int) -> None:
+        client = _Client(host, port, token)
+        try:
+            for warm in range(WARMUP_REQUESTS):
+                request(client, warm, f"warm-{run_id}-{index}")
+            start.wait()
+            while time.monotonic() < deadline[0]:
+                with take:
+                    number = next(next_request, None)
+                if number is None:
+                    return
+                began = time.perf_counter()
+                try:
+                    _, statuses = request(client, number, run_id)
+                except (OSError, http.client.HTTPException, ValueError) as exc:
+                    with tally.lock:
+                        tally.failures[type(exc).__name__] += 1
+                    client.reconnect()
+                    continue
+                took = time.perf_counter() - began
+                with tally.lock:
+                    tally.latencies.append(took)
+                    tally.statuses.update(statuses)
+                    tally.created += statuses.count(201)
+        finally:
+            client.close()
+
+    threads = [
+        threading.Thread(target=worker, args=(i,), daemon=True) for i in range(config.concurrency)
+    ]
+    for thread in threads:
+        thread.start()
+    start.wait(timeout=API_READY_SECONDS + 60)
+    began = time.perf_counter()
+    deadline[0] = time.monotonic() + config.max_seconds
+    for thread in threads:
+        thread.join(config.max_seconds + REQUEST_TIMEOUT_SECONDS)
+    return tally, time.perf_counter() - began
+
+
+class _Client:
+    """One keep-alive HTTP/1.1 connection with the tenant's token."""
+
+    def __init__(self, host: str, port: int, token: str) -> None:
+        self.host, self.port = host, port
+        self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        self.connection = http.client.HTTPConnection(host, port, timeout=REQUEST_TIMEOUT_SECONDS)
+
+    def post(self, path: str, body: Any) -> tuple[int, Any]:
+        self.connection.request("POST", path, json.dumps(body).encode(), self.headers)
+        response = self.connection.getresponse()
+        data = response.read()
+        return response.status, json.loads(data) if data else None
+
+    def reconnect(self) -> None:
+        self.close()
+        self.connection = http.client.HTTPConnection(
+            self.host, self.port, timeout=REQUEST_TIMEOUT_SECONDS
+        )
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (Linux /proc; NaN elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+    except OSError:
+        return math.nan
+    # after the command's ")": state is field 3, utime 14 and stime 15 (1-based)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _round(value: float, digits: int) -> float | None:
+    return None if math.isnan(value) else round(value, digits)
+
+
+def _percentile(ordered: list[float], q: float) -> float | None:
+    if not ordered:
+        return None
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value * 1000, 2)

@@ -1,0 +1,231 @@
+"""Owns `schedctl job import FILE.jsonl`: bulk creation from a JSON Lines file (one POST /v1/jobs
+body per line), sent in batches of up to 1,000 (POST /v1/jobs:batch with --api, else straight
+to the database), with a progress bar on stderr and a summary of what was created, replayed
+and refused (by line number, with the error naming the field).
+
+Each line is independent: a line that is not JSON, or a job the scheduler refuses, is
+reported and the other lines of its batch are created all the same.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from schedctl import errors, limits
+from schedctl.cli.common import OutputOption, actor, cli_state, output_format, say
+from schedctl.cli.output import OutputFormat, emit, emit_json, err_console
+
+if TYPE_CHECKING:
+    from schedctl.client import ApiClient
+    from schedctl.models import Outcome
+    from schedctl.service import Scheduler
+
+# a batch also stops short of this many bytes of job bodies, so that it stays under the
+# API's request limit (1 MiB at least) whatever the payloads
+MAX_BATCH_BYTES = 768 * 1024
+# failures listed in the table output (all of them in JSON)
+SHOWN_FAILURES = 50
+
+
+@dataclass
+class _Summary:
+    lines: int = 0
+    created: int = 0
+    replayed: int = 0
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    first_error: errors.SchedError | None = None
+
+    def fail(self, line: int, error: errors.SchedError) -> None:
+        if self.first_error is None:
+            self.first_error = error
+        self.failures.append(
+            {"line": line, "code": error.code, "field": error.field, "message": error.message}
+        )
+
+
+def job_import(
+    ctx: typer.Context,
+    file: Annotated[
+        Path,
+        typer.Argument(
+            help="JSON Lines: one job body per line, as POST /v1/jobs takes it ('-': stdin).",
+            show_default=False,
+        ),
+    ],
+    tenant: Annotated[
+        str | None,
+        typer.Option("--tenant", "-t", help="Tenant name or id (with --api: the token's)."),
+    ] = None,
+    output: OutputOption = None,
+) -> None:
+    """Create many jobs from a JSON Lines file, one job body per line (the shape of POST
+    /v1/jobs, idempotency_key included), in batches of up to 1,000 per transaction.
+
+    Each line stands alone: a line that is not JSON or a job that is refused is reported
+    with its line number and the error naming the field, and every other line is still
+    created. Blank lines are skipped. Lines with an idempotency_key already used for the
+    same job are replayed (counted, not created again), so an interrupted import can be run
+    again. Exits non-zero (the first failure's exit code) when any line failed."""
+    fmt = output_format(ctx, output)
+    state = cli_state(ctx)
+    scheduler = state.scheduler()
+    from schedctl.client import ApiClient
+
+    if not isinstance(scheduler, ApiClient) and tenant is None:
+        raise errors.ValidationError("a tenant is required (--tenant)", field="tenant")
+    total = _count_lines(file)
+    summary = _Summary()
+    began = time.perf_counter()
+    with _open(file) as stream, _progress(total, enabled=fmt is not OutputFormat.json) as advance:
+        for batch in _batches(stream, summary):
+            _send(scheduler, tenant, batch, summary)
+            advance(batch.lines)
+    elapsed = time.perf_counter() - began
+    report = {
+        "file": str(file),
+        "lines": summary.lines,
+        "created": summary.created,
+        "replayed": summary.replayed,
+        "failed": len(summary.failures),
+        "elapsed_s": round(elapsed, 3),
+        "jobs_per_s": round(summary.created / elapsed, 1) if elapsed > 0 else None,
+        "failures": summary.failures,
+    }
+    if fmt is OutputFormat.json:
+        emit_json(report)
+    else:
+        _print_report(report, fmt)
+    if summary.first_error is not None:
+        raise typer.Exit(summary.first_error.exit_code)
+
+
+@dataclass
+class _Batch:
+    bodies: list[Any] = field(default_factory=list)
+    line_numbers: list[int] = field(default_factory=list)
+    size: int = 0
+    lines: int = 0  # lines read for this batch, bad and blank ones too (the progress)
+
+
+def _batches(stream: IO[str], summary: _Summary) -> Iterator[_Batch]:
+    """Batches of parsed bodies with their line numbers; lines that are not JSON are
+    recorded as failures on the way."""
+    batch = _Batch()
+    for number, line in enumerate(stream, start=1):
+        summary.lines = number
+        batch.lines += 1
+        if not line.strip():
+            continue
+        try:
+            body = limits.parse_json(line, "line")
+        except errors.SchedError as exc:
+            reason = exc.message.removeprefix("line: ")
+            summary.fail(number, errors.ValidationError(f"line {number} {reason}", field="line"))
+            continue
+        if batch.bodies and batch.size + len(line) > MAX_BATCH_BYTES:
+            yield batch
+            batch = _Batch()
+        batch.bodies.append(body)
+        batch.line_numbers.append(number)
+        batch.size += len(line)
+        if len(batch.bodies) >= limits.MAX_BATCH_JOBS:
+            yield batch
+            batch = _Batch()
+    if batch.bodies or batch.lines:
+        yield batch
+
+
+def _send(
+    scheduler: Scheduler | ApiClient, tenant: str | None, batch: _Batch, summary: _Summary
+) -> None:
+    if not batch.bodies:
+        return
+    from schedctl.client import ApiClient
+
+    try:
+        outcomes: list[Outcome]
+        if isinstance(scheduler, ApiClient):
+            outcomes = scheduler.create_many(tenant, batch.bodies, actor=actor())
+        else:
+            assert tenant is not None  # checked by the command
+            outcomes = scheduler.create_many(tenant, batch.bodies, actor=actor())
+    except (errors.StoreUnavailable, errors.Unauthorized):
+        raise  # nothing else will get through either
+    except errors.SchedError as exc:
+        # the batch as a whole was refused (too large for the API, say): each of its lines
+        for number in batch.line_numbers:
+            summary.fail(number, exc)
+        return
+    for number, outcome in zip(batch.line_numbers, outcomes, strict=True):
+        if outcome.error is not None:
+            summary.fail(number, outcome.error)
+        elif outcome.created:
+            summary.created += 1
+        else:
+            summary.replayed += 1
+
+
+def _count_lines(file: Path) -> int | None:
+    """The progress bar's total: the file's lines (None for stdin: unknown)."""
+    if str(file) == "-":
+        return None
+    try:
+        with file.open("rb") as stream:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: stream.read(1 << 20), b""))
+    except OSError as exc:
+        raise errors.ValidationError(
+            f"cannot read {file}: {exc.strerror or exc}", field="file"
+        ) from exc
+
+
+@contextmanager
+def _open(file: Path) -> Iterator[IO[str]]:
+    """The file (or stdin) as text; a file that cannot be read is an error naming `file`."""
+    if str(file) == "-":
+        yield sys.stdin
+        return
+    try:
+        stream = file.open(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise errors.ValidationError(
+            f"cannot read {file}: {exc.strerror or exc}", field="file"
+        ) from exc
+    with stream:
+        yield stream
+
+
+@contextmanager
+def _progress(total: int | None, *, enabled: bool) -> Iterator[Callable[[int], None]]:
+    """A rich progress bar on stderr (off with -o json); yields `advance(lines)`."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(
+        TextColumn("importing"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        disable=not enabled,
+    )
+    task = progress.add_task("import", total=total)
+    with progress:
+        yield lambda lines: progress.advance(task, lines)
+
+
+def _print_report(report: dict[str, Any], fmt: OutputFormat) -> None:
+    failures = report["failures"]
+    summary = {k: v for k, v in report.items() if k != "failures"}
+    emit(summary, fmt, title="job import")
+    if failures:
+        shown = failures[:SHOWN_FAILURES]
+        emit(shown, fmt, columns=("line", "code", "field", "message"), title="failed lines")
+        if len(failures) > len(shown):
+            say(f"... and {len(failures) - len(shown)} more (-o json lists them all)")

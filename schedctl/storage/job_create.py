@@ -1,0 +1,390 @@
+"""Owns creating jobs in the database, one or a batch (up to 1,000) in one transaction: each
+item's idempotency replay, quota admission, name check and first run, then one executemany
+INSERT for the jobs, one for their audit entries and one change notification for the
+batch. A single create is a batch of one, so both take the same path.
+
+Each item gets its own outcome in the order given: created, replayed (its idempotency key
+names an earlier job with the same body, in the database or earlier in the batch) or an
+error naming the field; a refused item writes nothing. A dependent item (`after`) is written
+in a savepoint of its own, so an unknown upstream refuses that item only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.engine import Connection, RowMapping
+from sqlalchemy.exc import IntegrityError
+
+from schedctl import errors, limits
+from schedctl.models import Job, JobSpec, JobStatus, Outcome
+from schedctl.scheduling.schedules import AfterSchedule, first_occurrence, schedule_to_dict
+from schedctl.scheduling.windows import fire_time
+from schedctl.storage import dependencies, job_lookup, schema
+from schedctl.storage.audit import audit_many
+from schedctl.storage.changes import notify_job_changes
+from schedctl.storage.clock import db_now
+from schedctl.storage.payloads import encode_payload
+from schedctl.storage.rows import job_from_row
+from schedctl.storage.store import Store
+
+MAX_BATCH = limits.MAX_BATCH_JOBS
+# a concurrent create that took a key or a name between our read and our insert fails the
+# whole transaction once; the next pass sees its row and answers per item
+RACE_ATTEMPTS = 3
+# names and keys are looked up with IN lists of at most this many (SQLite's bound on
+# parameters is far above; Postgres plans short lists better)
+IN_CHUNK = 500
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """One item to create: its validated spec; auto_name when no name was given (the default
+    name then gets a suffix from the new id, so it never collides)."""
+
+    spec: JobSpec
+    auto_name: bool = False
+    actor: str | None = None  # who the audit log names, when not the batch's actor
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A tenant's quota state read under its row lock: `now` (the database's clock) and
+    `refuse(n)`, the error for the item that would be the n-th (from 0) created in this
+    transaction, or None when the quotas allow it."""
+
+    now: datetime
+    refuse: Callable[[int], errors.SchedError | None]
+
+
+Admit = Callable[[Connection], Admission]
+
+
+def new_job_id() -> str:
+    """Time-ordered (48-bit milliseconds) then random: ids sort by creation, for paging."""
+    return f"{int(time.time() * 1000):012x}{os.urandom(10).hex()}"
+
+
+def partition_of(job_id: str, partition_count: int) -> int:
+    # a stable hash: Python's hash() differs between processes
+    return int.from_bytes(hashlib.sha256(job_id.encode()).digest()[:4], "big") % partition_count
+
+
+def create_jobs(
+    store: Store,
+    tenant_id: str,
+    items: Sequence[NewJob],
+    *,
+    actor: str,
+    admit: Admit | None = None,
+) -> list[Outcome]:
+    """Create `items` for the tenant in one transaction; one Outcome per item, in order.
+    `admit` (the quota checks) runs first in the same transaction, so what it allows is
+    atomic with the insert."""
+    if len(items) > MAX_BATCH:
+        raise errors.ValidationError(
+            f"at most {MAX_BATCH} jobs per batch, got {len(items)}", field="jobs"
+        )
+    # read before the write transaction: on SQLite a second connection would wait for
+    # this one's lock
+    partition_count = store.partition_count
+    for attempt in range(RACE_ATTEMPTS):
+        try:
+            with store.tx() as connection:
+                return _Batch(connection, tenant_id, items, actor, partition_count).run(admit)
+        except IntegrityError as exc:
+            if attempt + 1 < RACE_ATTEMPTS:
+                continue
+            if job_lookup.is_name_conflict(exc):
+                raise errors.Conflict(
+                    "another create took one of these names at the same time; try again",
+                    field="name",
+                ) from None
+            raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+class _Batch:
+    """One pass over the items inside the transaction."""
+
+    def __init__(
+        self,
+        connection: Connection,
+        tenant_id: str,
+        items: Sequence[NewJob],
+        actor: str,
+        partition_count: int,
+    ) -> None:
+        self.connection = connection
+        self.tenant_id = tenant_id
+        self.items = items
+        self.actor = actor
+        self.partition_count = partition_count
+        self.outcomes: list[Outcome | None] = [None] * len(items)
+        self.replays: dict[int, int] = {}  # item -> the earlier item its key replays
+        self.batch_keys: dict[str, int] = {}  # key -> the item creating it here
+        self.batch_names: dict[str, str] = {}  # name -> job id created here
+        self.pending: list[tuple[int, dict[str, Any]]] = []  # rows not yet inserted
+
+    def run(self, admit: Admit | None) -> list[Outcome]:
+        # read before the tenant's lock, which serializes its creates: a key or a name
+        # taken meanwhile fails the insert on its unique index, and the next pass sees it
+        existing = self._existing_keys()
+        ids = [new_job_id() for _ in self.items]
+        taken = self._taken_names(ids)
+        if admit is not None:
+            admission = admit(self.connection)
+            now, refuse = admission.now, admission.refuse
+        else:
+            self._require_tenant()
+            now, refuse = db_now(self.connection), _admit_all
+        admitted = 0
+        for index, item in enumerate(self.items):
+            spec = item.spec
+            key = spec.idempotency_key
+            if key is not None and (key in existing or key in self.batch_keys):
+                self.outcomes[index] = self._replay(index, spec, existing.get(key))
+                continue
+            # the order of a single create's checks: quota, then schedule, then name
+            refused = refuse(admitted)
+            if refused is None:
+                try:
+                    row = self._row(ids[index], item, now, taken)
+                except errors.SchedError as exc:
+                    refused = exc
+            if refused is not None:
+                self.outcomes[index] = Outcome(error=refused)
+                continue
+            admitted += 1
+            if spec.after:
+                self._flush(now)
+                self._insert_dependent(index, row, now)
+            else:
+                self._claim(index, row)
+                self.pending.append((index, row))
+        self._flush(now)
+        for index, earlier in self.replays.items():
+            first = self.outcomes[earlier]
+            assert first is not None and first.job is not None
+            self.outcomes[index] = Outcome(job=first.job, created=False)
+        done = [o for o in self.outcomes if o is not None]
+        assert len(done) == len(self.outcomes)
+        return done
+
+    # -- lookups, one query each for the whole batch -----------------------------------
+
+    def _existing_keys(self) -> dict[str, RowMapping]:
+        keys = sorted({i.spec.idempotency_key for i in self.items if i.spec.idempotency_key})
+        jobs = schema.jobs
+        found: dict[str, RowMapping] = {}
+        for start in range(0, len(keys), IN_CHUNK):
+            rows = self.connection.execute(
+                select(jobs).where(
+                    jobs.c.tenant_id == self.tenant_id,
+                    jobs.c.idempotency_key.in_(keys[start : start + IN_CHUNK]),
+                )
+            ).mappings()
+            found.update((row["idempotency_key"], row) for row in rows)
+        return found
+
+    def _taken_names(self, ids: Sequence[str]) -> dict[str, str]:
+        """Name -> job id of the tenant's jobs (not deleted) holding any name this batch
+        may use: the given names and the auto names' first choices."""
+        wanted = sorted(
+            {
+                _auto_name(i.spec.name, ids[n]) if i.auto_name else i.spec.name
+                for n, i in enumerate(self.items)
+            }
+        )
+        jobs = schema.jobs
+        taken: dict[str, str] = {}
+        for start in range(0, len(wanted), IN_CHUNK):
+            rows = self.connection.execute(
+                select(jobs.c.name, jobs.c.job_id).where(
+                    jobs.c.tenant_id == self.tenant_id,
+                    jobs.c.status != JobStatus.deleted.value,
+                    jobs.c.name.in_(wanted[start : start + IN_CHUNK]),
+                )
+            )
+            taken.update((row.name, row.job_id) for row in rows)
+        return taken
+
+    def _require_tenant(self) -> None:
+        tenants = schema.tenants
+        found = self.connection.execute(
+            select(tenants.c.tenant_id).where(tenants.c.tenant_id == self.tenant_id)
+        ).scalar_one_or_none()
+        if found is None:
+            raise errors.NotFound(f"no tenant {self.tenant_id!r}", field="tenant")
+
+    # -- one item ----------------------------------------------------------------------
+
+    def _replay(self, index: int, spec: JobSpec, row: RowMapping | None) -> Outcome | None:
+        key = spec.idempotency_key
+        if row is not None:
+            if row["status"] == JobStatus.deleted.value:
+                # the key keeps its meaning while the deleted job's row is kept: no new job
+                return Outcome(
+                    error=errors.Conflict(
+                        f"idempotency key {key!r} belongs to job {row['job_id']}, "
+                        "which was deleted",
+                        field="idempotency_key",
+                    )
+                )
+            if row["request_hash"] != spec.request_hash:
+                return Outcome(error=_other_body(key, f"job {row['job_id']}"))
+            return Outcome(job=job_from_row(row), created=False)
+        assert key is not None
+        earlier = self.batch_keys[key]
+        if self.items[earlier].spec.request_hash != spec.request_hash:
+            return Outcome(error=_other_body(key, f"item {earlier} of this batch"))
+        self.replays[index] = earlier
+        return None
+
+    def _row(
+        self,
+        job_id: str,
+        item: NewJob,
+        now: datetime,
+        taken: dict[str, str],
+    ) -> dict[str, Any]:
+        spec = item.spec
+        next_run_at = _first_run(spec, now)
+        if item.auto_name:
+            name = _auto_name(spec.name, job_id)
+            if name in taken or name in self.batch_names:
+                # 1 in 16 million per pair: the whole id is the name's suffix then
+                name = f"{spec.name[: job_lookup.MAX_NAME - len(job_id) - 1]}-{job_id}"
+        else:
+            name = spec.name
+            holder = taken.get(name) or self.batch_names.get(name)
+            if holder is not None:
+                raise job_lookup.name_conflict(name, holder)
+        return {
+            "job_id": job_id,
+            "tenant_id": self.tenant_id,
+            "name": name,
+            "schedule": json.dumps(schedule_to_dict(spec.schedule)),
+            "target_type": spec.target.type.value,
+            "target": spec.target.address,
+            "payload": encode_payload(spec.payload),
+            "max_attempts": spec.retry.max_attempts,
+            "retry_base_seconds": spec.retry.base_delay_seconds,
+            "retry_max_seconds": spec.retry.max_delay_seconds,
+            "misfire_policy": spec.misfire_policy.value,
+            "grace_seconds": spec.grace_seconds,
+            "window_seconds": spec.window_seconds,
+            "max_concurrency": spec.max_concurrency,
+            "timeout_seconds": spec.timeout_seconds,
+            "start_at": spec.start_at,
+            "end_at": spec.end_at,
+            "status": JobStatus.active.value,
+            "next_run_at": next_run_at,
+            # a dependent job: never due, its runs come from upstream
+            "next_fire_at": (
+                fire_time(job_id, next_run_at, spec.window_seconds)
+                if next_run_at is not None
+                else None
+            ),
+            "partition": partition_of(job_id, self.partition_count),
+            "version": 1,
+            "idempotency_key": spec.idempotency_key,
+            "request_hash": spec.request_hash,
+            "created_at": now,
+            "updated_at": now,
+        }
+
+    def _claim(self, index: int, row: dict[str, Any]) -> None:
+        """Later items see this one's key and name as taken."""
+        key = self.items[index].spec.idempotency_key
+        if key is not None:
+            self.batch_keys[key] = index
+        self.batch_names[row["name"]] = row["job_id"]
+
+    # -- writes ------------------------------------------------------------------------
+
+    def _flush(self, now: datetime) -> None:
+        """Insert the pending rows: one multi-row INSERT ... RETURNING, their audit
+        entries, one notification."""
+        if not self.pending:
+            return
+        pending, self.pending = self.pending, []
+        jobs = self._insert(pending, now)
+        for (index, _), job in zip(pending, jobs, strict=True):
+            self.outcomes[index] = Outcome(job=job, created=True)
+
+    def _insert(self, pending: list[tuple[int, dict[str, Any]]], now: datetime) -> list[Job]:
+        # executemany without RETURNING: the driver pipelines the rows, where one multi-row
+        # INSERT ... RETURNING of a thousand rows (26,000 parameters) took four times as
+        # long; the jobs are built from the rows written
+        rows = [row for _, row in pending]
+        self.connection.execute(schema.jobs.insert(), rows)
+        jobs = [job_from_row(row) for row in rows]
+        audit_many(
+            self.connection,
+            [
+                {
+                    "at": now,
+                    "tenant_id": self.tenant_id,
+                    "actor": self.items[index].actor or self.actor,
+                    "action": "create",
+                    "job_id": row["job_id"],
+                }
+                for index, row in pending
+            ],
+        )
+        notify_job_changes(
+            self.connection,
+            [(row["job_id"], row["partition"]) for row in rows if row["next_fire_at"] is not None],
+        )
+        return jobs
+
+    def _insert_dependent(self, index: int, row: dict[str, Any], now: datetime) -> None:
+        """A job with `after`: in a savepoint, so an unknown upstream or a cycle refuses
+        this item only."""
+        spec = self.items[index].spec
+        try:
+            with self.connection.begin_nested():
+                (job,) = self._insert([(index, row)], now)
+                dependencies.add(self.connection, row["job_id"], self.tenant_id, spec.after)
+        except errors.SchedError as exc:
+            self.outcomes[index] = Outcome(error=exc)
+            return
+        self._claim(index, row)
+        self.outcomes[index] = Outcome(job=job, created=True)
+
+
+def _admit_all(_: int) -> errors.SchedError | None:
+    return None
+
+
+def _auto_name(base: str, job_id: str) -> str:
+    """The name of a job created without one: the readable default (where it goes and how
+    often) plus the new id's last 6 random hex digits."""
+    return f"{base[: job_lookup.MAX_NAME - 7]}-{job_id[-6:]}"
+
+
+def _first_run(spec: JobSpec, now: datetime) -> datetime | None:
+    if isinstance(spec.schedule, AfterSchedule):
+        return None
+    first = first_occurrence(spec.schedule, now, start=spec.start_at, end=spec.end_at)
+    if first is None:
+        raise errors.ValidationError(
+            "the schedule has no run between its start and end", field="schedule"
+        )
+    return first
+
+
+def _other_body(key: str | None, holder: str) -> errors.Conflict:
+    return errors.Conflict(
+        f"idempotency key {key!r} was already used for a different job definition ({holder})",
+        field="idempotency_key",
+    )
