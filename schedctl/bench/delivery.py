@@ -30,7 +30,7 @@ from schedctl.storage.store import Store
 from schedctl.storage.tenants import TenantRepo
 
 
-def _tenant(store: Store, concurrency: int) -> str:
+def bench_tenant(store: Store, concurrency: int) -> str:
     tenant, _token = TenantRepo(store).create(f"bench-{uuid.uuid4().hex[:8]}", actor="bench")
     bench_rows.set_tenant_columns(
         store,
@@ -45,7 +45,7 @@ def _tenant(store: Store, concurrency: int) -> str:
     return tenant.tenant_id
 
 
-def _claimed_runs(store: Store, tenant_id: str, target_type: str, target: str, count: int) -> str:
+def claimed_runs(store: Store, tenant_id: str, target_type: str, target: str, count: int) -> str:
     """One job and `count` runs of it as a claim leaves them (run + outbox rows, due now)."""
     now = datetime.now(UTC)
     job_id = new_job_id()
@@ -106,34 +106,62 @@ def _claimed_runs(store: Store, tenant_id: str, target_type: str, target: str, c
     return job_id
 
 
-def _outbox_left(store: Store, job_id: str) -> int:
-    return bench_rows.outbox_left(store, job_id)
+def peak_rss_mb(pid: int) -> float | None:
+    """VmHWM of a live process, in MB (Linux)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
 
 
-def _drain(store: Store, job_id: str, deadline: float) -> float:
-    """Run a real `scheduled-d relay` process until the job's outbox rows are all settled;
-    returns runs per second, timed from the first settled row (process start-up is not
-    delivery) to the last. Raises past the deadline."""
-    total = _outbox_left(store, job_id)
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a live process so far (Linux)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def relay_until_settled(store: Store, job_id: str, runs: int, deadline: float) -> dict[str, Any]:
+    """Run one real `scheduled-d relay` process until the job's `runs` outbox rows are all
+    settled; the rate is timed from the first settled row (start-up is not delivery) to the
+    last. Raises past the deadline."""
     url = store.engine.url.render_as_string(hide_password=False)
-    launched = time.monotonic()
     process = subprocess.Popen(
         [str(Path(sys.executable).parent / "scheduled-d"), "relay"],
         env={**os.environ, "SCHEDULED_DATABASE_URL": url, "SCHEDULED_LOG_LEVEL": "WARNING"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    launched = time.monotonic()
     try:
-        while (left := _outbox_left(store, job_id)) == total:
-            _check(store, job_id, deadline, process)
-            time.sleep(0.01)
-        started, counted = time.monotonic(), left
-        while _outbox_left(store, job_id) > 0:
-            _check(store, job_id, deadline, process)
+        started = counted = None
+        while (left := bench_rows.outbox_left(store, job_id)) > 0:
+            if process.poll() is not None:
+                raise errors.SchedError(f"the relay exited with code {process.returncode}")
+            if time.monotonic() > deadline:
+                raise errors.SchedError(
+                    f"the benchmark did not finish in time ({left} runs left in the outbox)"
+                )
+            if started is None and left < runs:
+                started, counted = time.monotonic(), left
             time.sleep(0.02)
-        if counted == 0:  # all settled before the first look: count from the launch
-            started, counted = launched, total
-        return counted / max(time.monotonic() - started, 1e-6)
+        finished = time.monotonic()
+        cpu = cpu_seconds(process.pid)
+        if started is None or counted is None:  # all settled before the first look
+            started, counted = launched, runs
+        return {
+            "seconds": finished - started,
+            "settled": counted,
+            "rate": counted / max(finished - started, 1e-6),
+            "pid": process.pid,
+            "peak_rss_mb": peak_rss_mb(process.pid),
+            "cpu_seconds": cpu,
+        }
     finally:
         process.send_signal(signal.SIGTERM)
         try:
@@ -141,16 +169,6 @@ def _drain(store: Store, job_id: str, deadline: float) -> float:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(10)
-
-
-def _check(store: Store, job_id: str, deadline: float, process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is not None:
-        raise errors.SchedError(f"the relay exited with code {process.returncode}")
-    if time.monotonic() > deadline:
-        raise errors.SchedError(
-            f"the benchmark did not finish in time ({_outbox_left(store, job_id)} "
-            "runs left in the outbox)"
-        )
 
 
 def run_delivery_bench(
@@ -162,21 +180,21 @@ def run_delivery_bench(
     rabbitmq_url: str | None = None,
 ) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
-    tenant_id = _tenant(store, concurrency)
+    tenant_id = bench_tenant(store, concurrency)
     # the receiver runs in its own process: in this one it would compete with the relay for
     # the interpreter lock, and the figure would be half the relay's
     endpoint = Receiver()
     try:
-        http_job = _claimed_runs(store, tenant_id, "http", endpoint.url, runs)
-        http_rate = _drain(store, http_job, deadline)
+        http_job = claimed_runs(store, tenant_id, "http", endpoint.url, runs)
+        http_rate = relay_until_settled(store, http_job, runs, deadline)["rate"]
         times = [t for received in endpoint.keys().values() for t in received]
     finally:
         endpoint.close()
     span = max(times) - min(times) if times else 0.0
     queue = f"bench-{uuid.uuid4().hex[:8]}"
-    queue_job = _claimed_runs(store, tenant_id, "queue", queue, runs)
+    queue_job = claimed_runs(store, tenant_id, "queue", queue, runs)
     try:
-        queue_rate = _drain(store, queue_job, deadline)
+        queue_rate = relay_until_settled(store, queue_job, runs, deadline)["rate"]
     finally:
         bench_rows.delete_queue_messages(store, queue)
     result: dict[str, Any] = {
@@ -203,9 +221,10 @@ def _rabbitmq(store: Store, tenant_id: str, url: str, runs: int, deadline: float
 
     TenantDeliveryRepo(store).set_broker(tenant_id, url, actor="bench")
     queue = f"schedctl-bench-{uuid.uuid4().hex[:8]}"
-    job = _claimed_runs(store, tenant_id, "queue", queue, runs)
+    job = claimed_runs(store, tenant_id, "queue", queue, runs)
     try:
-        return _drain(store, job, deadline)
+        rate: float = relay_until_settled(store, job, runs, deadline)["rate"]
+        return rate
     finally:
         TenantDeliveryRepo(store).set_broker(tenant_id, None, actor="bench")
         try:

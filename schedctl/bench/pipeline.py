@@ -256,7 +256,8 @@ class _Bench:
         """Runs at the last stage this run has: received (HTTP), finished (queue with
         workers), or in the queue (without)."""
         if self.receiver is not None:
-            return self.receiver.count()["distinct"]
+            distinct: int = self.receiver.count()["distinct"]
+            return distinct
         if self.plan.workers or self.plan.api_workers:
             return bench_rows.count_runs(self.store, self.tenant_id, status="succeeded")
         assert self.sampler is not None

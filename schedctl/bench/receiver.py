@@ -1,83 +1,93 @@
-"""Owns the benchmarks' loopback HTTP receiver: a keep-alive HTTP/1.1 server on 127.0.0.1
-that answers 204 to every POST and records, per run key (the Idempotency-Key header), each
-time it was received. It runs as its own process (`python -m schedctl.bench.receiver`), so
-that it does not compete with the bench or a relay for an interpreter lock; it prints its
-port on the first line of stdout and stops when its stdin closes.
+"""Owns the benchmarks' loopback HTTP receiver: a minimal keep-alive HTTP/1.1 server
+(asyncio, Content-Length bodies) on 127.0.0.1 that answers 204 to every POST and records,
+per run key (the Idempotency-Key header), each time it was received, and how many POSTs
+came without a v2 signature. It runs as its own process (`python -m schedctl.bench.receiver`),
+so that it does not compete with the bench or a relay for CPU or an interpreter lock; it
+prints its port on the first line of stdout and stops when its stdin closes.
 
-GET /count answers {"received": N, "distinct": D}; GET /keys answers {KEY: [unix times]}.
+GET /keys answers {KEY: [unix times]}; any other GET answers the counts: {"received",
+"distinct", "duplicates", "unsigned", "first", "last"}.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import requests
-
 from schedctl import errors
-from schedctl.signing import IDEMPOTENCY_HEADER
-
-START_SECONDS = 30.0
 
 
-class _State:
+class _Counts:
     def __init__(self) -> None:
-        self.lock = threading.Lock()
         self.keys: dict[str, list[float]] = {}
-        self.received = 0
+        self.times: list[float] = []
+        self.unsigned = 0
 
-
-STATE = _State()
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive: the relay reuses its connections
-
-    def do_POST(self) -> None:
+    def post(self, headers: dict[str, str]) -> None:
         now = time.time()
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        key = self.headers.get(IDEMPOTENCY_HEADER) or ""
-        with STATE.lock:
-            STATE.keys.setdefault(key, []).append(now)
-            STATE.received += 1
-        self.send_response(204)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
+        self.keys.setdefault(headers.get("idempotency-key", ""), []).append(now)
+        self.times.append(now)
+        if not headers.get("x-sched-signature", "").startswith("v2="):
+            self.unsigned += 1
 
-    def do_GET(self) -> None:
-        with STATE.lock:
-            if self.path == "/keys":
-                data: Any = {k: list(v) for k, v in STATE.keys.items()}
-            else:
-                data = {"received": STATE.received, "distinct": len(STATE.keys)}
-        body = json.dumps(data).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # a line per request would cost more than the request
+    def answer(self, path: str) -> Any:
+        if path == "/keys":
+            return self.keys
+        return {
+            "received": len(self.times),
+            "distinct": len(self.keys),
+            "duplicates": sum(len(v) - 1 for v in self.keys.values()),
+            "unsigned": self.unsigned,
+            "first": self.times[0] if self.times else None,
+            "last": self.times[-1] if self.times else None,
+        }
 
 
-def serve() -> None:
-    ThreadingHTTPServer.request_queue_size = 256
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    server.daemon_threads = True
-    print(server.server_address[1], flush=True)
+COUNTS = _Counts()
 
-    def stop_when_stdin_closes() -> None:
-        sys.stdin.read()
-        server.shutdown()
 
-    threading.Thread(target=stop_when_stdin_closes, daemon=True).start()
-    server.serve_forever()
+class _Protocol(asyncio.Protocol):
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.buffer = b""
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while (end := self.buffer.find(b"\r\n\r\n")) >= 0:  # bounded: each turn eats a request
+            lines = self.buffer[:end].decode("latin-1").split("\r\n")
+            headers = {}
+            for line in lines[1:]:
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+            length = int(headers.get("content-length") or 0)
+            if len(self.buffer) < end + 4 + length:
+                return
+            self.buffer = self.buffer[end + 4 + length :]
+            method, _, rest = lines[0].partition(" ")
+            if method == "POST":
+                COUNTS.post(headers)
+                self.transport.write(b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n")
+                continue
+            body = json.dumps(COUNTS.answer(rest.partition(" ")[0])).encode()
+            self.transport.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                + str(len(body)).encode()
+                + b"\r\n\r\n"
+                + body
+            )
+
+
+async def _serve() -> None:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(_Protocol, "127.0.0.1", 0, backlog=1024)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await loop.run_in_executor(None, sys.stdin.read)
+    server.close()
 
 
 class Receiver:
@@ -96,26 +106,26 @@ class Receiver:
             self.close()
             raise errors.SchedError("the benchmark's HTTP receiver did not start")
         self.port = int(line)
-        self.session = requests.Session()
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/bench"
 
-    def count(self) -> dict[str, int]:
-        data: dict[str, int] = self.session.get(
-            f"http://127.0.0.1:{self.port}/count", timeout=30
-        ).json()
+    def _get(self, path: str, timeout: float) -> Any:
+        import requests  # here: the receiver process itself does not need it
+
+        return requests.get(f"http://127.0.0.1:{self.port}{path}", timeout=timeout).json()
+
+    def count(self) -> dict[str, Any]:
+        """received, distinct, duplicates, unsigned, first and last (unix times or None)."""
+        data: dict[str, Any] = self._get("/count", 30)
         return data
 
     def keys(self) -> dict[str, list[float]]:
-        data: dict[str, list[float]] = self.session.get(
-            f"http://127.0.0.1:{self.port}/keys", timeout=120
-        ).json()
+        data: dict[str, list[float]] = self._get("/keys", 120)
         return data
 
     def close(self) -> None:
-        self.session.close()
         if self.process.stdin is not None:
             self.process.stdin.close()
         try:
@@ -128,4 +138,4 @@ class Receiver:
 
 
 if __name__ == "__main__":
-    serve()
+    asyncio.run(_serve())

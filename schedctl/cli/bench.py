@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from schedctl import errors
-from schedctl.cli.bench_options import count, seconds
+from schedctl.cli.bench_options import KeepJobsOption, count, seconds
 from schedctl.cli.common import (
     OutputOption,
     actor,
@@ -63,9 +63,7 @@ def api(
     payload_bytes: Annotated[
         int, count("--payload-bytes", 0, 60_000, "Payload size per job")
     ] = 256,
-    keep: Annotated[
-        bool, typer.Option("--keep", help="Keep the benchmark tenant and its jobs afterwards.")
-    ] = False,
+    keep: KeepJobsOption = False,
     output: OutputOption = None,
 ) -> None:
     """Jobs created per second through `scheduled-d api` on 127.0.0.1, and the latency of

@@ -9,26 +9,16 @@ from typing import Annotated
 import typer
 
 from schedctl import limits
-from schedctl.cli.common import OutputOption, cli_state, int_parser, number_parser, output_format
+from schedctl.cli.bench_options import KeepJobsOption, count, seconds
+from schedctl.cli.common import OutputOption, cli_state, output_format
 from schedctl.cli.output import emit
 
 
 def create(
     ctx: typer.Context,
-    jobs: Annotated[
-        int,
-        typer.Option(
-            "--jobs", "-n", parser=int_parser("jobs", 1, 10_000_000), help="Jobs to create."
-        ),
-    ] = 5000,
+    jobs: Annotated[int, count("--jobs", 1, 10_000_000, "Jobs to create", "-n")] = 5000,
     concurrency: Annotated[
-        int,
-        typer.Option(
-            "--concurrency",
-            "-c",
-            parser=int_parser("concurrency", 1, 64),
-            help="Concurrent keep-alive clients (1-64).",
-        ),
+        int, count("--concurrency", 1, 64, "Concurrent keep-alive clients", "-c")
     ] = 12,
     batch: Annotated[
         bool,
@@ -36,31 +26,13 @@ def create(
     ] = False,
     batch_size: Annotated[
         int,
-        typer.Option(
-            "--batch-size",
-            parser=int_parser("batch_size", 1, limits.MAX_BATCH_JOBS),
-            help=f"Jobs per batch request, with --batch (1-{limits.MAX_BATCH_JOBS}).",
-        ),
+        count("--batch-size", 1, limits.MAX_BATCH_JOBS, "Jobs per batch request, with --batch"),
     ] = limits.MAX_BATCH_JOBS,
     max_seconds: Annotated[
-        float,
-        typer.Option(
-            "--max-seconds",
-            parser=number_parser("max_seconds", 1.0, 86_400.0),
-            help="Stop sending after this long (1-86400).",
-        ),
+        float, seconds("--max-seconds", 1.0, 86_400.0, "Stop sending after this")
     ] = 120.0,
-    payload_bytes: Annotated[
-        int,
-        typer.Option(
-            "--payload-bytes",
-            parser=int_parser("payload_bytes", 0, 60_000),
-            help="Payload size per job (0-60000).",
-        ),
-    ] = 64,
-    keep: Annotated[
-        bool, typer.Option("--keep", help="Keep the benchmark tenant and its jobs afterwards.")
-    ] = False,
+    payload_bytes: Annotated[int, count("--payload-bytes", 0, 60_000, "Payload size per job")] = 64,
+    keep: KeepJobsOption = False,
     output: OutputOption = None,
 ) -> None:
     """Jobs created per second through `scheduled-d api` on 127.0.0.1 against the

@@ -31,6 +31,12 @@ def seconds(flag: str, low: float, high: float, help: str) -> Any:
     )
 
 
+def keep_option(what: str) -> Any:
+    """--keep: leave `what` in the database after the benchmark instead of deleting it."""
+    return typer.Option("--keep", help=f"Keep the benchmark {what} afterwards.")
+
+
+KeepJobsOption = Annotated[bool, keep_option("tenant and its jobs")]
 TimeoutOption = Annotated[float, seconds("--timeout", 1.0, 86_400.0, "Give up after this")]
 DispatchersOption = Annotated[
     int, count("--dispatchers", 1, 16, "Dispatcher processes; more than one needs --zookeeper")

@@ -9,37 +9,19 @@ from typing import Annotated
 
 import typer
 
-from schedctl.cli.common import OutputOption, cli_state, int_parser, number_parser, output_format
+from schedctl.cli.bench_options import count, keep_option, seconds
+from schedctl.cli.common import OutputOption, cli_state, output_format
 from schedctl.cli.output import emit
 
 
 def relay(
     ctx: typer.Context,
-    runs: Annotated[
-        int,
-        typer.Option(
-            "--runs", parser=int_parser("runs", 1, 1_000_000), help="Runs to deliver (1-1000000)."
-        ),
-    ] = 20_000,
+    runs: Annotated[int, count("--runs", 1, 1_000_000, "Runs to deliver")] = 20_000,
     concurrency: Annotated[
-        int,
-        typer.Option(
-            "--concurrency",
-            parser=int_parser("concurrency", 1, 256),
-            help="The tenant's HTTP lane width (1-256).",
-        ),
+        int, count("--concurrency", 1, 256, "The tenant's HTTP lane width")
     ] = 64,
-    timeout: Annotated[
-        float,
-        typer.Option(
-            "--timeout",
-            parser=number_parser("timeout", 1.0, 3600.0),
-            help="Give up after this many seconds (1-3600).",
-        ),
-    ] = 600.0,
-    keep: Annotated[
-        bool, typer.Option("--keep", help="Keep the benchmark tenant, job and runs afterwards.")
-    ] = False,
+    timeout: Annotated[float, seconds("--timeout", 1.0, 3600.0, "Give up after this")] = 600.0,
+    keep: Annotated[bool, keep_option("tenant, job and runs")] = False,
     output: OutputOption = None,
 ) -> None:
     """Signed HTTP deliveries per second from one `scheduled-d relay` to a loopback
