@@ -6,6 +6,7 @@
   fully migrated, empty database per test, copied from a template migrated once per session.
 - ``empty_sqlite_url`` / ``empty_pg_url``: a fresh database with no migrations at all.
 - ``zk_hosts``: the session ensemble's connection string under a fresh chroot per test.
+- ``smtp``: a loopback SMTP server per test, as (inbox, port) (tests/smtp_support.py).
 
 Every ``SCHEDULED_*`` environment variable is removed at import, so a developer's own
 settings never leak into tests. Tests that use the servers get the ``postgres`` /
@@ -27,6 +28,7 @@ import pytest
 from tests.services.postgres import PostgresServer
 from tests.services.rabbitmq import RabbitMQServer
 from tests.services.zookeeper import ZooKeeperEnsemble
+from tests.smtp_support import Inbox, smtp_server
 
 for _name in [name for name in os.environ if name.startswith("SCHEDULED_")]:
     del os.environ[_name]
@@ -79,6 +81,12 @@ def zk_ensemble() -> Iterator[ZooKeeperEnsemble]:
     finally:
         _SESSION_SERVICES.pop("zookeeper", None)
         ensemble.cleanup()
+
+
+@pytest.fixture
+def smtp() -> Iterator[tuple[Inbox, int]]:
+    with smtp_server() as server:
+        yield server
 
 
 @pytest.fixture

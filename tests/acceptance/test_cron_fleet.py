@@ -11,17 +11,16 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from email import message_from_bytes
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiosmtpd.controller import Controller
+
+from tests.smtp_support import Inbox
 
 BIN = Path(sys.executable).parent
 WAIT_SECONDS = 90.0
@@ -45,29 +44,6 @@ MAILTO=root
 30 3 * * *    root  echo disk full >&2; exit 3
 @reboot       root  echo booted on this host
 """
-
-
-class Inbox:
-    def __init__(self) -> None:
-        self.messages: list[Any] = []
-
-    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
-        self.messages.append(message_from_bytes(envelope.content))
-        return "250 OK"
-
-
-@pytest.fixture
-def smtp() -> Iterator[tuple[Inbox, int]]:
-    inbox = Inbox()
-    with socket.socket() as probe:  # a free loopback port (aiosmtpd cannot take port 0)
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    controller = Controller(inbox, hostname="127.0.0.1", port=port)
-    controller.start()
-    try:
-        yield inbox, port
-    finally:
-        controller.stop()
 
 
 def wait_for(predicate: Callable[[], Any], what: str, timeout: float = WAIT_SECONDS) -> Any:

@@ -7,18 +7,14 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import sys
 import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from email import message_from_bytes
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiosmtpd.controller import Controller
 from prometheus_client import REGISTRY
 from sqlalchemy import update
 from typer.testing import CliRunner
@@ -50,31 +46,9 @@ from tests.integration.queue_support import (
     trigger,
     wait_for,
 )
+from tests.smtp_support import Inbox
 
 runner = CliRunner()
-
-
-class Inbox:
-    def __init__(self) -> None:
-        self.messages: list[Any] = []
-
-    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
-        self.messages.append(message_from_bytes(envelope.content))
-        return "250 OK"
-
-
-@pytest.fixture
-def smtp() -> Iterator[tuple[Inbox, int]]:
-    inbox = Inbox()
-    with socket.socket() as probe:  # a free loopback port (aiosmtpd cannot take port 0)
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    controller = Controller(inbox, hostname="127.0.0.1", port=port)
-    controller.start()
-    try:
-        yield inbox, port
-    finally:
-        controller.stop()
 
 
 @pytest.fixture
