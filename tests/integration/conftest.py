@@ -1,6 +1,9 @@
 """Owns the integration tests' shared store fixtures: `store`, an open Store over the test's
 fresh database (``db_url``: SQLite and Postgres), `pg_store`, one over Postgres only, and
-`sched`, a Scheduler (the service layer) over the test's fresh database.
+`sched`, a Scheduler (the service layer) over the test's fresh database; the API tests'
+`server` (the API served on loopback over `sched`), `acme` and `other` (two tenants' clients,
+tests/integration/api_support.py), and `keys`, two payload keys with the process cipher reset
+around the test.
 
 A module that needs more in its store (a tenant, settings) overrides `store` by a fixture of
 the same name that takes this one, adds what it needs and returns it.
@@ -12,8 +15,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from schedctl.crypto import KEYS_ENV, KEYS_FILE_ENV, PayloadCipher
 from schedctl.service import Scheduler
+from schedctl.storage.payloads import reset_payload_cipher
 from schedctl.storage.store import Store
+from scheduled_d.api.server import ApiServer
+from tests.integration.api_support import Api, serving
 
 
 @pytest.fixture
@@ -37,3 +44,33 @@ def pg_store(pg_url: str) -> Iterator[Store]:
     store = Store.open(pg_url)
     yield store
     store.close()
+
+
+@pytest.fixture
+def server(sched: Scheduler) -> Iterator[ApiServer]:
+    with serving(sched) as running:
+        yield running
+
+
+@pytest.fixture
+def acme(sched: Scheduler, server: ApiServer) -> Api:
+    _, token = sched.create_tenant("acme", "test")
+    return Api(server.url, token)
+
+
+@pytest.fixture
+def other(sched: Scheduler, server: ApiServer) -> Api:
+    _, token = sched.create_tenant("other", "test")
+    return Api(server.url, token)
+
+
+@pytest.fixture
+def keys(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str]]:
+    """Two payload keys; the process cipher is reset around the test."""
+    monkeypatch.delenv(KEYS_ENV, raising=False)
+    monkeypatch.delenv(KEYS_FILE_ENV, raising=False)
+    reset_payload_cipher()
+    try:
+        yield PayloadCipher.generate_key(), PayloadCipher.generate_key()
+    finally:
+        reset_payload_cipher()

@@ -10,7 +10,6 @@ import json
 import threading
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -21,81 +20,16 @@ from sqlalchemy import select, update
 from typer.testing import CliRunner
 
 from schedctl.cli.app import app as cli_app
-from schedctl.crypto import KEYS_ENV, KEYS_FILE_ENV, PayloadCipher, is_encrypted
+from schedctl.crypto import KEYS_ENV, PayloadCipher, is_encrypted
 from schedctl.service import Scheduler
 from schedctl.storage import schema
 from schedctl.storage.payloads import configure_payload_cipher, reset_payload_cipher
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
 from scheduled_d.api.server import ApiServer
-from tests.integration.queue_support import table_snapshot
-
-QUEUE = {"type": "queue", "name": "digest-jobs"}
-MARKER = "PAYLOAD-MARKER-5c1e9d"
-SNAPSHOT_TABLES = (schema.jobs, schema.runs, schema.outbox, schema.audit_log, schema.api_tokens)
+from tests.integration.api_support import MARKER, QUEUE, Api, job_body, serving, snapshot
 
 runner = CliRunner()
-
-
-def job_body(**overrides: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"schedule": {"cron": "0 8 * * MON"}, "target": dict(QUEUE)}
-    body.update(overrides)
-    return body
-
-
-class Api:
-    """One tenant's view of the API: requests with its bearer token."""
-
-    def __init__(self, base_url: str, token: str) -> None:
-        self.base_url = base_url
-        self.token = token
-        self.token_id = token.split("_")[1]
-        self.session = requests.Session()
-        self.session.headers["Authorization"] = f"Bearer {token}"
-
-    def request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
-        return self.session.request(method, self.base_url + path, timeout=30, **kwargs)
-
-    def create(self, body: dict[str, Any] | None = None, **headers: str) -> requests.Response:
-        return self.request("POST", "/v1/jobs", json=body or job_body(), headers=headers)
-
-    def new_job(self, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        response = self.create(body)
-        assert response.status_code == 201, response.text
-        data: dict[str, Any] = response.json()
-        return data
-
-
-@contextmanager
-def serving(sched: Scheduler, **kwargs: Any) -> Iterator[ApiServer]:
-    server = ApiServer(sched, "127.0.0.1:0", access_log=kwargs.pop("access_log", False), **kwargs)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def server(sched: Scheduler) -> Iterator[ApiServer]:
-    with serving(sched) as running:
-        yield running
-
-
-@pytest.fixture
-def acme(sched: Scheduler, server: ApiServer) -> Api:
-    _, token = sched.create_tenant("acme", "test")
-    return Api(server.url, token)
-
-
-@pytest.fixture
-def other(sched: Scheduler, server: ApiServer) -> Api:
-    _, token = sched.create_tenant("other", "test")
-    return Api(server.url, token)
-
-
-def snapshot(store: Store) -> dict[str, list[tuple[Any, ...]]]:
-    return table_snapshot(store, SNAPSHOT_TABLES)
 
 
 def stored_payload(store: Store, job_id: str) -> str:
@@ -675,18 +609,6 @@ def test_payloads_never_reach_the_logs(
     assert MARKER not in caplog.text
     for record in caplog.records:
         assert MARKER not in str(record.args)
-
-
-@pytest.fixture
-def keys(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str]]:
-    """Two payload keys; the process cipher is reset around the test."""
-    monkeypatch.delenv(KEYS_ENV, raising=False)
-    monkeypatch.delenv(KEYS_FILE_ENV, raising=False)
-    reset_payload_cipher()
-    try:
-        yield PayloadCipher.generate_key(), PayloadCipher.generate_key()
-    finally:
-        reset_payload_cipher()
 
 
 def test_payloads_are_encrypted_at_rest(sched: Scheduler, acme: Api, keys: tuple[str, str]) -> None:

@@ -6,7 +6,6 @@ isolation."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,37 +14,9 @@ from sqlalchemy import func, select
 
 from schedctl.service import Scheduler
 from schedctl.storage import schema
-from scheduled_d.api.server import ApiServer
-from tests.integration.test_api import Api, job_body, serving, snapshot
+from tests.integration.api_support import Api, job_body, snapshot
 
 BATCH = "/v1/jobs:batch"
-
-
-@pytest.fixture
-def sched(db_url: str) -> Iterator[Scheduler]:
-    scheduler = Scheduler.open(db_url)
-    try:
-        yield scheduler
-    finally:
-        scheduler.close()
-
-
-@pytest.fixture
-def server(sched: Scheduler) -> Iterator[ApiServer]:
-    with serving(sched) as running:
-        yield running
-
-
-@pytest.fixture
-def acme(sched: Scheduler, server: ApiServer) -> Api:
-    _, token = sched.create_tenant("acme", "test")
-    return Api(server.url, token)
-
-
-@pytest.fixture
-def other(sched: Scheduler, server: ApiServer) -> Api:
-    _, token = sched.create_tenant("other", "test")
-    return Api(server.url, token)
 
 
 def batch(api: Api, jobs: list[Any]) -> list[dict[str, Any]]:

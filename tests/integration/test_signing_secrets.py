@@ -6,7 +6,6 @@ secret), and re-encryption by `schedctl db rotate-payload-key`."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -15,11 +14,11 @@ from typer.testing import CliRunner
 
 from schedctl import errors
 from schedctl.cli.app import app as cli_app
-from schedctl.crypto import KEYS_ENV, KEYS_FILE_ENV, PayloadCipher, is_encrypted
+from schedctl.crypto import PayloadCipher, is_encrypted
 from schedctl.storage import schema
 from schedctl.storage.engine import make_engine
 from schedctl.storage.migrate import head_revision, upgrade
-from schedctl.storage.payloads import configure_payload_cipher, reset_payload_cipher
+from schedctl.storage.payloads import configure_payload_cipher
 from schedctl.storage.signing_secrets import (
     SigningKeyCache,
     SigningKeys,
@@ -31,18 +30,6 @@ from schedctl.storage.tenants import TenantRepo
 
 runner = CliRunner()
 EMPTY = ["empty_sqlite_url", pytest.param("empty_pg_url", marks=pytest.mark.postgres)]
-
-
-@pytest.fixture
-def keys(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str]]:
-    """Two payload keys; the process cipher is reset around the test."""
-    monkeypatch.delenv(KEYS_ENV, raising=False)
-    monkeypatch.delenv(KEYS_FILE_ENV, raising=False)
-    reset_payload_cipher()
-    try:
-        yield PayloadCipher.generate_key(), PayloadCipher.generate_key()
-    finally:
-        reset_payload_cipher()
 
 
 def raw_secrets(store: Store, tenant_id: str) -> tuple[str, str | None, datetime | None]:
