@@ -179,6 +179,19 @@ class Run:
 
 
 @dataclass(frozen=True)
+class Attempt:
+    """One attempt of a run: recorded when finished, or running (its output so far)."""
+
+    attempt: int
+    status: str
+    started_at: datetime | None
+    finished_at: datetime | None
+    exit_code: int | None
+    error: str | None
+    output: str | None
+
+
+@dataclass(frozen=True)
 class Tenant:
     tenant_id: str
     name: str

@@ -30,7 +30,7 @@ from schedctl.cli.common import (
     output_format,
 )
 from schedctl.cli.output import OutputFormat
-from schedctl.models import Run, RunStatus, run_key
+from schedctl.models import Attempt, Run, RunStatus, run_key
 from schedctl.scheduling.timeparse import format_instant, parse_instant
 
 if TYPE_CHECKING:
@@ -48,30 +48,6 @@ _NOT_STARTED = (RunStatus.dispatched, RunStatus.skipped)
 
 
 @dataclass(frozen=True)
-class Attempt:
-    """One attempt of a run as shown: finished (recorded), or running (its output so far)."""
-
-    attempt: int
-    status: str
-    started_at: datetime | None
-    finished_at: datetime | None
-    exit_code: int | None
-    error: str | None
-    output: str | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "attempt": self.attempt,
-            "status": self.status,
-            "started_at": _instant(self.started_at),
-            "finished_at": _instant(self.finished_at),
-            "exit_code": self.exit_code,
-            "error": self.error,
-            "output": self.output,
-        }
-
-
-@dataclass(frozen=True)
 class RunOutput:
     run: Run
     attempts: tuple[Attempt, ...]
@@ -82,12 +58,24 @@ class RunOutput:
             "scheduled_at": format_instant(self.run.scheduled_at),
             "run_key": run_key(self.run.job_id, self.run.scheduled_at),
             "status": self.run.status.value,
-            "attempts": [a.to_dict() for a in self.attempts],
+            "attempts": [attempt_dict(a) for a in self.attempts],
         }
 
 
 def _instant(value: datetime | None) -> str | None:
     return None if value is None else format_instant(value)
+
+
+def attempt_dict(attempt: Attempt) -> dict[str, Any]:
+    return {
+        "attempt": attempt.attempt,
+        "status": attempt.status,
+        "started_at": _instant(attempt.started_at),
+        "finished_at": _instant(attempt.finished_at),
+        "exit_code": attempt.exit_code,
+        "error": attempt.error,
+        "output": attempt.output,
+    }
 
 
 def _live(run: Run) -> Attempt:
@@ -154,12 +142,7 @@ class Source:
         recorded = attempts(self.state.store(), job_id, [r.scheduled_at for r in runs])
         result = []
         for r in runs:
-            shown = [
-                Attempt(
-                    a.attempt, a.status, a.started_at, a.finished_at, a.exit_code, a.error, a.output
-                )
-                for a in recorded.get(r.scheduled_at, [])
-            ]
+            shown = list(recorded.get(r.scheduled_at, []))
             if r.status is RunStatus.running:
                 shown.append(_live(r))
             result.append(RunOutput(r, tuple(shown)))
@@ -238,7 +221,7 @@ def show(item: RunOutput, progress: Progress, fmt: OutputFormat) -> None:
         for a in finished:
             if a.attempt not in progress.done:
                 progress.done.add(a.attempt)
-                _write(json.dumps({**item.to_dict(), "attempts": [a.to_dict()]}) + "\n")
+                _write(json.dumps({**item.to_dict(), "attempts": [attempt_dict(a)]}) + "\n")
         return
     for a in finished:
         if a.attempt in progress.done:

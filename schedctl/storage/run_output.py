@@ -5,31 +5,17 @@ of one job. The caller has resolved the job within its tenant (Scheduler.resolve
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import select
 
-from schedctl.models import Run
+from schedctl.models import Attempt, Run
 from schedctl.storage import schema
 from schedctl.storage.rows import run_from_row
 from schedctl.storage.store import Store
 
 # runs whose attempts are read in one query (`logs --follow` looks at a page of recent runs)
 MAX_RUNS_PER_READ = 1000
-
-
-@dataclass(frozen=True)
-class AttemptOutput:
-    """One recorded attempt of a run."""
-
-    attempt: int
-    status: str
-    started_at: datetime | None
-    finished_at: datetime | None
-    exit_code: int | None
-    error: str | None
-    output: str | None
 
 
 def get_run(store: Store, job_id: str, scheduled_at: datetime) -> Run | None:
@@ -47,10 +33,10 @@ def get_run(store: Store, job_id: str, scheduled_at: datetime) -> Run | None:
 
 def attempts(
     store: Store, job_id: str, scheduled_ats: Iterable[datetime]
-) -> dict[datetime, list[AttemptOutput]]:
+) -> dict[datetime, list[Attempt]]:
     """The recorded attempts of each run of `job_id` at `scheduled_ats`, oldest first."""
     wanted = list(scheduled_ats)[:MAX_RUNS_PER_READ]
-    result: dict[datetime, list[AttemptOutput]] = {at: [] for at in wanted}
+    result: dict[datetime, list[Attempt]] = {at: [] for at in wanted}
     if not wanted:
         return result
     a = schema.run_attempts
@@ -66,7 +52,7 @@ def attempts(
         )
     for row in rows:
         result.setdefault(row["scheduled_at"], []).append(
-            AttemptOutput(
+            Attempt(
                 attempt=row["attempt"],
                 status=row["status"],
                 started_at=row["started_at"],
