@@ -62,6 +62,15 @@ __all__ = [
 
 MAX_OUTPUT_TAIL_CHARS = MAX_OUTPUT_CHARS
 
+# A message and its job's retry policy: what a lease, a settle and a held lease each read.
+_MESSAGE_COLUMNS = tuple(
+    schema.queue_messages.c[name]
+    for name in ("id", "queue", "job_id", "scheduled_at", "tenant_id", "attempt")
+)
+_RETRY_COLUMNS = tuple(
+    schema.jobs.c[name] for name in ("max_attempts", "retry_base_seconds", "retry_max_seconds")
+)
+
 
 @dataclass(frozen=True)
 class Lease:
@@ -237,15 +246,9 @@ class QueueRepo(Settles[Lease]):
         )
         query = (
             select(
-                m.c.id,
-                m.c.job_id,
-                m.c.scheduled_at,
-                m.c.tenant_id,
-                m.c.attempt,
+                *_MESSAGE_COLUMNS,
+                *_RETRY_COLUMNS,
                 j.c.max_concurrency,
-                j.c.max_attempts,
-                j.c.retry_base_seconds,
-                j.c.retry_max_seconds,
                 j.c.timeout_seconds,
                 # the snapshot of an update made after the claim wins (0009)
                 func.coalesce(m.c.payload, j.c.payload).label("payload"),
@@ -531,18 +534,7 @@ class QueueRepo(Settles[Lease]):
         that won the race makes it not ours)."""
         m, j = schema.queue_messages, schema.jobs
         query = (
-            select(
-                m.c.id,
-                m.c.queue,
-                m.c.job_id,
-                m.c.scheduled_at,
-                m.c.tenant_id,
-                m.c.attempt,
-                m.c.lease_owner,
-                j.c.max_attempts,
-                j.c.retry_base_seconds,
-                j.c.retry_max_seconds,
-            )
+            select(*_MESSAGE_COLUMNS, *_RETRY_COLUMNS, m.c.lease_owner)
             # outer join: a message whose job row is gone still gets settled (dead-lettered)
             .outerjoin(j, j.c.job_id == m.c.job_id)
             .where(*conditions)
@@ -568,17 +560,7 @@ class QueueRepo(Settles[Lease]):
             row = (
                 connection.execute(
                     select(
-                        m.c.id,
-                        m.c.queue,
-                        m.c.job_id,
-                        m.c.scheduled_at,
-                        m.c.tenant_id,
-                        m.c.attempt,
-                        m.c.leased_until,
-                        j.c.max_attempts,
-                        j.c.retry_base_seconds,
-                        j.c.retry_max_seconds,
-                        j.c.timeout_seconds,
+                        *_MESSAGE_COLUMNS, *_RETRY_COLUMNS, m.c.leased_until, j.c.timeout_seconds
                     )
                     .join(j, j.c.job_id == m.c.job_id)
                     .where(
