@@ -1,7 +1,8 @@
 """Test support for the built-in queue, the worker and the relay: jobs with queue and HTTP
 targets, manual runs, row readers, bounded waits, a loopback HTTP endpoint that records and
 answers deliveries (`HookServer`), a relay running in a thread (`running_relay`), and worker
-and relay child processes (``python -m`` this module) that tests can kill -9.
+and relay child processes (``python -m`` this module) that tests can kill -9, and a Worker
+in this process with short test timings (`queue_worker`).
 
 As a program: ``python -m tests.integration.queue_support DB_URL QUEUE OWNER LEASE HEARTBEAT
 -- COMMAND...`` runs one Worker, and ``python -m tests.integration.queue_support relay DB_URL
@@ -39,6 +40,7 @@ from tests.services.ports import pid_alive
 
 if TYPE_CHECKING:
     from scheduled_d.relay import Relay
+    from scheduled_d.worker import Worker
 
 WAIT_SECONDS = 60.0
 
@@ -444,6 +446,24 @@ def relay_main(argv: list[str]) -> int:
     relay.run(stop)
     store.close()
     return 0
+
+
+WORKER_LEASE_SECONDS = 2.0
+
+
+def queue_worker(store: Store, command: list[str], **kwargs: Any) -> Worker:
+    """A Worker on queue "q" running `command`, with short test timings (`kwargs` override
+    them or add options)."""
+    from scheduled_d.worker import Worker
+
+    options: dict[str, Any] = {
+        "lease_seconds": WORKER_LEASE_SECONDS,
+        "heartbeat_seconds": 0.5,
+        "poll_seconds": 0.05,
+        "kill_grace_seconds": 1.0,
+    }
+    options.update(kwargs)
+    return Worker(store, "q", command, **options)
 
 
 def main(argv: list[str]) -> int:

@@ -26,6 +26,7 @@ from scheduled_d.relay import Relay
 from scheduled_d.worker import TailBuffer, Worker
 from tests.factories import make_tenant
 from tests.integration.queue_support import (
+    WORKER_LEASE_SECONDS,
     attempts,
     dead_letters,
     end_processes,
@@ -38,11 +39,12 @@ from tests.integration.queue_support import (
     trigger,
     wait_for,
 )
+from tests.integration.queue_support import queue_worker as worker
 from tests.services.ports import pid_alive
 from tests.services.postgres import PostgresServer
 
 ROOT = Path(__file__).resolve().parents[2]
-LEASE = 2.0
+LEASE = WORKER_LEASE_SECONDS
 HEARTBEAT = 0.5
 
 
@@ -50,17 +52,6 @@ HEARTBEAT = 0.5
 def store(store: Store) -> Store:
     make_tenant(store)  # the workers' tenant
     return store
-
-
-def worker(store: Store, command: list[str], **kwargs: object) -> Worker:
-    options: dict[str, object] = {
-        "lease_seconds": LEASE,
-        "heartbeat_seconds": HEARTBEAT,
-        "poll_seconds": 0.05,
-        "kill_grace_seconds": 1.0,
-    }
-    options.update(kwargs)
-    return Worker(store, "q", command, **options)  # type: ignore[arg-type]
 
 
 def run_until(w: Worker, done: Callable[[], bool], what: str, **run_kwargs: object) -> int:

@@ -29,10 +29,9 @@ from scheduled_d.logsetup import JsonFormatter
 from scheduled_d.output_log import MAX_LINE_BYTES, RunOutputLog
 from scheduled_d.worker import Worker
 from tests.factories import make_tenant
-from tests.integration.queue_support import attempts, queued_run, run_row, wait_for
+from tests.integration.queue_support import attempts, queue_worker, queued_run, run_row, wait_for
 
 BIN = Path(sys.executable).parent
-LEASE = 2.0
 HEARTBEAT = 0.3
 
 
@@ -43,14 +42,7 @@ def store(store: Store) -> Store:
 
 
 def worker(store: Store, command: list[str], **kwargs: object) -> Worker:
-    options: dict[str, object] = {
-        "lease_seconds": LEASE,
-        "heartbeat_seconds": HEARTBEAT,
-        "poll_seconds": 0.05,
-        "kill_grace_seconds": 1.0,
-    }
-    options.update(kwargs)
-    return Worker(store, "q", command, **options)  # type: ignore[arg-type]
+    return queue_worker(store, command, **{"heartbeat_seconds": HEARTBEAT, **kwargs})
 
 
 def run_until(w: Worker, done: Callable[[], bool], what: str) -> None:
