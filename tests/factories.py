@@ -53,14 +53,21 @@ def insert_tenant_row(
 
 
 def insert_cron_job_row(
-    connection: Connection, job_id: str, tenant_id: str, *, queue: str, at: datetime
+    connection: Connection,
+    job_id: str,
+    tenant_id: str,
+    *,
+    queue: str,
+    at: datetime,
+    name: str = "nightly",
+    status: str = "active",
 ) -> None:
-    """An active nightly (02:00 UTC) job of `tenant_id` on `queue`, due at `at`."""
+    """A nightly (02:00 UTC) job `name` of `tenant_id` on `queue`, due at `at`."""
     connection.execute(
         schema.jobs.insert().values(
             job_id=job_id,
             tenant_id=tenant_id,
-            name="nightly",
+            name=name,
             schedule=json.dumps({"kind": "cron", "cron": "0 2 * * *", "timezone": "UTC"}),
             target_type="queue",
             target=queue,
@@ -73,7 +80,7 @@ def insert_cron_job_row(
             window_seconds=0,
             max_concurrency=1,
             timeout_seconds=0,
-            status="active",
+            status=status,
             next_run_at=at,
             next_fire_at=at,
             partition=7,

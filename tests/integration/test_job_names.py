@@ -23,6 +23,7 @@ from schedctl.storage import schema
 from schedctl.storage.engine import make_engine
 from schedctl.storage.migrate import head_revision, upgrade
 from scheduled_d.api.server import ApiServer
+from tests.factories import insert_cron_job_row, insert_tenant_row
 
 ACTOR = "test"
 runner = CliRunner()
@@ -292,43 +293,10 @@ def test_migration_renames_duplicate_names(empty_url_any: str) -> None:
     try:
         with engine.begin() as connection:
             for tenant in ("t1", "t2"):
-                connection.execute(
-                    schema.tenants.insert().values(
-                        tenant_id=tenant,
-                        name=f"name-{tenant}",
-                        signing_secret="s",
-                        max_jobs=10,
-                        create_rate_per_minute=10,
-                        dispatch_rate_per_second=10,
-                        allow_list="[]",
-                        created_at=now,
-                    )
-                )
+                insert_tenant_row(connection, tenant, f"name-{tenant}", created_at=now, quota=10)
             for job_id, tenant, name, status in rows:
-                connection.execute(
-                    schema.jobs.insert().values(
-                        job_id=job_id,
-                        tenant_id=tenant,
-                        name=name,
-                        schedule=json.dumps({"kind": "cron", "cron": "0 2 * * *"}),
-                        target_type="queue",
-                        target="q",
-                        payload="{}",
-                        max_attempts=3,
-                        retry_base_seconds=1.0,
-                        retry_max_seconds=60.0,
-                        misfire_policy="run_once",
-                        grace_seconds=60,
-                        window_seconds=0,
-                        max_concurrency=1,
-                        timeout_seconds=0,
-                        status=status,
-                        partition=1,
-                        version=1,
-                        request_hash="h",
-                        created_at=now,
-                        updated_at=now,
-                    )
+                insert_cron_job_row(
+                    connection, job_id, tenant, queue="q", at=now, name=name, status=status
                 )
     finally:
         engine.dispose()
