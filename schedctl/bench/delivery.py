@@ -75,34 +75,9 @@ def claimed_runs(store: Store, tenant_id: str, target_type: str, target: str, co
         "updated_at": now,
     }
     times = [now - timedelta(microseconds=i) for i in range(count)]
-    runs = [
-        {
-            "job_id": job_id,
-            "scheduled_at": at,
-            "tenant_id": tenant_id,
-            "partition": 0,
-            "trigger": "manual",
-            "status": "dispatched",
-            "attempt": 1,
-            "fire_at": at,
-            "dispatched_at": now,
-        }
-        for at in times
-    ]
-    outbox = [
-        {
-            "job_id": job_id,
-            "scheduled_at": at,
-            "tenant_id": tenant_id,
-            "target_type": target_type,
-            "target": target,
-            "attempt": 1,
-            "available_at": now,
-            "created_at": now,
-        }
-        for at in times
-    ]
-    bench_rows.insert_claimed(store, job, runs, outbox)
+    bench_rows.insert_claimed(
+        store, job_id, tenant_id, (target_type, target), times, now=now, job=job
+    )
     return job_id
 
 

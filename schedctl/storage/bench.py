@@ -26,20 +26,51 @@ def insert_jobs(store: Store, rows: Sequence[Mapping[str, Any]]) -> None:
 
 def insert_claimed(
     store: Store,
-    job: Mapping[str, Any],
-    runs: Sequence[Mapping[str, Any]],
-    outbox: Sequence[Mapping[str, Any]],
+    job_id: str,
+    tenant_id: str,
+    target: tuple[str, str],
+    times: Sequence[datetime],
+    *,
+    now: datetime,
+    job: Mapping[str, Any] | None = None,
 ) -> None:
-    """One job row and run and outbox rows of it, as a claim leaves them, in one transaction."""
+    """Runs of `job_id` at `times` as a claim at `now` leaves them (run and outbox rows,
+    dispatched, attempt 1, due now) for `target` (its type and address), and the `job` row
+    first when given, in one transaction."""
+    target_type, address = target
+    runs = [
+        {
+            "job_id": job_id,
+            "scheduled_at": at,
+            "tenant_id": tenant_id,
+            "partition": 0,
+            "trigger": "manual",
+            "status": "dispatched",
+            "attempt": 1,
+            "fire_at": at,
+            "dispatched_at": now,
+        }
+        for at in times
+    ]
+    outbox = [
+        {
+            "job_id": job_id,
+            "scheduled_at": at,
+            "tenant_id": tenant_id,
+            "target_type": target_type,
+            "target": address,
+            "attempt": 1,
+            "available_at": now,
+            "created_at": now,
+        }
+        for at in times
+    ]
     with store.tx() as connection:
-        connection.execute(schema.jobs.insert().values(**job))
-        for start in range(0, max(len(runs), len(outbox)), CHUNK):
-            run_chunk = list(runs[start : start + CHUNK])
-            outbox_chunk = list(outbox[start : start + CHUNK])
-            if run_chunk:
-                connection.execute(schema.runs.insert(), run_chunk)
-            if outbox_chunk:
-                connection.execute(schema.outbox.insert(), outbox_chunk)
+        if job is not None:
+            connection.execute(schema.jobs.insert().values(**job))
+        for start in range(0, len(times), CHUNK):
+            connection.execute(schema.runs.insert(), runs[start : start + CHUNK])
+            connection.execute(schema.outbox.insert(), outbox[start : start + CHUNK])
 
 
 def set_tenant_columns(store: Store, tenant_id: str, values: Mapping[str, Any]) -> None:

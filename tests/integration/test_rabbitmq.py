@@ -23,6 +23,7 @@ import pytest
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.signing import IDEMPOTENCY_HEADER, verify
 from schedctl.storage import schema
+from schedctl.storage.bench import insert_claimed
 from schedctl.storage.store import Store
 from schedctl.storage.tenant_delivery import TenantDeliveryRepo
 from scheduled_d.relay import Relay
@@ -163,40 +164,7 @@ def _bulk_queue_runs(store: Store, tenant_id: str, queue: str, count: int) -> li
         at = now - timedelta(milliseconds=i)
         keys.append(f"{job}:{format_instant(at)}")
         rows.append(at)
-    with store.tx() as connection:
-        connection.execute(
-            schema.runs.insert(),
-            [
-                {
-                    "job_id": job,
-                    "scheduled_at": at,
-                    "tenant_id": tenant_id,
-                    "partition": 0,
-                    "trigger": "manual",
-                    "status": "dispatched",
-                    "attempt": 1,
-                    "fire_at": at,
-                    "dispatched_at": now,
-                }
-                for at in rows
-            ],
-        )
-        connection.execute(
-            schema.outbox.insert(),
-            [
-                {
-                    "job_id": job,
-                    "scheduled_at": at,
-                    "tenant_id": tenant_id,
-                    "target_type": "queue",
-                    "target": queue,
-                    "attempt": 1,
-                    "available_at": now,
-                    "created_at": now,
-                }
-                for at in rows
-            ],
-        )
+    insert_claimed(store, job, tenant_id, ("queue", queue), rows, now=now)
     return keys
 
 
