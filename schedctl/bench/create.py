@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schedctl import errors
+from schedctl.bench import measure
 from schedctl.bench.api_workers import api_argv, api_url, loopback_port, wait_healthy
 from schedctl.service import Scheduler
 from schedctl.storage import bench as bench_rows
@@ -68,13 +69,14 @@ def run(scheduler: Scheduler, database_url: str, config: CreateBenchConfig) -> d
             actor="cli:bench",
         )
         with _api(database_url) as (host, port, pid):
-            cpu_before = _cpu_seconds(pid)
+            cpu_before = measure.cpu_seconds(pid)
             tally, elapsed = _drive(host, port, token, config)
-            cpu_after = _cpu_seconds(pid)
+            cpu_after = measure.cpu_seconds(pid)
     finally:
         if not config.keep:
             bench_rows.delete_tenant(scheduler.store, tenant.tenant_id)
     per_request = sorted(tally.latencies)
+    cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
     return {
         "database": redact(str(scheduler.store.engine.url)),
         "mode": "batch" if config.batch else "single",
@@ -88,12 +90,12 @@ def run(scheduler: Scheduler, database_url: str, config: CreateBenchConfig) -> d
         "elapsed_s": round(elapsed, 3),
         "jobs_per_s": round(tally.created / elapsed, 1) if elapsed > 0 else None,
         "requests": len(per_request),
-        "request_p50_ms": _ms(_percentile(per_request, 50)),
-        "request_p99_ms": _ms(_percentile(per_request, 99)),
-        "request_max_ms": _ms(per_request[-1] if per_request else None),
+        "request_p50_ms": measure.ms(measure.percentile(per_request, 50)),
+        "request_p99_ms": measure.ms(measure.percentile(per_request, 99)),
+        "request_max_ms": measure.ms(per_request[-1] if per_request else None),
         # CPU of the API process per job: what the machine's other load does not change
-        "api_cpu_s": _round(cpu_after - cpu_before, 3),
-        "api_cpu_ms_per_job": _round(1000 * (cpu_after - cpu_before) / max(1, tally.created), 3),
+        "api_cpu_s": None if cpu is None else round(cpu, 3),
+        "api_cpu_ms_per_job": None if cpu is None else round(1000 * cpu / max(1, tally.created), 3),
         "tenant": tenant.name if config.keep else None,
     }
 
@@ -226,28 +228,3 @@ class _Client:
 
     def close(self) -> None:
         self.connection.close()
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process `pid` so far (Linux /proc; NaN elsewhere)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-            fields = stat.read().rpartition(")")[2].split()
-    except OSError:
-        return math.nan
-    # after the command's ")": state is field 3, utime 14 and stime 15 (1-based)
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _round(value: float, digits: int) -> float | None:
-    return None if math.isnan(value) else round(value, digits)
-
-
-def _percentile(ordered: list[float], q: float) -> float | None:
-    if not ordered:
-        return None
-    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
-
-
-def _ms(value: float | None) -> float | None:
-    return None if value is None else round(value * 1000, 2)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from schedctl import errors
+from schedctl.bench import measure
 from schedctl.bench.receiver import Receiver
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import bench as bench_rows
@@ -81,24 +82,8 @@ def claimed_runs(store: Store, tenant_id: str, target_type: str, target: str, co
     return job_id
 
 
-def peak_rss_mb(pid: int) -> float | None:
-    """VmHWM of a live process, in MB (Linux)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        return None
-    return None
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time of a live process so far (Linux)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _mb(value: int | None) -> float | None:
+    return None if value is None else round(value / 1024 / 1024, 1)
 
 
 def relay_until_settled(store: Store, job_id: str, runs: int, deadline: float) -> dict[str, Any]:
@@ -126,7 +111,7 @@ def relay_until_settled(store: Store, job_id: str, runs: int, deadline: float) -
                 started, counted = time.monotonic(), left
             time.sleep(0.02)
         finished = time.monotonic()
-        cpu = cpu_seconds(process.pid)
+        cpu = measure.cpu_seconds(process.pid)
         if started is None or counted is None:  # all settled before the first look
             started, counted = launched, runs
         return {
@@ -134,7 +119,7 @@ def relay_until_settled(store: Store, job_id: str, runs: int, deadline: float) -
             "settled": counted,
             "rate": counted / max(finished - started, 1e-6),
             "pid": process.pid,
-            "peak_rss_mb": peak_rss_mb(process.pid),
+            "peak_rss_mb": _mb(measure.peak_rss_bytes(process.pid)),
             "cpu_seconds": cpu,
         }
     finally:

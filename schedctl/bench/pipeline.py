@@ -17,9 +17,9 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
+from schedctl.bench import measure
 from schedctl.bench.consumers import Consumers
 from schedctl.bench.dispatch import Dispatchers, bench_tenant
 from schedctl.bench.receiver import Receiver
@@ -112,17 +112,6 @@ class _QueueSampler:
             self.thread.join(60)
 
 
-def _vm_hwm(pid: int) -> int | None:
-    """A live process's peak resident set (VmHWM), in bytes."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        return None
-    return None
-
-
 class _Processes:
     """Every process of a run by name, and their peak RSS as last sampled (VmHWM only
     grows, so the last look before the stop is the peak)."""
@@ -133,7 +122,7 @@ class _Processes:
 
     def sample(self) -> None:
         for name, pid in self.pids.items():
-            value = _vm_hwm(pid)
+            value = measure.peak_rss_bytes(pid)
             if value is not None:
                 self.peak[name] = max(value, self.peak.get(name, 0))
 
@@ -148,12 +137,12 @@ def _lateness(pairs: Sequence[tuple[datetime, float]]) -> dict[str, float | int 
     last = max(reached for _, reached in pairs) - max(due for due, _ in pairs).timestamp()
 
     def pct(q: float) -> float:
-        return round(late[min(len(late) - 1, int(q * len(late)))], 3)
+        return round(measure.percentile(late, q) or 0.0, 3)
 
     return {
         "last": round(last, 3),
-        "p50": pct(0.50),
-        "p99": pct(0.99),
+        "p50": pct(50),
+        "p99": pct(99),
         "max": round(late[-1], 3),
         "count": len(late),
     }

@@ -15,17 +15,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from schedctl.bench import measure
 from schedctl.bench.delivery import bench_tenant, claimed_runs, relay_until_settled
 from schedctl.bench.receiver import Receiver
 from schedctl.storage import bench as bench_rows
 from schedctl.storage.store import Store
-
-
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def run_relay_bench(
@@ -45,15 +39,15 @@ def run_relay_bench(
         if not keep:
             bench_rows.delete_tenant(store, tenant_id)
     span = (received["last"] or 0.0) - (received["first"] or 0.0)
-    p50, p99 = _percentile(calls, 0.50), _percentile(calls, 0.99)
+    p50, p99 = measure.percentile(calls, 50), measure.percentile(calls, 99)
     return {
         "runs": runs,
         "tenant_delivery_concurrency": concurrency,
         "database": bench_rows.database_settings(store),
         "deliveries_per_second": round(relay["settled"] / max(relay["seconds"], 1e-6), 1),
         "received_per_second": round((received["received"] - 1) / span, 1) if span else None,
-        "call_p50_ms": round(p50 * 1000, 2) if p50 is not None else None,
-        "call_p99_ms": round(p99 * 1000, 2) if p99 is not None else None,
+        "call_p50_ms": measure.ms(p50),
+        "call_p99_ms": measure.ms(p99),
         "received": received["received"],
         "duplicates": received["duplicates"],
         "missing": runs - received["distinct"],

@@ -5,7 +5,6 @@ The dispatch benchmarks (`bench burst`, `bench steady`) live in cli/bench_dispat
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import signal
 import socket
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from schedctl import errors
+from schedctl.bench.measure import ms, percentile
 from schedctl.cli.bench_options import KeepJobsOption, count, seconds
 from schedctl.cli.common import (
     OutputOption,
@@ -158,18 +158,6 @@ def _run(
     return results, time.perf_counter() - began
 
 
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(0, math.ceil(q / 100 * len(ordered)) - 1)
-    return ordered[rank]
-
-
-def _ms(value: float | None) -> float | None:
-    return None if value is None else round(value * 1000, 2)
-
-
 def _report(
     scheduler: Scheduler,
     results: _Results,
@@ -197,10 +185,10 @@ def _report(
         "errors": other,
         "elapsed_s": round(elapsed, 3),
         "jobs_per_s": round(created / elapsed, 1) if elapsed > 0 else None,
-        "p50_ms": _ms(_percentile(results.latencies, 50)),
-        "p90_ms": _ms(_percentile(results.latencies, 90)),
-        "p99_ms": _ms(_percentile(results.latencies, 99)),
-        "max_ms": _ms(max(results.latencies) if results.latencies else None),
+        "p50_ms": ms(percentile(results.latencies, 50)),
+        "p90_ms": ms(percentile(results.latencies, 90)),
+        "p99_ms": ms(percentile(results.latencies, 99)),
+        "max_ms": ms(max(results.latencies) if results.latencies else None),
         "tenant": tenant if keep else None,
     }
 
