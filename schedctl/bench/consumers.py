@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from schedctl import errors
+from schedctl.bench import children
 from schedctl.bench.api_workers import (
     api_argv,
     api_url,
@@ -191,12 +192,7 @@ class Consumers:
                     p.popen.send_signal(signal.SIGTERM)
             for p in group:
                 assert p.popen is not None
-                try:
-                    codes[p.name] = p.popen.wait(STOP_SECONDS)
-                except subprocess.TimeoutExpired:
-                    p.popen.kill()
-                    p.popen.wait(10)
-                    codes[p.name] = None
+                codes[p.name] = children.reap(p.popen, STOP_SECONDS)
         return codes
 
     def kill(self) -> None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schedctl import errors
-from schedctl.bench import measure
+from schedctl.bench import children, measure
 from schedctl.bench.api_workers import api_argv, api_url, loopback_port, wait_healthy
 from schedctl.service import Scheduler
 from schedctl.storage import bench as bench_rows
@@ -125,13 +125,7 @@ def _api(database_url: str) -> Iterator[tuple[str, int, int]]:
             raise errors.SchedError("the API did not start: " + " | ".join(tail))
         yield "127.0.0.1", port, process.pid
     finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(STOP_SECONDS)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(STOP_SECONDS)
+        children.stop(process, STOP_SECONDS)
 
 
 def _drive(host: str, port: int, token: str, config: CreateBenchConfig) -> tuple[_Tally, float]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from schedctl import errors
-from schedctl.bench import measure
+from schedctl.bench import children, measure
 from schedctl.bench.receiver import Receiver
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import bench as bench_rows
@@ -123,12 +122,7 @@ def relay_until_settled(store: Store, job_id: str, runs: int, deadline: float) -
             "cpu_seconds": cpu,
         }
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+        children.stop(process, 60)
 
 
 def run_delivery_bench(

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from schedctl import errors
+from schedctl.bench import children
 from schedctl.storage import bench as bench_rows
 from schedctl.storage.store import Store
 from schedctl.storage.tenants import TenantRepo
@@ -76,12 +77,7 @@ class Dispatchers:
                 process.send_signal(signal.SIGTERM)
         codes: dict[str, int | None] = {}
         for i, process in enumerate(self.processes):
-            try:
-                codes[f"{self.mode}-{i}"] = process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
-                codes[f"{self.mode}-{i}"] = None
+            codes[f"{self.mode}-{i}"] = children.reap(process, 30)
         return codes
 
 

@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from schedctl import errors
+from schedctl.bench import children
 
 
 class _Counts:
@@ -128,11 +129,7 @@ class Receiver:
     def close(self) -> None:
         if self.process.stdin is not None:
             self.process.stdin.close()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
+        children.reap(self.process, 10)  # it stops when its stdin closes
         if self.process.stdout is not None:
             self.process.stdout.close()
 

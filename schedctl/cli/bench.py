@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from schedctl import errors
+from schedctl.bench import children
 from schedctl.bench.measure import ms, percentile
 from schedctl.cli.bench_options import KeepJobsOption, count, seconds
 from schedctl.cli.common import (
@@ -229,13 +229,7 @@ def _api_process(database_url: str) -> Any:
             _wait_healthy(base_url, process, log_path)
             yield base_url
         finally:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(20)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(10)
+            children.stop(process, 20)
 
 
 def _wait_healthy(base_url: str, process: subprocess.Popen[bytes], log_path: Path) -> None:
