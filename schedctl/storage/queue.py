@@ -42,6 +42,7 @@ from schedctl.storage.settle import (
     Held,
     clip,
     lost,
+    run_by_key,
     settle,
     skip_cancelled,
 )
@@ -331,10 +332,7 @@ class QueueRepo(Settles[Lease]):
             r = schema.runs
             connection.execute(
                 update(r)
-                .where(
-                    r.c.job_id == bindparam("b_job_id"),
-                    r.c.scheduled_at == bindparam("b_scheduled_at", type_=r.c.scheduled_at.type),
-                )
+                .where(*run_by_key())
                 .values(
                     status=RunStatus.running.value,
                     attempt=bindparam("b_attempt"),

@@ -127,6 +127,15 @@ def lost(*, started_at: datetime | None, now: datetime, worker: str | None) -> A
     return Attempt(Ending.lost, started_at, now, worker, error=LOST_ERROR)
 
 
+def run_by_key() -> tuple[ColumnElement[bool], ColumnElement[bool]]:
+    """The run of an executemany row, by its `b_job_id` and `b_scheduled_at` parameters."""
+    r = schema.runs
+    return (
+        r.c.job_id == bindparam("b_job_id"),
+        r.c.scheduled_at == bindparam("b_scheduled_at", type_=r.c.scheduled_at.type),
+    )
+
+
 def id_in(connection: Connection, column: Any, ids: Sequence[int]) -> ColumnElement[bool]:
     """`column IN ids` for a batch of row ids. On Postgres one array parameter (``= ANY``):
     one statement text whatever the batch size, which psycopg parses once, instead of one
@@ -261,8 +270,7 @@ def skip_cancelled(
     connection.execute(
         update(r)
         .where(
-            r.c.job_id == bindparam("b_job_id"),
-            r.c.scheduled_at == bindparam("b_scheduled_at", type_=r.c.scheduled_at.type),
+            *run_by_key(),
             # not in_(): an expanding list cannot take part in an executemany
             or_(*(r.c.status == s.value for s in SKIPPABLE_STATUSES)),
         )
@@ -376,8 +384,7 @@ def _update_runs(connection: Connection, runs: list[dict[str, Any]]) -> None:
     connection.execute(
         update(r)
         .where(
-            r.c.job_id == bindparam("b_job_id"),
-            r.c.scheduled_at == bindparam("b_scheduled_at", type_=r.c.scheduled_at.type),
+            *run_by_key(),
         )
         .values(
             status=bindparam("b_status"),
