@@ -20,7 +20,7 @@ import requests
 
 from schedctl import __version__, errors
 from schedctl.alerts.model import AlertConfig, parse_alerts
-from schedctl.api_call import send
+from schedctl.api_call import api_base_url, authorize, send
 from schedctl.closing import Closing
 from schedctl.job_refs import shortest_among
 from schedctl.models import Job, JobStatus, Outcome, Page, Run
@@ -38,20 +38,13 @@ class ApiClient(Closing):
         timeout: float = DEFAULT_TIMEOUT_SECONDS,
         session: requests.Session | None = None,
     ) -> None:
-        if not base_url.startswith(("http://", "https://")):
-            raise errors.ValidationError(
-                f"the API URL must start with http:// or https://, got {base_url!r}", field="api"
-            )
+        self.base_url = api_base_url(base_url, errors.ValidationError)
         if not token:
             raise errors.Unauthorized(
                 "an API token is needed: --token or SCHEDULED_API_TOKEN", field="token"
             )
-        self.base_url = base_url.rstrip("/")
         self.timeout = timeout
-        self.session = session or requests.Session()
-        self.session.headers.update(
-            {"Authorization": f"Bearer {token}", "User-Agent": f"schedctl/{__version__}"}
-        )
+        self.session = authorize(session or requests.Session(), token, f"schedctl/{__version__}")
         self._tenant: dict[str, Any] | None = None
 
     def close(self) -> None:

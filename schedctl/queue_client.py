@@ -19,7 +19,7 @@ from urllib.parse import quote
 import requests
 
 from schedctl import __version__, errors, limits
-from schedctl.api_call import send
+from schedctl.api_call import api_base_url, authorize, send
 from schedctl.leasing import Beat, Finish, LeaseBackend, LeasedRun, Settlement
 from schedctl.scheduling.timeparse import format_instant
 
@@ -87,16 +87,12 @@ class ApiLeaseBackend(LeaseBackend):
         session: requests.Session | None = None,
         connections: int = 10,
     ) -> None:
-        if not base_url.startswith(("http://", "https://")):
-            raise errors.ConfigError(
-                f"the API URL must start with http:// or https://, got {base_url!r}", field="api"
-            )
+        self.base_url = api_base_url(base_url, errors.ConfigError)
         if not token:
             raise errors.ConfigError(
                 "the worker needs the tenant's API token: SCHEDULED_API_TOKEN or --token-file",
                 field="token",
             )
-        self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         if session is None:
             session = requests.Session()
@@ -105,10 +101,7 @@ class ApiLeaseBackend(LeaseBackend):
             adapter = requests.adapters.HTTPAdapter(pool_maxsize=max(connections, 1) + 1)
             session.mount("http://", adapter)
             session.mount("https://", adapter)
-        self.session = session
-        self.session.headers.update(
-            {"Authorization": f"Bearer {token}", "User-Agent": f"scheduled-d/{__version__}"}
-        )
+        self.session = authorize(session, token, f"scheduled-d/{__version__}")
 
     def close(self) -> None:
         self.session.close()
