@@ -55,6 +55,19 @@ def payload_cipher() -> PayloadCipher | None:
         return _cipher
 
 
+def rotation_cipher(cipher: PayloadCipher | None) -> PayloadCipher:
+    """The cipher a key rotation re-encrypts under: `cipher`, else the process's; a clear
+    error when no keys are configured."""
+    cipher = cipher or payload_cipher()
+    if cipher is None:
+        raise errors.ConfigError(
+            "no payload keys are configured: set SCHEDULED_PAYLOAD_KEYS_FILE "
+            "(or SCHEDULED_PAYLOAD_KEYS), the new key first",
+            field="payload_keys",
+        )
+    return cipher
+
+
 def encode_payload(value: Any) -> str:
     """The stored form of a payload (the caller has validated it is JSON)."""
     text = json.dumps(value)
@@ -89,13 +102,7 @@ def rotate_payloads(
     """Re-encrypt every job payload that is not under the current key, in batches of short
     transactions (a payload never changes after its insert, so each update is conditional on
     the value read and nothing else can be lost)."""
-    cipher = cipher or payload_cipher()
-    if cipher is None:
-        raise errors.ConfigError(
-            "no payload keys are configured: set SCHEDULED_PAYLOAD_KEYS_FILE "
-            "(or SCHEDULED_PAYLOAD_KEYS), the new key first",
-            field="payload_keys",
-        )
+    cipher = rotation_cipher(cipher)
     jobs = schema.jobs
     rewrite = (
         update(jobs)

@@ -35,7 +35,7 @@ from schedctl.crypto import PayloadCipher, is_encrypted
 from schedctl.storage import schema
 from schedctl.storage.clock import db_now
 from schedctl.storage.dialect import Lock
-from schedctl.storage.payloads import payload_cipher
+from schedctl.storage.payloads import payload_cipher, rotation_cipher
 from schedctl.storage.store import Store
 from schedctl.storage.tenants import TenantRepo, change_tenant
 
@@ -266,13 +266,7 @@ def rotate_signing_secrets(
     """Re-encrypt every stored signing secret (current and previous) that is not under the
     current payload key, plain ones included; each update is conditional on the value read,
     so a rotation of the tenant's secret meanwhile is never undone."""
-    cipher = cipher or payload_cipher()
-    if cipher is None:
-        raise errors.ConfigError(
-            "no payload keys are configured: set SCHEDULED_PAYLOAD_KEYS_FILE "
-            "(or SCHEDULED_PAYLOAD_KEYS), the new key first",
-            field="payload_keys",
-        )
+    cipher = rotation_cipher(cipher)
     t = schema.tenants
     examined = rewritten = current = 0
     after = ""
