@@ -545,23 +545,29 @@ class Relay:
         finally:
             self._slot_left(lane, counted)
 
-    async def _call_async(self, delivery: Delivery, started: datetime) -> None:
+    def _http_call(self, delivery: Delivery) -> dict[str, Any] | DeliveryResult:
+        """The HTTP delivery's keyword arguments, or a retryable result when the payload or
+        the tenant's signing secret cannot be read."""
         try:
             payload = decode_payload(delivery.stored_payload)
             secrets = self.signing.secrets_for(delivery.tenant_id)
         except errors.SchedError as exc:
-            self._record(delivery, DeliveryResult(Verdict.retry, error=str(exc)), started)
-            return
-        result = await self.http.deliver_async(
-            url=delivery.target,
-            allow_list=delivery.allow_list,
-            secret=secrets,
-            job_id=delivery.job_id,
-            scheduled_at=delivery.scheduled_at,
-            attempt=delivery.attempt,
-            payload=payload,
-        )
-        self._record(delivery, result, started)
+            return DeliveryResult(Verdict.retry, error=str(exc))
+        return {
+            "url": delivery.target,
+            "allow_list": delivery.allow_list,
+            "secret": secrets,
+            "job_id": delivery.job_id,
+            "scheduled_at": delivery.scheduled_at,
+            "attempt": delivery.attempt,
+            "payload": payload,
+        }
+
+    async def _call_async(self, delivery: Delivery, started: datetime) -> None:
+        call = self._http_call(delivery)
+        if not isinstance(call, DeliveryResult):
+            call = await self.http.deliver_async(**call)
+        self._record(delivery, call, started)
 
     def _guarded(self, deliver: Callable[[Delivery], None], delivery: Delivery) -> None:
         """deliver(delivery), with any exception escaping it recorded as a retryable
@@ -578,22 +584,10 @@ class Relay:
 
     def _call(self, delivery: Delivery) -> None:
         started = datetime.now(UTC)
-        try:
-            payload = decode_payload(delivery.stored_payload)
-            secrets = self.signing.secrets_for(delivery.tenant_id)
-        except errors.SchedError as exc:
-            self._record(delivery, DeliveryResult(Verdict.retry, error=str(exc)), started)
-            return
-        result = self.http.deliver(
-            url=delivery.target,
-            allow_list=delivery.allow_list,
-            secret=secrets,
-            job_id=delivery.job_id,
-            scheduled_at=delivery.scheduled_at,
-            attempt=delivery.attempt,
-            payload=payload,
-        )
-        self._record(delivery, result, started)
+        call = self._http_call(delivery)
+        if not isinstance(call, DeliveryResult):
+            call = self.http.deliver(**call)
+        self._record(delivery, call, started)
 
     def _publish(self, deliveries: Sequence[Delivery]) -> None:
         url = deliveries[0].broker_url
