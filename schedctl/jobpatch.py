@@ -16,6 +16,7 @@ from typing import Any
 
 from schedctl import errors
 from schedctl.jobspec import (
+    TOP_LEVEL_KEYS,
     _check_payload,
     _parse_max_concurrency,
     _parse_misfire,
@@ -33,23 +34,10 @@ from schedctl.scheduling.cron import CronSchedule
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import AfterSchedule, Schedule
 
-UPDATABLE_KEYS = frozenset(
-    {
-        "name",
-        "schedule",
-        "target",
-        "payload",
-        "retry",
-        "misfire_policy",
-        "grace",
-        "window",
-        "max_concurrency",
-        "timeout",
-        "after",
-    }
-)
 # part of a job's identity or bounds: changing them would be another job
 FIXED_KEYS = frozenset({"idempotency_key", "start", "end"})
+# a create's keys but the fixed ones and the alerts (they have their own route)
+UPDATABLE_KEYS = TOP_LEVEL_KEYS - FIXED_KEYS - {"alerts"}
 _KINDS = ("run_at", "delay", "cron", "every")
 
 
