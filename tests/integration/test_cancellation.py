@@ -30,6 +30,7 @@ from tests.integration.queue_support import (
     messages,
     outbox_count,
     queue_job,
+    queue_worker,
     queued_run,
     run_row,
     running_relay,
@@ -50,14 +51,8 @@ def store(store: Store) -> Store:
 
 
 def _worker(store: Store, command: list[str]) -> Worker:
-    return Worker(
-        store,
-        "q",
-        command,
-        lease_seconds=3.0,
-        heartbeat_seconds=HEARTBEAT,
-        poll_seconds=0.05,
-        kill_grace_seconds=GRACE,
+    return queue_worker(
+        store, command, lease_seconds=3.0, heartbeat_seconds=HEARTBEAT, kill_grace_seconds=GRACE
     )
 
 

@@ -30,6 +30,7 @@ from tests.factories import make_tenant
 from tests.integration.queue_support import (
     attempts,
     messages,
+    queue_worker,
     queued_run,
     run_row,
     wait_for,
@@ -48,8 +49,6 @@ SHELL_ADDS = {"PWD", "SHLVL", "_"}
 # the command dumps its environment (NUL-separated) and its stdin to the files $1 and $2
 DUMP = ["/bin/sh", "-c", 'env -0 > "$1"; cat > "$2"', "sh"]
 LEASE = 3.0
-HEARTBEAT = 0.5
-GRACE = 1.0
 
 
 @pytest.fixture
@@ -232,14 +231,7 @@ wait""",
 
 
 def exec_worker(store: Store, command: list[str], **kwargs: object) -> Worker:
-    options: dict[str, object] = {
-        "lease_seconds": LEASE,
-        "heartbeat_seconds": HEARTBEAT,
-        "poll_seconds": 0.05,
-        "kill_grace_seconds": GRACE,
-    }
-    options.update(kwargs)
-    return Worker(store, "q", command, **options)  # type: ignore[arg-type]
+    return queue_worker(store, command, **{"lease_seconds": LEASE, **kwargs})
 
 
 class Running:
