@@ -125,6 +125,21 @@ def relay_until_settled(store: Store, job_id: str, runs: int, deadline: float) -
         children.stop(process, 60)
 
 
+def deliver_over_http(
+    store: Store, tenant_id: str, runs: int, deadline: float
+) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """`runs` claimed HTTP runs of a new job delivered by one relay process to the loopback
+    receiver: the job, the relay's figures (relay_until_settled) and the receiver's counts.
+    The receiver runs in its own process: in this one it would compete with the relay for
+    the interpreter lock, and the figure would be half the relay's."""
+    receiver = Receiver()
+    try:
+        job_id = claimed_runs(store, tenant_id, "http", receiver.url, runs)
+        return job_id, relay_until_settled(store, job_id, runs, deadline), receiver.count()
+    finally:
+        receiver.close()
+
+
 def run_delivery_bench(
     store: Store,
     *,
@@ -135,16 +150,8 @@ def run_delivery_bench(
 ) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     tenant_id = bench_tenant(store, concurrency)
-    # the receiver runs in its own process: in this one it would compete with the relay for
-    # the interpreter lock, and the figure would be half the relay's
-    endpoint = Receiver()
-    try:
-        http_job = claimed_runs(store, tenant_id, "http", endpoint.url, runs)
-        http_rate = relay_until_settled(store, http_job, runs, deadline)["rate"]
-        times = [t for received in endpoint.keys().values() for t in received]
-    finally:
-        endpoint.close()
-    span = max(times) - min(times) if times else 0.0
+    _, http, received = deliver_over_http(store, tenant_id, runs, deadline)
+    span = (received["last"] or 0.0) - (received["first"] or 0.0)
     queue = f"bench-{uuid.uuid4().hex[:8]}"
     queue_job = claimed_runs(store, tenant_id, "queue", queue, runs)
     try:
@@ -155,9 +162,9 @@ def run_delivery_bench(
         "runs": runs,
         "tenant_delivery_concurrency": concurrency,
         "database": bench_rows.database_settings(store),
-        "http_deliveries_per_second": round(http_rate, 1),
-        "http_received": len(times),
-        "http_received_per_second": round((len(times) - 1) / span, 1) if span else None,
+        "http_deliveries_per_second": round(http["rate"], 1),
+        "http_received": received["received"],
+        "http_received_per_second": round((received["received"] - 1) / span, 1) if span else None,
         "queue_deliveries_per_second": round(queue_rate, 1),
         "note": "one scheduled-d relay process; http = signed POST + SSRF check + outcome",
     }

@@ -16,8 +16,7 @@ import time
 from typing import Any
 
 from schedctl.bench import measure
-from schedctl.bench.delivery import bench_tenant, claimed_runs, relay_until_settled
-from schedctl.bench.receiver import Receiver
+from schedctl.bench.delivery import bench_tenant, deliver_over_http
 from schedctl.storage import bench as bench_rows
 from schedctl.storage.store import Store
 
@@ -27,15 +26,11 @@ def run_relay_bench(
 ) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     tenant_id = bench_tenant(store, concurrency)
-    receiver = Receiver()
     try:
-        job_id = claimed_runs(store, tenant_id, "http", receiver.url, runs)
-        relay = relay_until_settled(store, job_id, runs, deadline)
-        received = receiver.count()
+        job_id, relay, received = deliver_over_http(store, tenant_id, runs, deadline)
         calls = bench_rows.attempt_seconds(store, job_id)
         statuses = bench_rows.run_statuses(store, job_id)
     finally:
-        receiver.close()
         if not keep:
             bench_rows.delete_tenant(store, tenant_id)
     span = (received["last"] or 0.0) - (received["first"] or 0.0)
