@@ -92,6 +92,19 @@ def settle_http(store: Store, verdict: Verdict = Verdict.succeeded) -> list[str]
     return [d.job_id for d in claimed.deliveries]
 
 
+def _reaped_and_run_again(store: Store, a: str, b: str, at: datetime) -> None:
+    """The leased run of `a` at `at` is reaped, runs again and succeeds, and its dependent
+    `b` gets its one run."""
+    with store.tx() as connection:
+        connection.execute(
+            schema.queue_messages.update().values(leased_until=datetime(2000, 1, 1, tzinfo=UTC))
+        )
+    assert QueueRepo(store).expire_leases() == 1
+    assert run_queue(store) == [a]
+    assert run_row(store, a, at)["status"] == RunStatus.succeeded.value
+    assert len(runs_of(store, b)) == 1
+
+
 def test_chain_queue_then_http(store: Store) -> None:
     a, b = queue_job(store), queue_job(store, max_concurrency=0)
     c = http_job(store, "https://127.0.0.1:9/hook")
@@ -241,14 +254,7 @@ def test_upstream_success_and_dependent_run_commit_together(store: Store) -> Non
     with store.tx() as connection:
         connection.execute(text("DROP TRIGGER refuse" + (" ON runs" if store.is_postgres else "")))
     # the message is still leased: once the lease is reaped it runs again and succeeds
-    with store.tx() as connection:
-        connection.execute(
-            schema.queue_messages.update().values(leased_until=datetime(2000, 1, 1, tzinfo=UTC))
-        )
-    assert QueueRepo(store).expire_leases() == 1
-    assert run_queue(store) == [a]
-    assert run_row(store, a, at)["status"] == RunStatus.succeeded.value
-    assert len(runs_of(store, b)) == 1
+    _reaped_and_run_again(store, a, b, at)
 
 
 def test_concurrent_fan_in_creates_one_run(store: Store) -> None:
@@ -411,14 +417,7 @@ def test_kill_9_while_settling_records_neither(pg_url: str) -> None:
         assert run_row(store, a, at)["status"] == RunStatus.running.value
         assert runs_of(store, b) == []
         # recovery: the lease is reaped, the run goes again and both commit together
-        with store.tx() as connection:
-            connection.execute(
-                schema.queue_messages.update().values(leased_until=datetime(2000, 1, 1, tzinfo=UTC))
-            )
-        assert QueueRepo(store).expire_leases() == 1
-        assert run_queue(store) == [a]
-        assert run_row(store, a, at)["status"] == RunStatus.succeeded.value
-        assert len(runs_of(store, b)) == 1
+        _reaped_and_run_again(store, a, b, at)
     finally:
         store.close()
 
