@@ -119,6 +119,19 @@ class Dialect(Protocol):
         row for each dispatched one inserted; returns the runs inserted."""
         ...
 
+    def id_in(self, column: Any, ids: Sequence[int]) -> Any:
+        """`column IN ids` for a batch of row ids, in the form this backend parses fastest."""
+        ...
+
+    def insert_attempts(self, connection: Connection, rows: list[dict[str, Any]]) -> None:
+        """Insert run_attempts rows (the settle path's batch)."""
+        ...
+
+    def update_runs(self, connection: Connection, rows: list[dict[str, Any]]) -> None:
+        """Set each run's outcome (status, attempt, started_at, finished_at, exit_code,
+        error, output_tail) by (job_id, scheduled_at); one row per run."""
+        ...
+
     def due_outbox_rows(
         self, connection: Connection, wanted: Mapping[Lane, int], now: datetime
     ) -> list[RowMapping]:

@@ -12,8 +12,9 @@ from contextlib import AbstractContextManager
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Table, text
+from sqlalchemy import BigInteger, Table, any_, bindparam, text
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection, Engine, RowMapping
 
 from schedctl.models import Lane
@@ -210,6 +211,22 @@ class PostgresDialect:
         )
         return [(r[0], r[1], r[2]) for r in result]
 
+    def id_in(self, column: Any, ids: Sequence[int]) -> Any:
+        # one array parameter (= ANY): one statement text whatever the batch size, which
+        # psycopg parses once, instead of one placeholder per id (a new text, parsed again,
+        # for every length; it cost the relay a tenth of its CPU)
+        return column == any_(bindparam(None, list(ids), type_=ARRAY(BigInteger)))
+
+    def insert_attempts(self, connection: Connection, rows: list[dict[str, Any]]) -> None:
+        connection.execute(
+            _INSERT_ATTEMPTS, {name: [row[name] for row in rows] for name, _ in _ATTEMPT_ARRAYS}
+        )
+
+    def update_runs(self, connection: Connection, rows: list[dict[str, Any]]) -> None:
+        connection.execute(
+            _UPDATE_RUNS, {name: [row[name] for row in rows] for name, _ in _RUN_ARRAYS}
+        )
+
     def due_outbox_rows(
         self, connection: Connection, wanted: Mapping[Lane, int], now: datetime
     ) -> list[RowMapping]:
@@ -373,3 +390,47 @@ def _pg_binary(connection: Connection, sql: str, params: dict[str, Any]) -> list
     with driver.cursor() as cursor:
         cursor.execute(sql, params)
         return list(cursor.fetchall()) if cursor.description else []
+
+
+# Postgres: a batch of rows as one statement over arrays (unnest), one array per column: a
+# constant statement text and C-speed parameter encoding, instead of one statement per row
+# in a pipeline (executemany), which was a fifth of the relay's CPU.
+_ATTEMPT_ARRAYS = (
+    ("job_id", "text"),
+    ("scheduled_at", "timestamptz"),
+    ("attempt", "integer"),
+    ("status", "text"),
+    ("started_at", "timestamptz"),
+    ("finished_at", "timestamptz"),
+    ("exit_code", "integer"),
+    ("error", "text"),
+    ("output_tail", "text"),
+    ("worker", "text"),
+)
+_INSERT_ATTEMPTS = text(
+    "INSERT INTO run_attempts ("
+    + ", ".join(name for name, _ in _ATTEMPT_ARRAYS)
+    + ") SELECT * FROM unnest("
+    + ", ".join(f"CAST(:{name} AS {kind}[])" for name, kind in _ATTEMPT_ARRAYS)
+    + ")"
+)
+_RUN_ARRAYS = (
+    ("job_id", "text"),
+    ("scheduled_at", "timestamptz"),
+    ("status", "text"),
+    ("attempt", "integer"),
+    ("started_at", "timestamptz"),
+    ("finished_at", "timestamptz"),
+    ("exit_code", "integer"),
+    ("error", "text"),
+    ("output_tail", "text"),
+)
+_UPDATE_RUNS = text(
+    "UPDATE runs SET "
+    + ", ".join(f"{name} = v.{name}" for name, _ in _RUN_ARRAYS[2:])
+    + " FROM unnest("
+    + ", ".join(f"CAST(:{name} AS {kind}[])" for name, kind in _RUN_ARRAYS)
+    + ") AS v("
+    + ", ".join(name for name, _ in _RUN_ARRAYS)
+    + ") WHERE runs.job_id = v.job_id AND runs.scheduled_at = v.scheduled_at"
+)

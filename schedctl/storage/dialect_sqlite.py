@@ -11,7 +11,7 @@ from contextlib import AbstractContextManager
 from datetime import UTC, date, datetime
 from typing import Any
 
-from sqlalchemy import Table, func, select, text, update
+from sqlalchemy import Table, bindparam, func, insert, select, text, update
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Connection, Engine, RowMapping
 
@@ -95,6 +95,30 @@ class SqliteDialect:
             if outcome.rowcount == 1:
                 advanced.add(u["job_id"])
         return advanced
+
+    def id_in(self, column: Any, ids: Sequence[int]) -> Any:
+        return column.in_(ids)
+
+    def insert_attempts(self, connection: Connection, rows: list[dict[str, Any]]) -> None:
+        connection.execute(insert(schema.run_attempts), rows)
+
+    def update_runs(self, connection: Connection, rows: list[dict[str, Any]]) -> None:
+        r = schema.runs
+        names = ("status", "attempt", "started_at", "finished_at", "exit_code", "error")
+        connection.execute(
+            update(r)
+            .where(
+                r.c.job_id == bindparam("b_job_id"),
+                r.c.scheduled_at == bindparam("b_scheduled_at", type_=r.c.scheduled_at.type),
+            )
+            .values(
+                {
+                    **{name: bindparam(f"b_{name}", type_=r.c[name].type) for name in names},
+                    "output_tail": bindparam("b_output_tail"),
+                }
+            ),
+            [{f"b_{key}": value for key, value in row.items()} for row in rows],
+        )
 
     def insert_runs(
         self, connection: Connection, rows: list[dict[str, Any]], now: datetime

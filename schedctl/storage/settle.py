@@ -20,18 +20,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
-    BigInteger,
     ColumnElement,
     Table,
-    any_,
     bindparam,
     delete,
     insert,
     or_,
-    text,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 
 from schedctl import limits
@@ -41,6 +37,7 @@ from schedctl.backoff import backoff_delay
 from schedctl.leasing import CANCELLED_RUNNING_ERROR as CANCELLED_RUNNING_ERROR
 from schedctl.models import JobStatus, RunStatus
 from schedctl.storage import alerts, dependencies, schema
+from schedctl.storage.dialect import dialect_of
 
 LOST_ERROR = "lease expired: the worker or relay holding the run stopped"
 CANCELLED_ERROR = "job cancelled before delivery"
@@ -137,13 +134,9 @@ def run_by_key() -> tuple[ColumnElement[bool], ColumnElement[bool]]:
 
 
 def id_in(connection: Connection, column: Any, ids: Sequence[int]) -> ColumnElement[bool]:
-    """`column IN ids` for a batch of row ids. On Postgres one array parameter (``= ANY``):
-    one statement text whatever the batch size, which psycopg parses once, instead of one
-    placeholder per id (a new text, parsed again, for every length; it cost the relay a
-    tenth of its CPU)."""
-    if connection.dialect.name == "postgresql":
-        return column == any_(bindparam(None, list(ids), type_=ARRAY(BigInteger)))  # type: ignore[no-any-return]
-    return column.in_(ids)  # type: ignore[no-any-return]
+    """`column IN ids` for a batch of row ids, in the form the backend parses fastest
+    (Dialect.id_in)."""
+    return dialect_of(connection).id_in(column, ids)  # type: ignore[no-any-return]
 
 
 def settle(
@@ -315,89 +308,17 @@ def _record_attempts(connection: Connection, runs: list[dict[str, Any]]) -> None
         }
         for x in runs
     ]
-    if connection.dialect.name == "postgresql":
-        _insert_attempts_postgres(connection, rows)
-        return
-    connection.execute(insert(schema.run_attempts), rows)
-
-
-# Postgres: a batch of rows as one statement over arrays (unnest), one array per column: a
-# constant statement text and C-speed parameter encoding, instead of one statement per row
-# in a pipeline (executemany), which was a fifth of the relay's CPU.
-_ATTEMPT_ARRAYS = (
-    ("job_id", "text"),
-    ("scheduled_at", "timestamptz"),
-    ("attempt", "integer"),
-    ("status", "text"),
-    ("started_at", "timestamptz"),
-    ("finished_at", "timestamptz"),
-    ("exit_code", "integer"),
-    ("error", "text"),
-    ("output_tail", "text"),
-    ("worker", "text"),
-)
-_INSERT_ATTEMPTS = text(
-    "INSERT INTO run_attempts ("
-    + ", ".join(name for name, _ in _ATTEMPT_ARRAYS)
-    + ") SELECT * FROM unnest("
-    + ", ".join(f"CAST(:{name} AS {kind}[])" for name, kind in _ATTEMPT_ARRAYS)
-    + ")"
-)
-_RUN_ARRAYS = (
-    ("job_id", "text"),
-    ("scheduled_at", "timestamptz"),
-    ("status", "text"),
-    ("attempt", "integer"),
-    ("started_at", "timestamptz"),
-    ("finished_at", "timestamptz"),
-    ("exit_code", "integer"),
-    ("error", "text"),
-    ("output_tail", "text"),
-)
-_UPDATE_RUNS = text(
-    "UPDATE runs SET "
-    + ", ".join(f"{name} = v.{name}" for name, _ in _RUN_ARRAYS[2:])
-    + " FROM unnest("
-    + ", ".join(f"CAST(:{name} AS {kind}[])" for name, kind in _RUN_ARRAYS)
-    + ") AS v("
-    + ", ".join(name for name, _ in _RUN_ARRAYS)
-    + ") WHERE runs.job_id = v.job_id AND runs.scheduled_at = v.scheduled_at"
-)
-
-
-def _insert_attempts_postgres(connection: Connection, rows: list[dict[str, Any]]) -> None:
-    connection.execute(
-        _INSERT_ATTEMPTS, {name: [row[name] for row in rows] for name, _ in _ATTEMPT_ARRAYS}
-    )
+    dialect_of(connection).insert_attempts(connection, rows)
 
 
 def _update_runs(connection: Connection, runs: list[dict[str, Any]]) -> None:
-    if connection.dialect.name == "postgresql":
-        # one row per run (the last outcome wins, as it would one statement after another)
-        latest = {(x["b_job_id"], x["b_scheduled_at"]): x for x in runs}
-        connection.execute(
-            _UPDATE_RUNS,
-            {name: [x[f"b_{name}"] for x in latest.values()] for name, _ in _RUN_ARRAYS},
-        )
-        return
-    r = schema.runs
-    connection.execute(
-        update(r)
-        .where(
-            *run_by_key(),
-        )
-        .values(
-            status=bindparam("b_status"),
-            attempt=bindparam("b_attempt"),
-            started_at=bindparam("b_started_at", type_=r.c.started_at.type),
-            finished_at=bindparam("b_finished_at", type_=r.c.finished_at.type),
-            exit_code=bindparam("b_exit_code"),
-            error=bindparam("b_error"),
-            output_tail=bindparam("b_output_tail"),
-        ),
+    # one row per run (the last outcome wins, as it would one statement after another)
+    latest = {(x["b_job_id"], x["b_scheduled_at"]): x for x in runs}
+    dialect_of(connection).update_runs(
+        connection,
         [
-            {key: value for key, value in x.items() if key not in ("b_worker", "b_recorded")}
-            for x in runs
+            {key[2:]: value for key, value in x.items() if key not in ("b_worker", "b_recorded")}
+            for x in latest.values()
         ],
     )
 
