@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from queue import SimpleQueue
 from typing import TYPE_CHECKING
 
 from schedctl import errors, limits, retrying
@@ -179,10 +180,16 @@ class Worker:
         self._force = threading.Event()
         self._slot_freed = threading.Event()
         self._lock = threading.Lock()
-        self._active: set[threading.Thread] = set()  # run threads, until recorded
-        # run threads whose command runs (or starts): what `concurrency` bounds. A thread
-        # leaves it once its command has exited, so the next lease overlaps the recording
-        self._commands: set[threading.Thread] = set()
+        # Run threads are kept and reused: starting a thread per run waits for the new
+        # thread to get the interpreter lock, which under load cost more than the run.
+        self._runs: SimpleQueue[Lease | None] = SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._idle_threads = 0  # threads waiting for a run (and not promised one)
+        self._in_flight = 0  # runs handed over and not yet recorded
+        # runs whose command runs (or starts): what `concurrency` bounds. A run leaves
+        # this count once its command has exited, so the next lease overlaps the recording
+        self._commands = 0
+        self._local = threading.local()  # the calling run thread's: has its command ended
         self._sequence = 0
         self._unavailable = False
         self.store_errors = 0  # backend calls of the lease loop that found it unavailable
@@ -295,37 +302,62 @@ class Worker:
 
     def _active_count(self) -> int:
         with self._lock:
-            return len(self._commands)
+            return self._commands
 
     def _command_done(self) -> None:
-        """The calling run thread's command has exited: its slot is free for the next
-        lease while the outcome is still being recorded."""
+        """The calling run thread's command has exited (or never started): its slot is free
+        for the next lease while the outcome is still being recorded. Once per run."""
+        if getattr(self._local, "done", True):
+            return
+        self._local.done = True
         with self._lock:
-            self._commands.discard(threading.current_thread())
+            self._commands -= 1
         self._slot_freed.set()
 
     def _start(self, lease: Lease) -> None:
         with self._lock:
-            self._sequence += 1
-            thread = threading.Thread(
-                target=self._run_one,
-                args=(lease,),
-                name=f"worker-{self.queue}-{self._sequence}",
-                daemon=True,
-            )
-            self._active.add(thread)
-            self._commands.add(thread)
-        thread.start()
+            self._in_flight += 1
+            self._commands += 1
+            if self._idle_threads > 0:
+                self._idle_threads -= 1  # promised this run: it takes one from the queue
+                thread = None
+            else:
+                self._sequence += 1
+                thread = threading.Thread(
+                    target=self._serve,
+                    name=f"worker-{self.queue}-{self._sequence}",
+                    daemon=True,
+                )
+                self._threads.append(thread)
+        self._runs.put(lease)
+        if thread is not None:
+            thread.start()
+
+    def _serve(self) -> None:
+        """One run thread: runs what it is handed until told to stop (None)."""
+        while True:
+            lease = self._runs.get()
+            if lease is None:
+                return
+            self._run_one(lease)
+            with self._lock:
+                self._idle_threads += 1
 
     def _drain(self) -> None:
-        """Wait for the runs in flight; each run thread watches `force` itself."""
+        """Wait for the runs in flight (each run watches `force` itself), then end the run
+        threads."""
         while True:
             with self._lock:
-                threads = list(self._active)
-            if not threads:
-                return
-            for thread in threads:
-                thread.join(TICK_SECONDS)
+                if self._in_flight == 0:
+                    threads, self._threads = self._threads, []
+                    self._idle_threads = 0
+                    break
+            self._slot_freed.wait(TICK_SECONDS)
+            self._slot_freed.clear()
+        for _ in threads:
+            self._runs.put(None)
+        for thread in threads:
+            thread.join(TICK_SECONDS * 40)
 
     def _reap(self) -> None:
         try:
@@ -339,15 +371,16 @@ class Worker:
     # -- one run -----------------------------------------------------------------------------
 
     def _run_one(self, lease: Lease) -> None:
+        self._local.done = False
         try:
             self._execute(lease)
         except Exception:
             # the lease expires and the reaper redelivers the run: nothing is lost
             log.exception("worker %s: run of job %s failed unexpectedly", self.owner, lease.job_id)
         finally:
+            self._command_done()
             with self._lock:
-                self._active.discard(threading.current_thread())
-                self._commands.discard(threading.current_thread())
+                self._in_flight -= 1
             self._slot_freed.set()
 
     def _environment(self, lease: Lease, extra: Mapping[str, str] | None = None) -> dict[str, str]:
