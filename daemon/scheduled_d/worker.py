@@ -185,11 +185,9 @@ class Worker:
         self._runs: SimpleQueue[Lease | None] = SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._idle_threads = 0  # threads waiting for a run (and not promised one)
-        self._in_flight = 0  # runs handed over and not yet recorded
-        # runs whose command runs (or starts): what `concurrency` bounds. A run leaves
-        # this count once its command has exited, so the next lease overlaps the recording
-        self._commands = 0
-        self._local = threading.local()  # the calling run thread's: has its command ended
+        # runs leased and not yet recorded: what `concurrency` bounds, so that a worker
+        # killed -9 leaves at most `concurrency` runs to be redelivered
+        self._in_flight = 0
         self._sequence = 0
         self._unavailable = False
         self.store_errors = 0  # backend calls of the lease loop that found it unavailable
@@ -302,22 +300,11 @@ class Worker:
 
     def _active_count(self) -> int:
         with self._lock:
-            return self._commands
-
-    def _command_done(self) -> None:
-        """The calling run thread's command has exited (or never started): its slot is free
-        for the next lease while the outcome is still being recorded. Once per run."""
-        if getattr(self._local, "done", True):
-            return
-        self._local.done = True
-        with self._lock:
-            self._commands -= 1
-        self._slot_freed.set()
+            return self._in_flight
 
     def _start(self, lease: Lease) -> None:
         with self._lock:
             self._in_flight += 1
-            self._commands += 1
             if self._idle_threads > 0:
                 self._idle_threads -= 1  # promised this run: it takes one from the queue
                 thread = None
@@ -371,14 +358,12 @@ class Worker:
     # -- one run -----------------------------------------------------------------------------
 
     def _run_one(self, lease: Lease) -> None:
-        self._local.done = False
         try:
             self._execute(lease)
         except Exception:
             # the lease expires and the reaper redelivers the run: nothing is lost
             log.exception("worker %s: run of job %s failed unexpectedly", self.owner, lease.job_id)
         finally:
-            self._command_done()
             with self._lock:
                 self._in_flight -= 1
             self._slot_freed.set()
@@ -442,7 +427,6 @@ class Worker:
             return
         stdout, stderr = TailBuffer(self.output_tail_bytes), TailBuffer(self.output_tail_bytes)
         outcome = self._supervise(lease, process, spec.stdin, stdout, stderr)
-        self._command_done()
         finished_at = datetime.now(UTC)
         tail = _combine_tails(stdout.text(), stderr.text())
         if outcome.cancelled and not outcome.lease_lost:
