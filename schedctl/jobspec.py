@@ -505,6 +505,11 @@ def parse_after(value: Any) -> tuple[str, ...]:
             raise errors.ValidationError(
                 f"each upstream job is a job id or name, got {item!r}", field="after"
             )
+        if any(ord(c) < 32 or ord(c) == 127 for c in item):
+            # no name holds a control character (nor can a Postgres text hold NUL)
+            raise errors.ValidationError(
+                f"an upstream job name has no control characters, got {item!r}", field="after"
+            )
         if item not in found:
             found.append(item)
     return tuple(found)

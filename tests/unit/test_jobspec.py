@@ -277,3 +277,12 @@ def test_body_must_be_an_object() -> None:
     with pytest.raises(errors.ValidationError) as info:
         parse_job_request([1, 2], now=NOW)  # type: ignore[arg-type]
     assert info.value.field == "body"
+
+
+@pytest.mark.parametrize("ref", ["a\x00b", "nl\nname", "del\x7f"])
+def test_an_upstream_reference_with_a_control_character_is_refused_naming_after(ref: str) -> None:
+    # found by fuzzing POST /v1/jobs:batch: a NUL reached Postgres (which refuses it in text)
+    body = {"target": {"type": "queue", "name": "q"}, "after": ["good", ref]}
+    with pytest.raises(errors.ValidationError) as caught:
+        parse_job_request(body, now=datetime(2026, 1, 1, tzinfo=UTC))
+    assert caught.value.field == "after"
