@@ -50,6 +50,12 @@ class TargetType(enum.StrEnum):
     rabbitmq = "rabbitmq"
 
 
+# A built-in queue named `every:HOST` carries an every-host job file's runs for one host: a run
+# reaches it only while a worker of that queue is live (storage/queue.py move_outbox), so an
+# every-host job runs once on each live host, and a host that is down gets no backlog.
+EVERY_HOST_QUEUE_PREFIX = "every:"
+
+
 def run_key(job_id: str, scheduled_at: datetime) -> str:
     """A run's idempotency key, `JOB_ID:SCHEDULED_AT` (RFC 3339 UTC with Z): what every
     target receives, the same for every attempt."""

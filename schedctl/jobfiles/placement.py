@@ -6,7 +6,9 @@ queue, so that any live host of the group takes each run once; every host applyi
 file converges on the same definition. A this-host or every-host job is one central job per
 host (`NAME@HOST`) whose runs go to that host's own queue: each host has its own run key
 (JOB_ID:SCHEDULED_AT of its own job) and its own run history. An every-host job with a group
-is applied only on hosts of that group.
+is applied only on hosts of that group. A this-host job's queue is `host:HOST`, where runs
+wait for the host's worker; an every-host job's is `every:HOST`, which a run reaches only
+while the host's worker is live (else it is recorded skipped): one run per live host.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Iterable
 
 from schedctl import errors
 from schedctl.jobfiles.model import Job, RunOnKind
+from schedctl.models import EVERY_HOST_QUEUE_PREFIX
 
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", re.ASCII)
 HOST_QUEUE_PREFIX = "host:"
@@ -37,13 +40,22 @@ def host_queue(host: str) -> str:
     return HOST_QUEUE_PREFIX + check_host(host)
 
 
+def every_host_queue(host: str) -> str:
+    return EVERY_HOST_QUEUE_PREFIX + check_host(host)
+
+
 def group_queue(group: str) -> str:
     return GROUP_QUEUE_PREFIX + group
 
 
 def host_queues(host: str, groups: Iterable[str] = ()) -> list[str]:
-    """The queues a host's worker serves: its own, then one per group it belongs to."""
-    return [host_queue(host), *(group_queue(g) for g in sorted(set(groups)))]
+    """The queues a host's worker serves: its own two (this-host, every-host), then one per
+    group it belongs to."""
+    return [
+        host_queue(host),
+        every_host_queue(host),
+        *(group_queue(g) for g in sorted(set(groups))),
+    ]
 
 
 def central_name(job: Job, host: str) -> str:
@@ -58,6 +70,8 @@ def queue_for(job: Job, host: str) -> str:
     if job.run_on.kind is RunOnKind.host_group:
         assert job.run_on.group is not None  # load refuses 'host-group' without a group
         return group_queue(job.run_on.group)
+    if job.run_on.kind is RunOnKind.every_host:
+        return every_host_queue(host)
     return host_queue(host)
 
 

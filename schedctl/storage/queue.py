@@ -26,7 +26,7 @@ from sqlalchemy.engine import Connection, RowMapping
 
 from schedctl import errors
 from schedctl.leasing import Beat, Finish, Settlement, Settles
-from schedctl.models import RunStatus, TargetType, run_key
+from schedctl.models import EVERY_HOST_QUEUE_PREFIX, RunStatus, TargetType, run_key
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
 from schedctl.storage.clock import db_now
@@ -34,6 +34,7 @@ from schedctl.storage.payloads import decode_payload
 from schedctl.storage.settle import (
     CANCELLED_ERROR,
     CANCELLED_RUNNING_ERROR,
+    HOST_NOT_LIVE_ERROR,
     LOST_ERROR,
     MAX_OUTPUT_CHARS,
     STOPPED_JOB_STATUSES,
@@ -47,6 +48,7 @@ from schedctl.storage.settle import (
     skip_cancelled,
 )
 from schedctl.storage.store import Store, is_lock_race
+from schedctl.storage.workers import live_queues
 
 __all__ = [
     "CANCELLED_ERROR",
@@ -174,6 +176,16 @@ class QueueRepo(Settles[Lease]):
             )
             deliver = [r for r in rows if statuses.get(r["job_id"]) not in STOPPED_JOB_STATUSES]
             cancelled = [r for r in rows if statuses.get(r["job_id"]) in STOPPED_JOB_STATUSES]
+            absent = _hosts_not_live(connection, deliver, now)
+            if absent:
+                deliver = [r for r in deliver if r["id"] not in absent]
+                skip_cancelled(
+                    connection,
+                    o,
+                    [(r["id"], r["job_id"], r["scheduled_at"]) for r in rows if r["id"] in absent],
+                    now=now,
+                    error=HOST_NOT_LIVE_ERROR,
+                )
             if deliver:
                 insert = self.store.dialect.insert(schema.queue_messages)
                 # a replay after a crash between insert and delete never duplicates a run
@@ -595,6 +607,16 @@ _ENDINGS = {
     Finish.failed: Ending.retryable,
     Finish.cancelled: Ending.stopped,
 }
+
+
+def _hosts_not_live(connection: Connection, rows: Sequence[RowMapping], now: datetime) -> set[int]:
+    """The outbox ids of every-host runs whose host has no live worker now: they are skipped,
+    not queued, so an every-host job runs on the hosts that are up at its time."""
+    every = [r for r in rows if str(r["target"]).startswith(EVERY_HOST_QUEUE_PREFIX)]
+    if not every:
+        return set()
+    live = live_queues(connection, {(r["tenant_id"], r["target"]) for r in every}, now)
+    return {r["id"] for r in every if (r["tenant_id"], r["target"]) not in live}
 
 
 def worker_tenant(store: Store, tenant: str | None, *, field: str = "tenant") -> str:

@@ -41,6 +41,7 @@ from schedctl.storage.dialect import dialect_of
 
 LOST_ERROR = "lease expired: the worker or relay holding the run stopped"
 CANCELLED_ERROR = "job cancelled before delivery"
+HOST_NOT_LIVE_ERROR = "host not live at the occurrence: no worker of its every-host queue"
 # Kept in the database no longer than a run history column should hold; the end of an
 # output (or error) says why it ended, so the end is what is kept.
 MAX_TEXT_CHARS = 16_384
@@ -253,9 +254,11 @@ def skip_cancelled(
     rows: Sequence[tuple[int, str, datetime]],
     *,
     now: datetime,
+    error: str = CANCELLED_ERROR,
 ) -> None:
-    """Drop the rows (id, job_id, scheduled_at) of a cancelled job's runs from `table` and
-    record those runs skipped, if they had not started (again)."""
+    """Drop the rows (id, job_id, scheduled_at) of a cancelled job's runs (or of runs that
+    are not to happen for another `error`) from `table` and record those runs skipped, if
+    they had not started (again)."""
     if not rows:
         return
     connection.execute(delete(table).where(id_in(connection, table.c.id, [r[0] for r in rows])))
@@ -267,7 +270,7 @@ def skip_cancelled(
             # not in_(): an expanding list cannot take part in an executemany
             or_(*(r.c.status == s.value for s in SKIPPABLE_STATUSES)),
         )
-        .values(status=RunStatus.skipped.value, error=CANCELLED_ERROR, finished_at=now),
+        .values(status=RunStatus.skipped.value, error=error, finished_at=now),
         [{"b_job_id": job_id, "b_scheduled_at": at} for _, job_id, at in rows],
     )
     dependencies.on_settled(

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
@@ -200,3 +200,22 @@ def record_presence(
 ) -> None:
     """The one call a lease or heartbeat path makes (throttled, never raises)."""
     PRESENCE.seen(store, tenant_id, queue, worker, lease_seconds)
+
+
+def live_queues(
+    connection: Connection, queues: Collection[tuple[str, str]], now: datetime
+) -> set[tuple[str, str]]:
+    """Which of the (tenant_id, queue) pairs have a live worker now, in the caller's
+    transaction (the relay's routing of every-host runs)."""
+    if not queues:
+        return set()
+    w = schema.workers
+    rows = connection.execute(
+        select(w.c.tenant_id, w.c.queue)
+        .where(
+            w.c.queue.in_(sorted({queue for _, queue in queues})),
+            w.c.live_until >= now,
+        )
+        .distinct()
+    ).all()
+    return {(str(t), str(q)) for t, q in rows} & set(queues)

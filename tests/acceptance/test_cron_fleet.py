@@ -45,6 +45,17 @@ MAILTO=root
 @reboot       root  echo booted on this host
 """
 
+# Beside the imported crontab, a job of the fleet's own that every host runs (its file
+# templated per host, as configuration management would write it).
+EVERY_HOST_FILE = """\
+[[job]]
+name = "inventory"
+cron = "0 4 * * *"
+shell = "echo inventory of $FLEET_HOST"
+run_on = "every-host"
+env = {{ FLEET_HOST = "{host}" }}
+"""
+
 
 def wait_for(predicate: Callable[[], Any], what: str, timeout: float = WAIT_SECONDS) -> Any:
     deadline = time.monotonic() + timeout
@@ -193,11 +204,12 @@ def test_a_real_crontab_on_two_hosts(fleet: Fleet, smtp: tuple[Inbox, int]) -> N
     for host in ("web1", "web2"):
         fleet.host_dir(host).mkdir(parents=True)
         shutil.copy(fleet.tmp / "imported" / "crontab.toml", fleet.host_dir(host))
+        (fleet.host_dir(host) / "fleet.toml").write_text(EVERY_HOST_FILE.format(host=host))
         args = ("apply", str(fleet.host_dir(host)), "--host", host, "--tenant", "ops")
         plan = json.loads(fleet.schedctl(*args, "--mail-domain", "example.com", "-o", "json"))
-        assert len(plan["created"]) == 5 and plan["applied"]
+        assert len(plan["created"]) == 6 and plan["applied"]
         again = json.loads(fleet.schedctl(*args, "--mail-domain", "example.com", "-o", "json"))
-        assert again["created"] == again["changed"] == [] and len(again["unchanged"]) == 5
+        assert again["created"] == again["changed"] == [] and len(again["unchanged"]) == 6
     jobs = fleet.schedctl("job", "list", "-o", "json")
     assert "run-parts" not in jobs and "disk full" not in jobs  # commands never left
 
@@ -215,6 +227,11 @@ def test_a_real_crontab_on_two_hosts(fleet: Fleet, smtp: tuple[Inbox, int]) -> N
         run = fleet.run_now(f"{who}@{host}")
         assert run["status"] == "succeeded", run
         assert "who: nobody 65534" in output_of(run)
+    # an every-host job: one run per live host, each in its own host's run history
+    for host in ("web1", "web2"):
+        run = fleet.run_now(f"inventory@{host}")
+        assert run["status"] == "succeeded", run
+        assert f"inventory of {host}" in output_of(run)
     run = fleet.run_now(f"{shout}@web1")
     assert "BACKUP DONE\nSECOND LINE" in output_of(run)  # cron's % became stdin
     assert "who: nobody 65534" in fleet.schedctl("logs", f"{who}@web2")

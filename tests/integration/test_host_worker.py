@@ -346,7 +346,7 @@ def test_worker_jobs_dir_flags_serve_the_group_queue(
         assert result.returncode == 0, result.stderr
         assert run_row(store, job, at)["status"] == "succeeded"
         assert out.read_text() == "web\n"
-        assert "queues host:h1, group:web" in result.stderr
+        assert "queues host:h1, every:h1, group:web" in result.stderr
     finally:
         store.close()
 

@@ -44,7 +44,8 @@ def test_this_host_and_every_host_jobs_are_per_host() -> None:
     assert pl.central_name(backup, "web1") == "backup@web1"
     assert pl.queue_for(backup, "web1") == "host:web1"
     assert pl.central_name(ping, "web2") == "ping@web2"
-    assert pl.queue_for(ping, "web2") == "host:web2"
+    # an every-host job's own queue: runs reach it only while the host's worker is live
+    assert pl.queue_for(ping, "web2") == "every:web2"
 
 
 def test_group_job_is_one_central_job_on_the_group_queue() -> None:
@@ -63,6 +64,7 @@ def test_every_host_of_a_group_applies_only_in_that_group() -> None:
 def test_host_queues() -> None:
     assert pl.host_queues("web1", ["web", "batch", "web"]) == [
         "host:web1",
+        "every:web1",
         "group:batch",
         "group:web",
     ]
