@@ -393,10 +393,11 @@ class Worker:
     def _launch(self, lease: Lease) -> _Run | _Ending:
         """Start the run's command: the run to supervise, or the failed attempt when it
         could not start (nothing runs)."""
-        log.debug(
-            "run %s attempt %d: starting (job %s)", lease.idempotency_key, lease.attempt,
-            lease.job_id,
-        )  # fmt: skip
+        if log.isEnabledFor(logging.DEBUG):  # DEBUG, as the success: one line a run is costly
+            log.debug(
+                "run %s attempt %d: starting (job %s)", lease.idempotency_key, lease.attempt,
+                lease.job_id,
+            )  # fmt: skip
         started_at = datetime.now(UTC)
         if self.resolve is not None:
             try:
@@ -448,7 +449,9 @@ class Worker:
             settlement = Settlement(
                 Finish.succeeded, None, exit_code, tail, run.started_at, finished_at
             )
-            return _Ending(lease, settlement, "succeeded")
+            # DEBUG: at hundreds of runs a second a line each would be the worker's biggest
+            # cost but one; the run history has every outcome
+            return _Ending(lease, settlement, "succeeded", logging.DEBUG)
         if outcome.forced:
             error = "killed: the worker was forced to stop"
         elif outcome.timed_out:
@@ -542,17 +545,21 @@ class Worker:
                 lease.idempotency_key,
                 lease.attempt,
             )
-        elif ending.said is not None:
-            log.info("run %s attempt %d: %s", lease.idempotency_key, lease.attempt, ending.said)
+        elif ending.said is not None and log.isEnabledFor(ending.level):
+            log.log(
+                ending.level, "run %s attempt %d: %s", lease.idempotency_key, lease.attempt,
+                ending.said,
+            )  # fmt: skip
 
 
 @dataclass
 class _Ending:
-    """A run's outcome to record, and what to log once it is (None: nothing)."""
+    """A run's outcome to record, and what to log once it is (None: nothing), at `level`."""
 
     lease: Lease
     settlement: Settlement
     said: str | None
+    level: int = logging.INFO
 
 
 @dataclass

@@ -323,31 +323,26 @@ class QueueRepo(Settles[Lease]):
                 )
             )
         if leases:
-            # two statements for the whole batch, not two round trips per message
+            # two statements for the whole batch (arrays on Postgres), not two per message
             connection.execute(
                 update(m)
                 .where(m.c.id.in_([lease.message_id for lease in leases]))
                 .values(leased_until=leased_until, lease_owner=owner)
             )
-            r = schema.runs
-            connection.execute(
-                update(r)
-                .where(*run_by_key())
-                .values(
-                    status=RunStatus.running.value,
-                    attempt=bindparam("b_attempt"),
-                    started_at=now,
-                    # the previous attempt's outcome lives on in run_attempts
-                    finished_at=None,
-                    exit_code=None,
-                    error=None,
-                    output_tail=None,
-                ),
+            # the previous attempt's outcome lives on in run_attempts
+            self.store.dialect.update_runs(
+                connection,
                 [
                     {
-                        "b_job_id": lease.job_id,
-                        "b_scheduled_at": lease.scheduled_at,
-                        "b_attempt": lease.attempt,
+                        "job_id": lease.job_id,
+                        "scheduled_at": lease.scheduled_at,
+                        "status": RunStatus.running.value,
+                        "attempt": lease.attempt,
+                        "started_at": now,
+                        "finished_at": None,
+                        "exit_code": None,
+                        "error": None,
+                        "output_tail": None,
                     }
                     for lease in leases
                 ],
