@@ -419,7 +419,9 @@ class Worker:
             )
         except OSError as exc:
             return _failed(lease, f"cannot start the command: {exc}", started_at)
-        return _Run(self, lease, child, spec.stdin, started_at)
+        run = _Run(self, lease, child, spec.stdin, started_at)
+        run.feed_stdin()  # a payload that fits the pipe is written now, without a select
+        return run
 
     def _ended(self, run: _Run) -> _Ending | None:
         """What is recorded for a supervised run whose command is over (None: nothing, the
@@ -648,6 +650,25 @@ class _Run:
         self.exited_at: float | None = None
         self.wake = begun  # when the supervisor looks at it next
 
+    def feed_stdin(self) -> bool:
+        """Write what the pipe takes of the rest of stdin (closed once all is written, or
+        once the command shows it does not read it); whether some is still left."""
+        stdin = self.child.stdin
+        if stdin is None:
+            return False
+        if self.pending:
+            try:
+                written = os.write(stdin, self.pending)
+            except BlockingIOError:
+                return True
+            except OSError:  # BrokenPipeError among them
+                written = len(self.pending)  # the command does not read stdin: its right
+            self.pending = self.pending[written:]
+        if self.pending:
+            return True
+        self.child.close_stdin()
+        return False
+
 
 class _Spawners:
     """The threads that start commands: Popen waits for each child to exec (without the
@@ -707,6 +728,7 @@ class _Supervisor:
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._runs: set[_Run] = set()
+        self._endings: list[_Ending] = []  # runs over in this turn, not yet handed on
         self._closing = False
         self._thread = threading.Thread(
             target=self._serve, name=f"worker-{worker.queue}-runs", daemon=True
@@ -761,6 +783,7 @@ class _Supervisor:
                     run.wake = now
         for run in [run for run in self._runs if run.wake <= now]:
             self._check(run, now)
+        self._hand_on()
         wake = min((run.wake for run in self._runs), default=now + TICK_SECONDS)
         timeout = min(max(0.0, wake - time.monotonic()), TICK_SECONDS)
         touched: list[_Run] = []
@@ -776,6 +799,14 @@ class _Supervisor:
         for run in dict.fromkeys(touched):
             if run in self._runs:
                 self._check(run, now)
+        self._hand_on()
+
+    def _hand_on(self) -> None:
+        """The outcomes of the runs that ended in this turn, to be recorded together."""
+        if self._endings:
+            assert self.worker._settler is not None
+            self.worker._settler.submit(self._endings)
+            self._endings = []
 
     def _drain_wake(self) -> None:
         with contextlib.suppress(BlockingIOError):
@@ -802,11 +833,8 @@ class _Supervisor:
             self._selector.register(fd, selectors.EVENT_READ, (run, "out"))
         if child.exit_fd is not None:
             self._selector.register(child.exit_fd, selectors.EVENT_READ, (run, "exit"))
-        if run.pending:
-            assert child.stdin is not None
+        if child.stdin is not None:  # the payload did not fit the pipe at once
             self._selector.register(child.stdin, selectors.EVENT_WRITE, (run, "in"))
-        else:
-            child.close_stdin()
 
     def _event(self, run: _Run, fd: int, what: str) -> None:
         try:
@@ -837,16 +865,8 @@ class _Supervisor:
             del run.sinks[fd]
 
     def _write(self, run: _Run, fd: int) -> None:
-        try:
-            written = os.write(fd, run.pending)
-        except BlockingIOError:
-            return
-        except OSError:  # BrokenPipeError among them
-            written = len(run.pending)  # the command does not read stdin: that is its right
-        run.pending = run.pending[written:]
-        if not run.pending:
+        if not run.feed_stdin():
             self._selector.unregister(fd)
-            run.child.close_stdin()
 
     def _check(self, run: _Run, now: float) -> None:
         """Look at one run: its timers, its exit; hands its outcome on once it is over."""
@@ -973,8 +993,7 @@ class _Supervisor:
             child.close(fd)
         run.sinks.clear()
         if child.stdin is not None:
-            if run.pending:
-                self._selector.unregister(child.stdin)
+            self._selector.unregister(child.stdin)
             child.close_stdin()
         if child.exit_fd is not None:
             with contextlib.suppress(KeyError):
@@ -993,7 +1012,7 @@ class _Supervisor:
         if ending is None:
             self.worker._release(1)
         else:
-            self._settle([ending])
+            self._endings.append(ending)
 
     def _abandon(self, run: _Run) -> None:
         """After an unexpected error: the command is killed and nothing recorded (the lease
@@ -1007,10 +1026,6 @@ class _Supervisor:
         with contextlib.suppress(Exception):
             run.child.wait()
         self.worker._release(1)
-
-    def _settle(self, endings: list[_Ending]) -> None:
-        assert self.worker._settler is not None
-        self.worker._settler.submit(endings)
 
 
 def _signal_name(number: int) -> str:
