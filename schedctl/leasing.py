@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
 
+from schedctl import errors
+
 # The error recorded for an attempt whose command a cancel stopped.
 CANCELLED_RUNNING_ERROR = "job cancelled while the command ran: stopped"
 
@@ -143,8 +145,9 @@ class Settles(abc.ABC, Generic[L]):
 
 class LeaseBackend(Settles[LeasedRun]):
     """Where a worker leases runs and records their outcomes (ack, fail, stop_cancelled:
-    Settles). Every method raises schedctl.errors.StoreUnavailable when the backend cannot
-    be reached (the worker retries)."""
+    Settles; many at once: settle_many). Every method raises
+    schedctl.errors.StoreUnavailable when the backend cannot be reached (the worker
+    retries)."""
 
     @abc.abstractmethod
     def lease(
@@ -156,6 +159,35 @@ class LeaseBackend(Settles[LeasedRun]):
     def beat(self, lease: LeasedRun, lease_seconds: float, output_tail: str | None = None) -> Beat:
         """Extend the lease; whether it is still held and whether the job was cancelled.
         `output_tail`, when given, is the run's output so far (shown by `schedctl logs`)."""
+
+    def settle_many(
+        self, items: Sequence[tuple[LeasedRun, Settlement]]
+    ) -> list[bool | errors.StoreUnavailable]:
+        """Settle each (lease, settlement): per item, whether it was recorded (as `settle`),
+        or the StoreUnavailable that kept it from being (the caller tries it again). A
+        backend that records many in one call overrides this; it may then raise
+        StoreUnavailable for the whole batch, nothing of which was recorded."""
+        results: list[bool | errors.StoreUnavailable] = []
+        for lease, settlement in items:
+            try:
+                results.append(self.settle(lease, settlement))
+            except errors.StoreUnavailable as exc:
+                results.append(exc)
+        return results
+
+    def beat_many(
+        self, items: Sequence[tuple[LeasedRun, str | None]], lease_seconds: float
+    ) -> list[Beat | errors.StoreUnavailable]:
+        """`beat` for each (lease, output_tail): per item, what it found, or the
+        StoreUnavailable that kept it from saying. A backend that extends many leases in
+        one call overrides this; it may then raise StoreUnavailable for the whole batch."""
+        results: list[Beat | errors.StoreUnavailable] = []
+        for lease, output_tail in items:
+            try:
+                results.append(self.beat(lease, lease_seconds, output_tail))
+            except errors.StoreUnavailable as exc:
+                results.append(exc)
+        return results
 
     @abc.abstractmethod
     def reap(self) -> int:

@@ -10,10 +10,13 @@ is no longer held (lost); a 401 is Unauthorized (a wrong or revoked token stops 
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import requests
@@ -22,6 +25,8 @@ from schedctl import __version__, errors, limits
 from schedctl.api_call import api_base_url, authorize, send
 from schedctl.leasing import Beat, Finish, LeaseBackend, LeasedRun, Settlement
 from schedctl.scheduling.timeparse import format_instant
+
+R = TypeVar("R")
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 # what the run history keeps of an output tail and an error (longer ones are refused)
@@ -102,8 +107,12 @@ class ApiLeaseBackend(LeaseBackend):
             session.mount("http://", adapter)
             session.mount("https://", adapter)
         self.session = authorize(session, token, f"scheduled-d/{__version__}")
+        # the outcomes (and heartbeats) due together go out side by side, one call each:
+        # the API takes one lease per call
+        self._calls = ThreadPoolExecutor(max(connections, 1), thread_name_prefix="api-lease")
 
     def close(self) -> None:
+        self._calls.shutdown(wait=True)
         self.session.close()
 
     # -- LeaseBackend ------------------------------------------------------------------
@@ -139,6 +148,31 @@ class ApiLeaseBackend(LeaseBackend):
             body["error"] = (settlement.error or "")[:MAX_ERROR_CHARS]
             body["cancelled"] = settlement.finish is Finish.cancelled
         return self._post(_lease_path(lease, action), body) is not None
+
+    def settle_many(
+        self, items: Sequence[tuple[LeasedRun, Settlement]]
+    ) -> list[bool | errors.StoreUnavailable]:
+        return self._side_by_side([functools.partial(self.settle, *item) for item in items])
+
+    def beat_many(
+        self, items: Sequence[tuple[LeasedRun, str | None]], lease_seconds: float
+    ) -> list[Beat | errors.StoreUnavailable]:
+        return self._side_by_side(
+            [functools.partial(self.beat, lease, lease_seconds, tail) for lease, tail in items]
+        )
+
+    def _side_by_side(self, calls: list[Callable[[], R]]) -> list[R | errors.StoreUnavailable]:
+        """Each call's result, or the StoreUnavailable it raised; at once over the pool."""
+
+        def one(call: Callable[[], R]) -> R | errors.StoreUnavailable:
+            try:
+                return call()
+            except errors.StoreUnavailable as exc:
+                return exc
+
+        if len(calls) == 1:
+            return [one(calls[0])]
+        return list(self._calls.map(one, calls))
 
     def reap(self) -> int:
         # expired leases are settled server-side (by the relay): nothing to do here

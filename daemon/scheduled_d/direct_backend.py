@@ -7,15 +7,15 @@ The database layer is imported only when a DirectBackend is made, so a tenant wo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from schedctl.group_commit import GroupCommit
+from schedctl import errors
 from schedctl.leasing import Beat, LeaseBackend, LeasedRun, Settlement
 
 if TYPE_CHECKING:
     from schedctl.storage.queue import Lease as StoredLease
     from schedctl.storage.queue import QueueRepo
-    from schedctl.storage.settle import Attempt
     from schedctl.storage.store import Store
 
 
@@ -34,11 +34,6 @@ class DirectBackend(LeaseBackend):
         self.store = store
         self.repo: QueueRepo = QueueRepo(store)
         self.tenant_id = worker_tenant(store, tenant)
-        # the outcomes of runs ending together are recorded in one transaction, each
-        # caller still waiting for its own (QueueRepo.finish_many)
-        self._settles: GroupCommit[tuple[StoredLease, Attempt], bool] = GroupCommit(
-            self.repo.finish_many, name="worker-settle"
-        )
 
     def lease(self, queue: str, owner: str, lease_seconds: float, limit: int) -> list[LeasedRun]:
         from schedctl.storage.workers import record_presence
@@ -51,18 +46,42 @@ class DirectBackend(LeaseBackend):
         return leases
 
     def beat(self, lease: LeasedRun, lease_seconds: float, output_tail: str | None = None) -> Beat:
+        beat = self.beat_many([(lease, output_tail)], lease_seconds)[0]
+        if isinstance(beat, errors.StoreUnavailable):
+            raise beat
+        return beat
+
+    def beat_many(
+        self, items: Sequence[tuple[LeasedRun, str | None]], lease_seconds: float
+    ) -> list[Beat | errors.StoreUnavailable]:
+        """Every lease extended in one transaction (QueueRepo.beat_many)."""
         from schedctl.storage.workers import record_presence
 
-        stored = _stored(lease)
+        stored = [(_stored(lease), tail) for lease, tail in items]
         # a busy worker polls no more: its heartbeats say it is still there
-        record_presence(self.store, stored.tenant_id, stored.queue, stored.owner, lease_seconds)
-        return self.repo.beat(stored, lease_seconds, output_tail)
+        for lease, _tail in stored[:1]:
+            record_presence(self.store, lease.tenant_id, lease.queue, lease.owner, lease_seconds)
+        return list(self.repo.beat_many(stored, lease_seconds))
 
     def settle(self, lease: LeasedRun, settlement: Settlement) -> bool:
+        result = self.settle_many([(lease, settlement)])[0]
+        if isinstance(result, errors.StoreUnavailable):
+            raise result
+        return result
+
+    def settle_many(
+        self, items: Sequence[tuple[LeasedRun, Settlement]]
+    ) -> list[bool | errors.StoreUnavailable]:
+        """Every outcome in one transaction (QueueRepo.finish_many); StoreUnavailable for
+        the whole batch when it could not commit."""
         from schedctl.storage.queue import attempt_of
 
-        stored = _stored(lease)
-        return self._settles.submit((stored, attempt_of(stored, settlement)))
+        stored = [_stored(lease) for lease, _ in items]
+        return list(
+            self.repo.finish_many(
+                [(lease, attempt_of(lease, s)) for lease, (_, s) in zip(stored, items, strict=True)]
+            )
+        )
 
     def reap(self) -> int:
         return self.repo.expire_leases()

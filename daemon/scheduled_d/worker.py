@@ -12,29 +12,30 @@ worker, `--api`, no database credentials); the supervision below is the same for
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import selectors
 import signal
 import socket
-import subprocess
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from queue import SimpleQueue
-from typing import TYPE_CHECKING
+from queue import Empty, SimpleQueue
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from schedctl import errors, limits, retrying
 from schedctl.config import command_env
-from schedctl.leasing import CANCELLED_RUNNING_ERROR, Beat, LeaseBackend
+from schedctl.leasing import CANCELLED_RUNNING_ERROR, Beat, Finish, LeaseBackend, Settlement
 from schedctl.leasing import LeasedRun as Lease
 from schedctl.scheduling.timeparse import format_instant
 from scheduled_d.direct_backend import DirectBackend
 from scheduled_d.output_log import RunOutputLog
+from scheduled_d.spawn import Child, spawn
 
 if TYPE_CHECKING:
     # the database layer is imported only by DirectBackend: `--api` workers never load it
@@ -46,8 +47,19 @@ READ_CHUNK = 65536
 # After the command exits, how long to keep reading output that a background child of it
 # may still be writing before the worker stops listening.
 DRAIN_SECONDS = 2.0
-# The longest the run loop sleeps between checks of the process, the clock and `force`.
+# The longest the supervisor sleeps between looks at `force` (and at a group awaiting its
+# SIGKILL whose leader is gone).
 TICK_SECONDS = 0.25
+# Without pidfds (an old kernel), how often a running command is asked whether it exited.
+POLL_EXIT_SECONDS = 0.01
+# The lease loop leases once concurrency / LEASE_BATCH_DIVISOR slots are free, or
+# LEASE_LINGER_SECONDS after the first one freed: one lease statement serves several runs.
+LEASE_BATCH_DIVISOR = 4
+LEASE_LINGER_SECONDS = 0.02
+# Threads starting commands side by side (at most; no more than concurrency).
+SPAWN_THREADS = 16
+# Outcomes recorded (or leases extended) in one backend call at most.
+MAX_BATCH = 500
 # The only variables of the worker's own environment that reach a command (when set): the
 # rest -- SCHEDULED_DATABASE_URL, SCHEDULED_PAYLOAD_KEYS, SCHEDULED_API_TOKEN... -- never do.
 INHERITED_VARIABLES = ("PATH", "LANG", "TZ", "HOME")
@@ -112,7 +124,8 @@ class Worker:
     - command: argv of the command to run (e.g. ["/usr/local/bin/backup.sh"]); it gets
       SCHED_JOB_ID, SCHED_SCHEDULED_AT, SCHED_ATTEMPT, SCHED_IDEMPOTENCY_KEY in its
       environment and the job's payload JSON on stdin.
-    - concurrency: commands running at once (each job's max_concurrency still applies).
+    - concurrency: runs leased and not yet recorded at once, so commands running at once
+      (each job's max_concurrency still applies).
     - lease_seconds: visibility timeout of a lease; heartbeat_seconds must be shorter.
     - poll_seconds: how long to wait between polls when the queue is empty.
     - owner: this worker's lease owner name (default: host:pid:random).
@@ -126,6 +139,12 @@ class Worker:
       else of the worker's own environment.
     - resolve: instead of `command`, what each run executes (RunSpec), decided when it
       starts; a SchedError it raises fails the attempt with its message, running nothing.
+
+    Three threads besides the lease loop (the caller's): one supervises every command
+    (one selector over all their pipes and exits, and their timers), one records outcomes
+    (all that ended together, in one backend call: `settle_many`) and one extends leases
+    (all that are due together: `beat_many`). No thread per run, and nothing in the
+    supervising thread waits for the backend.
     """
 
     def __init__(
@@ -180,20 +199,23 @@ class Worker:
         self._force = threading.Event()
         self._slot_freed = threading.Event()
         self._lock = threading.Lock()
-        # Run threads are kept and reused: starting a thread per run waits for the new
-        # thread to get the interpreter lock, which under load cost more than the run.
-        self._runs: SimpleQueue[Lease | None] = SimpleQueue()
-        self._threads: list[threading.Thread] = []
-        self._idle_threads = 0  # threads waiting for a run (and not promised one)
         # runs leased and not yet recorded: what `concurrency` bounds, so that a worker
         # killed -9 leaves at most `concurrency` runs to be redelivered
         self._in_flight = 0
-        self._sequence = 0
         self._unavailable = False
         self.store_errors = 0  # backend calls of the lease loop that found it unavailable
         # the host's alert command (OnFailure=-like), run for this queue's command alerts
         self.alert_command = list(alert_command)
         self.resolve = resolve
+        self._supervisor: _Supervisor | None = None
+        self._spawners: _Spawners | None = None
+        self._settler: _Batcher[_Ending] | None = None
+        self._beater: _Batcher[_BeatRequest] | None = None
+        # the base of every command's environment, read once
+        self._base_env = {
+            name: os.environ[name] for name in INHERITED_VARIABLES if name in os.environ
+        }
+        self._base_env.update(self.env)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -231,6 +253,13 @@ class Worker:
             self.concurrency,
             self.command[0] if self.command else "of the job files",
         )
+        self._settler = _Batcher(self._record_endings, f"worker-{self.queue}-settle")
+        self._beater = _Batcher(self._beat_runs, f"worker-{self.queue}-beat")
+        self._supervisor = _Supervisor(self)
+        self._spawners = _Spawners(self, min(self.concurrency, SPAWN_THREADS))
+        # a batch of leases once this many slots are free (or after LEASE_LINGER_SECONDS)
+        batch = max(1, self.concurrency // LEASE_BATCH_DIVISOR)
+        first_free: float | None = None  # when a slot first stood free, not yet leased
         try:
             while not stop.is_set() and not self._force.is_set():
                 if max_runs is not None and taken >= max_runs:
@@ -239,9 +268,19 @@ class Worker:
                 if time.monotonic() >= next_reap:
                     self._reap()
                     next_reap = time.monotonic() + self.reap_seconds
-                free = self.concurrency - self._active_count()
+                active = self._active_count()
+                free = self.concurrency - active
                 leases: Sequence[Lease] = ()
+                if 0 < free < batch and active > 0:
+                    # a few slots free while others run: wait a moment for more, so that one
+                    # lease statement serves several runs
+                    now = time.monotonic()
+                    first_free = now if first_free is None else first_free
+                    if now - first_free < LEASE_LINGER_SECONDS:
+                        self._slot_freed.wait(first_free + LEASE_LINGER_SECONDS - now)
+                        continue
                 if free > 0:
+                    first_free = None
                     want = free if max_runs is None else min(free, max_runs - taken)
                     try:
                         leases = self.backend.lease(
@@ -253,8 +292,8 @@ class Worker:
                         continue
                     self._store_up()
                     backoff.reset()
-                    for lease in leases:
-                        self._start(lease)
+                    if leases:
+                        self._start(leases)
                     taken += len(leases)
                 if leases:
                     continue  # more may be ready: ask again before sleeping
@@ -302,49 +341,31 @@ class Worker:
         with self._lock:
             return self._in_flight
 
-    def _start(self, lease: Lease) -> None:
+    def _start(self, leases: Sequence[Lease]) -> None:
         with self._lock:
-            self._in_flight += 1
-            if self._idle_threads > 0:
-                self._idle_threads -= 1  # promised this run: it takes one from the queue
-                thread = None
-            else:
-                self._sequence += 1
-                thread = threading.Thread(
-                    target=self._serve,
-                    name=f"worker-{self.queue}-{self._sequence}",
-                    daemon=True,
-                )
-                self._threads.append(thread)
-        self._runs.put(lease)
-        if thread is not None:
-            thread.start()
+            self._in_flight += len(leases)
+        assert self._spawners is not None
+        for lease in leases:
+            self._spawners.submit(lease)
 
-    def _serve(self) -> None:
-        """One run thread: runs what it is handed until told to stop (None)."""
-        while True:
-            lease = self._runs.get()
-            if lease is None:
-                return
-            self._run_one(lease)
-            with self._lock:
-                self._idle_threads += 1
+    def _release(self, count: int) -> None:
+        """`count` runs are recorded (or given up): their slots are free."""
+        with self._lock:
+            self._in_flight -= count
+        self._slot_freed.set()
 
     def _drain(self) -> None:
-        """Wait for the runs in flight (each run watches `force` itself), then end the run
-        threads."""
+        """Wait for the runs in flight (the supervisor watches `force` itself), then end the
+        worker's threads."""
         while True:
             with self._lock:
                 if self._in_flight == 0:
-                    threads, self._threads = self._threads, []
-                    self._idle_threads = 0
                     break
             self._slot_freed.wait(TICK_SECONDS)
             self._slot_freed.clear()
-        for _ in threads:
-            self._runs.put(None)
-        for thread in threads:
-            thread.join(TICK_SECONDS * 40)
+        for part in (self._spawners, self._supervisor, self._beater, self._settler):
+            if part is not None:
+                part.close()
 
     def _reap(self) -> None:
         try:
@@ -357,81 +378,67 @@ class Worker:
 
     # -- one run -----------------------------------------------------------------------------
 
-    def _run_one(self, lease: Lease) -> None:
-        try:
-            self._execute(lease)
-        except Exception:
-            # the lease expires and the reaper redelivers the run: nothing is lost
-            log.exception("worker %s: run of job %s failed unexpectedly", self.owner, lease.job_id)
-        finally:
-            with self._lock:
-                self._in_flight -= 1
-            self._slot_freed.set()
-
     def _environment(self, lease: Lease, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         """Built, not inherited: a few harmless variables of the worker, then the configured
         ones (and the run's RunSpec's), then the run's own."""
-        env = {name: os.environ[name] for name in INHERITED_VARIABLES if name in os.environ}
-        env.update(self.env)
-        env.update(extra or {})
-        env.update(
-            SCHED_JOB_ID=lease.job_id,
-            SCHED_SCHEDULED_AT=format_instant(lease.scheduled_at),
-            SCHED_ATTEMPT=str(lease.attempt),
-            SCHED_IDEMPOTENCY_KEY=lease.idempotency_key,
-        )
+        env = dict(self._base_env)
+        if extra:
+            env.update(extra)
+        env["SCHED_JOB_ID"] = lease.job_id
+        env["SCHED_SCHEDULED_AT"] = format_instant(lease.scheduled_at)
+        env["SCHED_ATTEMPT"] = str(lease.attempt)
+        env["SCHED_IDEMPOTENCY_KEY"] = lease.idempotency_key
         return env
 
-    def _execute(self, lease: Lease) -> None:
-        log.info(
-            "run %s attempt %d: starting (job %s)",
-            lease.idempotency_key,
-            lease.attempt,
-            lease.job_id,
-        )
+    def _launch(self, lease: Lease) -> _Run | _Ending:
+        """Start the run's command: the run to supervise, or the failed attempt when it
+        could not start (nothing runs)."""
+        if log.isEnabledFor(logging.DEBUG):  # DEBUG, as the success: one line a run is costly
+            log.debug(
+                "run %s attempt %d: starting (job %s)", lease.idempotency_key, lease.attempt,
+                lease.job_id,
+            )  # fmt: skip
         started_at = datetime.now(UTC)
-        spec = RunSpec(self.command, json.dumps(lease.payload).encode())
         if self.resolve is not None:
             try:
                 spec = self.resolve(lease)
             except errors.SchedError as exc:
                 log.warning("run %s attempt %d: not run: %s", lease.idempotency_key,
                             lease.attempt, exc)  # fmt: skip
-                self._settle_failure(
-                    lease, error=str(exc), exit_code=None, output_tail=None, started_at=started_at
-                )
-                return
+                return _failed(lease, str(exc), started_at)
+        else:
+            spec = RunSpec(self.command, json.dumps(lease.payload).encode())
         try:
-            process = subprocess.Popen(
+            child = spawn(
                 spec.argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                # its own process group: a timeout or lost lease kills the command and
-                # everything it started, and the worker's own signals do not reach it
-                start_new_session=True,
-                env=self._environment(lease, spec.env),
-                cwd=spec.workdir,
+                self._environment(lease, spec.env),
                 user=spec.user,
                 group=spec.group,
                 extra_groups=spec.extra_groups,
+                workdir=spec.workdir,
             )
         except OSError as exc:
-            self._settle_failure(
-                lease,
-                error=f"cannot start the command: {exc}",
-                exit_code=None,
-                output_tail=None,
-                started_at=started_at,
-            )
-            return
-        stdout, stderr = TailBuffer(self.output_tail_bytes), TailBuffer(self.output_tail_bytes)
-        outcome = self._supervise(lease, process, spec.stdin, stdout, stderr)
+            return _failed(lease, f"cannot start the command: {exc}", started_at)
+        run = _Run(self, lease, child, spec.stdin, started_at)
+        run.feed_stdin()  # a payload that fits the pipe is written now, without a select
+        return run
+
+    def _ended(self, run: _Run) -> _Ending | None:
+        """What is recorded for a supervised run whose command is over (None: nothing, the
+        lease was lost)."""
+        lease, outcome = run.lease, run.outcome
         finished_at = datetime.now(UTC)
-        tail = _combine_tails(stdout.text(), stderr.text())
+        tail = _combine_tails(run.stdout.text(), run.stderr.text())
+        code = outcome.returncode
+        exit_code = code if code is not None and code >= 0 else None
         if outcome.cancelled and not outcome.lease_lost:
-            self._settle_cancelled(lease, outcome, tail, started_at, finished_at)
-            return
+            how = f"killed by {_signal_name(-code)}" if code is not None and code < 0 else (
+                f"exit code {code}")  # fmt: skip
+            error = f"{CANCELLED_RUNNING_ERROR} ({how})"
+            settlement = Settlement(
+                Finish.cancelled, error, exit_code, tail, run.started_at, finished_at
+            )
+            return _Ending(lease, settlement, error)
         if outcome.lease_lost:
             log.warning(
                 "run %s attempt %d: lease lost; the command was stopped and the run is "
@@ -439,12 +446,14 @@ class Worker:
                 lease.idempotency_key,
                 lease.attempt,
             )
-            return
-        code = outcome.returncode
-        exit_code = code if code is not None and code >= 0 else None
+            return None
         if code == 0 and not outcome.timed_out and not outcome.forced:
-            self._settle_success(lease, tail, started_at, finished_at)
-            return
+            settlement = Settlement(
+                Finish.succeeded, None, exit_code, tail, run.started_at, finished_at
+            )
+            # DEBUG: at hundreds of runs a second a line each would be the worker's biggest
+            # cost but one; the run history has every outcome
+            return _Ending(lease, settlement, "succeeded", logging.DEBUG)
         if outcome.forced:
             error = "killed: the worker was forced to stop"
         elif outcome.timed_out:
@@ -454,342 +463,569 @@ class Worker:
         else:
             error = f"exit code {code}"
         log.info("run %s attempt %d: failed: %s", lease.idempotency_key, lease.attempt, error)
-        self._settle_failure(
-            lease,
-            error=error,
-            exit_code=exit_code,
-            output_tail=tail,
-            started_at=started_at,
-            finished_at=finished_at,
-        )
+        settlement = Settlement(Finish.failed, error, exit_code, tail, run.started_at, finished_at)
+        return _Ending(lease, settlement, None)
 
-    def _supervise(
-        self,
-        lease: Lease,
-        process: subprocess.Popen[bytes],
-        stdin_data: bytes,
-        stdout: TailBuffer,
-        stderr: TailBuffer,
-    ) -> _Outcome:
-        """Feed stdin, collect output tails, heartbeat, enforce the timeout; returns when
-        the command has exited (and its output is drained) or had to be killed."""
-        assert process.stdin and process.stdout and process.stderr
-        outcome = _Outcome()
-        selector = selectors.DefaultSelector()
-        sinks: dict[int, TailBuffer] = {
-            process.stdout.fileno(): stdout,
-            process.stderr.fileno(): stderr,
-        }
-        pending = memoryview(stdin_data)
-        stdin_fd = process.stdin.fileno()
-        # non-blocking pipes in one selector: a command that never reads stdin, or writes
-        # megabytes, can block neither the heartbeat nor the timeout
-        for fd in (*sinks, stdin_fd):
-            os.set_blocking(fd, False)
-        for fd in sinks:
-            selector.register(fd, selectors.EVENT_READ)
-        # each line also goes to the daemon's log, tagged with the job and the run (bounded)
-        output_log = RunOutputLog(lease)
-        streams = {process.stdout.fileno(): "stdout", process.stderr.fileno(): "stderr"}
+    # -- the backend's threads ---------------------------------------------------------------
 
-        def on_output(fd: int, chunk: bytes) -> None:
-            output_log.feed(streams[fd], chunk)
-
-        if pending:
-            selector.register(stdin_fd, selectors.EVENT_WRITE)
-        else:
-            process.stdin.close()
-
-        begun = time.monotonic()
-        deadline = begun + lease.timeout_seconds if lease.timeout_seconds > 0 else None
-        next_heartbeat = begun + self.heartbeat_seconds
-        last_confirmed = begun  # when the lease was last known to be ours
-        output_sent = (0, 0)  # output bytes of (stdout, stderr) when a heartbeat last sent it
-        # after a SIGTERM (timeout, cancel, lost lease): when the group gets SIGKILL
-        kill_at: float | None = None
-        exited_at: float | None = None
-
-        def terminate(now: float) -> None:
-            # SIGTERM to the whole group now, SIGKILL to it after the grace period (an
-            # earlier pending SIGKILL is not postponed)
-            nonlocal kill_at
-            _kill_group(process, signal.SIGTERM)
-            grace_end = now + self.kill_grace_seconds
-            kill_at = grace_end if kill_at is None else min(kill_at, grace_end)
-
+    def _beat_runs(self, requests: list[_BeatRequest]) -> None:
+        """The heartbeats due together, in one backend call; the results go back to the
+        supervisor."""
         try:
-            while True:
-                now = time.monotonic()
-                running = process.poll() is None
-                if not running and exited_at is None:
-                    exited_at = now
-                if (
-                    exited_at is not None
-                    and kill_at is None
-                    and (not sinks or now - exited_at >= DRAIN_SECONDS)
-                ):
-                    # a background child still holding the output pipes does not hold up
-                    # the run: after DRAIN_SECONDS the worker stops listening
-                    break
-                if kill_at is not None and (
-                    now >= kill_at
-                    or self._force.is_set()
-                    or (not running and not _group_alive(process))
-                ):
-                    # after a SIGTERM the group always gets SIGKILL, whether or not its
-                    # leader is still there: a child that ignores SIGTERM and outlives the
-                    # leader must not overlap the next attempt. (Once nothing of the group
-                    # is left the SIGKILL finds nothing, and the grace is not waited out.)
-                    _kill_group(process, signal.SIGKILL)
-                    kill_at = None
-                if running:
-                    if self._force.is_set() and not outcome.forced:
-                        outcome.forced = True
-                        _kill_group(process, signal.SIGKILL)
-                        kill_at = None
-                    elif deadline is not None and now >= deadline and not outcome.timed_out:
-                        outcome.timed_out = True
-                        log.warning(
-                            "run %s attempt %d: timed out after %ss; terminating",
-                            lease.idempotency_key,
-                            lease.attempt,
-                            lease.timeout_seconds,
-                        )
-                        terminate(now)
-                # also while draining the output of an exited command: the outcome is not
-                # recorded yet, and the lease must still be ours when it is
-                if now >= next_heartbeat and not outcome.lease_lost:
-                    next_heartbeat = now + self.heartbeat_seconds
-                    # the output so far rides along when it grew (`schedctl logs --follow`)
-                    output_seen = (stdout.total, stderr.total)
-                    grown = output_seen != output_sent
-                    beat = self._heartbeat(
-                        lease, _combine_tails(stdout.text(), stderr.text()) if grown else None
+            beats: Sequence[Beat | errors.StoreUnavailable] = self.backend.beat_many(
+                [(r.run.lease, r.output_tail) for r in requests], self.lease_seconds
+            )
+        except errors.StoreUnavailable as exc:
+            beats = [exc] * len(requests)
+        results: list[tuple[_Run, Beat | None]] = []
+        for request, beat in zip(requests, beats, strict=True):
+            if isinstance(beat, errors.StoreUnavailable):
+                # the backend could not say: the next heartbeat sends the output again
+                log.warning("run %s: heartbeat failed: %s", request.run.lease.idempotency_key,
+                            beat)  # fmt: skip
+                results.append((request.run, None))
+                continue
+            request.run.output_sent = request.output_seen
+            results.append((request.run, beat))
+        assert self._supervisor is not None
+        self._supervisor.beaten(results)
+
+    def _record_endings(self, endings: list[_Ending]) -> None:
+        """Store the outcomes that ended together, in one backend call, retrying those the
+        backend could not take while it is away; after a whole lease of retries a run
+        belongs to the reaper (it will be redelivered: at least once). Frees their slots."""
+        pending = endings
+        given_up_at = time.monotonic() + max(self.lease_seconds, 10.0)
+        backoff = retrying.Backoff(retrying.STORE_UNAVAILABLE)
+        try:
+            while pending:
+                try:
+                    results: Sequence[bool | errors.StoreUnavailable] = self.backend.settle_many(
+                        [(e.lease, e.settlement) for e in pending]
                     )
-                    if beat is not None:  # else the next heartbeat sends it again
-                        output_sent = output_seen
-                    if beat is Beat.extended or beat is Beat.cancelled:
-                        last_confirmed = now
-                    if beat is Beat.cancelled and not outcome.cancelled and exited_at is None:
-                        # the cancel reaches running work: SIGTERM now, SIGKILL after the
-                        # grace period
-                        outcome.cancelled = True
-                        log.warning(
-                            "run %s attempt %d: job cancelled; terminating the command",
-                            lease.idempotency_key,
-                            lease.attempt,
+                except errors.StoreUnavailable as exc:
+                    results = [exc] * len(pending)
+                retry: list[_Ending] = []
+                for ending, result in zip(pending, results, strict=True):
+                    if isinstance(result, errors.StoreUnavailable):
+                        retry.append(ending)
+                    else:
+                        self._recorded(ending, result)
+                        self._release(1)
+                if not retry:
+                    return
+                error = next(r for r in results if isinstance(r, errors.StoreUnavailable))
+                if time.monotonic() >= given_up_at or self._force.is_set():
+                    for ending in retry:
+                        log.error(
+                            "run %s attempt %d: could not record the outcome: %s; the run "
+                            "will be redelivered after its lease expires",
+                            ending.lease.idempotency_key,
+                            ending.lease.attempt,
+                            error,
                         )
-                        terminate(time.monotonic())
-                    # unconfirmed for a whole lease: the reaper may have handed the run to
-                    # another worker, and two copies must not run at once (nor anything
-                    # left of this one: the group is terminated even if the leader is gone)
-                    if beat is Beat.lost or now - last_confirmed >= self.lease_seconds:
-                        outcome.lease_lost = True
-                        terminate(time.monotonic())
+                    self._release(len(retry))
+                    return
+                log.warning(
+                    "%d outcome(s), first run %s: recording failed: %s; retrying",
+                    len(retry),
+                    retry[0].lease.idempotency_key,
+                    error,
+                )
+                backoff.wait(self._force)
+                pending = retry
+        except BaseException:
+            log.exception("worker %s: recording %d outcome(s) failed", self.owner, len(pending))
+            self._release(len(pending))  # their leases expire and the reaper redelivers them
+            raise
 
-                # only the events still ahead: a passed deadline must not make this spin
-                wake = [now + TICK_SECONDS]
-                if not outcome.lease_lost:
-                    wake.append(next_heartbeat)
-                if deadline is not None and not outcome.timed_out and exited_at is None:
-                    wake.append(deadline)
-                if kill_at is not None:
-                    wake.append(kill_at)
-                timeout = max(0.0, min(wake) - time.monotonic())
-                if selector.get_map():
-                    for key, _events in selector.select(timeout):
-                        pending = self._pump(key.fd, selector, sinks, process, pending, on_output)
-                elif exited_at is None:
-                    try:
-                        process.wait(timeout)
-                    except subprocess.TimeoutExpired:
-                        pass
-                else:
-                    # the leader is gone and the group awaits its SIGKILL
-                    self._force.wait(timeout)
-        finally:
-            output_log.close()
-            selector.close()
-            for stream in (process.stdin, process.stdout, process.stderr):
-                if stream is not None and not stream.closed:
-                    stream.close()
-            if process.poll() is None or kill_at is not None:
-                # only an exception gets here with the command alive or its SIGKILL still
-                # pending: never leave it orphaned
-                _kill_group(process, signal.SIGKILL)
-            outcome.returncode = process.wait()
-        return outcome
-
-    def _heartbeat(self, lease: Lease, output_tail: str | None = None) -> Beat | None:
-        """Extend the lease and learn whether the job was cancelled; None when the
-        backend could not say. `output_tail`: the output so far, when it grew."""
-        try:
-            return self.backend.beat(lease, self.lease_seconds, output_tail)
-        except errors.StoreUnavailable as exc:
-            log.warning("run %s: heartbeat failed: %s", lease.idempotency_key, exc)
-            return None
-
-    @staticmethod
-    def _pump(
-        fd: int,
-        selector: selectors.BaseSelector,
-        sinks: dict[int, TailBuffer],
-        process: subprocess.Popen[bytes],
-        pending: memoryview,
-        on_output: Callable[[int, bytes], None] | None = None,
-    ) -> memoryview:
-        """Move bytes for one ready pipe; returns what is left to write to stdin. Output
-        read also goes to `on_output(fd, chunk)` (the daemon log's copy)."""
-        if fd in sinks:
-            try:
-                chunk = os.read(fd, READ_CHUNK)
-            except BlockingIOError:
-                return pending
-            if chunk:
-                sinks[fd].write(chunk)
-                if on_output is not None:
-                    on_output(fd, chunk)
-            else:
-                selector.unregister(fd)
-                del sinks[fd]
-            return pending
-        assert process.stdin is not None
-        try:
-            written = os.write(fd, pending)
-        except BlockingIOError:
-            return pending
-        except (BrokenPipeError, OSError):
-            written = len(pending)  # the command does not read stdin: that is its right
-        pending = pending[written:]
-        if not pending:
-            selector.unregister(fd)
-            process.stdin.close()
-        return pending
-
-    # -- recording outcomes ------------------------------------------------------------------
-
-    def _settle_success(
-        self, lease: Lease, tail: str, started_at: datetime, finished_at: datetime
-    ) -> None:
-        def ack() -> bool:
-            return self.backend.ack(
-                lease,
-                exit_code=0,
-                output_tail=tail,
-                started_at=started_at,
-                finished_at=finished_at,
-            )
-
-        if self._record(lease, ack):
-            log.info("run %s attempt %d: succeeded", lease.idempotency_key, lease.attempt)
-
-    def _settle_failure(
-        self,
-        lease: Lease,
-        *,
-        error: str,
-        exit_code: int | None,
-        output_tail: str | None,
-        started_at: datetime,
-        finished_at: datetime | None = None,
-    ) -> None:
-        finished = finished_at or datetime.now(UTC)
-
-        def fail() -> bool:
-            return self.backend.fail(
-                lease,
-                error=error,
-                exit_code=exit_code,
-                output_tail=output_tail,
-                started_at=started_at,
-                finished_at=finished,
-            )
-
-        self._record(lease, fail)
-
-    def _settle_cancelled(
-        self,
-        lease: Lease,
-        outcome: _Outcome,
-        tail: str,
-        started_at: datetime,
-        finished_at: datetime,
-    ) -> None:
-        code = outcome.returncode
-        how = (
-            f"killed by {_signal_name(-code)}"
-            if code is not None and code < 0
-            else (f"exit code {code}")
-        )
-        error = f"{CANCELLED_RUNNING_ERROR} ({how})"
-
-        def stop() -> bool:
-            return self.backend.stop_cancelled(
-                lease,
-                exit_code=code if code is not None and code >= 0 else None,
-                output_tail=tail,
-                started_at=started_at,
-                finished_at=finished_at,
-                error=error,
-            )
-
-        if self._record(lease, stop):
-            log.info("run %s attempt %d: %s", lease.idempotency_key, lease.attempt, error)
-
-    def _record(self, lease: Lease, action: Callable[[], bool]) -> bool:
-        """Store an outcome, retrying while the backend is away; after a whole lease of
-        retries the run belongs to the reaper (it will be redelivered: at least once)."""
-        try:
-            recorded = retrying.call_with_retries(
-                action,
-                policy=retrying.STORE_UNAVAILABLE,
-                retry_on=errors.StoreUnavailable,
-                give_up_after=max(self.lease_seconds, 10.0),
-                stop=self._force,
-                on_retry=lambda exc: log.warning(
-                    "run %s: recording the outcome failed: %s; retrying",
-                    lease.idempotency_key,
-                    exc,
-                ),
-            )
-        except errors.StoreUnavailable as exc:
-            log.error(
-                "run %s attempt %d: could not record the outcome: %s; the run "
-                "will be redelivered after its lease expires",
-                lease.idempotency_key,
-                lease.attempt,
-                exc,
-            )
-            return False
+    def _recorded(self, ending: _Ending, recorded: bool) -> None:
+        lease = ending.lease
         if not recorded:
             log.warning(
                 "run %s attempt %d: finished after its lease was lost; outcome not recorded",
                 lease.idempotency_key,
                 lease.attempt,
             )
-        return recorded
+        elif ending.said is not None and log.isEnabledFor(ending.level):
+            log.log(
+                ending.level, "run %s attempt %d: %s", lease.idempotency_key, lease.attempt,
+                ending.said,
+            )  # fmt: skip
 
 
-def _kill_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-    """Signal the command's whole process group, the leader's children included, even when
-    the leader itself has exited (the group lives on as long as any member does)."""
-    try:
-        # start_new_session made the command a group leader: its pid is the group id, and
-        # the kernel does not hand that number out again while any member of the group lives
-        os.killpg(process.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass  # the whole group is gone already (or beyond the worker's reach)
+@dataclass
+class _Ending:
+    """A run's outcome to record, and what to log once it is (None: nothing), at `level`."""
+
+    lease: Lease
+    settlement: Settlement
+    said: str | None
+    level: int = logging.INFO
 
 
-def _group_alive(process: subprocess.Popen[bytes]) -> bool:
-    """Whether anything of the command's process group is left (zombies included)."""
-    try:
-        os.killpg(process.pid, 0)
-    except ProcessLookupError:
+@dataclass
+class _BeatRequest:
+    """A heartbeat to send: the run, its output so far when it grew (`schedctl logs
+    --follow`), and how much output that was."""
+
+    run: _Run
+    output_tail: str | None
+    output_seen: tuple[int, int]
+
+
+def _failed(lease: Lease, error: str, started_at: datetime) -> _Ending:
+    """An attempt that failed before its command started."""
+    settlement = Settlement(Finish.failed, error, None, None, started_at, datetime.now(UTC))
+    return _Ending(lease, settlement, None)
+
+
+Item = TypeVar("Item")
+
+
+class _Batcher(Generic[Item]):
+    """A thread that hands `call` everything submitted while its previous call ran (at
+    most MAX_BATCH at a time): one backend call for what arrives together. Nobody waits
+    for the call: its results go where `call` sends them."""
+
+    def __init__(self, call: Callable[[list[Item]], None], name: str) -> None:
+        self._call = call
+        self._pending: list[Item] = []
+        self._wake = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, items: Sequence[Item]) -> None:
+        with self._wake:
+            self._pending.extend(items)
+            self._wake.notify()
+
+    def close(self) -> None:
+        """Finish what was submitted, then end the thread."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        self._thread.join(TICK_SECONDS * 40)
+
+    def _serve(self) -> None:
+        while True:
+            with self._wake:
+                while not self._pending and not self._closed:
+                    self._wake.wait()
+                if not self._pending:
+                    return
+                batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+            try:
+                self._call(batch)
+            except Exception:
+                log.exception("%s: failed", self._thread.name)
+
+
+class _Run:
+    """One command being supervised: its pipes, output tails and timers."""
+
+    def __init__(
+        self, worker: Worker, lease: Lease, child: Child, stdin: bytes, started_at: datetime
+    ) -> None:
+        self.lease = lease
+        self.child = child
+        self.started_at = started_at
+        self.outcome = _Outcome()
+        self.stdout = TailBuffer(worker.output_tail_bytes)
+        self.stderr = TailBuffer(worker.output_tail_bytes)
+        self.sinks: dict[int, TailBuffer] = {child.stdout: self.stdout, child.stderr: self.stderr}
+        self.streams = {child.stdout: "stdout", child.stderr: "stderr"}
+        self.pending = memoryview(stdin)
+        # each line also goes to the daemon's log, tagged with the job and the run (bounded)
+        self.output_log = RunOutputLog(lease)
+        begun = time.monotonic()
+        self.deadline = begun + lease.timeout_seconds if lease.timeout_seconds > 0 else None
+        self.next_heartbeat = begun + worker.heartbeat_seconds
+        self.last_confirmed = begun  # when the lease was last known to be ours
+        self.output_sent = (0, 0)  # output bytes of (stdout, stderr) when a heartbeat sent it
+        self.beating = False  # a heartbeat is on its way
+        # after a SIGTERM (timeout, cancel, lost lease): when the group gets SIGKILL
+        self.kill_at: float | None = None
+        self.exited_at: float | None = None
+        self.wake = begun  # when the supervisor looks at it next
+
+    def feed_stdin(self) -> bool:
+        """Write what the pipe takes of the rest of stdin (closed once all is written, or
+        once the command shows it does not read it); whether some is still left."""
+        stdin = self.child.stdin
+        if stdin is None:
+            return False
+        if self.pending:
+            try:
+                written = os.write(stdin, self.pending)
+            except BlockingIOError:
+                return True
+            except OSError:  # BrokenPipeError among them
+                written = len(self.pending)  # the command does not read stdin: its right
+            self.pending = self.pending[written:]
+        if self.pending:
+            return True
+        self.child.close_stdin()
         return False
-    except PermissionError:
-        return True  # a member the worker cannot signal: still there
-    return True
+
+
+class _Spawners:
+    """The threads that start commands: Popen waits for each child to exec (without the
+    interpreter lock), and on a busy machine that wait is most of a start, so several
+    start side by side; each run started goes to the supervisor."""
+
+    def __init__(self, worker: Worker, count: int) -> None:
+        self.worker = worker
+        self._leases: SimpleQueue[Lease | None] = SimpleQueue()
+        self._threads = [
+            threading.Thread(
+                target=self._serve, name=f"worker-{worker.queue}-spawn-{i}", daemon=True
+            )
+            for i in range(count)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, lease: Lease) -> None:
+        self._leases.put(lease)
+
+    def close(self) -> None:
+        for _ in self._threads:
+            self._leases.put(None)
+        for thread in self._threads:
+            thread.join(TICK_SECONDS * 40)
+
+    def _serve(self) -> None:
+        worker = self.worker
+        while (lease := self._leases.get()) is not None:
+            try:
+                started = worker._launch(lease)
+            except Exception:
+                # the lease expires and the reaper redelivers the run: nothing is lost
+                log.exception(
+                    "worker %s: run of job %s failed unexpectedly", worker.owner, lease.job_id
+                )
+                worker._release(1)
+                continue
+            if isinstance(started, _Ending):
+                assert worker._settler is not None
+                worker._settler.submit([started])
+            else:
+                assert worker._supervisor is not None
+                worker._supervisor.watch(started)
+
+
+class _Supervisor:
+    """The thread that supervises every command of a worker: one selector over all their
+    pipes (stdin fed, stdout and stderr read into their tails) and exits (pidfds), and
+    each run's timers (timeout, heartbeat, SIGKILL after the grace, the output drain)."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self._inbox: SimpleQueue[tuple[str, Any]] = SimpleQueue()
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._runs: set[_Run] = set()
+        self._endings: list[_Ending] = []  # runs over in this turn, not yet handed on
+        self._closing = False
+        self._thread = threading.Thread(
+            target=self._serve, name=f"worker-{worker.queue}-runs", daemon=True
+        )
+        self._thread.start()
+
+    # -- from other threads --------------------------------------------------------------
+
+    def watch(self, run: _Run) -> None:
+        self._post("run", run)
+
+    def beaten(self, results: list[tuple[_Run, Beat | None]]) -> None:
+        self._post("beats", results)
+
+    def close(self) -> None:
+        self._post("close", None)
+        self._thread.join(TICK_SECONDS * 40)
+
+    def _post(self, kind: str, value: Any) -> None:
+        self._inbox.put((kind, value))
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._wake_w, b"x")
+
+    # -- the thread ------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        try:
+            while not (self._closing and not self._runs):
+                try:
+                    self._turn()
+                except Exception:  # a bug: said, and the loop goes on (runs are not lost)
+                    log.exception("worker %s: the supervisor failed", self.worker.owner)
+                    time.sleep(TICK_SECONDS)
+        finally:
+            # only an unexpected end gets here with commands alive: never leave them orphaned
+            for run in list(self._runs):
+                self._abandon(run)
+            self._selector.close()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _turn(self) -> None:
+        """One turn of the loop: new work, the runs whose time has come, one select."""
+        self._take_inbox()
+        now = time.monotonic()
+        if self.worker._force.is_set():
+            for run in self._runs:
+                if run.child.returncode is None and not run.outcome.forced:
+                    run.outcome.forced = True
+                    run.child.signal_group(signal.SIGKILL)
+                    run.kill_at = None
+                    run.wake = now
+        for run in [run for run in self._runs if run.wake <= now]:
+            self._check(run, now)
+        self._hand_on()
+        wake = min((run.wake for run in self._runs), default=now + TICK_SECONDS)
+        timeout = min(max(0.0, wake - time.monotonic()), TICK_SECONDS)
+        touched: list[_Run] = []
+        for key, _events in self._selector.select(timeout):
+            if key.data is None:
+                self._drain_wake()
+                continue
+            run, what = key.data
+            if run in self._runs:
+                self._event(run, key.fd, what)
+                touched.append(run)
+        now = time.monotonic()
+        for run in dict.fromkeys(touched):
+            if run in self._runs:
+                self._check(run, now)
+        self._hand_on()
+
+    def _hand_on(self) -> None:
+        """The outcomes of the runs that ended in this turn, to be recorded together."""
+        if self._endings:
+            assert self.worker._settler is not None
+            self.worker._settler.submit(self._endings)
+            self._endings = []
+
+    def _drain_wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wake_r, 4096):
+                pass
+
+    def _take_inbox(self) -> None:
+        while True:
+            try:
+                kind, value = self._inbox.get_nowait()
+            except Empty:
+                return
+            if kind == "run":
+                self._watch(value)
+            elif kind == "beats":
+                self._apply_beats(value)
+            else:
+                self._closing = True
+
+    def _watch(self, run: _Run) -> None:
+        child = run.child
+        self._runs.add(run)
+        for fd in run.sinks:
+            self._selector.register(fd, selectors.EVENT_READ, (run, "out"))
+        if child.exit_fd is not None:
+            self._selector.register(child.exit_fd, selectors.EVENT_READ, (run, "exit"))
+        if child.stdin is not None:  # the payload did not fit the pipe at once
+            self._selector.register(child.stdin, selectors.EVENT_WRITE, (run, "in"))
+
+    def _event(self, run: _Run, fd: int, what: str) -> None:
+        try:
+            if what == "out":
+                self._read(run, fd)
+            elif what == "in":
+                self._write(run, fd)
+            else:
+                self._selector.unregister(fd)
+                run.child.reap()
+        except Exception:
+            log.exception(
+                "worker %s: run of job %s failed unexpectedly", self.worker.owner, run.lease.job_id
+            )
+            self._abandon(run)
+
+    def _read(self, run: _Run, fd: int) -> None:
+        try:
+            chunk = os.read(fd, READ_CHUNK)
+        except BlockingIOError:
+            return
+        if chunk:
+            run.sinks[fd].write(chunk)
+            run.output_log.feed(run.streams[fd], chunk)
+        else:
+            self._selector.unregister(fd)
+            run.child.close(fd)
+            del run.sinks[fd]
+
+    def _write(self, run: _Run, fd: int) -> None:
+        if not run.feed_stdin():
+            self._selector.unregister(fd)
+
+    def _check(self, run: _Run, now: float) -> None:
+        """Look at one run: its timers, its exit; hands its outcome on once it is over."""
+        try:
+            if self._over(run, now):
+                self._finish(run)
+        except Exception:
+            log.exception(
+                "worker %s: run of job %s failed unexpectedly", self.worker.owner, run.lease.job_id
+            )
+            self._abandon(run)
+
+    def _over(self, run: _Run, now: float) -> bool:
+        """Enforce the run's timers; whether it is over (exited and its output drained, or
+        its group SIGKILLed); else sets when to look at it next."""
+        worker, child, outcome = self.worker, run.child, run.outcome
+        if child.exit_fd is None:
+            child.reap()  # no pidfd: polled
+        running = child.returncode is None
+        if not running and run.exited_at is None:
+            run.exited_at = now
+        if (
+            run.exited_at is not None
+            and run.kill_at is None
+            and (not run.sinks or now - run.exited_at >= DRAIN_SECONDS)
+        ):
+            # a background child still holding the output pipes does not hold up the run:
+            # after DRAIN_SECONDS the worker stops listening
+            return True
+        if run.kill_at is not None and (
+            now >= run.kill_at
+            or worker._force.is_set()
+            or (not running and not child.group_alive())
+        ):
+            # after a SIGTERM the group always gets SIGKILL, whether or not its leader is
+            # still there: a child that ignores SIGTERM and outlives the leader must not
+            # overlap the next attempt. (Once nothing of the group is left the SIGKILL finds
+            # nothing, and the grace is not waited out.)
+            child.signal_group(signal.SIGKILL)
+            run.kill_at = None
+            if not running and not run.sinks:
+                return True
+        if running and run.deadline is not None and now >= run.deadline and not outcome.timed_out:
+            outcome.timed_out = True
+            log.warning(
+                "run %s attempt %d: timed out after %ss; terminating",
+                run.lease.idempotency_key,
+                run.lease.attempt,
+                run.lease.timeout_seconds,
+            )
+            self._terminate(run, now)
+        # unconfirmed for a whole lease: the reaper may have handed the run to another
+        # worker, and two copies must not run at once (nor anything left of this one: the
+        # group is terminated even if the leader is gone)
+        if not outcome.lease_lost and now - run.last_confirmed >= worker.lease_seconds:
+            outcome.lease_lost = True
+            self._terminate(run, now)
+        # also while draining the output of an exited command: the outcome is not recorded
+        # yet, and the lease must still be ours when it is
+        if now >= run.next_heartbeat and not outcome.lease_lost and not run.beating:
+            run.beating = True
+            output_seen = (run.stdout.total, run.stderr.total)
+            tail = (
+                _combine_tails(run.stdout.text(), run.stderr.text())
+                if output_seen != run.output_sent
+                else None
+            )
+            assert worker._beater is not None
+            worker._beater.submit([_BeatRequest(run, tail, output_seen)])
+        # only the events still ahead: a passed deadline must not make this spin
+        wake: list[float] = []
+        if not outcome.lease_lost and not run.beating:
+            wake.append(run.next_heartbeat)
+        if not outcome.lease_lost:
+            wake.append(run.last_confirmed + worker.lease_seconds)
+        if run.deadline is not None and not outcome.timed_out and run.exited_at is None:
+            wake.append(run.deadline)
+        if run.kill_at is not None:
+            wake.append(run.kill_at)
+            if not running:
+                wake.append(now + TICK_SECONDS)  # is anything of the group left?
+        if run.exited_at is not None and run.sinks:
+            wake.append(run.exited_at + DRAIN_SECONDS)
+        if running and child.exit_fd is None:
+            wake.append(now + POLL_EXIT_SECONDS)
+        run.wake = min(wake) if wake else now + TICK_SECONDS
+        return False
+
+    def _terminate(self, run: _Run, now: float) -> None:
+        # SIGTERM to the whole group now, SIGKILL to it after the grace period (an earlier
+        # pending SIGKILL is not postponed)
+        run.child.signal_group(signal.SIGTERM)
+        grace_end = now + self.worker.kill_grace_seconds
+        run.kill_at = grace_end if run.kill_at is None else min(run.kill_at, grace_end)
+
+    def _apply_beats(self, results: list[tuple[_Run, Beat | None]]) -> None:
+        now = time.monotonic()
+        for run, beat in results:
+            run.beating = False
+            if run not in self._runs:
+                continue  # over meanwhile: its settle tells whether the lease was still ours
+            outcome = run.outcome
+            run.next_heartbeat = now + self.worker.heartbeat_seconds
+            if beat is Beat.extended or beat is Beat.cancelled:
+                run.last_confirmed = now
+            if beat is Beat.cancelled and not outcome.cancelled and run.exited_at is None:
+                # the cancel reaches running work: SIGTERM now, SIGKILL after the grace
+                outcome.cancelled = True
+                log.warning(
+                    "run %s attempt %d: job cancelled; terminating the command",
+                    run.lease.idempotency_key,
+                    run.lease.attempt,
+                )
+                self._terminate(run, now)
+            if beat is Beat.lost and not outcome.lease_lost:
+                outcome.lease_lost = True
+                self._terminate(run, now)
+            run.wake = now
+
+    def _close_pipes(self, run: _Run) -> None:
+        child = run.child
+        for fd in list(run.sinks):
+            self._selector.unregister(fd)
+            child.close(fd)
+        run.sinks.clear()
+        if child.stdin is not None:
+            self._selector.unregister(child.stdin)
+            child.close_stdin()
+        if child.exit_fd is not None:
+            with contextlib.suppress(KeyError):
+                self._selector.unregister(child.exit_fd)
+
+    def _finish(self, run: _Run) -> None:
+        self._runs.discard(run)
+        run.output_log.close()
+        self._close_pipes(run)
+        if run.child.returncode is None or run.kill_at is not None:
+            # only a forced stop gets here with the command alive or its SIGKILL pending:
+            # never leave it orphaned
+            run.child.signal_group(signal.SIGKILL)
+        run.outcome.returncode = run.child.wait()
+        ending = self.worker._ended(run)
+        if ending is None:
+            self.worker._release(1)
+        else:
+            self._endings.append(ending)
+
+    def _abandon(self, run: _Run) -> None:
+        """After an unexpected error: the command is killed and nothing recorded (the lease
+        expires and the reaper redelivers the run)."""
+        self._runs.discard(run)
+        with contextlib.suppress(Exception):
+            run.output_log.close()
+        with contextlib.suppress(Exception):
+            self._close_pipes(run)
+        run.child.signal_group(signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            run.child.wait()
+        self.worker._release(1)
 
 
 def _signal_name(number: int) -> str:

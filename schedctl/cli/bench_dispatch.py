@@ -1,5 +1,5 @@
-"""`schedctl bench burst`, `bench steady`, `bench spawn`, `bench failover` and `bench
-delivery`: the commands of the whole-path benchmarks against real dispatcher, relay and
+"""`schedctl bench burst`, `bench steady`, `bench spawn`, `bench worker`, `bench failover` and
+`bench delivery`: the commands of the whole-path benchmarks against real dispatcher, relay and
 worker processes (schedctl.bench.pipeline), of the failover benchmark
 (schedctl.bench.dispatch) and of the delivery benchmark (schedctl.bench.delivery);
 registered on the `bench` group in app.py.
@@ -24,6 +24,7 @@ from schedctl.cli.bench_options import (
     WorkersOption,
     ZooKeeperOption,
     count,
+    keep_option,
     seconds,
 )
 from schedctl.cli.common import OutputOption, cli_state, output_format
@@ -164,6 +165,37 @@ def spawn(
     rate = spawn_ceiling(duration, threads)
     result = {"threads": threads, "duration_seconds": duration, "starts_per_second": round(rate, 1)}
     emit(result, output_format(ctx, output), title="spawn ceiling")
+
+
+def worker(
+    ctx: typer.Context,
+    runs: Annotated[
+        int, count("--runs", 1, 1_000_000, "Runs queued before the worker starts")
+    ] = 5000,
+    worker_concurrency: ConcurrencyOption = 16,
+    spawn_seconds: Annotated[
+        float,
+        seconds("--spawn-seconds", 1.0, 600.0, "Spawn ceiling measured this long before and after"),
+    ] = 5.0,
+    timeout: TimeoutOption = 300.0,
+    keep: Annotated[bool, keep_option("tenant, jobs and runs")] = False,
+    output: OutputOption = None,
+) -> None:
+    """One `scheduled-d worker` process draining --runs already-queued /bin/true runs (one
+    one-time job each): commands started a second, against the spawn ceiling measured in
+    the same run, and the worker's CPU per run. Use a scratch database: it adds a tenant,
+    its jobs and their runs (removed after unless --keep)."""
+    from schedctl.bench.worker import run_worker_bench
+
+    result = run_worker_bench(
+        cli_state(ctx).store(),
+        runs=runs,
+        concurrency=worker_concurrency,
+        spawn_seconds=spawn_seconds,
+        timeout=timeout,
+        keep=keep,
+    )
+    emit(result, output_format(ctx, output), title="worker")
 
 
 def failover(

@@ -4,13 +4,16 @@ cost, the raw counts and timings a benchmark reports, and removing what it made.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import and_, bindparam, delete, func, select, update
 
+from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
+from schedctl.storage.jobs import new_job_id, partition_of
 from schedctl.storage.store import Store
 
 # rows per INSERT statement of a bulk load
@@ -315,3 +318,73 @@ def set_jobs_due(store: Store, due: Sequence[tuple[str, datetime]]) -> None:
                 statement,
                 [{"b_job_id": job_id, "b_at": at} for job_id, at in due[start : start + CHUNK]],
             )
+
+
+def insert_claimed_once_jobs(
+    store: Store, tenant_id: str, target: tuple[str, str], count: int, *, now: datetime
+) -> None:
+    """`count` one-time jobs of `target` (its type and address), each with its run as a
+    claim leaves it (run and outbox row, dispatched, attempt 1, due now), in one
+    transaction: a backlog of many jobs' runs, one each, ready to be relayed."""
+    target_type, address = target
+    at = format_instant(now)
+    jobs: list[dict[str, Any]] = []
+    for _ in range(count):
+        job_id = new_job_id()
+        jobs.append(
+            {
+                "job_id": job_id,
+                "tenant_id": tenant_id,
+                "name": f"bench-{job_id}",  # names are unique per tenant
+                "schedule": json.dumps({"kind": "once", "run_at": at}),
+                "target_type": target_type,
+                "target": address,
+                "payload": "{}",
+                "max_attempts": 3,
+                "retry_base_seconds": 1.0,
+                "retry_max_seconds": 60.0,
+                "misfire_policy": "run_once",
+                "grace_seconds": 3600,
+                "window_seconds": 0,
+                "max_concurrency": 1,
+                "timeout_seconds": 0,
+                "status": "completed",  # its one run is claimed
+                "partition": partition_of(job_id, store.partition_count),
+                "version": 2,
+                "request_hash": "bench",
+                "created_at": now,
+                "updated_at": now,
+            }
+        )
+    runs = [
+        {
+            "job_id": job["job_id"],
+            "scheduled_at": now,
+            "tenant_id": tenant_id,
+            "partition": job["partition"],
+            "trigger": "schedule",
+            "status": "dispatched",
+            "attempt": 1,
+            "fire_at": now,
+            "dispatched_at": now,
+        }
+        for job in jobs
+    ]
+    outbox = [
+        {
+            "job_id": job["job_id"],
+            "scheduled_at": now,
+            "tenant_id": tenant_id,
+            "target_type": target_type,
+            "target": address,
+            "attempt": 1,
+            "available_at": now,
+            "created_at": now,
+        }
+        for job in jobs
+    ]
+    with store.tx() as connection:
+        for start in range(0, count, CHUNK):
+            connection.execute(schema.jobs.insert(), jobs[start : start + CHUNK])
+            connection.execute(schema.runs.insert(), runs[start : start + CHUNK])
+            connection.execute(schema.outbox.insert(), outbox[start : start + CHUNK])

@@ -335,31 +335,26 @@ class QueueRepo(Settles[Lease]):
                 )
             )
         if leases:
-            # two statements for the whole batch, not two round trips per message
+            # two statements for the whole batch (arrays on Postgres), not two per message
             connection.execute(
                 update(m)
                 .where(m.c.id.in_([lease.message_id for lease in leases]))
                 .values(leased_until=leased_until, lease_owner=owner)
             )
-            r = schema.runs
-            connection.execute(
-                update(r)
-                .where(*run_by_key())
-                .values(
-                    status=RunStatus.running.value,
-                    attempt=bindparam("b_attempt"),
-                    started_at=now,
-                    # the previous attempt's outcome lives on in run_attempts
-                    finished_at=None,
-                    exit_code=None,
-                    error=None,
-                    output_tail=None,
-                ),
+            # the previous attempt's outcome lives on in run_attempts
+            self.store.dialect.update_runs(
+                connection,
                 [
                     {
-                        "b_job_id": lease.job_id,
-                        "b_scheduled_at": lease.scheduled_at,
-                        "b_attempt": lease.attempt,
+                        "job_id": lease.job_id,
+                        "scheduled_at": lease.scheduled_at,
+                        "status": RunStatus.running.value,
+                        "attempt": lease.attempt,
+                        "started_at": now,
+                        "finished_at": None,
+                        "exit_code": None,
+                        "error": None,
+                        "output_tail": None,
                     }
                     for lease in leases
                 ],
@@ -400,6 +395,76 @@ class QueueRepo(Settles[Lease]):
                 select(schema.jobs.c.status).where(schema.jobs.c.job_id == lease.job_id)
             ).scalar_one_or_none()
             return Beat.cancelled if status in STOPPED_JOB_STATUSES else Beat.extended
+
+    def beat_many(
+        self, items: Sequence[tuple[Lease, str | None]], lease_seconds: float
+    ) -> list[Beat]:
+        """`beat` for many (lease, output_tail) in one transaction and a few statements
+        (a worker's heartbeats due together): per item, lost, cancelled or extended."""
+        if not items:
+            return []
+        m, r = schema.queue_messages, schema.runs
+        with self.store.tx() as connection:
+            now = db_now(connection)
+            query = (
+                select(m.c.id, m.c.lease_owner, m.c.attempt)
+                .where(
+                    m.c.id.in_({lease.message_id for lease, _ in items}),
+                    m.c.leased_until.is_not(None),
+                )
+                .order_by(m.c.id)  # in id order, as settling locks them: no deadlock
+            )
+            # locked as beat's UPDATE would: a reaper settling one of them is waited for
+            held = {
+                (row.id, row.lease_owner, row.attempt)
+                for row in connection.execute(self.store.dialect.lock(query, of=m))
+            }
+            # same id, owner and attempt (see _ours)
+            ours = [
+                (lease, tail)
+                for lease, tail in items
+                if (lease.message_id, lease.owner, lease.attempt) in held
+            ]
+            if not ours:
+                return [Beat.lost] * len(items)
+            connection.execute(
+                update(m)
+                .where(m.c.id.in_({lease.message_id for lease, _ in ours}))
+                .values(leased_until=now + timedelta(seconds=lease_seconds))
+            )
+            tails = [
+                {
+                    "b_job_id": lease.job_id,
+                    "b_scheduled_at": lease.scheduled_at,
+                    "b_output_tail": clip(tail, MAX_OUTPUT_CHARS),
+                }
+                for lease, tail in ours
+                if tail is not None
+            ]
+            if tails:
+                connection.execute(
+                    update(r)
+                    .where(*run_by_key(), r.c.status == RunStatus.running.value)
+                    .values(output_tail=bindparam("b_output_tail")),
+                    tails,
+                )
+            j = schema.jobs
+            statuses = dict(
+                connection.execute(
+                    select(j.c.job_id, j.c.status).where(
+                        j.c.job_id.in_({lease.job_id for lease, _ in ours})
+                    )
+                ).all()
+            )
+        extended = {lease.message_id for lease, _ in ours}
+        return [
+            Beat.lost
+            if lease.message_id not in extended
+            else Beat.cancelled
+            if statuses.get(lease.job_id) in STOPPED_JOB_STATUSES
+            else Beat.extended
+            for lease, _ in items
+        ]
 
     # ack, fail and stop_cancelled come from Settles: a success drops the message; a failure
     # is retried after a backoff or, with the attempts used up, dead-lettered; a cancelled

@@ -134,6 +134,20 @@ def test_spawn_reports_the_ceiling(sqlite_url: str) -> None:
     assert result["starts_per_second"] > 0
 
 
+def test_worker_drains_its_backlog_and_reports_the_ratio_to_the_ceiling(db_url: str) -> None:
+    result = bench(
+        db_url, "worker", "--runs", "40", "--worker-concurrency", "8", "--spawn-seconds", "1"
+    )
+    assert result["complete"] is True
+    assert result["succeeded"] == 40
+    assert result["duplicates"] == 0
+    assert result["worker_exit_code"] == 0
+    assert result["log_trouble"] == 0
+    assert result["started_per_second"] > 0
+    assert result["spawn_ceiling_per_second"] > 0
+    assert result["starts_to_ceiling"] > 0
+
+
 def test_delivery_reports_http_and_queue_rates(sqlite_url: str) -> None:
     result = bench(sqlite_url, "delivery", "--runs", "50", "--timeout", "120")
     assert result["http_received"] == 50
