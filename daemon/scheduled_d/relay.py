@@ -62,12 +62,16 @@ RABBITMQ_PER_SLOT = 50
 # transaction then refills several slots instead of one each.
 REFILL_PAUSE_SECONDS = 0.002
 SETTLE_BATCH = 500
+# how long the settler waits for more outcomes before it records a batch
+SETTLE_GATHER_SECONDS = 0.02
 # How long a claimed row is this relay's without a heartbeat; the heartbeat runs every third
 # of it. A stopped relay's runs are delivered again about this long after it stopped.
 DEFAULT_LEASE_SECONDS = 9.0
 HEARTBEAT_FRACTION = 1 / 3
 # leases extended per statement
 EXTEND_BATCH = 5000
+# labelled metric children kept by _record (tenant, kind, verdict)
+MAX_METRIC_CHILDREN = 10_000
 
 
 def lease_margin(lease_seconds: float) -> float:
@@ -195,6 +199,7 @@ class Relay:
         self.reaped = 0
         self.store_errors = 0  # passes that found the database unavailable
         self.stats = RelayStats()
+        self._metric_children: dict[tuple[str, TargetType, Verdict], tuple[Any, Any]] = {}
         self._wake = threading.Event()
         self._freed = threading.Event()
         self._next_reap = 0.0
@@ -644,9 +649,25 @@ class Relay:
                     datetime.now(UTC),
                 )
 
+    def _metrics(self, delivery: Delivery, verdict: Verdict) -> tuple[Any, Any]:
+        """The labelled counter and histogram of an outcome (labels() looked up once per
+        tenant, kind and verdict, not per delivery)."""
+        key = (delivery.tenant_id, delivery.kind, verdict)
+        found = self._metric_children.get(key)
+        if found is None:
+            found = (
+                DELIVERIES.labels(delivery.tenant_id, delivery.kind, verdict.value),
+                DELIVERY_SECONDS.labels(delivery.kind),
+            )
+            if len(self._metric_children) >= MAX_METRIC_CHILDREN:
+                self._metric_children.clear()  # a bound: tenants come and go
+            self._metric_children[key] = found
+        return found
+
     def _record(self, delivery: Delivery, result: DeliveryResult, started: datetime) -> None:
-        DELIVERIES.labels(delivery.tenant_id, delivery.kind, result.verdict.value).inc()
-        DELIVERY_SECONDS.labels(delivery.kind).observe(result.seconds)
+        counter, seconds = self._metrics(delivery, result.verdict)
+        counter.inc()
+        seconds.observe(result.seconds)
         if result.verdict is not Verdict.succeeded:
             log.info(
                 "run %s attempt %d to %s: %s: %s",
@@ -695,9 +716,20 @@ class Relay:
                     if self._settler_stop.is_set():
                         return
                     continue
+            # a short wait for more: one transaction records many outcomes (each costs
+            # several statements whatever its size); the leases are held meanwhile
+            gather_until = time.monotonic() + SETTLE_GATHER_SECONDS
             while len(pending) < SETTLE_BATCH:
                 try:
                     pending.append(self._outcomes.get_nowait())
+                    continue
+                except queue.Empty:
+                    pass
+                left = gather_until - time.monotonic()
+                if left <= 0 or self._settler_stop.is_set():
+                    break
+                try:
+                    pending.append(self._outcomes.get(timeout=left))
                 except queue.Empty:
                     break
             try:

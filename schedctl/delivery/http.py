@@ -520,6 +520,8 @@ async def _read_body(
     """A bounded read of the body (a fully read one lets the connection be reused), until
     the deadline. Returns the snippet of what arrived, whether the deadline cut it, and why
     the read failed, if it did."""
+    if _no_body(status, headers):
+        return "", False, None  # nothing to read: no timer either (most successes)
     data = bytearray()
     cut, broken = False, None
     try:
@@ -539,6 +541,14 @@ async def _read_body(
     # one line in the run history, whatever the endpoint sent
     snippet = " ".join("".join(c if c.isprintable() else " " for c in text).split())
     return snippet, cut, broken
+
+
+def _no_body(status: int, headers: dict[str, str]) -> bool:
+    """Whether the answer ends with its head (no body follows it on the connection)."""
+    if status in (204, 304) or 100 <= status < 200:
+        return True
+    empty = headers.get("content-length", "").strip() == "0"
+    return empty and "transfer-encoding" not in headers
 
 
 async def _body(
