@@ -31,7 +31,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -208,8 +208,10 @@ class Relay:
         self._rotation = 0
         # broker slots; HTTP slots are coroutines on the HTTP client's loop
         self._pool = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="deliver")
-        self._async_slots: set[Future[None]] = set()
-        self._slots_lock = threading.Lock()
+        # HTTP slots started and not ended yet (close() waits for them), and their tasks
+        self._async_slots = 0
+        self._async_ended = threading.Condition(threading.Lock())
+        self._async_tasks: set[asyncio.Task[None]] = set()
         self._outcomes: queue.Queue[Outcome] = queue.Queue()
         self._unsettled = 0  # outcomes produced and not recorded yet
         self._unsettled_lock = threading.Lock()
@@ -330,10 +332,9 @@ class Relay:
             waiting = [d for batches in self._queued.values() for b in batches for d in b]
             self._queued.clear()
         self._pool.shutdown(wait=True)
-        with self._slots_lock:
-            slots = list(self._async_slots)
         # each ends after its call under way, which its deadline bounds
-        wait(slots, timeout=self.http.timeout + 5)
+        with self._async_ended:
+            self._async_ended.wait_for(lambda: self._async_slots == 0, self.http.timeout + 5)
         try:
             self.outbox.release(waiting)
         except errors.StoreUnavailable as exc:
@@ -460,34 +461,54 @@ class Relay:
                 for i in range(0, len(deliveries), per_slot):
                     waiting.append(deliveries[i : i + per_slot])
             # a slot per waiting batch, as far as the lane and the relay allow
+            http_slots: list[Lane] = []
             for lane, waiting in list(self._queued.items()):
                 started = self._running.get(lane, 0)
                 while len(waiting) > started and self.limits.try_acquire(lane):
-                    self._start_slot(lane)
+                    if lane.kind == TargetType.http:
+                        http_slots.append(lane)
+                    else:
+                        self._pool.submit(self._slot, lane)
                     started += 1
                 self._running[lane] = started
                 if not waiting and not started:
                     del self._queued[lane]
                     self._running.pop(lane, None)
+        if http_slots:
+            self._start_http_slots(http_slots)
         return len(claimed.deliveries) if claimed is not None else 0
 
     # -- delivering (HTTP: coroutines on the HTTP loop; RabbitMQ: pool threads) -------------
 
-    def _start_slot(self, lane: Lane) -> None:
-        """Run one slot of the lane: HTTP slots are coroutines on the HTTP client's event
-        loop (one thread does every call's I/O), broker slots run on the thread pool (pika
-        blocks)."""
-        if lane.kind == TargetType.http:
-            future = asyncio.run_coroutine_threadsafe(self._http_slot(lane), self.http.loop)
-            with self._slots_lock:  # pump() holds _queue_lock here
-                self._async_slots.add(future)
-            future.add_done_callback(self._async_slot_done)
-        else:
-            self._pool.submit(self._slot, lane)
+    def _start_http_slots(self, lanes: list[Lane]) -> None:
+        """Start one slot per entry of `lanes` (their places taken already), as coroutines on
+        the HTTP client's event loop (one thread does every call's I/O; broker slots run on
+        the thread pool instead, pika blocks): one hand-over to the loop for all of them."""
+        with self._async_ended:
+            self._async_slots += len(lanes)
+        try:
+            self.http.loop.call_soon_threadsafe(self._spawn_http_slots, lanes)
+        except Exception:
+            with self._async_ended:
+                self._async_slots -= len(lanes)
+                self._async_ended.notify_all()
+            for lane in lanes:
+                self._slot_left(lane, True)
+            raise
 
-    def _async_slot_done(self, future: Future[None]) -> None:
-        with self._slots_lock:
-            self._async_slots.discard(future)
+    def _spawn_http_slots(self, lanes: list[Lane]) -> None:
+        """On the HTTP loop: a task per slot (kept referenced until it ends)."""
+        loop = asyncio.get_running_loop()
+        for lane in lanes:
+            task = loop.create_task(self._http_slot(lane))
+            self._async_tasks.add(task)
+            task.add_done_callback(self._http_slot_ended)
+
+    def _http_slot_ended(self, task: asyncio.Task[None]) -> None:
+        self._async_tasks.discard(task)
+        with self._async_ended:
+            self._async_slots -= 1
+            self._async_ended.notify_all()
 
     def _next_batch(self, lane: Lane) -> list[Delivery] | None:
         """The lane's next waiting batch, or None when the slot leaves (counted out of the
@@ -716,20 +737,15 @@ class Relay:
                     if self._settler_stop.is_set():
                         return
                     continue
-            # a short wait for more: one transaction records many outcomes (each costs
-            # several statements whatever its size); the leases are held meanwhile
-            gather_until = time.monotonic() + SETTLE_GATHER_SECONDS
+                # a short pause for more: one transaction records many outcomes (each costs
+                # several statements whatever its size; the leases are held meanwhile). A
+                # sleep, not a wait on the queue: that would wake this thread (and hand it
+                # the interpreter lock) once per outcome
+                if not self._settler_stop.is_set():
+                    time.sleep(SETTLE_GATHER_SECONDS)
             while len(pending) < SETTLE_BATCH:
                 try:
                     pending.append(self._outcomes.get_nowait())
-                    continue
-                except queue.Empty:
-                    pass
-                left = gather_until - time.monotonic()
-                if left <= 0 or self._settler_stop.is_set():
-                    break
-                try:
-                    pending.append(self._outcomes.get(timeout=left))
                 except queue.Empty:
                     break
             try:
