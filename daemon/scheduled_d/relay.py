@@ -42,7 +42,13 @@ from schedctl import errors, retrying
 from schedctl.alerts.lane import AlertLane
 from schedctl.config import Config
 from schedctl.delivery.email import SmtpSettings
-from schedctl.delivery.http import DEFAULT_TIMEOUT_SECONDS, DeliveryResult, HttpDelivery
+from schedctl.delivery.http import (
+    DEFAULT_TIMEOUT_SECONDS,
+    DeliveryResult,
+    EncodedPayload,
+    HttpDelivery,
+    encode_payload,
+)
 from schedctl.delivery.limits import DeliveryLimits
 from schedctl.delivery.rabbitmq import BrokerPool, Message
 from schedctl.delivery.ssrf import Resolver
@@ -72,6 +78,9 @@ HEARTBEAT_FRACTION = 1 / 3
 EXTEND_BATCH = 5000
 # labelled metric children kept by _record (tenant, kind, verdict)
 MAX_METRIC_CHILDREN = 10_000
+# encoded payloads kept for HTTP deliveries: how many, and up to what stored size
+PAYLOAD_CACHE_ENTRIES = 256
+PAYLOAD_CACHE_MAX_CHARS = 4096
 
 
 def lease_margin(lease_seconds: float) -> float:
@@ -200,6 +209,7 @@ class Relay:
         self.store_errors = 0  # passes that found the database unavailable
         self.stats = RelayStats()
         self._metric_children: dict[tuple[str, TargetType, Verdict], tuple[Any, Any]] = {}
+        self._payloads: dict[str, EncodedPayload] = {}  # _encoded_payload's
         self._wake = threading.Event()
         self._freed = threading.Event()
         self._next_reap = 0.0
@@ -575,7 +585,7 @@ class Relay:
         """The HTTP delivery's keyword arguments, or a retryable result when the payload or
         the tenant's signing secret cannot be read."""
         try:
-            payload = decode_payload(delivery.stored_payload)
+            payload = self._encoded_payload(delivery.stored_payload)
             secrets = self.signing.secrets_for(delivery.tenant_id)
         except errors.SchedError as exc:
             return DeliveryResult(Verdict.retry, error=str(exc))
@@ -588,6 +598,19 @@ class Relay:
             "attempt": delivery.attempt,
             "payload": payload,
         }
+
+    def _encoded_payload(self, stored: str) -> EncodedPayload:
+        """The stored payload decoded (decrypted) and encoded for the body, once per stored
+        form: the runs of a job share it. Only small payloads are kept, and few of them (no
+        lock: a dict's get and set are atomic, and a race only encodes one twice)."""
+        found = self._payloads.get(stored)
+        if found is None:
+            found = encode_payload(decode_payload(stored))
+            if len(stored) <= PAYLOAD_CACHE_MAX_CHARS:
+                if len(self._payloads) >= PAYLOAD_CACHE_ENTRIES:
+                    self._payloads.clear()  # a bound, not an eviction policy
+                self._payloads[stored] = found
+        return found
 
     async def _call_async(self, delivery: Delivery, started: datetime) -> None:
         call = self._http_call(delivery)
