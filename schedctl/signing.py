@@ -161,7 +161,8 @@ def canonical_v1(timestamp: int | str, body: bytes) -> bytes:
 
 
 def _hex(key: bytes, message: bytes) -> str:
-    return hmac.new(key, message, hashlib.sha256).hexdigest()
+    # hmac.digest: the one-shot C path (the same value as hmac.new(...).hexdigest())
+    return hmac.digest(key, message, hashlib.sha256).hex()
 
 
 def sign(secret: str | bytes, timestamp: int | str, body: bytes) -> str:

@@ -31,7 +31,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -42,7 +42,13 @@ from schedctl import errors, retrying
 from schedctl.alerts.lane import AlertLane
 from schedctl.config import Config
 from schedctl.delivery.email import SmtpSettings
-from schedctl.delivery.http import DEFAULT_TIMEOUT_SECONDS, DeliveryResult, HttpDelivery
+from schedctl.delivery.http import (
+    DEFAULT_TIMEOUT_SECONDS,
+    DeliveryResult,
+    EncodedPayload,
+    HttpDelivery,
+    encode_payload,
+)
 from schedctl.delivery.limits import DeliveryLimits
 from schedctl.delivery.rabbitmq import BrokerPool, Message
 from schedctl.delivery.ssrf import Resolver
@@ -62,12 +68,19 @@ RABBITMQ_PER_SLOT = 50
 # transaction then refills several slots instead of one each.
 REFILL_PAUSE_SECONDS = 0.002
 SETTLE_BATCH = 500
+# how long the settler waits for more outcomes before it records a batch
+SETTLE_GATHER_SECONDS = 0.02
 # How long a claimed row is this relay's without a heartbeat; the heartbeat runs every third
 # of it. A stopped relay's runs are delivered again about this long after it stopped.
 DEFAULT_LEASE_SECONDS = 9.0
 HEARTBEAT_FRACTION = 1 / 3
 # leases extended per statement
 EXTEND_BATCH = 5000
+# labelled metric children kept by _record (tenant, kind, verdict)
+MAX_METRIC_CHILDREN = 10_000
+# encoded payloads kept for HTTP deliveries: how many, and up to what stored size
+PAYLOAD_CACHE_ENTRIES = 256
+PAYLOAD_CACHE_MAX_CHARS = 4096
 
 
 def lease_margin(lease_seconds: float) -> float:
@@ -195,6 +208,8 @@ class Relay:
         self.reaped = 0
         self.store_errors = 0  # passes that found the database unavailable
         self.stats = RelayStats()
+        self._metric_children: dict[tuple[str, TargetType, Verdict], tuple[Any, Any]] = {}
+        self._payloads: dict[str, EncodedPayload] = {}  # _encoded_payload's
         self._wake = threading.Event()
         self._freed = threading.Event()
         self._next_reap = 0.0
@@ -203,8 +218,10 @@ class Relay:
         self._rotation = 0
         # broker slots; HTTP slots are coroutines on the HTTP client's loop
         self._pool = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="deliver")
-        self._async_slots: set[Future[None]] = set()
-        self._slots_lock = threading.Lock()
+        # HTTP slots started and not ended yet (close() waits for them), and their tasks
+        self._async_slots = 0
+        self._async_ended = threading.Condition(threading.Lock())
+        self._async_tasks: set[asyncio.Task[None]] = set()
         self._outcomes: queue.Queue[Outcome] = queue.Queue()
         self._unsettled = 0  # outcomes produced and not recorded yet
         self._unsettled_lock = threading.Lock()
@@ -325,10 +342,9 @@ class Relay:
             waiting = [d for batches in self._queued.values() for b in batches for d in b]
             self._queued.clear()
         self._pool.shutdown(wait=True)
-        with self._slots_lock:
-            slots = list(self._async_slots)
         # each ends after its call under way, which its deadline bounds
-        wait(slots, timeout=self.http.timeout + 5)
+        with self._async_ended:
+            self._async_ended.wait_for(lambda: self._async_slots == 0, self.http.timeout + 5)
         try:
             self.outbox.release(waiting)
         except errors.StoreUnavailable as exc:
@@ -455,34 +471,54 @@ class Relay:
                 for i in range(0, len(deliveries), per_slot):
                     waiting.append(deliveries[i : i + per_slot])
             # a slot per waiting batch, as far as the lane and the relay allow
+            http_slots: list[Lane] = []
             for lane, waiting in list(self._queued.items()):
                 started = self._running.get(lane, 0)
                 while len(waiting) > started and self.limits.try_acquire(lane):
-                    self._start_slot(lane)
+                    if lane.kind == TargetType.http:
+                        http_slots.append(lane)
+                    else:
+                        self._pool.submit(self._slot, lane)
                     started += 1
                 self._running[lane] = started
                 if not waiting and not started:
                     del self._queued[lane]
                     self._running.pop(lane, None)
+        if http_slots:
+            self._start_http_slots(http_slots)
         return len(claimed.deliveries) if claimed is not None else 0
 
     # -- delivering (HTTP: coroutines on the HTTP loop; RabbitMQ: pool threads) -------------
 
-    def _start_slot(self, lane: Lane) -> None:
-        """Run one slot of the lane: HTTP slots are coroutines on the HTTP client's event
-        loop (one thread does every call's I/O), broker slots run on the thread pool (pika
-        blocks)."""
-        if lane.kind == TargetType.http:
-            future = asyncio.run_coroutine_threadsafe(self._http_slot(lane), self.http.loop)
-            with self._slots_lock:  # pump() holds _queue_lock here
-                self._async_slots.add(future)
-            future.add_done_callback(self._async_slot_done)
-        else:
-            self._pool.submit(self._slot, lane)
+    def _start_http_slots(self, lanes: list[Lane]) -> None:
+        """Start one slot per entry of `lanes` (their places taken already), as coroutines on
+        the HTTP client's event loop (one thread does every call's I/O; broker slots run on
+        the thread pool instead, pika blocks): one hand-over to the loop for all of them."""
+        with self._async_ended:
+            self._async_slots += len(lanes)
+        try:
+            self.http.loop.call_soon_threadsafe(self._spawn_http_slots, lanes)
+        except Exception:
+            with self._async_ended:
+                self._async_slots -= len(lanes)
+                self._async_ended.notify_all()
+            for lane in lanes:
+                self._slot_left(lane, True)
+            raise
 
-    def _async_slot_done(self, future: Future[None]) -> None:
-        with self._slots_lock:
-            self._async_slots.discard(future)
+    def _spawn_http_slots(self, lanes: list[Lane]) -> None:
+        """On the HTTP loop: a task per slot (kept referenced until it ends)."""
+        loop = asyncio.get_running_loop()
+        for lane in lanes:
+            task = loop.create_task(self._http_slot(lane))
+            self._async_tasks.add(task)
+            task.add_done_callback(self._http_slot_ended)
+
+    def _http_slot_ended(self, task: asyncio.Task[None]) -> None:
+        self._async_tasks.discard(task)
+        with self._async_ended:
+            self._async_slots -= 1
+            self._async_ended.notify_all()
 
     def _next_batch(self, lane: Lane) -> list[Delivery] | None:
         """The lane's next waiting batch, or None when the slot leaves (counted out of the
@@ -549,7 +585,7 @@ class Relay:
         """The HTTP delivery's keyword arguments, or a retryable result when the payload or
         the tenant's signing secret cannot be read."""
         try:
-            payload = decode_payload(delivery.stored_payload)
+            payload = self._encoded_payload(delivery.stored_payload)
             secrets = self.signing.secrets_for(delivery.tenant_id)
         except errors.SchedError as exc:
             return DeliveryResult(Verdict.retry, error=str(exc))
@@ -562,6 +598,19 @@ class Relay:
             "attempt": delivery.attempt,
             "payload": payload,
         }
+
+    def _encoded_payload(self, stored: str) -> EncodedPayload:
+        """The stored payload decoded (decrypted) and encoded for the body, once per stored
+        form: the runs of a job share it. Only small payloads are kept, and few of them (no
+        lock: a dict's get and set are atomic, and a race only encodes one twice)."""
+        found = self._payloads.get(stored)
+        if found is None:
+            found = encode_payload(decode_payload(stored))
+            if len(stored) <= PAYLOAD_CACHE_MAX_CHARS:
+                if len(self._payloads) >= PAYLOAD_CACHE_ENTRIES:
+                    self._payloads.clear()  # a bound, not an eviction policy
+                self._payloads[stored] = found
+        return found
 
     async def _call_async(self, delivery: Delivery, started: datetime) -> None:
         call = self._http_call(delivery)
@@ -644,9 +693,25 @@ class Relay:
                     datetime.now(UTC),
                 )
 
+    def _metrics(self, delivery: Delivery, verdict: Verdict) -> tuple[Any, Any]:
+        """The labelled counter and histogram of an outcome (labels() looked up once per
+        tenant, kind and verdict, not per delivery)."""
+        key = (delivery.tenant_id, delivery.kind, verdict)
+        found = self._metric_children.get(key)
+        if found is None:
+            found = (
+                DELIVERIES.labels(delivery.tenant_id, delivery.kind, verdict.value),
+                DELIVERY_SECONDS.labels(delivery.kind),
+            )
+            if len(self._metric_children) >= MAX_METRIC_CHILDREN:
+                self._metric_children.clear()  # a bound: tenants come and go
+            self._metric_children[key] = found
+        return found
+
     def _record(self, delivery: Delivery, result: DeliveryResult, started: datetime) -> None:
-        DELIVERIES.labels(delivery.tenant_id, delivery.kind, result.verdict.value).inc()
-        DELIVERY_SECONDS.labels(delivery.kind).observe(result.seconds)
+        counter, seconds = self._metrics(delivery, result.verdict)
+        counter.inc()
+        seconds.observe(result.seconds)
         if result.verdict is not Verdict.succeeded:
             log.info(
                 "run %s attempt %d to %s: %s: %s",
@@ -695,6 +760,12 @@ class Relay:
                     if self._settler_stop.is_set():
                         return
                     continue
+                # a short pause for more: one transaction records many outcomes (each costs
+                # several statements whatever its size; the leases are held meanwhile). A
+                # sleep, not a wait on the queue: that would wake this thread (and hand it
+                # the interpreter lock) once per outcome
+                if not self._settler_stop.is_set():
+                    time.sleep(SETTLE_GATHER_SECONDS)
             while len(pending) < SETTLE_BATCH:
                 try:
                     pending.append(self._outcomes.get_nowait())

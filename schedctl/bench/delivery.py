@@ -129,13 +129,18 @@ def deliver_over_http(
     store: Store, tenant_id: str, runs: int, deadline: float
 ) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """`runs` claimed HTTP runs of a new job delivered by one relay process to the loopback
-    receiver: the job, the relay's figures (relay_until_settled) and the receiver's counts.
+    receiver: the job, the relay's figures (relay_until_settled) and the receiver's counts
+    and CPU seconds.
     The receiver runs in its own process: in this one it would compete with the relay for
     the interpreter lock, and the figure would be half the relay's."""
     receiver = Receiver()
     try:
         job_id = claimed_runs(store, tenant_id, "http", receiver.url, runs)
-        return job_id, relay_until_settled(store, job_id, runs, deadline), receiver.count()
+        relay = relay_until_settled(store, job_id, runs, deadline)
+        # the receiver shares the machine's cores with the relay: its CPU says how much of
+        # the wall clock it took
+        received = {**receiver.count(), "cpu_seconds": measure.cpu_seconds(receiver.process.pid)}
+        return job_id, relay, received
     finally:
         receiver.close()
 

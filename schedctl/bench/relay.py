@@ -54,5 +54,6 @@ def run_relay_bench(
         "deliveries_per_relay_cpu_second": (
             round(runs / relay["cpu_seconds"], 1) if relay["cpu_seconds"] else None
         ),
+        "receiver_cpu_seconds": received["cpu_seconds"],
         "note": "one scheduled-d relay process; a receiver process on loopback (keep-alive)",
     }

@@ -38,7 +38,7 @@ import ssl
 import threading
 import time
 from collections.abc import Hashable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -85,8 +85,29 @@ class DeliveryResult:
     seconds: float = 0.0  # how long the call took
 
 
+@dataclass(frozen=True)
+class EncodedPayload:
+    """A payload already in its compact JSON form (`encode_payload`): delivery_body puts it
+    in as it is, so a relay encodes each job's payload once, not once per delivery."""
+
+    text: str = field(repr=False)
+
+
+def encode_payload(payload: Any) -> EncodedPayload:
+    """The payload as delivery_body would encode it inside the document."""
+    return EncodedPayload(json.dumps(payload, separators=(",", ":"), ensure_ascii=False))
+
+
 def delivery_body(job_id: str, scheduled_at: datetime, attempt: int, payload: Any) -> bytes:
-    """The exact bytes POSTed (and signed)."""
+    """The exact bytes POSTed (and signed). An EncodedPayload gives the same bytes as the
+    payload it encodes."""
+    if isinstance(payload, EncodedPayload):
+        # the document json.dumps would make, key by key, with the payload as encoded
+        return (
+            f'{{"job_id":{json.dumps(job_id, ensure_ascii=False)},'
+            f'"scheduled_at":{json.dumps(format_instant(scheduled_at))},'
+            f'"attempt":{json.dumps(attempt)},"payload":{payload.text}}}'
+        ).encode()
     document = {
         "job_id": job_id,
         "scheduled_at": format_instant(scheduled_at),
@@ -520,6 +541,8 @@ async def _read_body(
     """A bounded read of the body (a fully read one lets the connection be reused), until
     the deadline. Returns the snippet of what arrived, whether the deadline cut it, and why
     the read failed, if it did."""
+    if _no_body(status, headers):
+        return "", False, None  # nothing to read: no timer either (most successes)
     data = bytearray()
     cut, broken = False, None
     try:
@@ -539,6 +562,14 @@ async def _read_body(
     # one line in the run history, whatever the endpoint sent
     snippet = " ".join("".join(c if c.isprintable() else " " for c in text).split())
     return snippet, cut, broken
+
+
+def _no_body(status: int, headers: dict[str, str]) -> bool:
+    """Whether the answer ends with its head (no body follows it on the connection)."""
+    if status in (204, 304) or 100 <= status < 200:
+        return True
+    empty = headers.get("content-length", "").strip() == "0"
+    return empty and "transfer-encoding" not in headers
 
 
 async def _body(

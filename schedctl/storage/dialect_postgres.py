@@ -218,13 +218,17 @@ class PostgresDialect:
         return column == any_(bindparam(None, list(ids), type_=ARRAY(BigInteger)))
 
     def insert_attempts(self, connection: Connection, rows: list[dict[str, Any]]) -> None:
-        connection.execute(
-            _INSERT_ATTEMPTS, {name: [row[name] for row in rows] for name, _ in _ATTEMPT_ARRAYS}
+        _pg_binary(
+            connection,
+            _INSERT_ATTEMPTS,
+            {name: [row[name] for row in rows] for name, _ in _ATTEMPT_ARRAYS},
         )
 
     def update_runs(self, connection: Connection, rows: list[dict[str, Any]]) -> None:
-        connection.execute(
-            _UPDATE_RUNS, {name: [row[name] for row in rows] for name, _ in _RUN_ARRAYS}
+        _pg_binary(
+            connection,
+            _UPDATE_RUNS,
+            {name: [row[name] for row in rows] for name, _ in _RUN_ARRAYS},
         )
 
     def due_outbox_rows(
@@ -394,7 +398,9 @@ def _pg_binary(connection: Connection, sql: str, params: dict[str, Any]) -> list
 
 # Postgres: a batch of rows as one statement over arrays (unnest), one array per column: a
 # constant statement text and C-speed parameter encoding, instead of one statement per row
-# in a pipeline (executemany), which was a fifth of the relay's CPU.
+# in a pipeline (executemany), which was a fifth of the relay's CPU. The arrays go in binary
+# format (_pg_binary): as text, psycopg quotes every string element with a regular
+# expression in Python, which cost the settler a tenth of its time.
 _ATTEMPT_ARRAYS = (
     ("job_id", "text"),
     ("scheduled_at", "timestamptz"),
@@ -407,11 +413,11 @@ _ATTEMPT_ARRAYS = (
     ("output_tail", "text"),
     ("worker", "text"),
 )
-_INSERT_ATTEMPTS = text(
+_INSERT_ATTEMPTS = (
     "INSERT INTO run_attempts ("
     + ", ".join(name for name, _ in _ATTEMPT_ARRAYS)
     + ") SELECT * FROM unnest("
-    + ", ".join(f"CAST(:{name} AS {kind}[])" for name, kind in _ATTEMPT_ARRAYS)
+    + ", ".join(f"CAST(%({name})b AS {kind}[])" for name, kind in _ATTEMPT_ARRAYS)
     + ")"
 )
 _RUN_ARRAYS = (
@@ -425,11 +431,11 @@ _RUN_ARRAYS = (
     ("error", "text"),
     ("output_tail", "text"),
 )
-_UPDATE_RUNS = text(
+_UPDATE_RUNS = (
     "UPDATE runs SET "
     + ", ".join(f"{name} = v.{name}" for name, _ in _RUN_ARRAYS[2:])
     + " FROM unnest("
-    + ", ".join(f"CAST(:{name} AS {kind}[])" for name, kind in _RUN_ARRAYS)
+    + ", ".join(f"CAST(%({name})b AS {kind}[])" for name, kind in _RUN_ARRAYS)
     + ") AS v("
     + ", ".join(name for name, _ in _RUN_ARRAYS)
     + ") WHERE runs.job_id = v.job_id AND runs.scheduled_at = v.scheduled_at"

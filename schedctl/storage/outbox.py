@@ -241,6 +241,11 @@ class OutboxRepo:
                 )
             ).all()
         }
+        # parsed once per tenant, not once per row
+        allowed = {
+            tenant_id: tuple(str(a) for a in json.loads(row.allow_list))
+            for tenant_id, row in tenants.items()
+        }
         # one token per claim: settling checks it, so a lease that expired and was claimed
         # again (even by this same relay) is never settled twice
         token = f"{owner}/{now.timestamp():.6f}/{random.getrandbits(32):08x}"
@@ -279,7 +284,7 @@ class OutboxRepo:
                     # the snapshot of an update made after the claim wins (0009)
                     stored_payload=row["payload"] if row["payload"] is not None else job.payload,
                     secret=tenant.signing_secret,
-                    allow_list=tuple(str(a) for a in json.loads(tenant.allow_list)),
+                    allow_list=allowed[row["tenant_id"]],
                     broker_url=tenant.broker_url,
                 )
             )
