@@ -26,22 +26,13 @@ from sqlalchemy import select
 from schedctl import __version__
 from schedctl.storage import schema
 from schedctl.storage.store import Store
+from tests.acceptance.process_support import WAIT_SECONDS, wait_for
 from tests.factories import create_job, make_tenant, once_at
 from tests.services.ports import free_port
 
 BIN = Path(sys.executable).parent
 SCHEDULED_D = BIN / "scheduled-d"
 REPO = Path(__file__).resolve().parents[2]
-WAIT_SECONDS = 120.0
-
-
-def wait_for(predicate: object, timeout: float = WAIT_SECONDS) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return True
-        time.sleep(0.1)
-    return False
 
 
 class NotifySocket:

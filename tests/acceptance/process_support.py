@@ -1,0 +1,33 @@
+"""Helpers of the acceptance tests that run the installed commands as real processes: where
+the console script is, and waiting until a process has done something."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+# how long a process may take to do what a test waits for, on a loaded CI machine
+WAIT_SECONDS = 120.0
+
+
+def schedctl_command() -> list[str]:
+    """The installed `schedctl` console script (beside this interpreter, else on PATH), or
+    the module when neither is installed."""
+    beside = Path(sys.executable).with_name("schedctl")
+    found = str(beside) if beside.exists() else shutil.which("schedctl")
+    return [found] if found else [sys.executable, "-m", "schedctl.cli.app"]
+
+
+def wait_for(
+    predicate: Callable[[], object], timeout: float = WAIT_SECONDS, *, poll: float = 0.1
+) -> bool:
+    """Whether `predicate` came true within `timeout` seconds, asked every `poll` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(poll)
+    return False
