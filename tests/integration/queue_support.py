@@ -27,7 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Table, select, update
+from sqlalchemy import Table, select
 from sqlalchemy.engine import Connection
 
 from schedctl.models import RetryPolicy, Target, TargetType
@@ -35,7 +35,7 @@ from schedctl.storage import schema
 from schedctl.storage.jobs import JobRepo
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
-from tests.factories import ahead, create_job, make_tenant, once_at
+from tests.factories import ahead, create_job, make_tenant, once_at, set_tenant
 from tests.services.ports import pid_alive
 
 if TYPE_CHECKING:
@@ -204,12 +204,7 @@ def http_job(
 
 
 def set_allow_list(store: Store, tenant_id: str, entries: list[str]) -> None:
-    with store.tx() as connection:
-        connection.execute(
-            update(schema.tenants)
-            .where(schema.tenants.c.tenant_id == tenant_id)
-            .values(allow_list=json.dumps(entries))
-        )
+    set_tenant(store, tenant_id, allow_list=json.dumps(entries))
 
 
 def allow_loopback_tenant(store: Store) -> str:
@@ -217,13 +212,6 @@ def allow_loopback_tenant(store: Store) -> str:
     tenant = make_tenant(store)
     set_allow_list(store, tenant, ["127.0.0.1"])
     return tenant
-
-
-def set_tenant(store: Store, tenant_id: str, **values: Any) -> None:
-    with store.tx() as connection:
-        connection.execute(
-            update(schema.tenants).where(schema.tenants.c.tenant_id == tenant_id).values(**values)
-        )
 
 
 def outbox_rows(store: Store) -> list[dict[str, Any]]:
