@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from schedctl import __version__, errors, limits
+from schedctl import errors, limits
+from schedctl.cli.version import version_option
 from schedctl.config import Config, HostConfig, WorkerConfig, command_env, load_config
 from scheduled_d import logsetup, sdnotify
 from scheduled_d.checks import check_bind
@@ -130,18 +131,9 @@ def _bounded(parse: Callable[..., Any], field: str, low: int, high: int) -> Call
     return number
 
 
-def _version(value: bool) -> None:
-    if value:
-        typer.echo(f"scheduled-d {__version__}")
-        raise typer.Exit()
-
-
 @app.callback()
 def _main(
-    version: Annotated[
-        bool,
-        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
-    ] = False,
+    version: Annotated[bool, version_option("scheduled-d")] = False,
 ) -> None:
     del version
 

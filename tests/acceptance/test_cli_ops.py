@@ -213,6 +213,10 @@ def test_bash_completion_script_works_in_bash(tmp_path: Path) -> None:
 # -- a closed pipe -------------------------------------------------------------------------
 
 
+# a command whose output is far more than the one-page pipe holds; its output format follows
+_THOUSAND_LINES = ["cron", "next", "* * * * *", "--tz", "UTC", "-n", "1000", "-o"]
+
+
 def _small_pipe() -> tuple[int, int]:
     """A pipe holding one page: a command writing more blocks until the reader reads."""
     read_end, write_end = os.pipe()
@@ -240,18 +244,7 @@ def test_a_reader_that_stops_after_one_line_ends_the_command_quietly(tmp_path: P
     """`schedctl cron next ... -n 1000 -o json | head -1`: no traceback, no message, 141."""
     read_end, write_end = _small_pipe()
     process = subprocess.Popen(
-        [
-            *schedctl_command(),
-            "cron",
-            "next",
-            "* * * * *",
-            "--tz",
-            "UTC",
-            "-n",
-            "1000",
-            "-o",
-            "json",
-        ],
+        [*schedctl_command(), *_THOUSAND_LINES, "json"],
         stdout=write_end,
         stderr=subprocess.PIPE,
         env=_env(tmp_path),
@@ -269,18 +262,7 @@ def test_a_reader_gone_before_the_output_ends_the_command_quietly(
 ) -> None:
     """The same when every write fails: tables (rich) and JSON take the same way out."""
     _into_closed_pipe(
-        [
-            *schedctl_command(),
-            "cron",
-            "next",
-            "* * * * *",
-            "--tz",
-            "UTC",
-            "-n",
-            "1000",
-            "-o",
-            output,
-        ],
+        [*schedctl_command(), *_THOUSAND_LINES, output],
         tmp_path,
     )
 
