@@ -21,6 +21,7 @@ from schedctl.cli.common import (
     actor,
     cli_state,
     cursor_option,
+    emit_page,
     id_parser,
     limit_option,
     output_format,
@@ -119,19 +120,15 @@ def list_(
         limit=limit,
         cursor=cursor,
     )
-    fmt = output_format(ctx, output)
-    if fmt is OutputFormat.json:
-        emit(
-            {"items": [letter_to_dict(x) for x in page.items], "next_cursor": page.next_cursor},
-            fmt,
-        )
-        return
-    if page.items:
-        emit([_row(x) for x in page.items], fmt, columns=LETTER_COLUMNS, title="dead letters")
-    else:
-        say("no dead letters")
-    if page.next_cursor:
-        say(f"more: --cursor {page.next_cursor}")
+    emit_page(
+        output_format(ctx, output),
+        page,
+        letter_to_dict,
+        lambda letters: [_row(x) for x in letters],
+        columns=LETTER_COLUMNS,
+        empty="no dead letters",
+        title="dead letters",
+    )
 
 
 @app.command()
