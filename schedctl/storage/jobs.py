@@ -35,7 +35,7 @@ from schedctl.storage.job_create import (
     new_job_id,
     partition_of,
 )
-from schedctl.storage.rows import job_from_row, run_from_row
+from schedctl.storage.rows import job_from_row, run_from_row, run_query
 from schedctl.storage.store import Store
 
 # MAX_PAGE (defined in cursors.py) is re-exported: the API takes its page bound from here
@@ -354,16 +354,7 @@ class JobRepo:
                 action="trigger",
                 job_id=job_id,
             )
-            row = (
-                connection.execute(
-                    select(schema.runs).where(
-                        schema.runs.c.job_id == job_id, schema.runs.c.scheduled_at == now
-                    )
-                )
-                .mappings()
-                .one()
-            )
-            return run_from_row(row)
+            return run_from_row(connection.execute(run_query(job_id, now)).mappings().one())
 
     # -- run history -------------------------------------------------------------------
 

@@ -1,11 +1,14 @@
-"""Conversions between table rows and the frozen models."""
+"""Conversions between table rows and the frozen models (and the read of one run's row,
+which run_from_row converts)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
+from sqlalchemy import Select, select
 from sqlalchemy.engine import RowMapping
 
 from schedctl.models import (
@@ -21,6 +24,7 @@ from schedctl.models import (
 )
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import schedule_from_dict
+from schedctl.storage import schema
 from schedctl.storage.payloads import decode_payload
 
 
@@ -58,6 +62,12 @@ def job_from_row(row: Mapping[Any, Any]) -> Job:
         created_at=row["created_at"],
         updated_at=row["updated_at"],
     )
+
+
+def run_query(job_id: str, scheduled_at: datetime) -> Select[Any]:
+    """The select of one run's row by its key (the job and the run's nominal time)."""
+    runs = schema.runs
+    return select(runs).where(runs.c.job_id == job_id, runs.c.scheduled_at == scheduled_at)
 
 
 def run_from_row(row: RowMapping) -> Run:

@@ -34,6 +34,7 @@ from schedctl.models import RetryPolicy, Target, TargetType
 from schedctl.storage import schema
 from schedctl.storage.jobs import JobRepo
 from schedctl.storage.queue import QueueRepo
+from schedctl.storage.rows import run_query
 from schedctl.storage.store import Store
 from tests.factories import ahead, create_job, make_tenant, once_at, set_tenant
 from tests.services.ports import pid_alive
@@ -118,16 +119,7 @@ def trigger(store: Store, job_id: str) -> datetime:
 
 def run_row(store: Store, job_id: str, scheduled_at: datetime) -> dict[str, Any]:
     with store.read() as connection:
-        row = (
-            connection.execute(
-                select(schema.runs).where(
-                    schema.runs.c.job_id == job_id, schema.runs.c.scheduled_at == scheduled_at
-                )
-            )
-            .mappings()
-            .one()
-        )
-    return dict(row)
+        return dict(connection.execute(run_query(job_id, scheduled_at)).mappings().one())
 
 
 def attempts(store: Store, job_id: str, scheduled_at: datetime) -> list[dict[str, Any]]:
