@@ -17,7 +17,6 @@ import pwd
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -448,14 +447,11 @@ class PostgresServer(Service):
                 shutil.rmtree(self.base_dir, ignore_errors=True)
 
 
-def _main(argv: Sequence[str]) -> int:
-    """``python -m tests.services.postgres``: run a throwaway server until Enter is pressed."""
-    del argv
-    server = PostgresServer()
-    return run_until_enter(
-        server, lambda: f"postgres running: {server.url()}  (dir {server.base_dir})"
-    )
-
-
 if __name__ == "__main__":
-    raise SystemExit(_main(sys.argv[1:]))
+    # ``python -m tests.services.postgres``: run a throwaway server until Enter is pressed
+    server = PostgresServer()
+    raise SystemExit(
+        run_until_enter(
+            server, lambda: f"postgres running: {server.url()}  (dir {server.base_dir})"
+        )
+    )
