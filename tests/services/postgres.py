@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tests.services.ports import ServiceError, child_pids, free_port, pid_alive, tail
-from tests.services.process import Service, failure, kill_and_reap, run_until_enter
+from tests.services.process import Service, failure, kill_and_reap, serve_until_enter
 
 SERVER_USER = "postgres"
 _START_TIMEOUT_S = 60
@@ -449,9 +449,4 @@ class PostgresServer(Service):
 
 if __name__ == "__main__":
     # ``python -m tests.services.postgres``: run a throwaway server until Enter is pressed
-    server = PostgresServer()
-    raise SystemExit(
-        run_until_enter(
-            server, lambda: f"postgres running: {server.url()}  (dir {server.base_dir})"
-        )
-    )
+    raise SystemExit(serve_until_enter("postgres", PostgresServer()))

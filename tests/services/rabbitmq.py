@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 
 from tests.services.ports import ServiceError, free_port, tail
-from tests.services.process import ServerProcess, Service, poll_ready, run_until_enter
+from tests.services.process import ServerProcess, Service, poll_ready, serve_until_enter
 
 _START_TIMEOUT_S = 90
 _STOP_TIMEOUT_S = 30
@@ -189,9 +189,4 @@ class RabbitMQServer(Service):
 
 if __name__ == "__main__":
     # ``python -m tests.services.rabbitmq``: run a throwaway broker until Enter is pressed
-    server = RabbitMQServer()
-    raise SystemExit(
-        run_until_enter(
-            server, lambda: f"rabbitmq running: {server.url()}  (dir {server.base_dir})"
-        )
-    )
+    raise SystemExit(serve_until_enter("rabbitmq", RabbitMQServer()))
