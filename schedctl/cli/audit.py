@@ -51,10 +51,10 @@ def audit(
         output_format(ctx, output),
         page,
         audit_to_dict,
-        lambda entries: [_row(audit_to_dict(e)) for e in entries],
         columns=AUDIT_COLUMNS,
         empty="no audit entries",
         title="audit log",
+        table_rows=lambda entries: [_row(audit_to_dict(e)) for e in entries],
     )
 
 

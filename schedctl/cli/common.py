@@ -226,20 +226,22 @@ def emit_page(
     fmt: OutputFormat,
     page: Page,
     as_dict: Callable[[Any], dict[str, Any]],
-    table_rows: Callable[[list[Any]], list[dict[str, Any]]],
     *,
     columns: Sequence[str],
     empty: str,
     title: str | None = None,
+    table_rows: Callable[[list[Any]], list[dict[str, Any]]] | None = None,
 ) -> None:
     """One page of a listing: in JSON `{"items": [as_dict(item)...], "next_cursor"}`; as a
-    table, `table_rows(items)` (asked only when the page has items) or the line `empty`,
-    then the `--cursor` that continues the listing."""
+    table, `table_rows(items)` (asked only when the page has items; by default the items
+    as_dict) or the line `empty`, then the `--cursor` that continues the listing."""
     if fmt is OutputFormat.json:
         emit({"items": [as_dict(i) for i in page.items], "next_cursor": page.next_cursor}, fmt)
         return
     if page.items:
-        emit(table_rows(list(page.items)), fmt, columns=columns, title=title)
+        items = list(page.items)
+        rows = table_rows(items) if table_rows is not None else [as_dict(i) for i in items]
+        emit(rows, fmt, columns=columns, title=title)
     else:
         say(empty)
     if page.next_cursor:

@@ -124,10 +124,10 @@ def list_(
         output_format(ctx, output),
         page,
         letter_to_dict,
-        lambda letters: [_row(x) for x in letters],
         columns=LETTER_COLUMNS,
         empty="no dead letters",
         title="dead letters",
+        table_rows=lambda letters: [_row(x) for x in letters],
     )
 
 

@@ -321,7 +321,12 @@ def list_(
         return [{**_row(j), "job_id": short.get(j.job_id, j.job_id)} for j in jobs]
 
     emit_page(
-        output_format(ctx, output), page, job_to_dict, rows, columns=JOB_COLUMNS, empty="no jobs"
+        output_format(ctx, output),
+        page,
+        job_to_dict,
+        columns=JOB_COLUMNS,
+        empty="no jobs",
+        table_rows=rows,
     )
 
 

@@ -46,7 +46,6 @@ def runs(
         output_format(ctx, output),
         page,
         run_to_dict,
-        lambda runs: [run_to_dict(r) for r in runs],
         columns=RUN_COLUMNS,
         empty=f"job {job_id} has no runs yet",
         title=f"runs of job {job_id}",

@@ -140,20 +140,22 @@ def worker_config(tmp_path: Path, command: list[str], extra: str = "") -> Path:
 # -- sd_notify ---------------------------------------------------------------------------------
 
 
-def with_tenant(sqlite_url: str) -> None:
-    """A worker serves a tenant's queue: the tenant has to exist."""
+@pytest.fixture
+def true_worker(tmp_path: Path, sqlite_url: str) -> Path:
+    """The configuration of a worker running /bin/true, and the tenant whose queue it serves
+    (which has to exist)."""
     store = Store.open(sqlite_url)
     try:
         make_tenant(store)
     finally:
         store.close()
+    return worker_config(tmp_path, ["/bin/true"])
 
 
 def test_all_sends_ready_status_watchdog_and_stopping(
-    tmp_path: Path, sqlite_url: str, notify: NotifySocket, procs: list[Proc]
+    tmp_path: Path, sqlite_url: str, notify: NotifySocket, procs: list[Proc], true_worker: Path
 ) -> None:
-    with_tenant(sqlite_url)
-    config = worker_config(tmp_path, ["/bin/true"])
+    config = true_worker
     env = {"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "200000"}
     proc = start_all(procs, tmp_path, sqlite_url, config, env)
     assert notify.receive_until("READY=1", process=proc.process), proc.text()
@@ -228,10 +230,9 @@ def test_sighup_rereads_the_log_level_and_keeps_a_running_command(
 
 
 def test_sighup_with_a_broken_configuration_keeps_the_old_one(
-    tmp_path: Path, sqlite_url: str, notify: NotifySocket, procs: list[Proc]
+    tmp_path: Path, sqlite_url: str, notify: NotifySocket, procs: list[Proc], true_worker: Path
 ) -> None:
-    with_tenant(sqlite_url)
-    config = worker_config(tmp_path, ["/bin/true"])
+    config = true_worker
     proc = start_all(procs, tmp_path, sqlite_url, config, {"NOTIFY_SOCKET": str(notify.path)})
     assert notify.receive_until("READY=1", process=proc.process), proc.text()
     config.write_text(config.read_text() + "concurency = 4\n")
