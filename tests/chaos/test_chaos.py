@@ -29,7 +29,7 @@ import statistics
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -349,14 +349,18 @@ def inject_faults(
     members = list(DISPATCHERS)
     time.sleep(PAUSE_SECONDS)
 
+    def stop_and_wait_reowned(name: str, fault: str, stop: Callable[[str], object]) -> None:
+        """Stop dispatcher `name` by `fault`; the figure is how soon its partitions move."""
+        before = cluster.owned_by(name)
+        figures.fault(fault)
+        stop(name)
+        figures.seconds(
+            f"{fault}: its {len(before)} partitions owned again after",
+            cluster.wait_reowned(before, WAIT_SECONDS),
+        )
+
     # 1. kill -9 of a dispatcher, then a new process of it
-    before = cluster.owned_by("d1")
-    figures.fault("kill -9 d1")
-    cluster.kill("d1")
-    figures.seconds(
-        f"kill -9 d1: its {len(before)} partitions owned again after",
-        cluster.wait_reowned(before, WAIT_SECONDS),
-    )
+    stop_and_wait_reowned("d1", "kill -9 d1", cluster.kill)
     cluster.start("d1")
     figures.seconds(
         "d1 restarted: balanced again after", cluster.wait_balanced(members, WAIT_SECONDS)
@@ -364,13 +368,7 @@ def inject_faults(
     time.sleep(PAUSE_SECONDS)
 
     # 2. SIGSTOP until the session expires and the partitions move, then SIGCONT
-    before = cluster.owned_by("d2")
-    figures.fault("SIGSTOP d2")
-    cluster.pause("d2")
-    figures.seconds(
-        f"SIGSTOP d2: its {len(before)} partitions owned again after",
-        cluster.wait_reowned(before, WAIT_SECONDS),
-    )
+    stop_and_wait_reowned("d2", "SIGSTOP d2", cluster.pause)
     fenced_before = cluster.count_in_logs("fenced off").get("d2", 0)
     cluster.resume("d2")
     figures.seconds(
