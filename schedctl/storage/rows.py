@@ -28,6 +28,48 @@ from schedctl.storage import schema
 from schedctl.storage.payloads import decode_payload
 
 
+def as_stored(row: Mapping[Any, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """The columns `names` of `row`, for a model that keeps them as stored, under the same
+    names (the fields that need a conversion are given next to them)."""
+    return {name: row[name] for name in names}
+
+
+# the jobs columns a Job keeps as stored
+_JOB_AS_STORED = (
+    "job_id",
+    "tenant_id",
+    "name",
+    "grace_seconds",
+    "window_seconds",
+    "max_concurrency",
+    "timeout_seconds",
+    "start_at",
+    "end_at",
+    "next_run_at",
+    "next_fire_at",
+    "partition",
+    "version",
+    "idempotency_key",
+    "created_at",
+    "updated_at",
+)
+# the runs columns a Run keeps as stored
+_RUN_AS_STORED = (
+    "job_id",
+    "scheduled_at",
+    "tenant_id",
+    "attempt",
+    "fire_at",
+    "dispatched_at",
+    "started_at",
+    "finished_at",
+    "exit_code",
+    "error",
+    "output_tail",
+    "epoch",
+)
+
+
 def target_from_row(target_type: str, address: str) -> Target:
     kind = TargetType(target_type)
     return Target(kind, name=address) if kind is TargetType.queue else Target(kind, url=address)
@@ -35,9 +77,6 @@ def target_from_row(target_type: str, address: str) -> Target:
 
 def job_from_row(row: Mapping[Any, Any]) -> Job:
     return Job(
-        job_id=row["job_id"],
-        tenant_id=row["tenant_id"],
-        name=row["name"],
         schedule=schedule_from_dict(json.loads(row["schedule"])),
         target=target_from_row(row["target_type"], row["target"]),
         payload=decode_payload(row["payload"]),
@@ -47,20 +86,8 @@ def job_from_row(row: Mapping[Any, Any]) -> Job:
             max_delay_seconds=row["retry_max_seconds"],
         ),
         misfire_policy=MisfirePolicy(row["misfire_policy"]),
-        grace_seconds=row["grace_seconds"],
-        window_seconds=row["window_seconds"],
-        max_concurrency=row["max_concurrency"],
-        timeout_seconds=row["timeout_seconds"],
-        start_at=row["start_at"],
-        end_at=row["end_at"],
         status=JobStatus(row["status"]),
-        next_run_at=row["next_run_at"],
-        next_fire_at=row["next_fire_at"],
-        partition=row["partition"],
-        version=row["version"],
-        idempotency_key=row["idempotency_key"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
+        **as_stored(row, _JOB_AS_STORED),
     )
 
 
@@ -72,20 +99,9 @@ def run_query(job_id: str, scheduled_at: datetime) -> Select[Any]:
 
 def run_from_row(row: RowMapping) -> Run:
     return Run(
-        job_id=row["job_id"],
-        scheduled_at=row["scheduled_at"],
-        tenant_id=row["tenant_id"],
         trigger=RunTrigger(row["trigger"]),
         status=RunStatus(row["status"]),
-        attempt=row["attempt"],
-        fire_at=row["fire_at"],
-        dispatched_at=row["dispatched_at"],
-        started_at=row["started_at"],
-        finished_at=row["finished_at"],
-        exit_code=row["exit_code"],
-        error=row["error"],
-        output_tail=row["output_tail"],
-        epoch=row["epoch"],
+        **as_stored(row, _RUN_AS_STORED),
     )
 
 
