@@ -69,6 +69,16 @@ _RUN_AS_STORED = (
     "epoch",
 )
 
+# the tenants columns a Tenant keeps as stored
+_TENANT_AS_STORED = (
+    "tenant_id",
+    "name",
+    "max_jobs",
+    "create_rate_per_minute",
+    "dispatch_rate_per_second",
+    "created_at",
+)
+
 
 def target_from_row(target_type: str, address: str) -> Target:
     kind = TargetType(target_type)
@@ -107,12 +117,4 @@ def run_from_row(row: RowMapping) -> Run:
 
 def tenant_from_row(row: RowMapping) -> Tenant:
     allow: Any = json.loads(row["allow_list"])
-    return Tenant(
-        tenant_id=row["tenant_id"],
-        name=row["name"],
-        max_jobs=row["max_jobs"],
-        create_rate_per_minute=row["create_rate_per_minute"],
-        dispatch_rate_per_second=row["dispatch_rate_per_second"],
-        allow_list=tuple(str(a) for a in allow),
-        created_at=row["created_at"],
-    )
+    return Tenant(allow_list=tuple(str(a) for a in allow), **as_stored(row, _TENANT_AS_STORED))
