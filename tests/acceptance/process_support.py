@@ -1,12 +1,15 @@
 """Helpers of the acceptance tests that run the installed commands as real processes: where
-the console script is, and waiting until a process has done something."""
+the console script is, waiting until a process has done something, and stopping it."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import signal
+import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 # how long a process may take to do what a test waits for, on a loaded CI machine
@@ -31,3 +34,21 @@ def wait_for(
             return True
         time.sleep(poll)
     return False
+
+
+@contextlib.contextmanager
+def killed_if_left(process: subprocess.Popen[bytes]) -> Iterator[None]:
+    """The block's process is killed and reaped at the end if it is still running (a failed
+    assertion must not leave a daemon behind)."""
+    try:
+        yield
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)
+
+
+def stops_on_sigterm(process: subprocess.Popen[bytes], log: Path) -> None:
+    """SIGTERM ends the daemon cleanly (exit 0) within a minute; else its log is shown."""
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(60) == 0, log.read_text()

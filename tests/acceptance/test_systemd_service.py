@@ -6,7 +6,6 @@ units through systemd-analyze (verify; security at most 4.0)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -27,7 +26,12 @@ from sqlalchemy import select
 from schedctl import __version__
 from schedctl.storage import schema
 from schedctl.storage.store import Store
-from tests.acceptance.process_support import WAIT_SECONDS, wait_for
+from tests.acceptance.process_support import (
+    WAIT_SECONDS,
+    killed_if_left,
+    stops_on_sigterm,
+    wait_for,
+)
 from tests.factories import create_job, make_tenant, once_at
 from tests.services.ports import free_port
 
@@ -330,23 +334,6 @@ def test_check_config_and_the_daemon_refuse_a_port_in_use(tmp_path: Path, sqlite
 # -- logging, levels, version ---------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _killed_if_left(process: subprocess.Popen[bytes]) -> Iterator[None]:
-    """The block's process is killed and reaped at the end if it is still running (a failed
-    assertion must not leave a daemon behind)."""
-    try:
-        yield
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(30)
-
-
-def _stops_on_sigterm(process: subprocess.Popen[bytes], log: Path) -> None:
-    process.send_signal(signal.SIGTERM)
-    assert process.wait(60) == 0, log.read_text()
-
-
 def run_relay_until_ready(
     tmp_path: Path, sqlite_url: str, notify: NotifySocket, args: list[str], env: dict[str, str]
 ) -> str:
@@ -361,9 +348,9 @@ def run_relay_until_ready(
             stderr=subprocess.STDOUT,
             env={**os.environ, "NOTIFY_SOCKET": str(notify.path), **env},
         )
-        with _killed_if_left(process):
+        with killed_if_left(process):
             assert notify.receive_until("READY=1", process=process), log.read_text()
-            _stops_on_sigterm(process, log)
+            stops_on_sigterm(process, log)
     return log.read_text()
 
 
@@ -520,13 +507,13 @@ def test_all_with_the_api_runs_without_writable_executable_memory(
             stderr=subprocess.STDOUT,
             env={**os.environ, "NOTIFY_SOCKET": str(notify.path)},
         )
-        with _killed_if_left(process):
+        with killed_if_left(process):
             ready = notify.receive_until("READY=1", process=process)
             if process.poll() == 77:
                 pytest.skip("this kernel has no PR_SET_MDWE (Linux >= 6.3)")
             assert ready, log.read_text()
             assert any(line.endswith("; api") for line in notify.lines()), notify.messages
-            _stops_on_sigterm(process, log)
+            stops_on_sigterm(process, log)
 
 
 # -- the units -------------------------------------------------------------------------------------
