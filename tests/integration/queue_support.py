@@ -51,30 +51,20 @@ def queue_job(
     *,
     queue: str = "q",
     tenant: str | None = None,
-    max_attempts: int = 3,
     base: float = 0.0,
     cap: float = 0.0,
-    max_concurrency: int = 1,
-    timeout: int = 0,
-    payload: Any = None,
+    **spec_options: Any,
 ) -> str:
-    """A job targeting `queue` whose own schedule is far away: its runs come from trigger()."""
+    """A job targeting `queue` whose own schedule is far away: its runs come from trigger().
+    Its retries wait `base`, doubling up to `cap` seconds; `spec_options` are those of
+    tests.factories.spec (max_attempts, max_concurrency, timeout, payload, ...)."""
     if tenant is None:
         tenant = existing_tenant(store)
-    job_spec = dataclasses.replace(
-        once_at(
-            ahead(86_400),
-            queue=queue,
-            max_attempts=max_attempts,
-            max_concurrency=max_concurrency,
-            timeout=timeout,
-            payload=payload,
-        ),
-        retry=RetryPolicy(
-            max_attempts=max_attempts, base_delay_seconds=base, max_delay_seconds=cap
-        ),
+    once = once_at(ahead(86_400), queue=queue, **spec_options)
+    retry = RetryPolicy(
+        max_attempts=once.retry.max_attempts, base_delay_seconds=base, max_delay_seconds=cap
     )
-    return create_job(store, tenant, job_spec)
+    return create_job(store, tenant, dataclasses.replace(once, retry=retry))
 
 
 def queued_run(store: Store, **job_options: Any) -> tuple[str, datetime]:
