@@ -57,6 +57,11 @@ IdArgument = Annotated[
 ]
 
 
+def _all_option(help_text: str) -> Any:
+    """The --all flag of list, replay and purge: every letter instead of one (or a page)."""
+    return typer.Option("--all", help=help_text)
+
+
 def letter_to_dict(letter: DeadLetter) -> dict[str, Any]:
     return {
         "id": letter.id,
@@ -107,7 +112,7 @@ def list_(
     ctx: typer.Context,
     tenant: TenantOption = None,
     job: Annotated[str | None, typer.Option("--job", help="Only this job's runs.")] = None,
-    all_: Annotated[bool, typer.Option("--all", help="Include letters already replayed.")] = False,
+    all_: Annotated[bool, _all_option("Include letters already replayed.")] = False,
     limit: Annotated[int, limit_option("Letters")] = 50,
     cursor: Annotated[str | None, cursor_option()] = None,
     output: OutputOption = None,
@@ -172,9 +177,7 @@ def show(
 def replay(
     ctx: typer.Context,
     letter_id: IdArgument = None,
-    all_: Annotated[
-        bool, typer.Option("--all", help="Replay every pending letter (of --tenant).")
-    ] = False,
+    all_: Annotated[bool, _all_option("Replay every pending letter (of --tenant).")] = False,
     tenant: TenantOption = None,
     output: OutputOption = None,
 ) -> None:
@@ -203,9 +206,7 @@ def replay(
 def purge(
     ctx: typer.Context,
     letter_id: IdArgument = None,
-    all_: Annotated[
-        bool, typer.Option("--all", help="Purge every letter (of --tenant, --older-than).")
-    ] = False,
+    all_: Annotated[bool, _all_option("Purge every letter (of --tenant, --older-than).")] = False,
     older_than: Annotated[
         str | None,
         typer.Option("--older-than", help="With --all: only letters older than this (7d, 12h)."),
