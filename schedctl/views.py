@@ -7,7 +7,7 @@ Secrets (token hashes, signing secrets) are never part of a view.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -138,9 +138,6 @@ def job_from_dict(data: Mapping[str, Any]) -> Job:
         )
         retry = data["retry"]
         return Job(
-            job_id=data["job_id"],
-            tenant_id=data["tenant_id"],
-            name=data["name"],
             schedule=schedule_from_dict(data["schedule"]),
             target=target,
             payload=data["payload"],
@@ -150,45 +147,46 @@ def job_from_dict(data: Mapping[str, Any]) -> Job:
                 max_delay_seconds=float(retry["max_delay_seconds"]),
             ),
             misfire_policy=MisfirePolicy(data["misfire_policy"]),
-            grace_seconds=int(data["grace_seconds"]),
-            window_seconds=int(data["window_seconds"]),
+            status=JobStatus(data["status"]),
+            # null (no limit) in the view, 0 in the model
             max_concurrency=int(data["max_concurrency"] or 0),
             timeout_seconds=int(data["timeout_seconds"] or 0),
-            start_at=_parse(data["start_at"]),
-            end_at=_parse(data["end_at"]),
-            status=JobStatus(data["status"]),
-            next_run_at=_parse(data["next_run_at"]),
-            next_fire_at=_parse(data["next_fire_at"]),
-            partition=int(data["partition"]),
-            version=int(data["version"]),
-            idempotency_key=data["idempotency_key"],
-            created_at=_required(data["created_at"]),
-            updated_at=_required(data["updated_at"]),
+            **_read(data, _as_sent, ("job_id", "tenant_id", "name", "idempotency_key")),
+            **_read(data, int, ("grace_seconds", "window_seconds", "partition", "version")),
+            **_read(data, _parse, ("start_at", "end_at", "next_run_at", "next_fire_at")),
+            **_read(data, _required, ("created_at", "updated_at")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise errors.SchedError(f"the server sent a job this client cannot read: {exc!r}") from exc
 
 
+# the fields of a run's view that a Run keeps as they are
+_RUN_AS_SENT = ("job_id", "tenant_id", "exit_code", "error", "output_tail", "epoch")
+
+
 def run_from_dict(data: Mapping[str, Any]) -> Run:
     try:
         return Run(
-            job_id=data["job_id"],
             scheduled_at=_required(data["scheduled_at"]),
-            tenant_id=data["tenant_id"],
             trigger=RunTrigger(data["trigger"]),
             status=RunStatus(data["status"]),
             attempt=int(data["attempt"]),
-            fire_at=_parse(data["fire_at"]),
-            dispatched_at=_parse(data["dispatched_at"]),
-            started_at=_parse(data["started_at"]),
-            finished_at=_parse(data["finished_at"]),
-            exit_code=data["exit_code"],
-            error=data["error"],
-            output_tail=data["output_tail"],
-            epoch=data["epoch"],
+            **_read(data, _as_sent, _RUN_AS_SENT),
+            **_read(data, _parse, ("fire_at", "dispatched_at", "started_at", "finished_at")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise errors.SchedError(f"the server sent a run this client cannot read: {exc!r}") from exc
+
+
+def _read(
+    data: Mapping[str, Any], convert: Callable[[Any], Any], names: tuple[str, ...]
+) -> dict[str, Any]:
+    """The fields `names` of a JSON view, each read by `convert`, under the same names."""
+    return {name: convert(data[name]) for name in names}
+
+
+def _as_sent(value: Any) -> Any:
+    return value
 
 
 def _parse(value: Any) -> datetime | None:

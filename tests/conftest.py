@@ -20,11 +20,12 @@ import os
 import shutil
 import sqlite3
 import uuid
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.failure_logs import attach_log_tails
 from tests.services.postgres import PostgresServer
 from tests.services.rabbitmq import RabbitMQServer
 from tests.services.zookeeper import ZooKeeperEnsemble
@@ -224,14 +225,5 @@ def _log_sections(item: pytest.Item) -> list[tuple[str, str]]:
     ]
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """Attach the servers' log tails to the report of a failing test that used them."""
-    del call
-    report = yield
-    if report.failed:
-        with contextlib.suppress(Exception):
-            report.sections.extend(_log_sections(item))
-    return report
+# the servers' log tails, on the report of a failing test that used them
+pytest_runtest_makereport = attach_log_tails(_log_sections)

@@ -7,7 +7,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, update
 
 from schedctl.models import JobSpec, RetryPolicy, Target, TargetType
 from schedctl.scheduling.misfire import MisfirePolicy
@@ -23,6 +23,14 @@ def make_tenant(store: Store, name: str = "acme") -> str:
     with store.tx() as connection:
         insert_tenant_row(connection, tenant_id, name, created_at=datetime.now(UTC))
     return tenant_id
+
+
+def set_tenant(store: Store, tenant_id: str, **values: Any) -> None:
+    """Write tenant columns straight to the row: also values past what the API accepts."""
+    with store.tx() as connection:
+        connection.execute(
+            update(schema.tenants).where(schema.tenants.c.tenant_id == tenant_id).values(**values)
+        )
 
 
 # -- raw rows: only the columns of the first revision, so migration tests can write them at

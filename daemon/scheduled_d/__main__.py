@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from schedctl import __version__, errors, limits
+from schedctl import errors, limits
+from schedctl.cli.version import version_option
 from schedctl.config import Config, HostConfig, WorkerConfig, command_env, load_config
 from scheduled_d import logsetup, sdnotify
 from scheduled_d.checks import check_bind
@@ -130,18 +131,9 @@ def _bounded(parse: Callable[..., Any], field: str, low: int, high: int) -> Call
     return number
 
 
-def _version(value: bool) -> None:
-    if value:
-        typer.echo(f"scheduled-d {__version__}")
-        raise typer.Exit()
-
-
 @app.callback()
 def _main(
-    version: Annotated[
-        bool,
-        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
-    ] = False,
+    version: Annotated[bool, version_option("scheduled-d")] = False,
 ) -> None:
     del version
 
@@ -184,28 +176,24 @@ def all(  # the mode is named "all"
     _serve(run_all, config_path, db, log_format, upgrade=upgrade)
 
 
-@app.command()
-def dispatcher(
-    db: DbOption = None,
-    config_path: ConfigOption = None,
-    log_format: LogFormatOption = None,
-) -> None:
-    """Own partitions and claim their due runs."""
-    from scheduled_d.runtime import run_dispatcher
+def _plain_mode(name: str, help_text: str) -> None:
+    """Register the mode NAME that takes only the common options and runs
+    `scheduled_d.runtime.run_NAME` (dispatcher, relay)."""
 
-    _serve(run_dispatcher, config_path, db, log_format)
+    def command(
+        db: DbOption = None,
+        config_path: ConfigOption = None,
+        log_format: LogFormatOption = None,
+    ) -> None:
+        from scheduled_d import runtime
+
+        _serve(getattr(runtime, f"run_{name}"), config_path, db, log_format)
+
+    app.command(name, help=help_text)(command)
 
 
-@app.command()
-def relay(
-    db: DbOption = None,
-    config_path: ConfigOption = None,
-    log_format: LogFormatOption = None,
-) -> None:
-    """Move claimed runs from the outbox to their targets."""
-    from scheduled_d.runtime import run_relay
-
-    _serve(run_relay, config_path, db, log_format)
+_plain_mode("dispatcher", "Own partitions and claim their due runs.")
+_plain_mode("relay", "Move claimed runs from the outbox to their targets.")
 
 
 @app.command()

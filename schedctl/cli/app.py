@@ -11,7 +11,6 @@ from typing import Annotated
 
 import typer
 
-from schedctl import __version__
 from schedctl.cli import (
     alerts,
     apply,
@@ -43,6 +42,7 @@ from schedctl.cli.common import (
     stdout_is_devnull,
 )
 from schedctl.cli.output import OutputFormat, console
+from schedctl.cli.version import version_option
 
 PIPE_WIDTH = 250
 
@@ -64,12 +64,6 @@ app = typer.Typer(
     # errors are reported by SchedGroup as one line; never a rich traceback
     pretty_exceptions_enable=False,
 )
-
-
-def _version(value: bool) -> None:
-    if value:
-        typer.echo(f"schedctl {__version__}")
-        raise typer.Exit()
 
 
 @app.callback()
@@ -126,10 +120,7 @@ def root(
     debug: Annotated[
         bool, typer.Option("--debug", help="Show tracebacks of internal errors.")
     ] = False,
-    version: Annotated[
-        bool,
-        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
-    ] = False,
+    version: Annotated[bool, version_option("schedctl")] = False,
 ) -> None:
     """Global options; nothing is opened until a command needs it."""
     del version

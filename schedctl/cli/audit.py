@@ -13,11 +13,10 @@ from schedctl.cli.common import (
     TenantOption,
     cli_state,
     cursor_option,
+    emit_page,
     limit_option,
     output_format,
-    say,
 )
-from schedctl.cli.output import OutputFormat, emit
 from schedctl.views import audit_to_dict
 
 AUDIT_COLUMNS = ("at", "tenant", "actor", "action", "job_id", "detail")
@@ -48,17 +47,15 @@ def audit(
         .database()
         .audit(tenant, job_id=job, action=action, limit=limit, cursor=cursor)
     )
-    items = [audit_to_dict(e) for e in page.items]
-    fmt = output_format(ctx, output)
-    if fmt is OutputFormat.json:
-        emit({"items": items, "next_cursor": page.next_cursor}, fmt)
-        return
-    if items:
-        emit([_row(i) for i in items], fmt, columns=AUDIT_COLUMNS, title="audit log")
-    else:
-        say("no audit entries")
-    if page.next_cursor:
-        say(f"more: --cursor {page.next_cursor}")
+    emit_page(
+        output_format(ctx, output),
+        page,
+        audit_to_dict,
+        columns=AUDIT_COLUMNS,
+        empty="no audit entries",
+        title="audit log",
+        table_rows=lambda entries: [_row(audit_to_dict(e)) for e in entries],
+    )
 
 
 def _row(item: dict[str, Any]) -> dict[str, Any]:

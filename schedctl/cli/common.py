@@ -21,7 +21,7 @@ import getpass
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -30,13 +30,14 @@ from rich.text import Text
 from typer.core import TyperGroup
 
 from schedctl import errors, limits
-from schedctl.cli.output import OutputFormat, console, err_console
+from schedctl.cli.output import OutputFormat, console, emit, err_console
 from schedctl.config import Config, default_database_url, load_config
 
 if TYPE_CHECKING:
     # imported where a command needs them: `schedctl --help` must not load sqlalchemy,
     # alembic, the database drivers, requests or pika (tests/unit/test_cli_imports.py)
     from schedctl.client import ApiClient
+    from schedctl.models import Page
     from schedctl.service import Scheduler
     from schedctl.storage.store import Store
 
@@ -219,6 +220,32 @@ def debug_enabled(ctx: typer.Context | None = None) -> bool:
 def say(message: str) -> None:
     """A plain line on stdout: no markup (it may quote user input), never wrapped."""
     console.print(message, markup=False, highlight=False, soft_wrap=True)
+
+
+def emit_page(
+    fmt: OutputFormat,
+    page: Page,
+    as_dict: Callable[[Any], dict[str, Any]],
+    *,
+    columns: Sequence[str],
+    empty: str,
+    title: str | None = None,
+    table_rows: Callable[[list[Any]], list[dict[str, Any]]] | None = None,
+) -> None:
+    """One page of a listing: in JSON `{"items": [as_dict(item)...], "next_cursor"}`; as a
+    table, `table_rows(items)` (asked only when the page has items; by default the items
+    as_dict) or the line `empty`, then the `--cursor` that continues the listing."""
+    if fmt is OutputFormat.json:
+        emit({"items": [as_dict(i) for i in page.items], "next_cursor": page.next_cursor}, fmt)
+        return
+    if page.items:
+        items = list(page.items)
+        rows = table_rows(items) if table_rows is not None else [as_dict(i) for i in items]
+        emit(rows, fmt, columns=columns, title=title)
+    else:
+        say(empty)
+    if page.next_cursor:
+        say(f"more: --cursor {page.next_cursor}")
 
 
 def print_error(message: str) -> None:

@@ -21,6 +21,7 @@ from schedctl.cli.common import (
     actor,
     cli_state,
     cursor_option,
+    emit_page,
     id_parser,
     limit_option,
     output_format,
@@ -54,6 +55,11 @@ IdArgument = Annotated[
     int | None,
     typer.Argument(help="The dead letter's id (see `dlq list`).", parser=id_parser("id")),
 ]
+
+
+def _all_option(help_text: str) -> Any:
+    """The --all flag of list, replay and purge: every letter instead of one (or a page)."""
+    return typer.Option("--all", help=help_text)
 
 
 def letter_to_dict(letter: DeadLetter) -> dict[str, Any]:
@@ -106,7 +112,7 @@ def list_(
     ctx: typer.Context,
     tenant: TenantOption = None,
     job: Annotated[str | None, typer.Option("--job", help="Only this job's runs.")] = None,
-    all_: Annotated[bool, typer.Option("--all", help="Include letters already replayed.")] = False,
+    all_: Annotated[bool, _all_option("Include letters already replayed.")] = False,
     limit: Annotated[int, limit_option("Letters")] = 50,
     cursor: Annotated[str | None, cursor_option()] = None,
     output: OutputOption = None,
@@ -119,19 +125,15 @@ def list_(
         limit=limit,
         cursor=cursor,
     )
-    fmt = output_format(ctx, output)
-    if fmt is OutputFormat.json:
-        emit(
-            {"items": [letter_to_dict(x) for x in page.items], "next_cursor": page.next_cursor},
-            fmt,
-        )
-        return
-    if page.items:
-        emit([_row(x) for x in page.items], fmt, columns=LETTER_COLUMNS, title="dead letters")
-    else:
-        say("no dead letters")
-    if page.next_cursor:
-        say(f"more: --cursor {page.next_cursor}")
+    emit_page(
+        output_format(ctx, output),
+        page,
+        letter_to_dict,
+        columns=LETTER_COLUMNS,
+        empty="no dead letters",
+        title="dead letters",
+        table_rows=lambda letters: [_row(x) for x in letters],
+    )
 
 
 @app.command()
@@ -175,9 +177,7 @@ def show(
 def replay(
     ctx: typer.Context,
     letter_id: IdArgument = None,
-    all_: Annotated[
-        bool, typer.Option("--all", help="Replay every pending letter (of --tenant).")
-    ] = False,
+    all_: Annotated[bool, _all_option("Replay every pending letter (of --tenant).")] = False,
     tenant: TenantOption = None,
     output: OutputOption = None,
 ) -> None:
@@ -206,9 +206,7 @@ def replay(
 def purge(
     ctx: typer.Context,
     letter_id: IdArgument = None,
-    all_: Annotated[
-        bool, typer.Option("--all", help="Purge every letter (of --tenant, --older-than).")
-    ] = False,
+    all_: Annotated[bool, _all_option("Purge every letter (of --tenant, --older-than).")] = False,
     older_than: Annotated[
         str | None,
         typer.Option("--older-than", help="With --all: only letters older than this (7d, 12h)."),

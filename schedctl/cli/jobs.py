@@ -22,6 +22,7 @@ from schedctl.cli.common import (
     actor,
     cli_state,
     cursor_option,
+    emit_page,
     int_parser,
     limit_option,
     output_format,
@@ -313,19 +314,20 @@ def list_(
 ) -> None:
     """Jobs in creation order, one page at a time."""
     page = cli_state(ctx).scheduler().list_jobs(tenant, status, limit=limit, cursor=cursor)
-    fmt = output_format(ctx, output)
-    if fmt is OutputFormat.json:
-        emit({"items": [job_to_dict(j) for j in page.items], "next_cursor": page.next_cursor}, fmt)
-        return
-    if page.items:
+
+    def rows(jobs: list[Job]) -> list[dict[str, Any]]:
         # the shortest unique id prefix (8+ characters): it fits, and commands accept it
-        short = cli_state(ctx).scheduler().short_job_ids(tenant, [j.job_id for j in page.items])
-        rows = [{**_row(j), "job_id": short.get(j.job_id, j.job_id)} for j in page.items]
-        emit(rows, fmt, columns=JOB_COLUMNS)
-    else:
-        say("no jobs")
-    if page.next_cursor:
-        say(f"more: --cursor {page.next_cursor}")
+        short = cli_state(ctx).scheduler().short_job_ids(tenant, [j.job_id for j in jobs])
+        return [{**_row(j), "job_id": short.get(j.job_id, j.job_id)} for j in jobs]
+
+    emit_page(
+        output_format(ctx, output),
+        page,
+        job_to_dict,
+        columns=JOB_COLUMNS,
+        empty="no jobs",
+        table_rows=rows,
+    )
 
 
 @app.command()

@@ -11,11 +11,10 @@ from schedctl.cli.common import (
     TenantOption,
     cli_state,
     cursor_option,
+    emit_page,
     limit_option,
     output_format,
-    say,
 )
-from schedctl.cli.output import OutputFormat, emit
 from schedctl.views import run_to_dict
 
 RUN_COLUMNS = (
@@ -43,14 +42,11 @@ def runs(
 ) -> None:
     """Run history of a job, newest first: status, attempt, times, exit code, error."""
     page = cli_state(ctx).scheduler().runs(job_id, tenant, limit=limit, cursor=cursor)
-    items = [run_to_dict(r) for r in page.items]
-    fmt = output_format(ctx, output)
-    if fmt is OutputFormat.json:
-        emit({"items": items, "next_cursor": page.next_cursor}, fmt)
-        return
-    if items:
-        emit(items, fmt, columns=RUN_COLUMNS, title=f"runs of job {job_id}")
-    else:
-        say(f"job {job_id} has no runs yet")
-    if page.next_cursor:
-        say(f"more: --cursor {page.next_cursor}")
+    emit_page(
+        output_format(ctx, output),
+        page,
+        run_to_dict,
+        columns=RUN_COLUMNS,
+        empty=f"job {job_id} has no runs yet",
+        title=f"runs of job {job_id}",
+    )

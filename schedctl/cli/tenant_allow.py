@@ -40,6 +40,24 @@ def _repo(ctx: typer.Context) -> TenantDeliveryRepo:
     return TenantDeliveryRepo(cli_state(ctx).store())
 
 
+def _show_allow_list(
+    ctx: typer.Context,
+    output: OutputFormat | None,
+    tenant: str,
+    entries: list[str],
+    *,
+    changed: bool,
+    done: str,
+) -> None:
+    """TENANT's allow-list after allow or disallow: JSON, or the line `done` and the list."""
+    fmt = output_format(ctx, output)
+    if fmt is OutputFormat.json:
+        emit({"tenant": tenant, "allow_list": entries, "changed": changed}, fmt)
+        return
+    say(done)
+    say(f"allow-list of {tenant}: {', '.join(entries) or '(empty)'}")
+
+
 @app.command()
 def allow(
     ctx: typer.Context,
@@ -52,12 +70,8 @@ def allow(
     from schedctl.delivery.ssrf import normalize_entry  # loads requests: only when needed
 
     entries, changed = _repo(ctx).allow(tenant, normalize_entry(entry), actor=actor())
-    fmt = output_format(ctx, output)
-    if fmt is OutputFormat.json:
-        emit({"tenant": tenant, "allow_list": entries, "changed": changed}, fmt)
-        return
-    say(f"{'allowed' if changed else 'already allowed'}: {entries[-1] if changed else entry}")
-    say(f"allow-list of {tenant}: {', '.join(entries)}")
+    done = f"{'allowed' if changed else 'already allowed'}: {entries[-1] if changed else entry}"
+    _show_allow_list(ctx, output, tenant, entries, changed=changed, done=done)
 
 
 @app.command()
@@ -76,12 +90,7 @@ def disallow(
     except errors.ValidationError:
         canonical = entry.strip().lower()  # as stored, whatever it is
     entries = _repo(ctx).disallow(tenant, canonical, actor=actor(), given=entry)
-    fmt = output_format(ctx, output)
-    if fmt is OutputFormat.json:
-        emit({"tenant": tenant, "allow_list": entries, "changed": True}, fmt)
-        return
-    say(f"disallowed: {entry}")
-    say(f"allow-list of {tenant}: {', '.join(entries) or '(empty)'}")
+    _show_allow_list(ctx, output, tenant, entries, changed=True, done=f"disallowed: {entry}")
 
 
 @app.command()

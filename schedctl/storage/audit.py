@@ -15,6 +15,7 @@ from schedctl import limits
 from schedctl.models import Page
 from schedctl.storage import schema
 from schedctl.storage.cursors import check_page_limit, decode_cursor, encode_cursor
+from schedctl.storage.rows import as_stored
 from schedctl.storage.store import Store
 
 
@@ -94,13 +95,9 @@ class AuditRepo:
         items = tuple(
             AuditEntry(
                 id=int(r["id"]),
-                at=r["at"],
-                tenant_id=r["tenant_id"],
                 tenant=r["tenant_name"],
-                actor=r["actor"],
-                action=r["action"],
-                job_id=r["job_id"],
                 detail=json.loads(r["detail"]) if r["detail"] else None,
+                **as_stored(r, ("at", "tenant_id", "actor", "action", "job_id")),
             )
             for r in rows[:limit]
         )

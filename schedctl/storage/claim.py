@@ -26,6 +26,7 @@ from schedctl.scheduling.schedules import Schedule, schedule_from_dict
 from schedctl.scheduling.windows import fire_time
 from schedctl.storage import dependencies, schema
 from schedctl.storage.dialect import Lock
+from schedctl.storage.rows import as_stored
 from schedctl.storage.store import Store, is_lock_race
 
 
@@ -98,21 +99,27 @@ def due_query(
     return query
 
 
+# the _DUE_COLUMNS a DueJob keeps as stored
+_DUE_AS_STORED = (
+    "job_id",
+    "tenant_id",
+    "partition",
+    "version",
+    "next_run_at",
+    "next_fire_at",
+    "grace_seconds",
+    "window_seconds",
+    "end_at",
+    "target_type",
+    "target",
+)
+
+
 def _due_from_row(r: Any) -> DueJob:
     return DueJob(
-        job_id=r["job_id"],
-        tenant_id=r["tenant_id"],
-        partition=r["partition"],
-        version=r["version"],
         schedule=schedule_from_dict(json.loads(r["schedule"])),
-        next_run_at=r["next_run_at"],
-        next_fire_at=r["next_fire_at"],
         misfire_policy=MisfirePolicy(r["misfire_policy"]),
-        grace_seconds=r["grace_seconds"],
-        window_seconds=r["window_seconds"],
-        end_at=r["end_at"],
-        target_type=r["target_type"],
-        target=r["target"],
+        **as_stored(r, _DUE_AS_STORED),
     )
 
 

@@ -17,6 +17,7 @@ from schedctl.storage import schema
 from schedctl.storage.audit import audit
 from schedctl.storage.clock import db_now
 from schedctl.storage.cursors import decode_cursor, encode_cursor
+from schedctl.storage.rows import as_stored
 from schedctl.storage.settle import STOPPED_JOB_STATUSES
 from schedctl.storage.store import Store
 
@@ -260,17 +261,19 @@ def _select_letters() -> Any:
     return select(d, t.c.name.label("tenant_name")).outerjoin(t, t.c.tenant_id == d.c.tenant_id)
 
 
+# the dead_letters columns a DeadLetter keeps as stored
+_AS_STORED = (
+    "job_id",
+    "scheduled_at",
+    "tenant_id",
+    "target_type",
+    "target",
+    "attempts",
+    "last_error",
+    "created_at",
+    "replayed_at",
+)
+
+
 def _letter(row: RowMapping) -> DeadLetter:
-    return DeadLetter(
-        id=int(row["id"]),
-        job_id=row["job_id"],
-        scheduled_at=row["scheduled_at"],
-        tenant_id=row["tenant_id"],
-        tenant=row["tenant_name"],
-        target_type=row["target_type"],
-        target=row["target"],
-        attempts=row["attempts"],
-        last_error=row["last_error"],
-        created_at=row["created_at"],
-        replayed_at=row["replayed_at"],
-    )
+    return DeadLetter(id=int(row["id"]), tenant=row["tenant_name"], **as_stored(row, _AS_STORED))

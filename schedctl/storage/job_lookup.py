@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
@@ -94,24 +94,17 @@ def resolve(connection: Connection, tenant_id: str | None, ref: str) -> str:
     ).scalar_one_or_none()
     if found is not None:
         return str(found)
-    named = list(
-        connection.execute(
-            select(jobs.c.job_id)
-            .where(*scope, jobs.c.name == ref, jobs.c.status != DELETED)
-            .order_by(jobs.c.job_id)
-            .limit(MAX_CANDIDATES + 1)
-        ).scalars()
-    )
-    if len(named) == 1:
-        return str(named[0])
-    if named:
-        raise _ambiguous(ref, "name", named)
+    ways: list[tuple[str, list[ColumnElement[bool]]]] = [
+        ("name", [*scope, jobs.c.name == ref, jobs.c.status != DELETED])
+    ]
     if len(ref) >= MIN_PREFIX and set(ref) <= _HEX:
         # a range read on the id index: ids are lowercase hex, so "g" bounds the prefix
+        ways.append(("id prefix", [*scope, jobs.c.job_id >= ref, jobs.c.job_id < ref + "g"]))
+    for how, conditions in ways:
         matches = list(
             connection.execute(
                 select(jobs.c.job_id)
-                .where(*scope, jobs.c.job_id >= ref, jobs.c.job_id < ref + "g")
+                .where(*conditions)
                 .order_by(jobs.c.job_id)
                 .limit(MAX_CANDIDATES + 1)
             ).scalars()
@@ -119,7 +112,7 @@ def resolve(connection: Connection, tenant_id: str | None, ref: str) -> str:
         if len(matches) == 1:
             return str(matches[0])
         if matches:
-            raise _ambiguous(ref, "id prefix", matches)
+            raise _ambiguous(ref, how, matches)
     raise errors.NotFound(f"no job {ref!r} (by id, name or id prefix)", field="job_id")
 
 

@@ -35,7 +35,7 @@ from schedctl.storage.job_create import (
     new_job_id,
     partition_of,
 )
-from schedctl.storage.rows import job_from_row, run_from_row
+from schedctl.storage.rows import job_from_row, run_from_row, run_query
 from schedctl.storage.store import Store
 
 # MAX_PAGE (defined in cursors.py) is re-exported: the API takes its page bound from here
@@ -110,6 +110,43 @@ def reschedule_values(job: Job, schedule: Schedule, window: int, now: datetime) 
         "next_fire_at": (
             fire_time(job.job_id, next_run, window) if status is JobStatus.active else None
         ),
+    }
+
+
+# the states each change of state may start from
+_CHANGE_FROM: dict[str, set[JobStatus]] = {
+    "cancel": {JobStatus.active, JobStatus.paused, JobStatus.completed},
+    "pause": {JobStatus.active},
+    "resume": {JobStatus.paused},
+    "reschedule": {JobStatus.active, JobStatus.paused, JobStatus.completed},
+}
+
+
+# what each change writes to the job's row, from the job and the database's now
+def _cancelled(job: Job, now: datetime) -> dict[str, Any]:
+    return {"status": JobStatus.cancelled.value, "next_run_at": None, "next_fire_at": None}
+
+
+def _paused(job: Job, now: datetime) -> dict[str, Any]:
+    return {"status": JobStatus.paused.value, "next_fire_at": None}
+
+
+def _resumed(job: Job, now: datetime) -> dict[str, Any]:
+    if isinstance(job.schedule, OnceSchedule):
+        # a one-time job whose time passed while paused is due now, and its
+        # misfire policy decides whether it still runs
+        next_run: datetime | None = job.schedule.run_at
+    else:
+        next_run = first_occurrence(job.schedule, now, start=job.start_at, end=job.end_at)
+    if isinstance(job.schedule, AfterSchedule):
+        # a dependent job has no time of its own: active again, runs on upstreams
+        return {"status": JobStatus.active.value, "next_run_at": None}
+    if next_run is None:
+        return {"status": JobStatus.completed.value, "next_run_at": None}
+    return {
+        "status": JobStatus.active.value,
+        "next_run_at": next_run,
+        "next_fire_at": fire_time(job.job_id, next_run, job.window_seconds),
     }
 
 
@@ -215,56 +252,13 @@ class JobRepo:
     # -- changes -----------------------------------------------------------------------
 
     def cancel(self, job_id: str, tenant_id: str | None = None, *, actor: str) -> Job:
-        return self._change(
-            job_id,
-            tenant_id,
-            actor=actor,
-            action="cancel",
-            allowed={JobStatus.active, JobStatus.paused, JobStatus.completed},
-            values=lambda job, now: {
-                "status": JobStatus.cancelled.value,
-                "next_run_at": None,
-                "next_fire_at": None,
-            },
-        )
+        return self._change(job_id, tenant_id, actor=actor, action="cancel", values=_cancelled)
 
     def pause(self, job_id: str, tenant_id: str | None = None, *, actor: str) -> Job:
-        return self._change(
-            job_id,
-            tenant_id,
-            actor=actor,
-            action="pause",
-            allowed={JobStatus.active},
-            values=lambda job, now: {"status": JobStatus.paused.value, "next_fire_at": None},
-        )
+        return self._change(job_id, tenant_id, actor=actor, action="pause", values=_paused)
 
     def resume(self, job_id: str, tenant_id: str | None = None, *, actor: str) -> Job:
-        def values(job: Job, now: datetime) -> dict[str, Any]:
-            if isinstance(job.schedule, OnceSchedule):
-                # a one-time job whose time passed while paused is due now, and its
-                # misfire policy decides whether it still runs
-                next_run: datetime | None = job.schedule.run_at
-            else:
-                next_run = first_occurrence(job.schedule, now, start=job.start_at, end=job.end_at)
-            if isinstance(job.schedule, AfterSchedule):
-                # a dependent job has no time of its own: active again, runs on upstreams
-                return {"status": JobStatus.active.value, "next_run_at": None}
-            if next_run is None:
-                return {"status": JobStatus.completed.value, "next_run_at": None}
-            return {
-                "status": JobStatus.active.value,
-                "next_run_at": next_run,
-                "next_fire_at": fire_time(job.job_id, next_run, job.window_seconds),
-            }
-
-        return self._change(
-            job_id,
-            tenant_id,
-            actor=actor,
-            action="resume",
-            allowed={JobStatus.paused},
-            values=values,
-        )
+        return self._change(job_id, tenant_id, actor=actor, action="resume", values=_resumed)
 
     def reschedule(
         self,
@@ -279,7 +273,6 @@ class JobRepo:
             tenant_id,
             actor=actor,
             action="reschedule",
-            allowed={JobStatus.active, JobStatus.paused, JobStatus.completed},
             values=lambda job, now: reschedule_values(job, schedule, job.window_seconds, now),
             detail={"schedule": schedule_to_dict(schedule)},
         )
@@ -291,7 +284,6 @@ class JobRepo:
         *,
         actor: str,
         action: str,
-        allowed: set[JobStatus],
         values: Any,
         detail: dict[str, Any] | None = None,
     ) -> Job:
@@ -299,7 +291,7 @@ class JobRepo:
             job = self._get(connection, job_id, tenant_id, lock=True)
             if job.status is JobStatus.deleted:
                 raise errors.NotFound(f"no job {job_id!r}", field="job_id")
-            if job.status not in allowed:
+            if job.status not in _CHANGE_FROM[action]:
                 raise errors.Conflict(
                     f"cannot {action} job {job_id}: it is {job.status.value}", field="status"
                 )
@@ -354,16 +346,7 @@ class JobRepo:
                 action="trigger",
                 job_id=job_id,
             )
-            row = (
-                connection.execute(
-                    select(schema.runs).where(
-                        schema.runs.c.job_id == job_id, schema.runs.c.scheduled_at == now
-                    )
-                )
-                .mappings()
-                .one()
-            )
-            return run_from_row(row)
+            return run_from_row(connection.execute(run_query(job_id, now)).mappings().one())
 
     # -- run history -------------------------------------------------------------------
 

@@ -1,11 +1,14 @@
-"""Conversions between table rows and the frozen models."""
+"""Conversions between table rows and the frozen models (and the read of one run's row,
+which run_from_row converts)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
+from sqlalchemy import Select, select
 from sqlalchemy.engine import RowMapping
 
 from schedctl.models import (
@@ -21,7 +24,60 @@ from schedctl.models import (
 )
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import schedule_from_dict
+from schedctl.storage import schema
 from schedctl.storage.payloads import decode_payload
+
+
+def as_stored(row: Mapping[Any, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """The columns `names` of `row`, for a model that keeps them as stored, under the same
+    names (the fields that need a conversion are given next to them)."""
+    return {name: row[name] for name in names}
+
+
+# the jobs columns a Job keeps as stored
+_JOB_AS_STORED = (
+    "job_id",
+    "tenant_id",
+    "name",
+    "grace_seconds",
+    "window_seconds",
+    "max_concurrency",
+    "timeout_seconds",
+    "start_at",
+    "end_at",
+    "next_run_at",
+    "next_fire_at",
+    "partition",
+    "version",
+    "idempotency_key",
+    "created_at",
+    "updated_at",
+)
+# the runs columns a Run keeps as stored
+_RUN_AS_STORED = (
+    "job_id",
+    "scheduled_at",
+    "tenant_id",
+    "attempt",
+    "fire_at",
+    "dispatched_at",
+    "started_at",
+    "finished_at",
+    "exit_code",
+    "error",
+    "output_tail",
+    "epoch",
+)
+
+# the tenants columns a Tenant keeps as stored
+_TENANT_AS_STORED = (
+    "tenant_id",
+    "name",
+    "max_jobs",
+    "create_rate_per_minute",
+    "dispatch_rate_per_second",
+    "created_at",
+)
 
 
 def target_from_row(target_type: str, address: str) -> Target:
@@ -31,9 +87,6 @@ def target_from_row(target_type: str, address: str) -> Target:
 
 def job_from_row(row: Mapping[Any, Any]) -> Job:
     return Job(
-        job_id=row["job_id"],
-        tenant_id=row["tenant_id"],
-        name=row["name"],
         schedule=schedule_from_dict(json.loads(row["schedule"])),
         target=target_from_row(row["target_type"], row["target"]),
         payload=decode_payload(row["payload"]),
@@ -43,50 +96,25 @@ def job_from_row(row: Mapping[Any, Any]) -> Job:
             max_delay_seconds=row["retry_max_seconds"],
         ),
         misfire_policy=MisfirePolicy(row["misfire_policy"]),
-        grace_seconds=row["grace_seconds"],
-        window_seconds=row["window_seconds"],
-        max_concurrency=row["max_concurrency"],
-        timeout_seconds=row["timeout_seconds"],
-        start_at=row["start_at"],
-        end_at=row["end_at"],
         status=JobStatus(row["status"]),
-        next_run_at=row["next_run_at"],
-        next_fire_at=row["next_fire_at"],
-        partition=row["partition"],
-        version=row["version"],
-        idempotency_key=row["idempotency_key"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
+        **as_stored(row, _JOB_AS_STORED),
     )
+
+
+def run_query(job_id: str, scheduled_at: datetime) -> Select[Any]:
+    """The select of one run's row by its key (the job and the run's nominal time)."""
+    runs = schema.runs
+    return select(runs).where(runs.c.job_id == job_id, runs.c.scheduled_at == scheduled_at)
 
 
 def run_from_row(row: RowMapping) -> Run:
     return Run(
-        job_id=row["job_id"],
-        scheduled_at=row["scheduled_at"],
-        tenant_id=row["tenant_id"],
         trigger=RunTrigger(row["trigger"]),
         status=RunStatus(row["status"]),
-        attempt=row["attempt"],
-        fire_at=row["fire_at"],
-        dispatched_at=row["dispatched_at"],
-        started_at=row["started_at"],
-        finished_at=row["finished_at"],
-        exit_code=row["exit_code"],
-        error=row["error"],
-        output_tail=row["output_tail"],
-        epoch=row["epoch"],
+        **as_stored(row, _RUN_AS_STORED),
     )
 
 
 def tenant_from_row(row: RowMapping) -> Tenant:
     allow: Any = json.loads(row["allow_list"])
-    return Tenant(
-        tenant_id=row["tenant_id"],
-        name=row["name"],
-        max_jobs=row["max_jobs"],
-        create_rate_per_minute=row["create_rate_per_minute"],
-        dispatch_rate_per_second=row["dispatch_rate_per_second"],
-        allow_list=tuple(str(a) for a in allow),
-        created_at=row["created_at"],
-    )
+    return Tenant(allow_list=tuple(str(a) for a in allow), **as_stored(row, _TENANT_AS_STORED))

@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from schedctl.models import Attempt, Run
 from schedctl.storage import schema
-from schedctl.storage.rows import run_from_row
+from schedctl.storage.rows import run_from_row, run_query
 from schedctl.storage.store import Store
 
 # runs whose attempts are read in one query (`logs --follow` looks at a page of recent runs)
@@ -19,15 +19,8 @@ MAX_RUNS_PER_READ = 1000
 
 
 def get_run(store: Store, job_id: str, scheduled_at: datetime) -> Run | None:
-    r = schema.runs
     with store.read() as connection:
-        row = (
-            connection.execute(
-                select(r).where(r.c.job_id == job_id, r.c.scheduled_at == scheduled_at)
-            )
-            .mappings()
-            .first()
-        )
+        row = connection.execute(run_query(job_id, scheduled_at)).mappings().first()
     return None if row is None else run_from_row(row)
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
+
+from tests.acceptance.process_support import schedctl_command
 
 FILE = """
 [[job]]
@@ -31,12 +31,6 @@ command = ["/bin/true"]
 """
 
 
-def _schedctl() -> list[str]:
-    beside = Path(sys.executable).with_name("schedctl")
-    found = str(beside) if beside.exists() else shutil.which("schedctl")
-    return [found] if found else [sys.executable, "-m", "schedctl.cli.app"]
-
-
 def test_apply_on_two_hosts_from_the_console_script(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULED_")}
     env["XDG_DATA_HOME"] = str(tmp_path / "data")
@@ -48,7 +42,7 @@ def test_apply_on_two_hosts_from_the_console_script(tmp_path: Path) -> None:
 
     def run(*args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
-            [*_schedctl(), *args], capture_output=True, text=True, env=env, timeout=120
+            [*schedctl_command(), *args], capture_output=True, text=True, env=env, timeout=120
         )
         assert "Traceback" not in done.stdout + done.stderr
         assert done.returncode == code, done.stdout + done.stderr

@@ -24,6 +24,7 @@ from schedctl.cli.app import app
 from schedctl.service import Scheduler
 from schedctl.storage import schema
 from scheduled_d.api.server import ApiServer
+from tests.integration.api_support import job_body
 
 runner = CliRunner()
 EXAMPLES = settings(
@@ -350,12 +351,9 @@ def api(acme_db: str) -> Iterator[Client]:
 
 
 def _body(**overrides: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "schedule": {"delay": "PT10M"},
-        "target": {"type": "queue", "name": "q"},
-    }
-    body.update(overrides)
-    return body
+    return job_body(
+        **{"schedule": {"delay": "PT10M"}, "target": {"type": "queue", "name": "q"}, **overrides}
+    )
 
 
 def _post(client: Client, raw: str) -> requests.Response:

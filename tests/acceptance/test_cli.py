@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -17,6 +15,7 @@ from typer.testing import CliRunner
 
 from schedctl.cli.app import app
 from schedctl.service import Scheduler
+from tests.acceptance.process_support import schedctl_command
 
 UNREACHABLE = "postgresql+psycopg://postgres@127.0.0.1:1/x"
 
@@ -397,19 +396,13 @@ def test_help_lists_the_commands_and_exit_codes() -> None:
 # -- the installed console script ------------------------------------------------------
 
 
-def _schedctl() -> list[str]:
-    beside = Path(sys.executable).with_name("schedctl")
-    found = str(beside) if beside.exists() else shutil.which("schedctl")
-    return [found] if found else [sys.executable, "-m", "schedctl.cli.app"]
-
-
 def test_console_script(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULED_")}
     env["XDG_DATA_HOME"] = str(tmp_path / "data")
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
-            [*_schedctl(), *args], capture_output=True, text=True, env=env, timeout=60
+            [*schedctl_command(), *args], capture_output=True, text=True, env=env, timeout=60
         )
         assert "Traceback" not in done.stdout + done.stderr
         return done

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.acceptance.process_support import schedctl_command
+
 # never needed before a command needs them; `job list` on SQLite needs sqlalchemy only
 HEAVY = ("psycopg", "sqlalchemy", "alembic", "requests", "pika", "kazoo", "fastapi")
 
@@ -101,19 +103,13 @@ def test_revision_checks_agree_with_alembic(tmp_path: Path) -> None:
 # -- shell completion --------------------------------------------------------------------
 
 
-def _schedctl() -> list[str]:
-    beside = Path(sys.executable).with_name("schedctl")
-    found = str(beside) if beside.exists() else shutil.which("schedctl")
-    return [found] if found else [sys.executable, "-m", "schedctl.cli.app"]
-
-
 SHELL_MARK = {"bash": "complete -o default -F", "zsh": "compdef", "fish": "complete --command"}
 
 
 @pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
 def test_completion_prints_the_script_of_that_shell(shell: str, tmp_path: Path) -> None:
     done = subprocess.run(
-        [*_schedctl(), "completion", shell],
+        [*schedctl_command(), "completion", shell],
         capture_output=True,
         text=True,
         env=_env(tmp_path),
@@ -129,7 +125,7 @@ def test_completion_prints_the_script_of_that_shell(shell: str, tmp_path: Path) 
 
 def test_completion_of_an_unknown_shell_is_exit_2(tmp_path: Path) -> None:
     done = subprocess.run(
-        [*_schedctl(), "completion", "tcsh"],
+        [*schedctl_command(), "completion", "tcsh"],
         capture_output=True,
         text=True,
         env=_env(tmp_path),
@@ -140,7 +136,7 @@ def test_completion_of_an_unknown_shell_is_exit_2(tmp_path: Path) -> None:
 
 def test_show_completion_prints_a_script_for_the_current_shell(tmp_path: Path) -> None:
     done = subprocess.run(
-        [*_schedctl(), "--show-completion", "bash"],
+        [*schedctl_command(), "--show-completion", "bash"],
         capture_output=True,
         text=True,
         env=_env(tmp_path) | {"SHELL": "/bin/bash"},
@@ -157,7 +153,9 @@ def test_zsh_and_fish_completion_complete_commands(tmp_path: Path) -> None:
             "_TYPER_COMPLETE_ARGS": "schedctl db ",
             "_TYPER_COMPLETE_FISH_ACTION": "get-args",
         }
-        done = subprocess.run(_schedctl(), capture_output=True, text=True, env=env, timeout=60)
+        done = subprocess.run(
+            schedctl_command(), capture_output=True, text=True, env=env, timeout=60
+        )
         assert "upgrade" in done.stdout and "status" in done.stdout, (shell, done.stdout)
 
 
@@ -169,12 +167,12 @@ def test_bash_completion_completes_commands(tmp_path: Path) -> None:
         "COMP_CWORD": "1",
     }
     done = subprocess.run(
-        _schedctl(), capture_output=True, text=True, env=env, timeout=60, check=False
+        schedctl_command(), capture_output=True, text=True, env=env, timeout=60, check=False
     )
     assert done.stdout.split() == ["job"], (done.stdout, done.stderr)
     env |= {"COMP_WORDS": "schedctl job l", "COMP_CWORD": "2"}
     done = subprocess.run(
-        _schedctl(), capture_output=True, text=True, env=env, timeout=60, check=False
+        schedctl_command(), capture_output=True, text=True, env=env, timeout=60, check=False
     )
     assert "list" in done.stdout.split(), (done.stdout, done.stderr)
 
@@ -183,7 +181,7 @@ def test_bash_completion_script_works_in_bash(tmp_path: Path) -> None:
     bash = shutil.which("bash")
     if bash is None:
         pytest.skip("no bash")
-    schedctl = _schedctl()
+    schedctl = schedctl_command()
     if len(schedctl) != 1:
         pytest.skip("no schedctl console script")
     script = subprocess.run(
@@ -215,6 +213,10 @@ def test_bash_completion_script_works_in_bash(tmp_path: Path) -> None:
 # -- a closed pipe -------------------------------------------------------------------------
 
 
+# a command whose output is far more than the one-page pipe holds; its output format follows
+_THOUSAND_LINES = ["cron", "next", "* * * * *", "--tz", "UTC", "-n", "1000", "-o"]
+
+
 def _small_pipe() -> tuple[int, int]:
     """A pipe holding one page: a command writing more blocks until the reader reads."""
     read_end, write_end = os.pipe()
@@ -222,11 +224,27 @@ def _small_pipe() -> tuple[int, int]:
     return read_end, write_end
 
 
+def _ends_quietly(process: subprocess.Popen[bytes], timeout: float) -> None:
+    """What `| head` must see of a command whose reader went away: no message, exit 141."""
+    _out, err = process.communicate(timeout=timeout)
+    assert err == b"", err.decode()
+    assert process.returncode == 141
+
+
+def _into_closed_pipe(argv: list[str], tmp_path: Path, timeout: float = 60) -> None:
+    """Run `argv` with stdout on a pipe whose reader is gone before the first byte."""
+    read_end, write_end = _small_pipe()
+    os.close(read_end)
+    process = subprocess.Popen(argv, stdout=write_end, stderr=subprocess.PIPE, env=_env(tmp_path))
+    os.close(write_end)
+    _ends_quietly(process, timeout)
+
+
 def test_a_reader_that_stops_after_one_line_ends_the_command_quietly(tmp_path: Path) -> None:
     """`schedctl cron next ... -n 1000 -o json | head -1`: no traceback, no message, 141."""
     read_end, write_end = _small_pipe()
     process = subprocess.Popen(
-        [*_schedctl(), "cron", "next", "* * * * *", "--tz", "UTC", "-n", "1000", "-o", "json"],
+        [*schedctl_command(), *_THOUSAND_LINES, "json"],
         stdout=write_end,
         stderr=subprocess.PIPE,
         env=_env(tmp_path),
@@ -235,9 +253,7 @@ def test_a_reader_that_stops_after_one_line_ends_the_command_quietly(tmp_path: P
     with os.fdopen(read_end, "rb") as reader:
         first = reader.readline()  # head -1
     assert first.strip() == b"["
-    _out, err = process.communicate(timeout=60)
-    assert err == b"", err.decode()
-    assert process.returncode == 141
+    _ends_quietly(process, 60)
 
 
 @pytest.mark.parametrize("output", ["json", "table"])
@@ -245,55 +261,28 @@ def test_a_reader_gone_before_the_output_ends_the_command_quietly(
     output: str, tmp_path: Path
 ) -> None:
     """The same when every write fails: tables (rich) and JSON take the same way out."""
-    read_end, write_end = _small_pipe()
-    os.close(read_end)
-    process = subprocess.Popen(
-        [*_schedctl(), "cron", "next", "* * * * *", "--tz", "UTC", "-n", "1000", "-o", output],
-        stdout=write_end,
-        stderr=subprocess.PIPE,
-        env=_env(tmp_path),
+    _into_closed_pipe(
+        [*schedctl_command(), *_THOUSAND_LINES, output],
+        tmp_path,
     )
-    os.close(write_end)
-    _out, err = process.communicate(timeout=60)
-    assert err == b"", err.decode()
-    assert process.returncode == 141
 
 
 def test_status_json_into_a_closed_pipe(tmp_path: Path) -> None:
     """`schedctl status -o json | head -1` once head has gone: every write fails."""
     db = f"sqlite:///{tmp_path / 'status.db'}"
-    read_end, write_end = _small_pipe()
-    os.close(read_end)  # the reader is gone before the first byte
-    process = subprocess.Popen(
-        [*_schedctl(), "--db", db, "status", "-o", "json"],
-        stdout=write_end,
-        stderr=subprocess.PIPE,
-        env=_env(tmp_path),
-    )
-    os.close(write_end)
-    _out, err = process.communicate(timeout=120)
-    assert err == b"", err.decode()
-    assert process.returncode == 141
+    _into_closed_pipe([*schedctl_command(), "--db", db, "status", "-o", "json"], tmp_path, 120)
 
 
 @pytest.mark.parametrize("args", [["--help"], ["job", "--help"]])
 def test_help_into_a_closed_pipe_ends_the_same_way(args: list[str], tmp_path: Path) -> None:
     """Help text is printed by typer's own console, which would exit 1: 141 as well."""
-    read_end, write_end = _small_pipe()
-    os.close(read_end)
-    process = subprocess.Popen(
-        [*_schedctl(), *args], stdout=write_end, stderr=subprocess.PIPE, env=_env(tmp_path)
-    )
-    os.close(write_end)
-    _out, err = process.communicate(timeout=60)
-    assert err == b"", err.decode()
-    assert process.returncode == 141
+    _into_closed_pipe([*schedctl_command(), *args], tmp_path)
 
 
 def test_an_error_with_stdout_on_dev_null_keeps_its_code(tmp_path: Path) -> None:
     """Only a pipe that closed is 141: stdout on /dev/null from the start changes nothing."""
     done = subprocess.run(
-        [*_schedctl(), "--db", "mysql://nowhere/x", "job", "list"],
+        [*schedctl_command(), "--db", "mysql://nowhere/x", "job", "list"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         env=_env(tmp_path),

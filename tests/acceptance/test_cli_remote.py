@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from schedctl.job_refs import shortest_among
 from schedctl.service import Scheduler
 from schedctl.views import job_to_dict
 from scheduled_d.api.server import ApiServer
+from tests.acceptance.process_support import killed_if_left, stops_on_sigterm
 from tests.services.ports import free_port
 
 BIN = Path(sys.executable).parent
@@ -277,18 +277,9 @@ def _run_daemon(
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
         )
-    try:
+    with killed_if_left(process):
         _wait_healthy(url, process, log)
         yield process
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(30)
-
-
-def _stop(process: subprocess.Popen[bytes], log: Path) -> None:
-    process.send_signal(signal.SIGTERM)
-    assert process.wait(60) == 0, log.read_text()
 
 
 def test_scheduled_d_api_serves_the_cli_and_stops_on_sigterm(
@@ -313,7 +304,7 @@ def test_scheduled_d_api_serves_the_cli_and_stops_on_sigterm(
         assert made.exit_code == 0, made.output
         job_id = json.loads(made.stdout)["job_id"]
         assert requests.get(url + "/openapi.json", timeout=10).status_code == 200
-        _stop(process, tmp_path / "daemon.log")
+        stops_on_sigterm(process, tmp_path / "daemon.log")
     with Scheduler.open(sqlite_url) as sched:
         assert sched.get_job(job_id).status.value == "active"
 
@@ -325,7 +316,7 @@ def test_scheduled_d_all_starts_the_api_when_enabled(tmp_path: Path, sqlite_url:
     with _run_daemon(tmp_path, ["all", "--db", sqlite_url], url, env) as process:
         unauthenticated = requests.get(url + "/v1/jobs", timeout=10)
         assert unauthenticated.status_code == 401
-        _stop(process, tmp_path / "daemon.log")
+        stops_on_sigterm(process, tmp_path / "daemon.log")
 
 
 def test_a_taken_port_fails_the_start(sqlite_url: str) -> None:

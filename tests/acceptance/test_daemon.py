@@ -21,11 +21,11 @@ from sqlalchemy import select
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.storage import schema
 from schedctl.storage.store import Store
+from tests.acceptance.process_support import wait_for
 from tests.factories import bulk_once_jobs, create_job, every, make_tenant, once_at
 from tests.services.ports import free_port
 
 BIN = Path(sys.executable).parent
-WAIT_SECONDS = 120.0
 
 
 class Daemon:
@@ -86,15 +86,6 @@ def runs_by_status(store: Store) -> Counter[str]:
         return Counter(r[0] for r in connection.execute(select(schema.runs.c.status)))
 
 
-def wait_for(predicate: object, timeout: float = WAIT_SECONDS) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return True
-        time.sleep(0.25)
-    return False
-
-
 def test_all_runs_jobs_and_stops_cleanly_on_sigterm(daemon: Daemon) -> None:
     store = Store.open(daemon.db_url)
     try:
@@ -102,7 +93,9 @@ def test_all_runs_jobs_and_stops_cleanly_on_sigterm(daemon: Daemon) -> None:
         create_job(store, tenant, once_at(datetime.now(UTC) + timedelta(seconds=1)))
         create_job(store, tenant, every(1, datetime.now(UTC)))
         daemon.start()
-        assert wait_for(lambda: runs_by_status(store)["succeeded"] >= 3), daemon.log.read_text()
+        assert wait_for(lambda: runs_by_status(store)["succeeded"] >= 3, poll=0.25), (
+            daemon.log.read_text()
+        )
         base = f"http://127.0.0.1:{daemon.metrics_port}"
         assert requests.get(f"{base}/healthz", timeout=10).status_code == 200
         scrape = requests.get(f"{base}/metrics", timeout=10).text
@@ -133,7 +126,9 @@ def test_kill_9_and_restart_loses_no_run_and_claims_none_twice(daemon: Daemon) -
             for _ in range(5)
         ]
         daemon.start()
-        assert wait_for(lambda: runs_by_status(store)["succeeded"] >= 50), daemon.log.read_text()
+        assert wait_for(lambda: runs_by_status(store)["succeeded"] >= 50, poll=0.25), (
+            daemon.log.read_text()
+        )
         daemon.signal(signal.SIGKILL)
         daemon.wait(30)
         killed_at = datetime.now(UTC)
@@ -151,7 +146,7 @@ def test_kill_9_and_restart_loses_no_run_and_claims_none_twice(daemon: Daemon) -
                 pending = connection.execute(select(schema.queue_messages.c.id)).first()
             return set(one_time) <= done and pending is None
 
-        assert wait_for(caught_up), daemon.log.read_text()[-3000:]
+        assert wait_for(caught_up, poll=0.25), daemon.log.read_text()[-3000:]
         restarted_until = datetime.now(UTC)
         daemon.signal(signal.SIGTERM)
         assert daemon.wait(60) == 0

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +45,9 @@ def status_json(db: str, env: dict[str, str | None] | None = None) -> dict[str, 
 
 @pytest.fixture
 def small_store(db_url: str) -> Iterator[Store]:
-    store = Store.open(db_url)
-    store.ensure_settings(P)
-    yield store
-    store.close()
+    with closing(Store.open(db_url)) as store:
+        store.ensure_settings(P)
+        yield store
 
 
 def test_status_of_a_quiet_database(db_url: str, small_store: Store) -> None:

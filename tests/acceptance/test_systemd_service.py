@@ -26,22 +26,18 @@ from sqlalchemy import select
 from schedctl import __version__
 from schedctl.storage import schema
 from schedctl.storage.store import Store
+from tests.acceptance.process_support import (
+    WAIT_SECONDS,
+    killed_if_left,
+    stops_on_sigterm,
+    wait_for,
+)
 from tests.factories import create_job, make_tenant, once_at
 from tests.services.ports import free_port
 
 BIN = Path(sys.executable).parent
 SCHEDULED_D = BIN / "scheduled-d"
 REPO = Path(__file__).resolve().parents[2]
-WAIT_SECONDS = 120.0
-
-
-def wait_for(predicate: object, timeout: float = WAIT_SECONDS) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return True
-        time.sleep(0.1)
-    return False
 
 
 class NotifySocket:
@@ -149,20 +145,22 @@ def worker_config(tmp_path: Path, command: list[str], extra: str = "") -> Path:
 # -- sd_notify ---------------------------------------------------------------------------------
 
 
-def with_tenant(sqlite_url: str) -> None:
-    """A worker serves a tenant's queue: the tenant has to exist."""
+@pytest.fixture
+def true_worker(tmp_path: Path, sqlite_url: str) -> Path:
+    """The configuration of a worker running /bin/true, and the tenant whose queue it serves
+    (which has to exist)."""
     store = Store.open(sqlite_url)
     try:
         make_tenant(store)
     finally:
         store.close()
+    return worker_config(tmp_path, ["/bin/true"])
 
 
 def test_all_sends_ready_status_watchdog_and_stopping(
-    tmp_path: Path, sqlite_url: str, notify: NotifySocket, procs: list[Proc]
+    tmp_path: Path, sqlite_url: str, notify: NotifySocket, procs: list[Proc], true_worker: Path
 ) -> None:
-    with_tenant(sqlite_url)
-    config = worker_config(tmp_path, ["/bin/true"])
+    config = true_worker
     env = {"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "200000"}
     proc = start_all(procs, tmp_path, sqlite_url, config, env)
     assert notify.receive_until("READY=1", process=proc.process), proc.text()
@@ -237,10 +235,9 @@ def test_sighup_rereads_the_log_level_and_keeps_a_running_command(
 
 
 def test_sighup_with_a_broken_configuration_keeps_the_old_one(
-    tmp_path: Path, sqlite_url: str, notify: NotifySocket, procs: list[Proc]
+    tmp_path: Path, sqlite_url: str, notify: NotifySocket, procs: list[Proc], true_worker: Path
 ) -> None:
-    with_tenant(sqlite_url)
-    config = worker_config(tmp_path, ["/bin/true"])
+    config = true_worker
     proc = start_all(procs, tmp_path, sqlite_url, config, {"NOTIFY_SOCKET": str(notify.path)})
     assert notify.receive_until("READY=1", process=proc.process), proc.text()
     config.write_text(config.read_text() + "concurency = 4\n")
@@ -351,14 +348,9 @@ def run_relay_until_ready(
             stderr=subprocess.STDOUT,
             env={**os.environ, "NOTIFY_SOCKET": str(notify.path), **env},
         )
-        try:
+        with killed_if_left(process):
             assert notify.receive_until("READY=1", process=process), log.read_text()
-            process.send_signal(signal.SIGTERM)
-            assert process.wait(60) == 0, log.read_text()
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait(30)
+            stops_on_sigterm(process, log)
     return log.read_text()
 
 
@@ -515,18 +507,13 @@ def test_all_with_the_api_runs_without_writable_executable_memory(
             stderr=subprocess.STDOUT,
             env={**os.environ, "NOTIFY_SOCKET": str(notify.path)},
         )
-        try:
+        with killed_if_left(process):
             ready = notify.receive_until("READY=1", process=process)
             if process.poll() == 77:
                 pytest.skip("this kernel has no PR_SET_MDWE (Linux >= 6.3)")
             assert ready, log.read_text()
             assert any(line.endswith("; api") for line in notify.lines()), notify.messages
-            process.send_signal(signal.SIGTERM)
-            assert process.wait(60) == 0, log.read_text()
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait(30)
+            stops_on_sigterm(process, log)
 
 
 # -- the units -------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +16,7 @@ import pytest
 from schedctl.storage.migrate import upgrade
 from schedctl.storage.store import Store
 from tests.chaos.cluster import Cluster
+from tests.failure_logs import attach_log_tails
 from tests.services.ports import free_port
 from tests.services.postgres import PostgresServer
 from tests.services.zookeeper import ZooKeeperEnsemble
@@ -93,18 +94,15 @@ def cluster(tmp_path: Path, chaos_db_url: str, chaos_zk: ZooKeeperEnsemble) -> I
         made.close()
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """Attach every daemon's log tail to the report of a failing chaos test."""
-    del call
-    report = yield
-    if report.failed:
-        funcargs: dict[str, object] = getattr(item, "funcargs", {})
-        for value in funcargs.values():
-            if isinstance(value, Cluster):
-                with contextlib.suppress(Exception):
-                    for name, text in value.log_tails(_LOG_TAIL_LINES).items():
-                        report.sections.append((f"{name} log tail", text))
-    return report
+def _daemon_log_sections(item: pytest.Item) -> list[tuple[str, str]]:
+    funcargs: dict[str, object] = getattr(item, "funcargs", {})
+    return [
+        (f"{name} log tail", text)
+        for value in funcargs.values()
+        if isinstance(value, Cluster)
+        for name, text in value.log_tails(_LOG_TAIL_LINES).items()
+    ]
+
+
+# every daemon's log tail, on the report of a failing chaos test
+pytest_runtest_makereport = attach_log_tails(_daemon_log_sections)

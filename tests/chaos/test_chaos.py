@@ -29,7 +29,7 @@ import statistics
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -349,14 +349,18 @@ def inject_faults(
     members = list(DISPATCHERS)
     time.sleep(PAUSE_SECONDS)
 
+    def stop_and_wait_reowned(name: str, fault: str, stop: Callable[[str], object]) -> None:
+        """Stop dispatcher `name` by `fault`; the figure is how soon its partitions move."""
+        before = cluster.owned_by(name)
+        figures.fault(fault)
+        stop(name)
+        figures.seconds(
+            f"{fault}: its {len(before)} partitions owned again after",
+            cluster.wait_reowned(before, WAIT_SECONDS),
+        )
+
     # 1. kill -9 of a dispatcher, then a new process of it
-    before = cluster.owned_by("d1")
-    figures.fault("kill -9 d1")
-    cluster.kill("d1")
-    figures.seconds(
-        f"kill -9 d1: its {len(before)} partitions owned again after",
-        cluster.wait_reowned(before, WAIT_SECONDS),
-    )
+    stop_and_wait_reowned("d1", "kill -9 d1", cluster.kill)
     cluster.start("d1")
     figures.seconds(
         "d1 restarted: balanced again after", cluster.wait_balanced(members, WAIT_SECONDS)
@@ -364,13 +368,7 @@ def inject_faults(
     time.sleep(PAUSE_SECONDS)
 
     # 2. SIGSTOP until the session expires and the partitions move, then SIGCONT
-    before = cluster.owned_by("d2")
-    figures.fault("SIGSTOP d2")
-    cluster.pause("d2")
-    figures.seconds(
-        f"SIGSTOP d2: its {len(before)} partitions owned again after",
-        cluster.wait_reowned(before, WAIT_SECONDS),
-    )
+    stop_and_wait_reowned("d2", "SIGSTOP d2", cluster.pause)
     fenced_before = cluster.count_in_logs("fenced off").get("d2", 0)
     cluster.resume("d2")
     figures.seconds(
@@ -594,6 +592,14 @@ def _checked(history: History) -> Report:
     return report
 
 
+def _checked_with_one_more(run: RunRecord) -> Report:
+    """The checker's report on the clean history with `run` claimed and delivered once more."""
+    history = _clean_history()
+    history.runs.append(run)
+    history.deliveries.append(run.key)
+    return _checked(history)
+
+
 def test_the_checker_passes_a_clean_history() -> None:
     report = _checked(_clean_history())
     assert report.ok
@@ -643,11 +649,8 @@ def test_the_checker_counts_executions_by_worker_kind_and_reports_a_run_executed
 
 
 def test_the_checker_reports_a_run_claimed_after_cancel() -> None:
-    history = _clean_history()
     late = RunRecord("gone", T0 + timedelta(seconds=2), 1, "dispatched", None, 11, 3, 103)
-    history.runs.append(late)
-    history.deliveries.append(late.key)
-    report = _checked(history)
+    report = _checked_with_one_more(late)
     assert report.after_cancel == [late.key] and not report.ok
 
 
@@ -655,11 +658,8 @@ def test_the_checker_reports_a_stale_claim_after_cancel_by_its_reused_version() 
     # a claim that skipped the version condition: it read version 2 before the cancel,
     # committed after it; its job_version is older than the cancel, but version 2 was
     # already claimed
-    history = _clean_history()
     stale = RunRecord("gone", T0 + timedelta(seconds=2), 1, "dispatched", None, 11, 2, 104)
-    history.runs.append(stale)
-    history.deliveries.append(stale.key)
-    report = _checked(history)
+    report = _checked_with_one_more(stale)
     assert report.version_reuse == [("gone", 2)] and not report.ok
 
 
@@ -677,9 +677,6 @@ def test_the_checker_reports_an_epoch_going_backwards() -> None:
 
 
 def test_the_checker_reports_runs_at_no_occurrence() -> None:
-    history = _clean_history()
     odd = RunRecord("rec", T0 + timedelta(milliseconds=1500), 0, "dispatched", None, 20, 9, 300)
-    history.runs.append(odd)
-    history.deliveries.append(odd.key)
-    report = _checked(history)
+    report = _checked_with_one_more(odd)
     assert report.unexpected == [odd.key] and not report.ok

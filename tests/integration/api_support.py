@@ -23,9 +23,7 @@ SNAPSHOT_TABLES = (schema.jobs, schema.runs, schema.outbox, schema.audit_log, sc
 
 
 def job_body(**overrides: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"schedule": {"cron": "0 8 * * MON"}, "target": dict(QUEUE)}
-    body.update(overrides)
-    return body
+    return {"schedule": {"cron": "0 8 * * MON"}, "target": dict(QUEUE), **overrides}
 
 
 class Api:

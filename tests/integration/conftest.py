@@ -12,6 +12,7 @@ the same name that takes this one, adds what it needs and returns it.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import closing
 
 import pytest
 
@@ -25,25 +26,20 @@ from tests.integration.api_support import Api, serving
 
 @pytest.fixture
 def store(db_url: str) -> Iterator[Store]:
-    store = Store.open(db_url)
-    yield store
-    store.close()
+    with closing(Store.open(db_url)) as store:
+        yield store
 
 
 @pytest.fixture
 def sched(db_url: str) -> Iterator[Scheduler]:
-    scheduler = Scheduler.open(db_url)
-    try:
+    with Scheduler.open(db_url) as scheduler:
         yield scheduler
-    finally:
-        scheduler.close()
 
 
 @pytest.fixture
 def pg_store(pg_url: str) -> Iterator[Store]:
-    store = Store.open(pg_url)
-    yield store
-    store.close()
+    with closing(Store.open(pg_url)) as store:
+        yield store
 
 
 @pytest.fixture

@@ -27,15 +27,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Table, select, update
+from sqlalchemy import Table, select
 from sqlalchemy.engine import Connection
 
 from schedctl.models import RetryPolicy, Target, TargetType
 from schedctl.storage import schema
 from schedctl.storage.jobs import JobRepo
 from schedctl.storage.queue import QueueRepo
+from schedctl.storage.rows import run_query
 from schedctl.storage.store import Store
-from tests.factories import ahead, create_job, make_tenant, once_at
+from tests.factories import ahead, create_job, make_tenant, once_at, set_tenant
 from tests.services.ports import pid_alive
 
 if TYPE_CHECKING:
@@ -50,30 +51,20 @@ def queue_job(
     *,
     queue: str = "q",
     tenant: str | None = None,
-    max_attempts: int = 3,
     base: float = 0.0,
     cap: float = 0.0,
-    max_concurrency: int = 1,
-    timeout: int = 0,
-    payload: Any = None,
+    **spec_options: Any,
 ) -> str:
-    """A job targeting `queue` whose own schedule is far away: its runs come from trigger()."""
+    """A job targeting `queue` whose own schedule is far away: its runs come from trigger().
+    Its retries wait `base`, doubling up to `cap` seconds; `spec_options` are those of
+    tests.factories.spec (max_attempts, max_concurrency, timeout, payload, ...)."""
     if tenant is None:
         tenant = existing_tenant(store)
-    job_spec = dataclasses.replace(
-        once_at(
-            ahead(86_400),
-            queue=queue,
-            max_attempts=max_attempts,
-            max_concurrency=max_concurrency,
-            timeout=timeout,
-            payload=payload,
-        ),
-        retry=RetryPolicy(
-            max_attempts=max_attempts, base_delay_seconds=base, max_delay_seconds=cap
-        ),
+    once = once_at(ahead(86_400), queue=queue, **spec_options)
+    retry = RetryPolicy(
+        max_attempts=once.retry.max_attempts, base_delay_seconds=base, max_delay_seconds=cap
     )
-    return create_job(store, tenant, job_spec)
+    return create_job(store, tenant, dataclasses.replace(once, retry=retry))
 
 
 def queued_run(store: Store, **job_options: Any) -> tuple[str, datetime]:
@@ -118,16 +109,7 @@ def trigger(store: Store, job_id: str) -> datetime:
 
 def run_row(store: Store, job_id: str, scheduled_at: datetime) -> dict[str, Any]:
     with store.read() as connection:
-        row = (
-            connection.execute(
-                select(schema.runs).where(
-                    schema.runs.c.job_id == job_id, schema.runs.c.scheduled_at == scheduled_at
-                )
-            )
-            .mappings()
-            .one()
-        )
-    return dict(row)
+        return dict(connection.execute(run_query(job_id, scheduled_at)).mappings().one())
 
 
 def attempts(store: Store, job_id: str, scheduled_at: datetime) -> list[dict[str, Any]]:
@@ -204,12 +186,7 @@ def http_job(
 
 
 def set_allow_list(store: Store, tenant_id: str, entries: list[str]) -> None:
-    with store.tx() as connection:
-        connection.execute(
-            update(schema.tenants)
-            .where(schema.tenants.c.tenant_id == tenant_id)
-            .values(allow_list=json.dumps(entries))
-        )
+    set_tenant(store, tenant_id, allow_list=json.dumps(entries))
 
 
 def allow_loopback_tenant(store: Store) -> str:
@@ -217,13 +194,6 @@ def allow_loopback_tenant(store: Store) -> str:
     tenant = make_tenant(store)
     set_allow_list(store, tenant, ["127.0.0.1"])
     return tenant
-
-
-def set_tenant(store: Store, tenant_id: str, **values: Any) -> None:
-    with store.tx() as connection:
-        connection.execute(
-            update(schema.tenants).where(schema.tenants.c.tenant_id == tenant_id).values(**values)
-        )
 
 
 def outbox_rows(store: Store) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ import base64
 import json
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -235,25 +235,37 @@ def test_idempotency_key_same_body_same_job_other_body_409(sched: Scheduler, acm
     assert assert_error(mismatch, 422, "invalid")["field"] == "idempotency_key"
 
 
+def _clients_at_once(
+    server: ApiServer, tenant: Api, count: int, work: Callable[[Api], None], timeout: float
+) -> None:
+    """`count` clients of the tenant, one thread each, run work(client) released together by
+    a barrier (each client made before it); returns once every thread has ended."""
+    barrier = threading.Barrier(count)
+
+    def run() -> None:
+        client = Api(server.url, tenant.token)
+        barrier.wait()
+        work(client)
+
+    threads = [threading.Thread(target=run) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+
+
 def test_concurrent_requests_with_one_key_make_one_job(acme: Api, server: ApiServer) -> None:
     statuses: Counter[int] = Counter()
     ids: set[str] = set()
     lock = threading.Lock()
-    barrier = threading.Barrier(6)
 
-    def post() -> None:
-        client = Api(server.url, acme.token)
-        barrier.wait()
+    def post(client: Api) -> None:
         response = client.create(job_body(), **{"Idempotency-Key": "race"})
         with lock:
             statuses[response.status_code] += 1
             ids.add(response.json()["job_id"])
 
-    threads = [threading.Thread(target=post) for _ in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    _clients_at_once(server, acme, 6, post, 60)
     assert statuses == Counter({201: 1, 200: 5}) and len(ids) == 1
 
 
@@ -481,21 +493,14 @@ def test_the_max_jobs_quota_holds_under_concurrent_creates(
     sched.set_quotas("acme", max_jobs=5, actor="test")
     statuses: Counter[int] = Counter()
     lock = threading.Lock()
-    barrier = threading.Barrier(8)
 
-    def post() -> None:
-        client = Api(server.url, acme.token)
-        barrier.wait()
+    def post(client: Api) -> None:
         for _ in range(3):
             code = client.create().status_code
             with lock:
                 statuses[code] += 1
 
-    threads = [threading.Thread(target=post) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
+    _clients_at_once(server, acme, 8, post, 120)
     assert statuses == Counter({201: 5, 429: 19})
     assert len(acme.request("GET", "/v1/jobs").json()["items"]) == 5
 

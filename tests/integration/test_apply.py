@@ -226,23 +226,28 @@ def test_two_hosts_get_their_own_jobs_and_share_the_group_job(
     assert names(db, applying.Action.created) == ["backup@db1", "dbonly@db1"]
 
 
-def test_an_invalid_file_applies_nothing_and_names_file_line_key(
-    sched: Scheduler, jobs_d: Path
+@pytest.mark.parametrize(
+    ("text", "key", "line"),
+    [
+        # an invalid file
+        (
+            '[[job]]\nname = "oops"\nevery = "1h"\ncommand = ["/x"]\ntimeout = "forever"\n',
+            "job.timeout",
+            5,
+        ),
+        # a value only the clock refuses
+        ('[[job]]\nname = "once"\nat = 2001-01-01T00:00:00Z\ncommand = ["/x"]\n', "job.at", 3),
+    ],
+    ids=["invalid", "past"],
+)
+def test_a_refused_file_applies_nothing_and_names_file_line_key(
+    sched: Scheduler, jobs_d: Path, text: str, key: str, line: int
 ) -> None:
-    bad = jobs_d / "bad.toml"
-    bad.write_text('[[job]]\nname = "oops"\nevery = "1h"\ncommand = ["/x"]\ntimeout = "forever"\n')
+    refused = jobs_d / "refused.toml"
+    refused.write_text(text)
     with pytest.raises(jobfiles.JobFilesError) as caught:
         run(sched, jobs_d)
-    assert f"job.timeout: {bad}:5:" in str(caught.value)
-    assert rows(sched) == []
-
-
-def test_a_value_only_the_clock_refuses_applies_nothing(sched: Scheduler, jobs_d: Path) -> None:
-    past = jobs_d / "past.toml"
-    past.write_text('[[job]]\nname = "once"\nat = 2001-01-01T00:00:00Z\ncommand = ["/x"]\n')
-    with pytest.raises(jobfiles.JobFilesError) as caught:
-        run(sched, jobs_d)
-    assert f"job.at: {past}:3:" in str(caught.value)
+    assert f"{key}: {refused}:{line}:" in str(caught.value)
     assert rows(sched) == []
 
 

@@ -9,13 +9,22 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import select
 
 from schedctl.coordination.local import LocalCoordinator
 from schedctl.storage import schema
 from schedctl.storage.store import Store
 from scheduled_d.dispatcher import Dispatcher
-from tests.factories import ago, ahead, bulk_once_jobs, create_job, every, make_tenant, once_at
+from tests.factories import (
+    ago,
+    ahead,
+    bulk_once_jobs,
+    create_job,
+    every,
+    make_tenant,
+    once_at,
+    set_tenant,
+)
 
 WAIT = 60.0
 
@@ -89,12 +98,7 @@ def test_a_job_created_within_the_window_arrives_by_notify(pg_url: str) -> None:
 def test_catch_up_is_paced_per_tenant(store: Store) -> None:
     slow = make_tenant(store, "slow")
     fast = make_tenant(store, "fast")
-    with store.tx() as connection:
-        connection.execute(
-            update(schema.tenants)
-            .where(schema.tenants.c.tenant_id == slow)
-            .values(dispatch_rate_per_second=10)
-        )
+    set_tenant(store, slow, dispatch_rate_per_second=10)
     bulk_once_jobs(store, slow, [ago(30)] * 50)
     bulk_once_jobs(store, fast, [ago(30)] * 50)
     running = Running(store, poll_seconds=0.1)

@@ -22,12 +22,12 @@ from schedctl.storage import schema
 from schedctl.storage.jobs import new_job_id, partition_of
 from schedctl.storage.store import Store
 from scheduled_d.relay import Relay
-from tests.factories import make_tenant
+from tests.factories import make_tenant, set_tenant
+from tests.fakes import ManualClock
 from tests.integration.queue_support import (
     hook_server,
     running_relay,
     set_allow_list,
-    set_tenant,
     wait_for,
 )
 
@@ -201,16 +201,8 @@ def test_a_hanging_tenant_never_delays_another(store: Store) -> None:
 # -- the limits themselves (no database) ------------------------------------------------------
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_token_bucket_paces_and_bursts_one_second() -> None:
-    clock = _Clock()
+    clock = ManualClock()
     bucket = TokenBucket(10, clock=clock)
     assert bucket.take(25) == 10  # a full second's burst, no more
     assert bucket.take(1) == 0
@@ -222,7 +214,7 @@ def test_token_bucket_paces_and_bursts_one_second() -> None:
 
 
 def test_lanes_are_limited_separately_and_by_the_relay() -> None:
-    clock = _Clock()
+    clock = ManualClock()
     limits = DeliveryLimits(max_in_flight=5, clock=clock)
     a, b = Lane("a", "http"), Lane("b", "http")
     limits.configure("a", rate_per_second=100, concurrency=3)

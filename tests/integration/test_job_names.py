@@ -24,18 +24,15 @@ from schedctl.storage.engine import make_engine
 from schedctl.storage.migrate import head_revision, upgrade
 from scheduled_d.api.server import ApiServer
 from tests.factories import insert_cron_job_row, insert_tenant_row
+from tests.integration.api_support import job_body
 
 ACTOR = "test"
 runner = CliRunner()
 
 
 def body(**overrides: Any) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "schedule": {"cron": "0 8 * * MON"},
-        "target": {"type": "queue", "name": "q"},
-    }
-    data.update(overrides)
-    return data
+    # on queue "q": default names are made from the target
+    return job_body(**{"target": {"type": "queue", "name": "q"}, **overrides})
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,7 +24,7 @@ from schedctl.scheduling.cron import CronSchedule
 from schedctl.scheduling.schedules import IntervalSchedule
 from schedctl.service import Scheduler
 from schedctl.storage import schema
-from schedctl.storage.claim import Claimer
+from schedctl.storage.claim import Claimer, ClaimResult, DueJob
 from schedctl.storage.outbox import OutboxRepo
 from schedctl.storage.payloads import decode_payload
 from schedctl.storage.queue import QueueRepo
@@ -223,19 +224,36 @@ def _due_job(sched: Scheduler) -> str:
     return job_id
 
 
+@dataclass
+class _Dispatcher:
+    """Dispatcher d1 owning every partition, reading and claiming as of one instant: a read
+    kept across a change shows what a claim from a stale read does."""
+
+    claimer: Claimer
+    epochs: dict[int, int]
+    now: datetime
+
+    @classmethod
+    def owning_all(cls, sched: Scheduler) -> _Dispatcher:
+        return cls(Claimer(sched.store, "d1"), own_all(sched.store), datetime.now(UTC))
+
+    def due(self, job_id: str) -> list[DueJob]:
+        return [d for d in self.claimer.load_due(ALL, self.now) if d.job_id == job_id]
+
+    def claim(self, due: list[DueJob]) -> ClaimResult:
+        return self.claimer.claim(due, self.epochs, self.now)
+
+
 def test_a_claim_from_a_read_before_the_update_claims_nothing(sched: Scheduler) -> None:
     job_id = _due_job(sched)
-    epochs = own_all(sched.store)
-    claimer = Claimer(sched.store, "d1")
-    now = datetime.now(UTC)
-    stale = [d for d in claimer.load_due(ALL, now) if d.job_id == job_id]
+    dispatcher = _Dispatcher.owning_all(sched)
+    stale = dispatcher.due(job_id)
     assert stale
     sched.update_job(job_id, {"target": {"type": "queue", "name": "new"}}, "acme", actor=ACTOR)
-    result = claimer.claim(stale, epochs, now)
+    result = dispatcher.claim(stale)
     assert result.dispatched == [] and result.stale == 1
     # a fresh read claims with the new definition
-    fresh = [d for d in claimer.load_due(ALL, now) if d.job_id == job_id]
-    assert claimer.claim(fresh, epochs, now).dispatched
+    assert dispatcher.claim(dispatcher.due(job_id)).dispatched
     with sched.store.read() as connection:
         targets = connection.execute(
             select(schema.outbox.c.target).where(schema.outbox.c.job_id == job_id)
@@ -245,11 +263,8 @@ def test_a_claim_from_a_read_before_the_update_claims_nothing(sched: Scheduler) 
 
 def test_a_run_claimed_before_the_update_keeps_the_old_definition(sched: Scheduler) -> None:
     job_id = _due_job(sched)
-    epochs = own_all(sched.store)
-    claimer = Claimer(sched.store, "d1")
-    now = datetime.now(UTC)
-    due = [d for d in claimer.load_due(ALL, now) if d.job_id == job_id]
-    assert claimer.claim(due, epochs, now).dispatched
+    dispatcher = _Dispatcher.owning_all(sched)
+    assert dispatcher.claim(dispatcher.due(job_id)).dispatched
     # the update commits after the claim, before delivery
     sched.update_job(
         job_id,
@@ -295,15 +310,13 @@ def test_delete_stops_the_job_and_hides_it_but_keeps_its_history(sched: Schedule
     job_id = _due_job(sched)
     keep = new_job(sched)
     run = sched.trigger_job(job_id, "acme", actor=ACTOR)
-    claimer = Claimer(sched.store, "d1")
-    epochs = own_all(sched.store)
-    now = datetime.now(UTC)
-    stale = [d for d in claimer.load_due(ALL, now) if d.job_id == job_id]
+    dispatcher = _Dispatcher.owning_all(sched)
+    stale = dispatcher.due(job_id)
     deleted = sched.delete_job(job_id, "acme", actor=ACTOR)
     assert deleted.status is JobStatus.deleted and deleted.next_run_at is None
     # no run claimed after it commits, not even from a read made before
-    assert claimer.claim(stale, epochs, now).dispatched == []
-    assert [d for d in claimer.load_due(ALL, now) if d.job_id == job_id] == []
+    assert dispatcher.claim(stale).dispatched == []
+    assert dispatcher.due(job_id) == []
     # the run waiting in the outbox is skipped as for a cancel
     assert QueueRepo(sched.store).move_outbox() == 0
     history = sched.runs(job_id, "acme").items

@@ -28,6 +28,7 @@ from tests.integration.queue_support import (
     messages,
     outbox_count,
     queue_job,
+    queued_run,
     run_row,
     trigger,
     wait_for,
@@ -147,10 +148,8 @@ def test_move_outbox_leaves_rows_of_excluded_tenants(store: Store) -> None:
 
 def test_heartbeat_sees_a_cancelled_job(store: Store) -> None:
     tenant = make_tenant(store)
-    job = queue_job(store)
-    trigger(store, job)
+    job, _ = queued_run(store)
     repo = QueueRepo(store)
-    repo.move_outbox()
     (lease,) = repo.lease("q", "w1", 30, tenant_id=tenant)
     assert repo.beat(lease, 30) is Beat.extended
     JobRepo(store).cancel(job, actor="test")
@@ -205,10 +204,8 @@ def test_concurrent_relays_on_postgres_move_each_row_once(pg_store: Store) -> No
 
 def test_lease_and_ack(store: Store) -> None:
     tenant = make_tenant(store)
-    job = queue_job(store, payload={"hello": "world"}, timeout=30, max_attempts=4)
-    at = trigger(store, job)
+    job, at = queued_run(store, payload={"hello": "world"}, timeout=30, max_attempts=4)
     repo = QueueRepo(store)
-    repo.move_outbox()
     assert repo.lease("other-queue", "w1", 30, tenant_id=tenant) == []
     (lease,) = repo.lease("q", "w1", 30, limit=5, tenant_id=tenant)
     assert (lease.job_id, lease.scheduled_at, lease.attempt) == (job, at, 1)
@@ -234,10 +231,8 @@ def test_lease_and_ack(store: Store) -> None:
 
 def test_failures_retry_then_dead_letter(store: Store) -> None:
     tenant = make_tenant(store)
-    job = queue_job(store, max_attempts=3)
-    at = trigger(store, job)
+    job, at = queued_run(store, max_attempts=3)
     repo = QueueRepo(store)
-    repo.move_outbox()
     for attempt in (1, 2, 3):
         (lease,) = repo.lease("q", "w1", 30, tenant_id=tenant)
         assert lease.attempt == attempt
@@ -289,10 +284,8 @@ def test_failure_backs_off_with_jitter_within_the_policy(store: Store) -> None:
 
 def test_fail_or_ack_of_a_lost_lease_changes_nothing(store: Store) -> None:
     tenant = make_tenant(store)
-    job = queue_job(store)
-    at = trigger(store, job)
+    job, at = queued_run(store)
     repo = QueueRepo(store)
-    repo.move_outbox()
     (lease,) = repo.lease("q", "w1", 30, tenant_id=tenant)
     forged = Lease(**{**lease.__dict__, "owner": "w2"})
     assert not failed(repo, forged)
@@ -317,10 +310,8 @@ def expire(repo: QueueRepo, count: int = 1) -> None:
 
 def test_expired_lease_marks_the_run_lost_and_redelivers(store: Store) -> None:
     tenant = make_tenant(store)
-    job = queue_job(store, max_attempts=3)
-    at = trigger(store, job)
+    job, at = queued_run(store, max_attempts=3)
     repo = QueueRepo(store)
-    repo.move_outbox()
     (lease,) = repo.lease("q", "dead-worker", 0.2, tenant_id=tenant)
     expire(repo)
     run = run_row(store, job, at)
@@ -339,10 +330,8 @@ def test_expired_lease_marks_the_run_lost_and_redelivers(store: Store) -> None:
 
 def test_expired_lease_of_the_last_attempt_is_dead_lettered(store: Store) -> None:
     tenant = make_tenant(store)
-    job = queue_job(store, max_attempts=1)
-    at = trigger(store, job)
+    job, at = queued_run(store, max_attempts=1)
     repo = QueueRepo(store)
-    repo.move_outbox()
     repo.lease("q", "dead-worker", 0.2, tenant_id=tenant)
     expire(repo)
     assert run_row(store, job, at)["status"] == "dead"
@@ -353,10 +342,8 @@ def test_expired_lease_of_the_last_attempt_is_dead_lettered(store: Store) -> Non
 
 def test_heartbeat_keeps_a_lease_from_expiring(store: Store) -> None:
     tenant = make_tenant(store)
-    job = queue_job(store)
-    trigger(store, job)
+    queued_run(store)
     repo = QueueRepo(store)
-    repo.move_outbox()
     (lease,) = repo.lease("q", "w1", 0.2, tenant_id=tenant)
     assert repo.heartbeat(lease, 3600)
     (message,) = messages(store)

@@ -27,7 +27,7 @@ from schedctl.storage.bench import insert_claimed
 from schedctl.storage.store import Store
 from schedctl.storage.tenant_delivery import TenantDeliveryRepo
 from scheduled_d.relay import Relay
-from tests.factories import make_tenant
+from tests.factories import make_tenant, set_tenant
 from tests.integration.queue_support import (
     attempts,
     messages,
@@ -35,7 +35,6 @@ from tests.integration.queue_support import (
     queue_job,
     run_row,
     running_relay,
-    set_tenant,
     trigger,
     wait_for,
 )

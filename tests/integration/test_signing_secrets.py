@@ -32,6 +32,13 @@ runner = CliRunner()
 EMPTY = ["empty_sqlite_url", pytest.param("empty_pg_url", marks=pytest.mark.postgres)]
 
 
+@pytest.fixture
+def first_key(keys: tuple[str, str]) -> str:
+    """The first of the two keys, configured as the process's payload cipher."""
+    configure_payload_cipher(PayloadCipher([keys[0]]))
+    return keys[0]
+
+
 def raw_secrets(store: Store, tenant_id: str) -> tuple[str, str | None, datetime | None]:
     t = schema.tenants
     with store.read() as connection:
@@ -128,10 +135,8 @@ def test_migration_0006_encrypts_the_stored_secrets(
         store.close()
 
 
-def test_rotation_keeps_the_previous_secret_for_the_grace_period(
-    store: Store, keys: tuple[str, str]
-) -> None:
-    configure_payload_cipher(PayloadCipher([keys[0]]))
+@pytest.mark.usefixtures("first_key")
+def test_rotation_keeps_the_previous_secret_for_the_grace_period(store: Store) -> None:
     tenants = TenantRepo(store)
     tenant, _ = tenants.create("acme", actor="test")
     old = tenants.signing_secret("acme")
@@ -209,9 +214,8 @@ def test_rotate_payload_key_reencrypts_signing_secrets(store: Store, keys: tuple
     assert len(SigningKeyCache(store).secrets_for(acme.tenant_id)) == 2
 
 
-def test_cli_rotate_then_show(db_url: str, keys: tuple[str, str]) -> None:
-    configure_payload_cipher(PayloadCipher([keys[0]]))
-
+@pytest.mark.usefixtures("first_key")
+def test_cli_rotate_then_show(db_url: str) -> None:
     def run(*args: str) -> str:
         result = runner.invoke(cli_app, ["--db", db_url, *args])
         assert result.exit_code == 0, result.output

@@ -6,7 +6,6 @@ ZooKeeper that does not answer (reported, not fatal)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 
@@ -32,11 +31,9 @@ def store(store: Store) -> Store:
 
 
 @pytest.fixture
-def pg_store(pg_url: str) -> Iterator[Store]:
-    store = Store.open(pg_url)
-    store.ensure_settings(P)
-    yield store
-    store.close()
+def pg_store(pg_store: Store) -> Store:
+    pg_store.ensure_settings(P)
+    return pg_store
 
 
 def snapshot(store: Store, zookeeper: str | None = None) -> ClusterStatus:

@@ -54,11 +54,9 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = WAIT) ->
 
 
 @pytest.fixture
-def store(pg_url: str) -> Iterator[Store]:
-    store = Store.open(pg_url)
-    store.ensure_settings(P)
-    yield store
-    store.close()
+def store(pg_store: Store) -> Store:
+    pg_store.ensure_settings(P)
+    return pg_store
 
 
 class Coordinators:

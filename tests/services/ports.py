@@ -86,12 +86,8 @@ def pid_exists(pid: int) -> bool:
 
 def pid_alive(pid: int) -> bool:
     """True if process ``pid`` exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not pid_exists(pid):
         return False
-    except PermissionError:
-        pass  # exists, owned by someone else
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:

@@ -17,7 +17,6 @@ import pwd
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -25,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tests.services.ports import ServiceError, child_pids, free_port, pid_alive, tail
-from tests.services.process import Service, failure, kill_and_reap, run_until_enter
+from tests.services.process import Service, failure, kill_and_reap, serve_until_enter
 
 SERVER_USER = "postgres"
 _START_TIMEOUT_S = 60
@@ -448,14 +447,6 @@ class PostgresServer(Service):
                 shutil.rmtree(self.base_dir, ignore_errors=True)
 
 
-def _main(argv: Sequence[str]) -> int:
-    """``python -m tests.services.postgres``: run a throwaway server until Enter is pressed."""
-    del argv
-    server = PostgresServer()
-    return run_until_enter(
-        server, lambda: f"postgres running: {server.url()}  (dir {server.base_dir})"
-    )
-
-
 if __name__ == "__main__":
-    raise SystemExit(_main(sys.argv[1:]))
+    # ``python -m tests.services.postgres``: run a throwaway server until Enter is pressed
+    raise SystemExit(serve_until_enter("postgres", PostgresServer()))

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Self, TypeVar
+from typing import Protocol, Self, TypeVar
 
 from tests.services.ports import ServiceError, child_pids, pid_alive, tail
 
@@ -223,10 +223,27 @@ class Service:
         self.cleanup()
 
 
-def run_until_enter(service: Service, describe: Callable[[], str]) -> int:
+def run_until_enter(
+    service: contextlib.AbstractContextManager[object], describe: Callable[[], str]
+) -> int:
     """``python -m tests.services.X``: run the service until Enter is pressed, then delete it."""
     with service:
         print(describe(), flush=True)
         with contextlib.suppress(EOFError, KeyboardInterrupt):
             input("press Enter to stop and delete it ")
     return 0
+
+
+class ServerAtUrl(contextlib.AbstractContextManager[object], Protocol):
+    """A single test server that says where it listens and where its files are."""
+
+    base_dir: Path
+
+    def url(self) -> str: ...
+
+
+def serve_until_enter(name: str, server: ServerAtUrl) -> int:
+    """``python -m tests.services.NAME`` of one server: run_until_enter, saying its URL."""
+    return run_until_enter(
+        server, lambda: f"{name} running: {server.url()}  (dir {server.base_dir})"
+    )

@@ -15,13 +15,11 @@ import contextlib
 import glob
 import os
 import shutil
-import sys
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
 
 from tests.services.ports import ServiceError, free_port, tail
-from tests.services.process import ServerProcess, Service, poll_ready, run_until_enter
+from tests.services.process import ServerProcess, Service, poll_ready, serve_until_enter
 
 _START_TIMEOUT_S = 90
 _STOP_TIMEOUT_S = 30
@@ -189,14 +187,6 @@ class RabbitMQServer(Service):
             shutil.rmtree(self.base_dir, ignore_errors=True)
 
 
-def _main(argv: Sequence[str]) -> int:
-    """``python -m tests.services.rabbitmq``: run a throwaway broker until Enter is pressed."""
-    del argv
-    server = RabbitMQServer()
-    return run_until_enter(
-        server, lambda: f"rabbitmq running: {server.url()}  (dir {server.base_dir})"
-    )
-
-
 if __name__ == "__main__":
-    raise SystemExit(_main(sys.argv[1:]))
+    # ``python -m tests.services.rabbitmq``: run a throwaway broker until Enter is pressed
+    raise SystemExit(serve_until_enter("rabbitmq", RabbitMQServer()))

@@ -32,7 +32,7 @@ from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
 from schedctl.storage.bulk import insert_once_jobs
 from schedctl.storage.store import Store
-from tests.factories import make_tenant
+from tests.factories import make_tenant, set_tenant
 from tests.services.ports import free_port
 
 SOAK_SECONDS = int(os.environ.get("SOAK_SECONDS", "120"))
@@ -61,12 +61,7 @@ class Load:
 
 def _create_load(store: Store) -> Load:
     tenant_id = make_tenant(store, "soak")
-    with store.tx() as connection:
-        connection.execute(
-            update(schema.tenants)
-            .where(schema.tenants.c.tenant_id == tenant_id)
-            .values(dispatch_rate_per_second=1_000_000)
-        )
+    set_tenant(store, tenant_id, dispatch_rate_per_second=1_000_000)
     start = (datetime.now(UTC) + timedelta(seconds=LEAD_SECONDS)).replace(microsecond=0)
     end = start + timedelta(seconds=SOAK_SECONDS - 0.5)
     ids = insert_once_jobs(store, tenant_id, [start] * JOBS, queue=QUEUE, name="soak")

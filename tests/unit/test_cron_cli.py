@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from typer.testing import CliRunner
 
@@ -12,24 +13,17 @@ runner = CliRunner()
 WIDE = {"COLUMNS": "200"}
 
 
-def test_json_output_with_dst_notes() -> None:
+def _berlin_json(cron: str, start: str, *count: str) -> Any:
+    """The JSON rows of `cron next CRON` in Europe/Berlin from START, COUNT the count flag."""
     result = runner.invoke(
-        app,
-        [
-            "next",
-            "30 2 * * *",
-            "--tz",
-            "Europe/Berlin",
-            "--from",
-            "2026-03-28T00:00:00Z",
-            "-n",
-            "3",
-            "--output",
-            "json",
-        ],
+        app, ["next", cron, "--tz", "Europe/Berlin", "--from", start, *count, "--output", "json"]
     )
     assert result.exit_code == 0, result.output
-    rows = json.loads(result.stdout)
+    return json.loads(result.stdout)
+
+
+def test_json_output_with_dst_notes() -> None:
+    rows = _berlin_json("30 2 * * *", "2026-03-28T00:00:00Z", "-n", "3")
     assert [r["utc"] for r in rows] == [
         "2026-03-28T01:30:00Z",
         "2026-03-29T01:00:00Z",
@@ -45,23 +39,7 @@ def test_json_output_with_dst_notes() -> None:
 
 
 def test_json_marks_second_occurrence_for_every_hour_jobs() -> None:
-    result = runner.invoke(
-        app,
-        [
-            "next",
-            "0 * * * *",
-            "--tz",
-            "Europe/Berlin",
-            "--from",
-            "2026-10-24T23:30:00Z",
-            "--count",
-            "3",
-            "--output",
-            "json",
-        ],
-    )
-    assert result.exit_code == 0, result.output
-    rows = json.loads(result.stdout)
+    rows = _berlin_json("0 * * * *", "2026-10-24T23:30:00Z", "--count", "3")
     assert [r["local"] for r in rows] == [
         "2026-10-25T02:00:00+02:00",
         "2026-10-25T02:00:00+01:00",

@@ -137,18 +137,20 @@ def test_allow_list_by_host_name_and_by_cidr() -> None:
     )
     with pytest.raises(errors.ForbiddenDestination):
         check_destination("http://other.internal/", by_name, resolver=dns)
-    by_cidr = AllowList.parse(["10.0.0.0/8"])
-    check_destination("http://other.internal/", by_cidr, resolver=dns)
-    check_destination("http://10.200.0.1/", by_cidr, resolver=dns)
-    with pytest.raises(errors.ForbiddenDestination):
-        check_destination("http://192.168.0.1/", by_cidr, resolver=dns)
-    # an allowed CIDR also covers the IPv4-mapped form of its addresses
-    check_destination("http://[::ffff:10.0.0.5]/", by_cidr, resolver=dns)
-    loopback = AllowList.parse(["127.0.0.1"])
-    check_destination("http://127.0.0.1:9000/", loopback, resolver=dns)
-    check_destination("http://2130706433:9000/", loopback, resolver=dns)
-    with pytest.raises(errors.ForbiddenDestination):
-        check_destination("http://127.0.0.2/", loopback, resolver=dns)
+    allowed_and_refused = {
+        # an allowed CIDR also covers the IPv4-mapped form of its addresses
+        "10.0.0.0/8": (
+            ["http://other.internal/", "http://10.200.0.1/", "http://[::ffff:10.0.0.5]/"],
+            "http://192.168.0.1/",
+        ),
+        "127.0.0.1": (["http://127.0.0.1:9000/", "http://2130706433:9000/"], "http://127.0.0.2/"),
+    }
+    for entry, (allowed, refused) in allowed_and_refused.items():
+        allow = AllowList.parse([entry])
+        for url in allowed:
+            check_destination(url, allow, resolver=dns)
+        with pytest.raises(errors.ForbiddenDestination):
+            check_destination(refused, allow, resolver=dns)
 
 
 def test_creation_accepts_a_name_that_does_not_resolve_yet() -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from schedctl import errors
 from schedctl.delivery.ssrf import DNS_CACHE_SECONDS, GuardCache, UnresolvableHost
+from tests.fakes import ManualClock
 
 
 class Dns:
@@ -29,16 +30,8 @@ class Dns:
         return self.answers[host]
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_name_is_resolved_once_per_ttl_and_connects_to_the_checked_address() -> None:
-    dns, clock = Dns({"hooks.example.com": ["93.184.216.34"]}), Clock()
+    dns, clock = Dns({"hooks.example.com": ["93.184.216.34"]}), ManualClock(1000.0)
     guard = GuardCache(dns, clock=clock)
     first, expires = guard.check("https://hooks.example.com/run", [])
     again, _ = guard.check("https://hooks.example.com/other", [])
@@ -51,7 +44,7 @@ def test_a_name_is_resolved_once_per_ttl_and_connects_to_the_checked_address() -
 
 
 def test_a_cached_private_resolution_is_refused_on_every_call() -> None:
-    dns, clock = Dns({"internal.example.com": ["10.1.2.3"]}), Clock()
+    dns, clock = Dns({"internal.example.com": ["10.1.2.3"]}), ManualClock(1000.0)
     guard = GuardCache(dns, clock=clock)
     for _ in range(3):
         with pytest.raises(errors.ForbiddenDestination, match="a private address"):
@@ -65,7 +58,7 @@ def test_a_cached_private_resolution_is_refused_on_every_call() -> None:
 
 
 def test_a_rebinding_answer_is_checked_when_the_entry_expires() -> None:
-    dns, clock = Dns({"rebind.example.com": ["93.184.216.34"]}), Clock()
+    dns, clock = Dns({"rebind.example.com": ["93.184.216.34"]}), ManualClock(1000.0)
     guard = GuardCache(dns, clock=clock)
     guard.check("https://rebind.example.com/", [])
     dns.answers["rebind.example.com"] = ["93.184.216.34", "169.254.169.254"]
@@ -75,7 +68,7 @@ def test_a_rebinding_answer_is_checked_when_the_entry_expires() -> None:
 
 
 def test_a_failed_resolution_is_not_kept() -> None:
-    dns, clock = Dns({}), Clock()
+    dns, clock = Dns({}), ManualClock(1000.0)
     guard = GuardCache(dns, clock=clock)
     with pytest.raises(UnresolvableHost):
         guard.check("https://later.example.com/", [])
@@ -87,7 +80,7 @@ def test_a_failed_resolution_is_not_kept() -> None:
 
 def test_literal_addresses_need_no_resolution_and_are_still_refused() -> None:
     dns = Dns({})
-    guard = GuardCache(dns, clock=Clock())
+    guard = GuardCache(dns, clock=ManualClock(1000.0))
     with pytest.raises(errors.ForbiddenDestination, match="loopback"):
         guard.check("http://127.0.0.1:8080/", [])
     assert dns.lookups == []

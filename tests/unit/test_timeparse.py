@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
 from schedctl.errors import ValidationError
 from schedctl.scheduling.timeparse import format_instant, parse_duration, parse_instant
+
+
+def _refused(
+    parse: Callable[[str, str], object], text: str, field: str, match: str | None = None
+) -> str:
+    """The message of the ValidationError that `parse(text, field)` raises naming `field`
+    (matching `match` when given)."""
+    with pytest.raises(ValidationError, match=match) as info:
+        parse(text, field)
+    assert info.value.field == field
+    return str(info.value)
 
 
 @pytest.mark.parametrize(
@@ -63,19 +75,14 @@ def test_valid_durations(text: str, expected: timedelta) -> None:
     ],
 )
 def test_invalid_durations_name_the_field_and_forms(text: str) -> None:
-    with pytest.raises(ValidationError) as info:
-        parse_duration(text, "window")
-    assert info.value.field == "window"
-    message = str(info.value)
+    message = _refused(parse_duration, text, "window")
     assert message.startswith("window: ")
     assert "PT10M" in message and "1h30m" in message
 
 
 @pytest.mark.parametrize("text", ["P1M", "P1Y", "P1Y2M3D", "P1MT5M"])
 def test_calendar_durations_refused_with_reason(text: str) -> None:
-    with pytest.raises(ValidationError, match="years and months") as info:
-        parse_duration(text, "delay")
-    assert info.value.field == "delay"
+    _refused(parse_duration, text, "delay", match="years and months")
 
 
 def test_huge_duration_is_a_validation_error() -> None:
@@ -106,10 +113,8 @@ def test_valid_instants(text: str, expected: datetime) -> None:
 
 @pytest.mark.parametrize("text", ["2026-10-12T08:00:00", "2026-10-12 08:00"])
 def test_naive_instant_needs_offset(text: str) -> None:
-    with pytest.raises(ValidationError, match=r"needs a UTC offset, e\.g\.") as info:
-        parse_instant(text, "run_at")
-    assert info.value.field == "run_at"
-    assert str(info.value).startswith("run_at: ")
+    message = _refused(parse_instant, text, "run_at", match=r"needs a UTC offset, e\.g\.")
+    assert message.startswith("run_at: ")
 
 
 @pytest.mark.parametrize(
@@ -125,10 +130,7 @@ def test_naive_instant_needs_offset(text: str) -> None:
     ],
 )
 def test_invalid_instants(text: str) -> None:
-    with pytest.raises(ValidationError) as info:
-        parse_instant(text, "at")
-    assert info.value.field == "at"
-    assert "2026-10-12T08:00:00Z" in str(info.value)
+    assert "2026-10-12T08:00:00Z" in _refused(parse_instant, text, "at")
 
 
 def test_out_of_range_instant() -> None:

@@ -217,43 +217,41 @@ def delete_job(
     return Response(status_code=204)
 
 
-@router.post(
-    "/jobs/{job_id}/cancel",
-    response_model=JobOut,
-    summary="Cancel a job",
-    responses=error_responses(404, 409),
+def _lifecycle_route(
+    change: str, summary: str, statuses: tuple[int, ...], description: str | None = None
+) -> None:
+    """Register POST /jobs/{job_id}/CHANGE (cancel, pause, resume): a change of state
+    answered with the changed job, as `Scheduler.CHANGE_job` makes it."""
+
+    def route(job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep) -> dict[str, Any]:
+        change_job = getattr(scheduler, f"{change}_job")
+        return job_to_dict(change_job(checked_job_id(job_id), caller.tenant, actor=caller.actor))
+
+    # the name is the OpenAPI operationId's stem, as for a route written out by hand
+    route.__name__ = route.__qualname__ = f"{change}_job"
+    router.post(
+        f"/jobs/{{job_id}}/{change}",
+        response_model=JobOut,
+        summary=summary,
+        description=description,
+        responses=error_responses(*statuses),
+    )(route)
+
+
+_lifecycle_route(
+    "cancel",
+    "Cancel a job",
+    (404, 409),
+    "Cancel all future runs; a run already dispatched still completes. The job stays\n"
+    "listed (status cancelled).",
 )
-def cancel_job(job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep) -> dict[str, Any]:
-    """Cancel all future runs; a run already dispatched still completes. The job stays
-    listed (status cancelled)."""
-    return job_to_dict(
-        scheduler.cancel_job(checked_job_id(job_id), caller.tenant, actor=caller.actor)
-    )
-
-
-@router.post(
-    "/jobs/{job_id}/pause",
-    response_model=JobOut,
-    summary="Pause a job",
-    responses=error_responses(404, 409, 422),
+_lifecycle_route("pause", "Pause a job", (404, 409, 422))
+_lifecycle_route(
+    "resume",
+    "Resume a paused job",
+    (404, 409, 422),
+    "Continue from the next scheduled time after now.",
 )
-def pause_job(job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep) -> dict[str, Any]:
-    return job_to_dict(
-        scheduler.pause_job(checked_job_id(job_id), caller.tenant, actor=caller.actor)
-    )
-
-
-@router.post(
-    "/jobs/{job_id}/resume",
-    response_model=JobOut,
-    summary="Resume a paused job",
-    responses=error_responses(404, 409, 422),
-)
-def resume_job(job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep) -> dict[str, Any]:
-    """Continue from the next scheduled time after now."""
-    return job_to_dict(
-        scheduler.resume_job(checked_job_id(job_id), caller.tenant, actor=caller.actor)
-    )
 
 
 @router.post(
