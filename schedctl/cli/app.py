@@ -20,6 +20,7 @@ from schedctl.cli import (
     bench_create,
     bench_dispatch,
     bench_relay,
+    bench_scale,
     completion,
     cron_cmd,
     db,
@@ -173,6 +174,7 @@ bench.app.command("failover")(bench_dispatch.failover)
 bench.app.command("relay")(bench_relay.relay)
 bench.app.command("spawn")(bench_dispatch.spawn)
 bench.app.command("create")(bench_create.create)
+bench.app.command("scale")(bench_scale.scale)
 app.add_typer(bench.app, name="bench")
 app.command("completion")(completion.completion)
 
