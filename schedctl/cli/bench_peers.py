@@ -48,6 +48,8 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                         else "1"
                     ),
                     "load_s": f.get("load_seconds"),
+                    # the machine's 1-minute load average when the system's run ended
+                    "loadavg": (f.get("load_average") or [None])[0],
                     "error": f.get("error") or "",
                 }
             )
