@@ -47,10 +47,12 @@ STARTED = {
     "scheduled-d": "runs.started_at: the worker (scheduled-d worker, --worker-concurrency "
     "commands at once) leased the run and is starting its command, /bin/true; the run went "
     "through a dispatcher claim, the outbox, a relay and the built-in queue first",
-    "procrastinate": "the task function (async, records time.time()) begins in the worker "
+    "procrastinate": "the task function (async: records time.time(), then runs /bin/true "
+    "and waits for it) begins in the worker "
     "(run_worker_async, concurrency as --worker-concurrency, fetch polling 0.25 s, "
     "LISTEN/NOTIFY on)",
-    "apscheduler": "the task function (async, records time.time()) begins in the "
+    "apscheduler": "the task function (async: records time.time(), then runs /bin/true and "
+    "waits for it) begins in the "
     "AsyncScheduler (role both, max_concurrent_jobs as --worker-concurrency; "
     "SQLAlchemyDataStore over psycopg, PsycopgEventBroker)",
 }

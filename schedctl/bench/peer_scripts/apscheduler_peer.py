@@ -4,8 +4,10 @@ psycopg engine) with a PsycopgEventBroker on a fresh database; adds one schedule
 with a DateTrigger a day ahead, moves the schedules to their instants (an UPDATE of
 next_fire_time, as the scheduled-d side moves its jobs), then runs the scheduler (role both:
 it turns due schedules into jobs and runs them, max_concurrent_jobs as given) until every
-task has started or the timeout; the task records when it started. "Started" is the moment
-the task function begins in the scheduler's async executor."""
+task has started or the timeout; the task records when it started, then runs /bin/true (the
+work a scheduled-d worker does per run). "Started" is the moment the task function begins in
+the scheduler's async executor. The schedules are added ADD_AT_ONCE at a time (the load is
+not measured, only bounded)."""
 
 from __future__ import annotations
 
@@ -23,12 +25,15 @@ from apscheduler.eventbrokers.psycopg import PsycopgEventBroker
 from apscheduler.triggers.date import DateTrigger
 from sqlalchemy.ext.asyncio import create_async_engine
 
+ADD_AT_ONCE = 20  # concurrent add_schedule calls while loading (the engine's pool is 5+10)
+
 args = peer_common.arguments()
 record = peer_common.Record(peer_common.total(args))
 
 
 async def bench_task(i: int) -> None:
     record.start(i)
+    await peer_common.run_true()
 
 
 def sqlalchemy_url(dsn: str) -> str:
@@ -61,15 +66,19 @@ async def main() -> None:
         began = time.monotonic()
         async with AsyncScheduler(store, broker, max_concurrent_jobs=args.concurrency) as s:
             far = peer_common.far_instant()
-            for i in range(record.count):
-                if i % 100 == 0:
-                    peer_common.check_load(args, began, i)
-                await s.add_schedule(
-                    bench_task,
-                    DateTrigger(far),
-                    id=f"b{i}",
-                    args=(i,),
-                    conflict_policy=ConflictPolicy.replace,
+            for start in range(0, record.count, ADD_AT_ONCE):
+                peer_common.check_load(args, began, start)
+                await asyncio.gather(
+                    *(
+                        s.add_schedule(
+                            bench_task,
+                            DateTrigger(far),
+                            id=f"b{i}",
+                            args=(i,),
+                            conflict_policy=ConflictPolicy.replace,
+                        )
+                        for i in range(start, min(record.count, start + ADD_AT_ONCE))
+                    )
                 )
         first = datetime.now(UTC) + timedelta(seconds=args.lead)
         await move(first)

@@ -7,6 +7,7 @@ pairs: [[due, started], ...] (unix seconds), complete, reached, error}."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import time
 from dataclasses import dataclass, field
@@ -54,6 +55,12 @@ def check_load(args: argparse.Namespace, began: float, loaded: int) -> None:
     """Raise LoadTimeout once the load has taken longer than --load-timeout."""
     if time.monotonic() - began > args.load_timeout:
         raise LoadTimeout(f"the load did not finish in {args.load_timeout:g} s ({loaded} loaded)")
+
+
+async def run_true() -> None:
+    """The task's work: /bin/true in a child process, waited for."""
+    process = await asyncio.create_subprocess_exec("/bin/true")
+    await process.wait()
 
 
 def far_instant() -> datetime:
