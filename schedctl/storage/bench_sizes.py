@@ -1,6 +1,8 @@
 """Owns the scale benchmark's reads of what a table takes on disk (its rows, indexes and
-TOAST; on Postgres summed over its partitions) and of how many rows it has, and the
-statistics refresh (ANALYZE) that a large load needs before its plans mean anything."""
+TOAST; on Postgres summed over its partitions) and of how many rows it has, and the upkeep
+between its measurements: VACUUM ANALYZE (a large load needs statistics before its plans
+mean anything, and a former level's deleted burst leaves dead index entries that the next
+due read would walk) and VACUUM FULL (so that what a table grows by is only its new rows)."""
 
 from __future__ import annotations
 
@@ -48,11 +50,19 @@ def row_count(store: Store, table: str) -> int:
     return int(value)
 
 
-def analyze(store: Store, table: str) -> None:
-    """Refresh the planner's statistics of `table` (after a bulk load; autovacuum would do it
-    some time later)."""
-    with store.tx() as connection:
-        connection.execute(text(f"ANALYZE {schema.metadata.tables[table].name}"))
+def vacuum_analyze(store: Store, table: str) -> None:
+    """Clear the dead rows a former measurement left in `table` and its indexes and refresh
+    the planner's statistics (Postgres VACUUM ANALYZE, outside a transaction: what autovacuum
+    would do some time later); ANALYZE on SQLite."""
+    name = schema.metadata.tables[table].name
+    if store.dialect.name != "postgresql":
+        with store.tx() as connection:
+            connection.execute(text(f"ANALYZE {name}"))
+        return
+    with store.engine.connect() as connection:
+        connection.execution_options(isolation_level="AUTOCOMMIT").execute(
+            text(f"VACUUM ANALYZE {name}")
+        )
 
 
 def compact(store: Store, table: str) -> None:
