@@ -202,14 +202,18 @@ def peer_figures(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def ratios(by_system: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
-    """Each peer's last/p50/p99 over scheduled-d's (above 1: the peer was later)."""
+def ratios(by_system: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each peer's last/p50/p99 over scheduled-d's (above 1: the peer was later); from the
+    jobs a peer started, so for one that did not start them all (and scheduled-d did) a
+    lower bound, which `lower_bound` says."""
     base = by_system.get("scheduled-d", {})
-    out: dict[str, dict[str, float | None]] = {}
+    out: dict[str, dict[str, Any]] = {}
     for peer in PEERS:
         if peer not in by_system:
             continue
-        row: dict[str, float | None] = {}
+        row: dict[str, Any] = {
+            "lower_bound": not by_system[peer].get("complete") and bool(base.get("complete"))
+        }
         for key in ("last_s", "p50_s", "p99_s"):
             mine, theirs = by_system[peer].get(key), base.get(key)
             row[key.removesuffix("_s")] = (

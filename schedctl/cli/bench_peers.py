@@ -43,7 +43,8 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                     "p50_s": f["p50_s"],
                     "p99_s": f["p99_s"],
                     "ratio last/p50/p99": (
-                        "/".join(str(ratio.get(k)) for k in ("last", "p50", "p99"))
+                        (">=" if ratio.get("lower_bound") else "")
+                        + "/".join(str(ratio.get(k)) for k in ("last", "p50", "p99"))
                         if ratio
                         else "1"
                     ),

@@ -213,7 +213,9 @@ def test_peer_figures_and_ratios_come_from_the_pairs() -> None:
     ratios = peers.ratios(
         {"scheduled-d": {"last_s": 0.5, "p50_s": 0.25, "p99_s": 0.0}, "procrastinate": f}
     )
-    assert ratios == {"procrastinate": {"last": 3.0, "p50": 4.0, "p99": None}}
+    assert ratios == {"procrastinate": {"last": 3.0, "p50": 4.0, "p99": None, "lower_bound": False}}
+    done = {"last_s": 0.5, "p50_s": 0.25, "p99_s": 0.5, "complete": True}
+    assert peers.ratios({"scheduled-d": done, "apscheduler": f})["apscheduler"]["lower_bound"]
 
 
 def test_peers_with_scheduled_d_only_needs_no_venv(pg_url: str, tmp_path: Path) -> None:
