@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import URL, make_url
 
 from schedctl import errors
+from schedctl.bench import children
 from schedctl.bench.pipeline import lateness
 
 PEERS = ("procrastinate", "apscheduler")
@@ -254,8 +256,6 @@ def run_scheduled_d(url: URL, workload: str, w: Workloads) -> dict[str, Any]:
             )
     finally:
         store.close()
-    from importlib.metadata import version
-
     stages = {
         stage: {k: result[f"{stage}_after_due_seconds"][k] for k in ("last", "p50", "p99")}
         for stage in ("claimed", "delivered")
@@ -300,8 +300,6 @@ def run_peer(python: Path, system: str, url: URL, workload: str, w: Workloads) -
     argv = peer_argv(python, system, libpq_dsn(url), workload, w, out)
     with (logdir / "driver.log").open("wb") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        from schedctl.bench import children
-
         killed = False
         try:
             code: int | None = process.wait(w.peer_deadline(workload))
