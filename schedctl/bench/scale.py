@@ -18,7 +18,7 @@ from schedctl.bench.dispatch import Dispatchers, bench_tenant
 from schedctl.storage import bench as bench_rows
 from schedctl.storage import bench_sizes
 from schedctl.storage.bulk import insert_once_jobs
-from schedctl.storage.bulk_copy import load_future_jobs
+from schedctl.storage.bulk_future import load_future_jobs
 from schedctl.storage.claim import Claimer
 from schedctl.storage.store import Store
 

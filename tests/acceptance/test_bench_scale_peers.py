@@ -102,7 +102,7 @@ def test_server_made_rows_have_the_partition_and_schedule_python_gives_them(pg_u
     from schedctl.bench.dispatch import bench_tenant
     from schedctl.scheduling.schedules import schedule_from_dict
     from schedctl.storage import schema
-    from schedctl.storage.bulk_copy import load_future_jobs
+    from schedctl.storage.bulk_future import load_future_jobs
     from schedctl.storage.job_create import partition_of
     from schedctl.storage.store import Store
 
