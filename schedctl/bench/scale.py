@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
+from schedctl import errors
 from schedctl.bench import measure
 from schedctl.bench.dispatch import Dispatchers, bench_tenant
 from schedctl.storage import bench as bench_rows
@@ -103,7 +104,13 @@ class _Level:
         try:
             while time.monotonic() < deadline and group.processes[0].poll() is None:
                 peak = max(peak, measure.peak_rss_bytes(pid) or 0)
-                claimed = bench_rows.count_runs(self.store, tenant_id)
+                try:
+                    claimed = bench_rows.count_runs(self.store, tenant_id)
+                except errors.StoreUnavailable:
+                    # SQLite: locked while a claim holds the one write lock past the busy
+                    # timeout; count again at the next tick
+                    time.sleep(POLL_SECONDS)
+                    continue
                 if claimed >= self.burst:
                     seen_all = time.time()
                     break
