@@ -18,7 +18,9 @@ from schedctl.cli import (
     bench,
     bench_create,
     bench_dispatch,
+    bench_peers,
     bench_relay,
+    bench_scale,
     completion,
     cron_cmd,
     db,
@@ -165,6 +167,8 @@ bench.app.command("relay")(bench_relay.relay)
 bench.app.command("spawn")(bench_dispatch.spawn)
 bench.app.command("worker")(bench_dispatch.worker)
 bench.app.command("create")(bench_create.create)
+bench.app.command("scale")(bench_scale.scale)
+bench.app.command("peers")(bench_peers.peers)
 app.add_typer(bench.app, name="bench")
 app.command("completion")(completion.completion)
 

@@ -1,0 +1,114 @@
+"""Owns the APScheduler 4 side of `schedctl bench peers` (a plain script for the peer venv's
+python, never imported by schedctl): an AsyncScheduler on a SQLAlchemyDataStore (async
+psycopg engine) with a PsycopgEventBroker on a fresh database; adds one schedule per job
+with a DateTrigger a day ahead, moves the schedules to their instants (an UPDATE of
+next_fire_time, as the scheduled-d side moves its jobs), then runs the scheduler (role both:
+it turns due schedules into jobs and runs them, max_concurrent_jobs as given) until every
+task has started or the timeout; the task records when it started, then runs /bin/true (the
+work a scheduled-d worker does per run). "Started" is the moment the task function begins in
+the scheduler's async executor. The schedules are added ADD_AT_ONCE at a time (the load is
+not measured, only bounded)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import traceback
+from datetime import UTC, datetime, timedelta
+from importlib.metadata import version
+
+import peer_common
+import psycopg
+from apscheduler import AsyncScheduler, ConflictPolicy
+from apscheduler.datastores.sqlalchemy import SQLAlchemyDataStore
+from apscheduler.eventbrokers.psycopg import PsycopgEventBroker
+from apscheduler.triggers.date import DateTrigger
+from sqlalchemy.ext.asyncio import create_async_engine
+
+ADD_AT_ONCE = 20  # concurrent add_schedule calls while loading (the engine's pool is 5+10)
+
+args = peer_common.arguments()
+record = peer_common.Record(peer_common.total(args))
+
+
+async def bench_task(i: int) -> None:
+    record.start(i)
+    await peer_common.run_true()
+
+
+def sqlalchemy_url(dsn: str) -> str:
+    """host=... port=... user=... dbname=... as a SQLAlchemy psycopg URL."""
+    parts = dict(item.split("=", 1) for item in dsn.split())
+    return f"postgresql+psycopg://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+
+
+async def move(first: datetime) -> None:
+    rate = args.rate if args.workload == "steady" else 0
+    async with await psycopg.AsyncConnection.connect(args.dsn) as connection:
+        if rate:
+            await connection.execute(
+                "UPDATE schedules SET next_fire_time = %s "
+                "+ (substr(id, 2)::int / %s::float8) * interval '1 second'",
+                (first, float(rate)),
+            )
+        else:
+            await connection.execute("UPDATE schedules SET next_fire_time = %s", (first,))
+
+
+async def main() -> None:
+    load_seconds: float | None = None
+    first_due: float | None = None
+    error: str | None = None
+    engine = create_async_engine(sqlalchemy_url(args.dsn))
+    try:
+        store = SQLAlchemyDataStore(engine)
+        broker = PsycopgEventBroker.from_async_sqla_engine(engine)
+        began = time.monotonic()
+        async with AsyncScheduler(store, broker, max_concurrent_jobs=args.concurrency) as s:
+            far = peer_common.far_instant()
+            for start in range(0, record.count, ADD_AT_ONCE):
+                peer_common.check_load(args, began, start)
+                await asyncio.gather(
+                    *(
+                        s.add_schedule(
+                            bench_task,
+                            DateTrigger(far),
+                            id=f"b{i}",
+                            args=(i,),
+                            conflict_policy=ConflictPolicy.replace,
+                        )
+                        for i in range(start, min(record.count, start + ADD_AT_ONCE))
+                    )
+                )
+        first = datetime.now(UTC) + timedelta(seconds=args.lead)
+        await move(first)
+        first_due = first.timestamp()
+        load_seconds = time.monotonic() - began
+        last_due = first_due + max(peer_common.due_offsets(args), default=0.0)
+        deadline = last_due + args.timeout
+        async with AsyncScheduler(store, broker, max_concurrent_jobs=args.concurrency) as s:
+            await s.start_in_background()
+            while time.time() < deadline and not record.complete():
+                await asyncio.sleep(0.05)
+            await s.stop()
+    except Exception:
+        error = traceback.format_exc(limit=5)
+    finally:
+        await engine.dispose()
+    peer_common.write(
+        args,
+        system="apscheduler",
+        version=version("apscheduler"),
+        settings={
+            "max_concurrent_jobs": args.concurrency,
+            "data_store": "SQLAlchemyDataStore (psycopg async)",
+            "event_broker": "PsycopgEventBroker",
+        },
+        load_seconds=load_seconds,
+        first_due=first_due,
+        record=record,
+        error=error,
+    )
+
+
+asyncio.run(main())

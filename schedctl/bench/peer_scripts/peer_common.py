@@ -1,0 +1,113 @@
+"""Owns what the peer drivers share (run by the peer venv's python, never imported by
+schedctl): their command line, the due instants of a workload (all at one instant for a
+burst, `rate` a second for a steady load), the record of when each job started, and the
+result file `schedctl bench peers` reads: {system, version, settings, load_seconds, jobs,
+pairs: [[due, started], ...] (unix seconds), complete, reached, error}."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+FAR = timedelta(days=1)  # jobs are loaded this far ahead, then moved to their instants
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dsn", required=True, help="libpq connection string")
+    parser.add_argument("--workload", choices=("burst", "steady"), required=True)
+    parser.add_argument("--jobs", type=int, default=0, help="burst: jobs due at once")
+    parser.add_argument("--rate", type=int, default=0, help="steady: jobs due a second")
+    parser.add_argument("--duration", type=float, default=0.0, help="steady: seconds")
+    parser.add_argument("--lead", type=float, default=10.0, help="load end to first due")
+    parser.add_argument("--timeout", type=float, default=300.0, help="after the last due")
+    parser.add_argument("--load-timeout", type=float, default=600.0, help="for the load")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--out", required=True, help="where the result JSON goes")
+    return parser.parse_args()
+
+
+def total(args: argparse.Namespace) -> int:
+    if args.workload == "burst":
+        return int(args.jobs)
+    return max(1, int(args.rate * args.duration))
+
+
+def due_offsets(args: argparse.Namespace) -> list[float]:
+    """Seconds after the first due instant of each job, by index."""
+    count = total(args)
+    if args.workload == "burst":
+        return [0.0] * count
+    return [i / args.rate for i in range(count)]
+
+
+class LoadTimeout(Exception):
+    """The load took longer than --load-timeout: the run stops there."""
+
+
+def check_load(args: argparse.Namespace, began: float, loaded: int) -> None:
+    """Raise LoadTimeout once the load has taken longer than --load-timeout."""
+    if time.monotonic() - began > args.load_timeout:
+        raise LoadTimeout(f"the load did not finish in {args.load_timeout:g} s ({loaded} loaded)")
+
+
+async def run_true() -> None:
+    """The task's work: /bin/true in a child process, waited for."""
+    process = await asyncio.create_subprocess_exec("/bin/true")
+    await process.wait()
+
+
+def far_instant() -> datetime:
+    return datetime.now(UTC) + FAR
+
+
+@dataclass
+class Record:
+    """When each job (by index) started, as the task itself saw it."""
+
+    count: int
+    started: dict[int, float] = field(default_factory=dict)
+
+    def start(self, index: int) -> None:
+        self.started.setdefault(index, time.time())
+
+    def complete(self) -> bool:
+        return len(self.started) >= self.count
+
+
+def write(
+    args: argparse.Namespace,
+    *,
+    system: str,
+    version: str,
+    settings: dict[str, Any],
+    load_seconds: float | None,
+    first_due: float | None,
+    record: Record,
+    error: str | None = None,
+) -> None:
+    offsets = due_offsets(args)
+    pairs = (
+        [[first_due + offsets[i], at] for i, at in sorted(record.started.items())]
+        if first_due is not None
+        else []
+    )
+    result = {
+        "system": system,
+        "version": version,
+        "settings": settings,
+        "workload": args.workload,
+        "jobs": record.count,
+        "load_seconds": None if load_seconds is None else round(load_seconds, 3),
+        "pairs": pairs,
+        "complete": record.complete(),
+        "reached": len(record.started),
+        "error": error,
+    }
+    Path(args.out).write_text(json.dumps(result))

@@ -1,0 +1,172 @@
+"""Owns the fast bulk load of many one-time jobs (millions) for the scale benchmark, one
+transaction per chunk so that memory stays flat: on Postgres the server makes the rows
+itself (INSERT ... SELECT over generate_series: no row crosses the wire, none is built in
+Python), with ids as new_job_id makes them (milliseconds, then random hex) and partitions
+as partition_of computes them (the first 4 bytes of the id's SHA-256, mod P); on SQLite
+Python makes the same rows for the chunked INSERT of storage/bench.py."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import text
+
+from schedctl.scheduling.timeparse import format_instant
+from schedctl.storage import bench as bench_rows
+from schedctl.storage import schema
+from schedctl.storage.store import Store
+
+CHUNK_ROWS = 250_000  # rows per INSERT ... SELECT transaction
+PARALLEL_SESSIONS = 2
+SQLITE_CHUNK_ROWS = 20_000
+
+COLUMNS = [c.name for c in schema.jobs.columns]
+
+
+def _rows(
+    tenant_id: str,
+    count: int,
+    first_at: datetime,
+    spacing: timedelta,
+    partitions: int,
+    name: str,
+    queue: str,
+) -> Iterator[tuple[Any, ...]]:
+    """`count` active one-time jobs of the tenant's queue, the i-th due at
+    first_at + i * spacing, each in the order of COLUMNS; ids as new_job_id makes them
+    (milliseconds, then random) and partitions as partition_of computes them."""
+    now = datetime.now(UTC)
+    millis = int(time.time() * 1000)
+    for i in range(count):
+        job_id = f"{millis:012x}{os.urandom(10).hex()}"
+        partition = int.from_bytes(hashlib.sha256(job_id.encode()).digest()[:4], "big")
+        at = first_at + i * spacing
+        values = {
+            "job_id": job_id,
+            "tenant_id": tenant_id,
+            "name": f"{name}-{job_id}",
+            "schedule": json.dumps({"kind": "once", "run_at": format_instant(at)}),
+            "target_type": "queue",
+            "target": queue,
+            "payload": "{}",
+            "max_attempts": 3,
+            "retry_base_seconds": 1.0,
+            "retry_max_seconds": 60.0,
+            "misfire_policy": "run_once",
+            "grace_seconds": 3600,
+            "window_seconds": 0,
+            "max_concurrency": 1,
+            "timeout_seconds": 0,
+            "start_at": None,
+            "end_at": None,
+            "status": "active",
+            "next_run_at": at,
+            "next_fire_at": at,
+            "partition": partition % partitions,
+            "version": 1,
+            "idempotency_key": None,
+            "request_hash": name,
+            "created_at": now,
+            "updated_at": now,
+        }
+        yield tuple(values[c] for c in COLUMNS)
+
+
+def load_future_jobs(
+    store: Store,
+    tenant_id: str,
+    count: int,
+    *,
+    first_at: datetime,
+    spacing: timedelta,
+    name: str = "scale",
+    queue: str = "scale",
+    progress: Callable[[int], None] | None = None,
+) -> float:
+    """Load `count` one-time jobs due from `first_at` on, `spacing` apart; the seconds it
+    took. `progress` is told the rows loaded so far after each chunk."""
+    began = time.monotonic()
+    if store.dialect.name == "postgresql":
+        starts = list(range(0, count, CHUNK_ROWS))
+        loaded = [0]
+        lock = threading.Lock()
+
+        def chunk(start: int) -> None:
+            size = min(CHUNK_ROWS, count - start)
+            _generate(store, tenant_id, size, first_at + start * spacing, spacing, name, queue)
+            with lock:
+                loaded[0] += size
+                if progress is not None:
+                    progress(loaded[0])
+
+        # the server does the work: a few sessions at once keep its cores busy
+        with ThreadPoolExecutor(PARALLEL_SESSIONS) as pool:
+            list(pool.map(chunk, starts))
+        return time.monotonic() - began
+    rows = _rows(tenant_id, count, first_at, spacing, store.partition_count, name, queue)
+    done = 0
+    while done < count:
+        size = min(SQLITE_CHUNK_ROWS, count - done)
+        part = [dict(zip(COLUMNS, next(rows), strict=True)) for _ in range(size)]
+        bench_rows.insert_jobs(store, part)
+        done += size
+        if progress is not None:
+            progress(done)
+    return time.monotonic() - began
+
+
+# the same row as _rows, made by the server; the times are whole seconds, so that run_at is
+# what format_instant writes for them (no fraction)
+_GENERATE = """
+INSERT INTO jobs ({columns})
+SELECT g.job_id, :tenant_id, :name || '-' || g.job_id,
+       '{{"kind": "once", "run_at": "' || to_char(g.at AT TIME ZONE 'UTC',
+           'YYYY-MM-DD"T"HH24:MI:SS') || 'Z"}}',
+       'queue', :queue, '{{}}', 3, 1.0, 60.0, 'run_once', 3600, 0, 1, 0, NULL, NULL,
+       'active', g.at, g.at,
+       (('x' || substr(encode(sha256(convert_to(g.job_id, 'UTF8')), 'hex'), 1, 8))::bit(32)
+           ::bigint % :partitions)::int,
+       1, NULL, :name, now(), now()
+FROM (
+    SELECT lpad(to_hex(:millis), 12, '0')
+               || substr(replace(gen_random_uuid()::text, '-', ''), 1, 20) AS job_id,
+           date_trunc('second', CAST(:first_at AS timestamptz) + i * CAST(:spacing AS interval))
+               AS at
+    FROM generate_series(0, :size - 1) AS i
+) AS g
+"""
+
+
+def _generate(
+    store: Store,
+    tenant_id: str,
+    size: int,
+    first_at: datetime,
+    spacing: timedelta,
+    name: str,
+    queue: str,
+) -> None:
+    """`size` rows made by the server in one transaction."""
+    columns = ", ".join(f'"{c}"' for c in COLUMNS)
+    with store.tx() as connection:
+        connection.execute(
+            text(_GENERATE.format(columns=columns)),
+            {
+                "tenant_id": tenant_id,
+                "name": name,
+                "queue": queue,
+                "partitions": store.partition_count,
+                "millis": int(time.time() * 1000),
+                "first_at": first_at,
+                "spacing": f"{spacing.total_seconds()} seconds",
+                "size": size,
+            },
+        )
