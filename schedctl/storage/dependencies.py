@@ -200,6 +200,7 @@ def on_settled(
     succeeded: Iterable[tuple[str, datetime]],
     ended: Iterable[tuple[str, datetime, str]],
     now: datetime,
+    edges: Sequence[tuple[str, str]] | None = None,
 ) -> None:
     """Inside the transaction that recorded them: upstream runs (job_id, scheduled_at)
     that succeeded create their dependents' runs once every upstream of the dependent has
@@ -210,11 +211,12 @@ def on_settled(
     failed = sorted(set(ended))
     if not done and not failed:
         return
-    d = schema.job_dependencies
-    ids = sorted({u for u, _ in done} | {u for u, _, _ in failed})
-    edges = connection.execute(
-        select(d.c.job_id, d.c.upstream_job_id).where(d.c.upstream_job_id.in_(ids))
-    ).all()
+    if edges is None:  # else read by the caller already (Dialect.record_outcomes)
+        d = schema.job_dependencies
+        ids = sorted({u for u, _ in done} | {u for u, _, _ in failed})
+        edges = connection.execute(
+            select(d.c.job_id, d.c.upstream_job_id).where(d.c.upstream_job_id.in_(ids))
+        ).all()
     if not edges:  # the common case: one index read and nothing to do
         return
     if done:

@@ -24,6 +24,35 @@ from sqlalchemy.engine import Connection, Engine, RowMapping
 
 from schedctl.models import Lane
 
+# The row of Dialect.lease_candidates: a ready message and its job's policy and status (the
+# message's payload snapshot, else the job's).
+LEASE_COLUMNS = (
+    "id",
+    "job_id",
+    "scheduled_at",
+    "attempt",
+    "max_attempts",
+    "retry_base_seconds",
+    "retry_max_seconds",
+    "max_concurrency",
+    "timeout_seconds",
+    "payload",
+    "status",
+)
+# The row of Dialect.held_messages: a held message, its job's retry policy and its owner.
+HELD_COLUMNS = (
+    "id",
+    "queue",
+    "job_id",
+    "scheduled_at",
+    "tenant_id",
+    "attempt",
+    "max_attempts",
+    "retry_base_seconds",
+    "retry_max_seconds",
+    "lease_owner",
+)
+
 
 class Lock(enum.Enum):
     """How a locking read locks its rows (where the backend has row locks)."""
@@ -91,6 +120,40 @@ class Dialect(Protocol):
         """Serialize the worker leases of these jobs until commit, without locking job rows."""
         ...
 
+    def lease_candidates(
+        self, connection: Connection, tenant_id: str, queue: str, fetch: int
+    ) -> tuple[datetime, Sequence[Sequence[Any]]]:
+        """The database's now and up to `fetch` ready messages of the tenant's queue that
+        their job's max_concurrency may admit, oldest first, locked (others' skipped):
+        rows of LEASE_COLUMNS (the clock read in the same statement where it can be)."""
+        ...
+
+    def leased_counts(self, connection: Connection, job_ids: Sequence[str]) -> dict[str, int]:
+        """Messages of each job held (leased_until set, expired or not); jobs without any
+        are absent. Read after lock_job_slots, so a concurrent lease's commit is seen."""
+        ...
+
+    def mark_leased(
+        self,
+        connection: Connection,
+        leases: Sequence[tuple[int, str, datetime, int]],
+        *,
+        owner: str,
+        leased_until: datetime,
+        now: datetime,
+    ) -> None:
+        """Lease the messages (id, job_id, scheduled_at, attempt) to `owner` and mark their
+        runs running (attempt, started_at now, the previous outcome cleared)."""
+        ...
+
+    def held_messages(
+        self, connection: Connection, ids: Sequence[int]
+    ) -> tuple[datetime, Sequence[Sequence[Any]]]:
+        """The database's now and the held (leased) messages among `ids` with their job's
+        retry policy (null without a job row) and lease owner: rows of HELD_COLUMNS, in id
+        order, locked (waiting for another holder)."""
+        ...
+
     def notify_job_change(self, connection: Connection, job_id: str, partition: int) -> None:
         """Tell the dispatchers (at commit) that this job's next run may have moved."""
         ...
@@ -130,6 +193,21 @@ class Dialect(Protocol):
     def update_runs(self, connection: Connection, rows: list[dict[str, Any]]) -> None:
         """Set each run's outcome (status, attempt, started_at, finished_at, exit_code,
         error, output_tail) by (job_id, scheduled_at); one row per run."""
+        ...
+
+    def record_outcomes(
+        self,
+        connection: Connection,
+        attempts: list[dict[str, Any]],
+        runs: list[dict[str, Any]],
+        gone: tuple[Table, Sequence[int]] | None,
+        upstreams: Sequence[str],
+    ) -> list[tuple[str, str]] | None:
+        """insert_attempts(attempts), update_runs(runs) and the deletion of the rows
+        (table, ids) whose runs ended: the settle path's writes, in one statement where the
+        backend can, which then also returns the dependency edges (job_id,
+        upstream_job_id) of `upstreams` (None: not read, dependencies.on_settled reads
+        them)."""
         ...
 
     def due_outbox_rows(

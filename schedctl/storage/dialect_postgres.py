@@ -73,14 +73,62 @@ class PostgresDialect:
         # deadlock each other), never with the claim's, a cancel's or an update's row
         # locks. Taken in hash order (the lock keys' order, whatever collides); a hash
         # collision only serializes two jobs' leases a little more.
-        connection.execute(
-            text(
-                "SELECT pg_advisory_xact_lock(h) FROM (SELECT DISTINCT"
-                " hashtextextended(k, 0) AS h FROM unnest(CAST(:keys AS text[])) AS k) AS s"
-                " ORDER BY h"
-            ),
+        _pg_rows(
+            connection,
+            "SELECT pg_advisory_xact_lock(h) FROM (SELECT DISTINCT"
+            " hashtextextended(k, 0) AS h FROM unnest(CAST(%(keys)b AS text[])) AS k) AS s"
+            " ORDER BY h",
             {"keys": [f"lease:{job_id}" for job_id in job_ids]},
         )
+
+    def lease_candidates(
+        self, connection: Connection, tenant_id: str, queue: str, fetch: int
+    ) -> tuple[datetime, Sequence[Sequence[Any]]]:
+        rows = _pg_rows(
+            connection, _LEASE_CANDIDATES, {"tenant_id": tenant_id, "queue": queue, "fetch": fetch}
+        )
+        if not rows:
+            return datetime.now(UTC), []  # nothing is leased: the time is not used
+        # the clock column of the first row; scheduled_at as a UTC instant, as the column type
+        return rows[0][-1].astimezone(UTC), [
+            (r[0], r[1], r[2].astimezone(UTC), *r[3:-1]) for r in rows
+        ]
+
+    def leased_counts(self, connection: Connection, job_ids: Sequence[str]) -> dict[str, int]:
+        return dict(_pg_rows(connection, _LEASED_COUNTS, {"job_ids": list(job_ids)}))
+
+    def mark_leased(
+        self,
+        connection: Connection,
+        leases: Sequence[tuple[int, str, datetime, int]],
+        *,
+        owner: str,
+        leased_until: datetime,
+        now: datetime,
+    ) -> None:
+        _pg_rows(
+            connection,
+            _MARK_LEASED,
+            {
+                "ids": [x[0] for x in leases],
+                "job_ids": [x[1] for x in leases],
+                "scheduled_ats": [x[2] for x in leases],
+                "attempts": [x[3] for x in leases],
+                "owner": owner,
+                "leased_until": leased_until,
+                "now": now,
+            },
+        )
+
+    def held_messages(
+        self, connection: Connection, ids: Sequence[int]
+    ) -> tuple[datetime, Sequence[Sequence[Any]]]:
+        rows = _pg_rows(connection, _HELD_MESSAGES, {"ids": list(ids)})
+        if not rows:
+            return self.now(connection), []
+        return rows[0][-1].astimezone(UTC), [
+            (r[0], r[1], r[2], r[3].astimezone(UTC), *r[4:-1]) for r in rows
+        ]
 
     def notify_job_change(self, connection: Connection, job_id: str, partition: int) -> None:
         connection.execute(
@@ -229,6 +277,31 @@ class PostgresDialect:
             connection,
             _UPDATE_RUNS,
             {name: [row[name] for row in rows] for name, _ in _RUN_ARRAYS},
+        )
+
+    def record_outcomes(
+        self,
+        connection: Connection,
+        attempts: list[dict[str, Any]],
+        runs: list[dict[str, Any]],
+        gone: tuple[Table, Sequence[int]] | None,
+        upstreams: Sequence[str],
+    ) -> list[tuple[str, str]] | None:
+        # one statement, one round trip: the three writes touch three different tables,
+        # and the read of job_dependencies a fourth
+        table_name = gone[0].name if gone is not None else schema.queue_messages.name
+        statement = _RECORD_OUTCOMES.get(table_name)
+        if statement is None:
+            statement = _RECORD_OUTCOMES[table_name] = _record_outcomes(table_name)
+        return _pg_rows(
+            connection,
+            statement,
+            {
+                "upstreams": list(upstreams),
+                **{f"a_{name}": [row[name] for row in attempts] for name, _ in _ATTEMPT_ARRAYS},
+                **{f"r_{name}": [row[name] for row in runs] for name, _ in _RUN_ARRAYS},
+                "gone": list(gone[1]) if gone is not None else [],
+            },
         )
 
     def due_outbox_rows(
@@ -386,6 +459,15 @@ class PostgresChangeFeed:
             self._connection = None
 
 
+def _pg_rows(connection: Connection, sql: str, params: dict[str, Any]) -> list[Any]:
+    """_pg_binary for a worker's statements: the tuples as psycopg made them, no copy."""
+    driver = connection.connection.driver_connection
+    assert driver is not None
+    with driver.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall() if cursor.description else []
+
+
 def _pg_binary(connection: Connection, sql: str, params: dict[str, Any]) -> list[Any]:
     """Run one statement on the transaction's own psycopg connection with parameters in
     binary format: big arrays dump about 7 times faster than as text."""
@@ -440,3 +522,70 @@ _UPDATE_RUNS = (
     + ", ".join(name for name, _ in _RUN_ARRAYS)
     + ") WHERE runs.job_id = v.job_id AND runs.scheduled_at = v.scheduled_at"
 )
+
+# A worker's lease and settle (queue.py), on the driver's cursor: constant texts, arrays in
+# binary, prepared once per connection, and the clock read inside the statement that needs
+# it (an initplan: one clock_timestamp() per statement), not in a round trip of its own.
+_LEASE_CANDIDATES = """
+SELECT m.id, m.job_id, m.scheduled_at, m.attempt, j.max_attempts, j.retry_base_seconds,
+       j.retry_max_seconds, j.max_concurrency, j.timeout_seconds,
+       coalesce(m.payload, j.payload), j.status, (SELECT clock_timestamp())
+  FROM queue_messages AS m JOIN jobs AS j ON j.job_id = m.job_id
+ WHERE m.tenant_id = %(tenant_id)s AND m.queue = %(queue)s
+   AND m.available_at <= (SELECT clock_timestamp())
+   AND m.leased_until IS NULL
+   AND (j.max_concurrency <= 0
+        OR (SELECT count(*) FROM queue_messages AS held
+             WHERE held.job_id = m.job_id AND held.leased_until IS NOT NULL)
+           < j.max_concurrency)
+ ORDER BY m.available_at
+ LIMIT %(fetch)s
+ FOR UPDATE OF m SKIP LOCKED
+"""
+_LEASED_COUNTS = """
+SELECT job_id, count(*) FROM queue_messages
+ WHERE job_id = ANY(CAST(%(job_ids)b AS text[])) AND leased_until IS NOT NULL
+ GROUP BY job_id
+"""
+_MARK_LEASED = """
+WITH v AS (
+    SELECT * FROM unnest(CAST(%(ids)b AS bigint[]), CAST(%(job_ids)b AS text[]),
+                         CAST(%(scheduled_ats)b AS timestamptz[]),
+                         CAST(%(attempts)b AS integer[]))
+        AS v(id, job_id, scheduled_at, attempt)
+), leased AS (
+    UPDATE queue_messages
+       SET leased_until = CAST(%(leased_until)b AS timestamptz),
+           lease_owner = CAST(%(owner)b AS text)
+      FROM v WHERE queue_messages.id = v.id
+)
+UPDATE runs SET status = 'running', attempt = v.attempt,
+                started_at = CAST(%(now)b AS timestamptz), finished_at = NULL,
+                exit_code = NULL, error = NULL, output_tail = NULL
+  FROM v WHERE runs.job_id = v.job_id AND runs.scheduled_at = v.scheduled_at
+"""
+_HELD_MESSAGES = """
+SELECT m.id, m.queue, m.job_id, m.scheduled_at, m.tenant_id, m.attempt, j.max_attempts,
+       j.retry_base_seconds, j.retry_max_seconds, m.lease_owner, (SELECT clock_timestamp())
+  FROM queue_messages AS m LEFT JOIN jobs AS j ON j.job_id = m.job_id
+ WHERE m.id = ANY(CAST(%(ids)b AS bigint[])) AND m.leased_until IS NOT NULL
+ ORDER BY m.id
+ FOR UPDATE OF m
+"""
+
+
+def _record_outcomes(table_name: str) -> str:
+    """The statement of record_outcomes deleting from `table_name` (outbox, queue_messages)."""
+    assert table_name in (schema.outbox.name, schema.queue_messages.name)
+    return (
+        "WITH attempts AS ("
+        + _INSERT_ATTEMPTS.replace("%(", "%(a_")
+        + f"), gone AS (DELETE FROM {table_name} WHERE id = ANY(CAST(%(gone)b AS bigint[])))"
+        + ", runs_set AS ("
+        + _UPDATE_RUNS.replace("%(", "%(r_")
+        + ") SELECT job_id, upstream_job_id FROM job_dependencies"
+        " WHERE upstream_job_id = ANY(CAST(%(upstreams)b AS text[]))"
+    )
+
+
+_RECORD_OUTCOMES: dict[str, str] = {}

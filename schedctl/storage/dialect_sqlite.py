@@ -11,7 +11,7 @@ from contextlib import AbstractContextManager
 from datetime import UTC, date, datetime
 from typing import Any
 
-from sqlalchemy import Table, bindparam, func, insert, select, text, update
+from sqlalchemy import Table, bindparam, delete, func, insert, or_, select, text, update
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Connection, Engine, RowMapping
 
@@ -52,6 +52,119 @@ class SqliteDialect:
 
     def lock_job_slots(self, connection: Connection, job_ids: Sequence[str]) -> None:
         return None
+
+    def lease_candidates(
+        self, connection: Connection, tenant_id: str, queue: str, fetch: int
+    ) -> tuple[datetime, Sequence[Sequence[Any]]]:
+        now = self.now(connection)
+        m, j = schema.queue_messages, schema.jobs
+        held = m.alias("held")
+        # Held = leased, expired or not: an expired lease's command may still be running
+        # until the reaper settles it, and "no overlapping runs" must hold meanwhile.
+        in_use = (
+            select(func.count())
+            .select_from(held)
+            .where(held.c.job_id == m.c.job_id, held.c.leased_until.is_not(None))
+            .scalar_subquery()
+        )
+        query = (
+            select(
+                m.c.id,
+                m.c.job_id,
+                m.c.scheduled_at,
+                m.c.attempt,
+                j.c.max_attempts,
+                j.c.retry_base_seconds,
+                j.c.retry_max_seconds,
+                j.c.max_concurrency,
+                j.c.timeout_seconds,
+                # the snapshot of an update made after the claim wins (0009)
+                func.coalesce(m.c.payload, j.c.payload),
+                j.c.status,
+            )
+            .join(j, j.c.job_id == m.c.job_id)
+            .where(
+                # the (tenant_id, queue, available_at) index: one tenant's queue in due order
+                m.c.tenant_id == tenant_id,
+                m.c.queue == queue,
+                m.c.available_at <= now,
+                m.c.leased_until.is_(None),
+                # max_concurrency 0 is "no limit" (null in the API)
+                or_(j.c.max_concurrency <= 0, in_use < j.c.max_concurrency),
+            )
+            # oldest first along ix_queue_messages_ready, stopping after `fetch` rows (a
+            # tie-break on id would sort the whole backlog on every lease)
+            .order_by(m.c.available_at)
+            .limit(fetch)
+        )
+        return now, connection.execute(query).all()
+
+    def leased_counts(self, connection: Connection, job_ids: Sequence[str]) -> dict[str, int]:
+        m = schema.queue_messages
+        rows = connection.execute(
+            select(m.c.job_id, func.count())
+            .where(m.c.job_id.in_(job_ids), m.c.leased_until.is_not(None))
+            .group_by(m.c.job_id)
+        ).all()
+        return {job_id: count for job_id, count in rows}
+
+    def mark_leased(
+        self,
+        connection: Connection,
+        leases: Sequence[tuple[int, str, datetime, int]],
+        *,
+        owner: str,
+        leased_until: datetime,
+        now: datetime,
+    ) -> None:
+        m = schema.queue_messages
+        connection.execute(
+            update(m)
+            .where(m.c.id.in_([x[0] for x in leases]))
+            .values(leased_until=leased_until, lease_owner=owner)
+        )
+        # the previous attempt's outcome lives on in run_attempts
+        self.update_runs(
+            connection,
+            [
+                {
+                    "job_id": job_id,
+                    "scheduled_at": scheduled_at,
+                    "status": RunStatus.running.value,
+                    "attempt": attempt,
+                    "started_at": now,
+                    "finished_at": None,
+                    "exit_code": None,
+                    "error": None,
+                    "output_tail": None,
+                }
+                for _, job_id, scheduled_at, attempt in leases
+            ],
+        )
+
+    def held_messages(
+        self, connection: Connection, ids: Sequence[int]
+    ) -> tuple[datetime, Sequence[Sequence[Any]]]:
+        m, j = schema.queue_messages, schema.jobs
+        rows = connection.execute(
+            select(
+                m.c.id,
+                m.c.queue,
+                m.c.job_id,
+                m.c.scheduled_at,
+                m.c.tenant_id,
+                m.c.attempt,
+                j.c.max_attempts,
+                j.c.retry_base_seconds,
+                j.c.retry_max_seconds,
+                m.c.lease_owner,
+            )
+            # outer join: a message whose job row is gone still gets settled (dead-lettered)
+            .outerjoin(j, j.c.job_id == m.c.job_id)
+            .where(m.c.id.in_(ids), m.c.leased_until.is_not(None))
+            .order_by(m.c.id)
+        ).all()
+        return self.now(connection), rows
 
     def notify_job_change(self, connection: Connection, job_id: str, partition: int) -> None:
         connection.execute(
@@ -101,6 +214,21 @@ class SqliteDialect:
 
     def insert_attempts(self, connection: Connection, rows: list[dict[str, Any]]) -> None:
         connection.execute(insert(schema.run_attempts), rows)
+
+    def record_outcomes(
+        self,
+        connection: Connection,
+        attempts: list[dict[str, Any]],
+        runs: list[dict[str, Any]],
+        gone: tuple[Table, Sequence[int]] | None,
+        upstreams: Sequence[str],
+    ) -> list[tuple[str, str]] | None:
+        self.insert_attempts(connection, attempts)
+        self.update_runs(connection, runs)
+        if gone is not None:
+            table, ids = gone
+            connection.execute(delete(table).where(self.id_in(table.c.id, ids)))
+        return None  # no round trip to save: on_settled reads the edges
 
     def update_runs(self, connection: Connection, rows: list[dict[str, Any]]) -> None:
         r = schema.runs

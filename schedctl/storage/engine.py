@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, DisconnectionError, SQLAlchemyError
 
 from schedctl import errors
 
 IDLE_IN_TRANSACTION_MS = 5000
+# A pooled connection idle longer than this is pinged when checked out; one in steady use
+# is not (a pre-ping on every checkout was a round trip per transaction of a busy worker).
+PING_AFTER_IDLE_SECONDS = 1.0
 
 
 def normalize_url(url: str) -> str:
@@ -69,7 +73,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         )
     kwargs.setdefault("pool_size", 10)
     kwargs.setdefault("max_overflow", 20)
-    kwargs.setdefault("pool_pre_ping", True)
+    ping_idle = "pool_pre_ping" not in kwargs  # else the caller's choice, as given
     # exception messages must never carry parameters: they hold payloads
     kwargs.setdefault("hide_parameters", True)
     kwargs.setdefault(
@@ -82,7 +86,38 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             "options": f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}",
         },
     )
-    return create_engine(url, **kwargs)
+    engine = create_engine(url, **kwargs)
+    if ping_idle:
+        _ping_idle_connections(engine)
+    return engine
+
+
+def _ping_idle_connections(engine: Engine) -> None:
+    """Pessimistic disconnect handling for connections that sat in the pool: a checkout
+    after PING_AFTER_IDLE_SECONDS pings the server first, and a dead connection is
+    replaced (DisconnectionError makes the pool connect anew) before any statement of the
+    caller's transaction runs. A connection that dies while in steady use fails its
+    transaction as StoreUnavailable and is invalidated, so the next checkout reconnects."""
+
+    @event.listens_for(engine, "checkin")
+    def _on_checkin(_dbapi_connection: Any, record: Any) -> None:
+        record.info["checked_in"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.get("checked_in")
+        if since is None or time.monotonic() - since < PING_AFTER_IDLE_SECONDS:
+            return  # new, or returned a moment ago
+        try:
+            cursor = dbapi_connection.cursor()
+            try:
+                cursor.execute("SELECT 1")
+            finally:
+                cursor.close()
+            if not dbapi_connection.autocommit:
+                dbapi_connection.rollback()  # the ping's implicit transaction
+        except Exception as exc:
+            raise DisconnectionError(f"pooled connection is dead: {exc}") from exc
 
 
 def _sqlite_engine(url: str, database: str | None, **kwargs: Any) -> Engine:

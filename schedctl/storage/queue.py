@@ -246,118 +246,65 @@ class QueueRepo(Settles[Lease]):
         limit: int,
         tenant_id: str,
     ) -> list[Lease]:
-        m, j = schema.queue_messages, schema.jobs
-        held = m.alias("held")
-        now = db_now(connection)
-        # Held = leased, expired or not: an expired lease's command may still be running
-        # until the reaper settles it, and "no overlapping runs" must hold meanwhile.
-        in_use = (
-            select(func.count())
-            .select_from(held)
-            .where(held.c.job_id == m.c.job_id, held.c.leased_until.is_not(None))
-            .scalar_subquery()
+        m = schema.queue_messages
+        dialect = self.store.dialect
+        # a few more than asked: several may belong to one job with a single slot left
+        now, found = dialect.lease_candidates(
+            connection, tenant_id, queue, min(limit * 4, limit + 100)
         )
-        query = (
-            select(
-                *_MESSAGE_COLUMNS,
-                *_RETRY_COLUMNS,
-                j.c.max_concurrency,
-                j.c.timeout_seconds,
-                # the snapshot of an update made after the claim wins (0009)
-                func.coalesce(m.c.payload, j.c.payload).label("payload"),
-                j.c.status,
-            )
-            .join(j, j.c.job_id == m.c.job_id)
-            .where(
-                # the (tenant_id, queue, available_at) index: one tenant's queue in due order
-                m.c.tenant_id == tenant_id,
-                m.c.queue == queue,
-                m.c.available_at <= now,
-                m.c.leased_until.is_(None),
-                # max_concurrency 0 is "no limit" (null in the API)
-                or_(j.c.max_concurrency <= 0, in_use < j.c.max_concurrency),
-            )
-            # oldest first along ix_queue_messages_ready, stopping after `limit` rows (a
-            # tie-break on id would sort the whole backlog on every lease: 13 s at 58,000)
-            .order_by(m.c.available_at)
-            # a few more than asked: several may belong to one job with a single slot left
-            .limit(min(limit * 4, limit + 100))
-        )
-        query = self.store.dialect.lock(query, skip_locked=True, of=m)
-        found = connection.execute(query).mappings().all()
-        cancelled = [c for c in found if c["status"] in STOPPED_JOB_STATUSES]
+        if not found:
+            return []
+        # rows of LEASE_COLUMNS: id, job_id, scheduled_at, attempt, max_attempts,
+        # retry_base_seconds, retry_max_seconds, max_concurrency, timeout_seconds, payload,
+        # status
+        cancelled = [c for c in found if c[10] in STOPPED_JOB_STATUSES]
         if cancelled:
             # queued but not started: a cancelled job's runs are not run
-            skip_cancelled(
-                connection,
-                m,
-                [(c["id"], c["job_id"], c["scheduled_at"]) for c in cancelled],
-                now=now,
-            )
-        candidates = [c for c in found if c["status"] not in STOPPED_JOB_STATUSES]
-        if not candidates:
-            return []
-        job_ids = sorted({c["job_id"] for c in candidates})
+            skip_cancelled(connection, m, [(c[0], c[1], c[2]) for c in cancelled], now=now)
+            found = [c for c in found if c[10] not in STOPPED_JOB_STATUSES]
+            if not found:
+                return []
+        job_ids = sorted({c[1] for c in found})
         # Serialize the slot count per job: a second worker waits here and then counts the
         # first one's committed lease, so two cannot both take the last slot.
-        self.store.dialect.lock_job_slots(connection, job_ids)
-        counts: dict[str, int] = {job_id: 0 for job_id in job_ids}
-        counts.update(
-            connection.execute(
-                select(m.c.job_id, func.count())
-                .where(m.c.job_id.in_(job_ids), m.c.leased_until.is_not(None))
-                .group_by(m.c.job_id)
-            ).all()
-        )
+        dialect.lock_job_slots(connection, job_ids)
+        counts = dialect.leased_counts(connection, job_ids)
         leased_until = now + timedelta(seconds=lease_seconds)
         leases: list[Lease] = []
-        for c in candidates:
+        for c in found:
             if len(leases) >= limit:
                 break
-            if 0 < c["max_concurrency"] <= counts[c["job_id"]]:
-                continue
-            counts[c["job_id"]] += 1
+            job_id, max_concurrency = c[1], c[7]
+            if max_concurrency > 0:
+                in_use = counts.get(job_id, 0)
+                if in_use >= max_concurrency:
+                    continue
+                counts[job_id] = in_use + 1
             leases.append(
                 Lease(
-                    message_id=c["id"],
+                    message_id=c[0],
                     queue=queue,
-                    job_id=c["job_id"],
-                    scheduled_at=c["scheduled_at"],
-                    tenant_id=c["tenant_id"],
-                    attempt=c["attempt"],
-                    max_attempts=c["max_attempts"],
-                    retry_base_seconds=c["retry_base_seconds"],
-                    retry_max_seconds=c["retry_max_seconds"],
-                    timeout_seconds=c["timeout_seconds"],
-                    payload=decode_payload(c["payload"]),
+                    job_id=job_id,
+                    scheduled_at=c[2],
+                    tenant_id=tenant_id,
+                    attempt=c[3],
+                    max_attempts=c[4],
+                    retry_base_seconds=c[5],
+                    retry_max_seconds=c[6],
+                    timeout_seconds=c[8],
+                    payload=decode_payload(c[9]),
                     owner=owner,
                     leased_until=leased_until,
                 )
             )
         if leases:
-            # two statements for the whole batch (arrays on Postgres), not two per message
-            connection.execute(
-                update(m)
-                .where(m.c.id.in_([lease.message_id for lease in leases]))
-                .values(leased_until=leased_until, lease_owner=owner)
-            )
-            # the previous attempt's outcome lives on in run_attempts
-            self.store.dialect.update_runs(
+            # one statement for the batch on Postgres (arrays), not two per message
+            dialect.mark_leased(
                 connection,
-                [
-                    {
-                        "job_id": lease.job_id,
-                        "scheduled_at": lease.scheduled_at,
-                        "status": RunStatus.running.value,
-                        "attempt": lease.attempt,
-                        "started_at": now,
-                        "finished_at": None,
-                        "exit_code": None,
-                        "error": None,
-                        "output_tail": None,
-                    }
-                    for lease in leases
-                ],
+                [(x.message_id, x.job_id, x.scheduled_at, x.attempt) for x in leases],
+                owner=owner,
+                leased_until=leased_until,
+                now=now,
             )
         return leases
 
@@ -482,18 +429,11 @@ class QueueRepo(Settles[Lease]):
         was no longer ours. `Attempt.worker` is the lease owner."""
         if not items:
             return []
-        m = schema.queue_messages
         with self.store.tx() as connection:
-            found = {
-                held.row_id: (held, owner)
-                for held, owner in self._held(
-                    connection,
-                    [
-                        m.c.id.in_({lease.message_id for lease, _ in items}),
-                        m.c.leased_until.is_not(None),
-                    ],
-                )
-            }
+            now, rows = self.store.dialect.held_messages(
+                connection, sorted({lease.message_id for lease, _ in items})
+            )
+            found = {row[0]: (_held_from_tuple(row), row[9]) for row in rows}
             ours: list[tuple[Held, Attempt]] = []
             settled: list[bool] = []
             for lease, attempt in items:
@@ -505,7 +445,7 @@ class QueueRepo(Settles[Lease]):
                     ours.append((row[0], attempt))
                 settled.append(mine)
             if ours:
-                settle(connection, ours, now=db_now(connection), rng=self._rng)
+                settle(connection, ours, now=now, rng=self._rng)
             return settled
 
     def expire_leases(self, limit: int = 500) -> int:
@@ -750,6 +690,25 @@ def _held_from_row(row: RowMapping) -> Held:
         max_attempts=max_attempts if max_attempts is not None else 0,
         retry_base_seconds=row["retry_base_seconds"] or 0.0,
         retry_max_seconds=row["retry_max_seconds"] or 0.0,
+    )
+
+
+def _held_from_tuple(row: Sequence[Any]) -> Held:
+    """A Held of a row of HELD_COLUMNS (Dialect.held_messages)."""
+    max_attempts = row[6]
+    return Held(
+        table=schema.queue_messages,
+        row_id=row[0],
+        job_id=row[2],
+        scheduled_at=row[3],
+        tenant_id=row[4],
+        target_type=TargetType.queue.value,
+        target=row[1],
+        attempt=row[5],
+        # no job row: nothing to retry against, so this attempt is the last
+        max_attempts=max_attempts if max_attempts is not None else 0,
+        retry_base_seconds=row[7] or 0.0,
+        retry_max_seconds=row[8] or 0.0,
     )
 
 

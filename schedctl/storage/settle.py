@@ -232,9 +232,17 @@ def settle(
         )
     if not runs:
         return result
-    _record_attempts(connection, runs)
-    _update_runs(connection, runs)
-    for table, ids in gone.items():
+    tables = list(gone.items())
+    # the attempts, the runs, (for one table) the rows whose runs ended and the dependents
+    # of the runs that ended: one statement where the backend can
+    edges = dialect_of(connection).record_outcomes(
+        connection,
+        _attempt_rows(runs),
+        _run_rows(runs),
+        tables[0] if tables else None,
+        sorted({job_id for job_id, _ in ok} | {job_id for job_id, _, _ in ended}),
+    )
+    for table, ids in tables[1:]:
         connection.execute(delete(table).where(id_in(connection, table.c.id, ids)))
     for table, rows in retry.items():
         _retry(connection, table, rows)
@@ -244,7 +252,7 @@ def settle(
     alerts.queue_for_failures(connection, failures, now)
     alerts.count_failures(failures)
     # in this transaction: the upstream's outcome and its dependents' runs commit together
-    dependencies.on_settled(connection, succeeded=ok, ended=ended, now=now)
+    dependencies.on_settled(connection, succeeded=ok, ended=ended, now=now, edges=edges)
     return result
 
 
@@ -295,8 +303,8 @@ def _recorded(ending: Ending) -> RunStatus:
     return RunStatus.lost if ending is Ending.lost else RunStatus.failed
 
 
-def _record_attempts(connection: Connection, runs: list[dict[str, Any]]) -> None:
-    rows = [
+def _attempt_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
         {
             "job_id": x["b_job_id"],
             "scheduled_at": x["b_scheduled_at"],
@@ -311,19 +319,15 @@ def _record_attempts(connection: Connection, runs: list[dict[str, Any]]) -> None
         }
         for x in runs
     ]
-    dialect_of(connection).insert_attempts(connection, rows)
 
 
-def _update_runs(connection: Connection, runs: list[dict[str, Any]]) -> None:
+def _run_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     # one row per run (the last outcome wins, as it would one statement after another)
     latest = {(x["b_job_id"], x["b_scheduled_at"]): x for x in runs}
-    dialect_of(connection).update_runs(
-        connection,
-        [
-            {key[2:]: value for key, value in x.items() if key not in ("b_worker", "b_recorded")}
-            for x in latest.values()
-        ],
-    )
+    return [
+        {key[2:]: value for key, value in x.items() if key not in ("b_worker", "b_recorded")}
+        for x in latest.values()
+    ]
 
 
 def _retry(connection: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
