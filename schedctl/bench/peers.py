@@ -9,7 +9,6 @@ made once with pip. Measured and reported, never asserted."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -17,19 +16,17 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import text
-from sqlalchemy.engine import URL, make_url
-
 from schedctl import errors
 from schedctl.bench import children
 from schedctl.bench.pipeline import lateness
+from schedctl.storage import scratch
 
 PEERS = ("procrastinate", "apscheduler")
 SYSTEMS = ("scheduled-d", *PEERS)
@@ -139,43 +136,8 @@ def _checked(run: Runner, argv: Sequence[str], what: str) -> None:
 # -- fresh databases on the given server ---------------------------------------------------
 
 
-def database_url(url: str | URL, name: str) -> URL:
-    return make_url(url).set(database=name)
-
-
-def libpq_dsn(url: URL) -> str:
-    """The same database as a libpq connection string (what the peers connect with)."""
-    parts = {
-        "host": url.host or "127.0.0.1",
-        "port": str(url.port or 5432),
-        "user": url.username or "postgres",
-        "dbname": url.database or "postgres",
-    }
-    if url.password:
-        parts["password"] = str(url.password)
-    return " ".join(f"{key}={value}" for key, value in parts.items())
-
-
 def scratch_name(system: str, workload: str) -> str:
     return f"bench_peers_{system.replace('-', '_')}_{workload}_{uuid.uuid4().hex[:8]}"
-
-
-@contextlib.contextmanager
-def fresh_database(url: str, name: str) -> Iterator[URL]:
-    """A new, empty database `name` on the server of `url`, dropped afterwards."""
-    from schedctl.storage.engine import make_engine
-
-    engine = make_engine(url)
-    try:
-        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
-            connection.execute(text(f'CREATE DATABASE "{name}"'))
-        try:
-            yield database_url(url, name)
-        finally:
-            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
-                connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    finally:
-        engine.dispose()
 
 
 # -- figures ------------------------------------------------------------------------------
@@ -230,14 +192,14 @@ def ratios(by_system: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 # -- the runs -------------------------------------------------------------------------------
 
 
-def run_scheduled_d(url: URL, workload: str, w: Workloads) -> dict[str, Any]:
+def run_scheduled_d(url: str, workload: str, w: Workloads) -> dict[str, Any]:
     """The whole-path benchmark on a fresh database: one dispatcher, one relay, one worker
     running /bin/true with w.concurrency commands at once."""
     from schedctl.bench import pipeline
     from schedctl.bench.dispatch import Dispatchers
     from schedctl.storage.store import Store
 
-    rendered = url.render_as_string(hide_password=False)
+    rendered = url
     store = Store.open(rendered, upgrade=True)
     try:
         plan = pipeline.Plan(
@@ -292,12 +254,12 @@ def peer_argv(
     return [*argv, "--rate", str(w.rate), "--duration", str(w.duration)]
 
 
-def run_peer(python: Path, system: str, url: URL, workload: str, w: Workloads) -> dict[str, Any]:
+def run_peer(python: Path, system: str, url: str, workload: str, w: Workloads) -> dict[str, Any]:
     """One peer driver on a fresh database, killed after w.peer_deadline; its figures, or
     what went wrong."""
     logdir = Path(tempfile.mkdtemp(prefix=f"schedctl-peers-{system}-"))
     out = logdir / "result.json"
-    argv = peer_argv(python, system, libpq_dsn(url), workload, w, out)
+    argv = peer_argv(python, system, scratch.libpq_dsn(url), workload, w, out)
     with (logdir / "driver.log").open("wb") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         killed = False
@@ -334,7 +296,7 @@ def run_peers(
 ) -> dict[str, Any]:
     """Each workload on each system, in turn, each on a fresh database of the server at
     `url`; the figures and each peer's ratio to scheduled-d. `python`: the peer venv's."""
-    if make_url(url).get_backend_name() != "postgresql":
+    if scratch.backend(url) != "postgresql":
         raise errors.ValidationError("the peers run on Postgres: give a postgresql URL", field="db")
     result: dict[str, Any] = {
         "benchmark": "peers",
@@ -352,7 +314,7 @@ def run_peers(
             if say is not None:
                 say(f"{workload}: {system}")
             began = time.monotonic()
-            with fresh_database(url, scratch_name(system, workload)) as db:
+            with scratch.fresh_database(url, scratch_name(system, workload)) as db:
                 if system == "scheduled-d":
                     by_system[system] = run_scheduled_d(db, workload, w)
                 else:

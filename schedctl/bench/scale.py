@@ -224,7 +224,7 @@ def run_scale(
             bench_rows.delete_tenant(store, tenant_id)
     result: dict[str, Any] = {
         "benchmark": "scale",
-        "dialect": store.dialect.name,
+        "dialect": bench_sizes.backend(store),
         "database": bench_rows.database_settings(store),
         "burst": burst,
         "batch_size": batch_size,

@@ -115,9 +115,9 @@ def peers(
                 f"must name some of {', '.join(bench_peers.SYSTEMS)}, not {only!r}", field="only"
             )
     url = cli_state(ctx).database_url()
-    from sqlalchemy.engine import make_url
+    from schedctl.storage.scratch import backend
 
-    if make_url(url).get_backend_name() != "postgresql":
+    if backend(url) != "postgresql":
         raise errors.ValidationError("the peers run on Postgres: give a postgresql URL", field="db")
     workloads = bench_peers.Workloads(
         jobs=jobs,

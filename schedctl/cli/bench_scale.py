@@ -102,7 +102,7 @@ def scale(
         keep=keep,
         progress=_progress,
     )
-    if store.dialect.name == "sqlite":
+    if store.dialect.embedded:
         result["embedded_burst"] = bench_scale.embedded_burst(
             store, url, burst=burst, lead=lead, timeout=timeout
         )

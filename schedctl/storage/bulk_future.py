@@ -17,8 +17,6 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import text
-
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import bench as bench_rows
 from schedctl.storage import schema
@@ -94,7 +92,7 @@ def load_future_jobs(
     """Load `count` one-time jobs due from `first_at` on, `spacing` apart; the seconds it
     took. `progress` is told the rows loaded so far after each chunk."""
     began = time.monotonic()
-    if store.dialect.name == "postgresql":
+    if store.dialect.generates_rows:
         starts = list(range(0, count, CHUNK_ROWS))
         loaded = [0]
         lock = threading.Lock()
@@ -123,28 +121,6 @@ def load_future_jobs(
     return time.monotonic() - began
 
 
-# the same row as _rows, made by the server; the times are whole seconds, so that run_at is
-# what format_instant writes for them (no fraction)
-_GENERATE = """
-INSERT INTO jobs ({columns})
-SELECT g.job_id, :tenant_id, :name || '-' || g.job_id,
-       '{{"kind": "once", "run_at": "' || to_char(g.at AT TIME ZONE 'UTC',
-           'YYYY-MM-DD"T"HH24:MI:SS') || 'Z"}}',
-       'queue', :queue, '{{}}', 3, 1.0, 60.0, 'run_once', 3600, 0, 1, 0, NULL, NULL,
-       'active', g.at, g.at,
-       (('x' || substr(encode(sha256(convert_to(g.job_id, 'UTF8')), 'hex'), 1, 8))::bit(32)
-           ::bigint % :partitions)::int,
-       1, NULL, :name, now(), now()
-FROM (
-    SELECT lpad(to_hex(:millis), 12, '0')
-               || substr(replace(gen_random_uuid()::text, '-', ''), 1, 20) AS job_id,
-           date_trunc('second', CAST(:first_at AS timestamptz) + i * CAST(:spacing AS interval))
-               AS at
-    FROM generate_series(0, :size - 1) AS i
-) AS g
-"""
-
-
 def _generate(
     store: Store,
     tenant_id: str,
@@ -154,11 +130,11 @@ def _generate(
     name: str,
     queue: str,
 ) -> None:
-    """`size` rows made by the server in one transaction."""
-    columns = ", ".join(f'"{c}"' for c in COLUMNS)
+    """`size` rows made by the server in one transaction (the dialect's generate_once_jobs)."""
     with store.tx() as connection:
-        connection.execute(
-            text(_GENERATE.format(columns=columns)),
+        store.dialect.generate_once_jobs(
+            connection,
+            COLUMNS,
             {
                 "tenant_id": tenant_id,
                 "name": name,

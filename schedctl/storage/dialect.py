@@ -86,6 +86,8 @@ class Dialect(Protocol):
     driver: str  # the DB-API module, whose own OperationalError means "connection lost"
     concurrent_claims: bool  # several claim threads of one dispatcher make progress at once
     naive_instants: bool  # instants are bound as naive UTC (compared as stored text)
+    embedded: bool  # a file of this machine (the embedded default), not a shared server
+    generates_rows: bool  # generate_once_jobs works: the server makes benchmark rows itself
 
     def now(self, connection: Connection) -> datetime:
         """The database's clock, aware UTC: every process agrees on "now"."""
@@ -239,6 +241,23 @@ class Dialect(Protocol):
 
     def describe(self, connection: Connection) -> str:
         """The backend and its durability settings, for benchmark reports."""
+        ...
+
+    def table_bytes(self, connection: Connection, table: str) -> int | None:
+        """Bytes of `table` with its indexes (and partitions), for benchmark reports; None
+        where the backend cannot tell."""
+        ...
+
+    def generate_once_jobs(
+        self, connection: Connection, columns: Sequence[str], params: dict[str, Any]
+    ) -> None:
+        """Insert `params["size"]` one-time job rows made by the server (storage/bulk_future.py
+        describes them); only where `generates_rows`."""
+        ...
+
+    def vacuum(self, engine: Engine, table: str, *, full: bool) -> None:
+        """Outside any transaction: clear the dead rows of `table` and refresh its planner
+        statistics; with `full`, also give the space of deleted rows back (benchmarks)."""
         ...
 
 

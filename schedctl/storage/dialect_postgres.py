@@ -38,6 +38,8 @@ class PostgresDialect:
     driver = "psycopg"
     concurrent_claims = True  # row locks in job_id order: claim threads run side by side
     naive_instants = False  # timestamptz
+    embedded = False
+    generates_rows = True
 
     def now(self, connection: Connection) -> datetime:
         value = connection.execute(text("SELECT clock_timestamp()")).scalar_one()
@@ -404,6 +406,32 @@ class PostgresDialect:
         sync = connection.execute(text("SHOW synchronous_commit")).scalar_one()
         return f"postgres (fsync={fsync}, synchronous_commit={sync})"
 
+    def table_bytes(self, connection: Connection, table: str) -> int | None:
+        value = connection.execute(
+            # a plain table is its own tree's only member (a partitioned one's root has no
+            # storage of its own, its leaves have it all)
+            text(
+                "SELECT COALESCE(SUM(pg_total_relation_size(relid)), 0) FROM "
+                "(SELECT relid FROM pg_partition_tree(CAST(:table AS regclass)) UNION "
+                "SELECT CAST(:table AS regclass)) AS tree"
+            ),
+            {"table": table},
+        ).scalar_one()
+        return int(value)
+
+    def generate_once_jobs(
+        self, connection: Connection, columns: Sequence[str], params: dict[str, Any]
+    ) -> None:
+        names = ", ".join(f'"{c}"' for c in columns)
+        connection.execute(text(_GENERATE_ONCE_JOBS.format(columns=names)), params)
+
+    def vacuum(self, engine: Engine, table: str, *, full: bool) -> None:
+        command = "VACUUM FULL" if full else "VACUUM ANALYZE"
+        with engine.connect() as connection:
+            connection.execution_options(isolation_level="AUTOCOMMIT").execute(
+                text(f"{command} {table}")
+            )
+
 
 class PostgresChangeFeed:
     """A dedicated autocommit connection LISTENing on the jobs channel; after losing it
@@ -589,3 +617,26 @@ def _record_outcomes(table_name: str) -> str:
 
 
 _RECORD_OUTCOMES: dict[str, str] = {}
+
+
+# The scale benchmark's one-time job rows, as storage/bulk_future.py's _rows makes them in
+# Python, made by the server; the times are whole seconds, so that run_at is what
+# format_instant writes for them (no fraction).
+_GENERATE_ONCE_JOBS = """
+INSERT INTO jobs ({columns})
+SELECT g.job_id, :tenant_id, :name || '-' || g.job_id,
+       '{{"kind": "once", "run_at": "' || to_char(g.at AT TIME ZONE 'UTC',
+           'YYYY-MM-DD"T"HH24:MI:SS') || 'Z"}}',
+       'queue', :queue, '{{}}', 3, 1.0, 60.0, 'run_once', 3600, 0, 1, 0, NULL, NULL,
+       'active', g.at, g.at,
+       (('x' || substr(encode(sha256(convert_to(g.job_id, 'UTF8')), 'hex'), 1, 8))::bit(32)
+           ::bigint % :partitions)::int,
+       1, NULL, :name, now(), now()
+FROM (
+    SELECT lpad(to_hex(:millis), 12, '0')
+               || substr(replace(gen_random_uuid()::text, '-', ''), 1, 20) AS job_id,
+           date_trunc('second', CAST(:first_at AS timestamptz) + i * CAST(:spacing AS interval))
+               AS at
+    FROM generate_series(0, :size - 1) AS i
+) AS g
+"""

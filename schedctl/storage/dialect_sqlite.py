@@ -28,6 +28,8 @@ class SqliteDialect:
     concurrent_claims = False  # one writer at a time: a second claim thread only waits
     # SQLite compares the stored text, so every value must be naive UTC in one format
     naive_instants = True
+    embedded = True
+    generates_rows = False
 
     def now(self, connection: Connection) -> datetime:
         # one machine: its clock is every process's clock
@@ -335,6 +337,30 @@ class SqliteDialect:
 
     def describe(self, connection: Connection) -> str:
         return "sqlite (WAL, synchronous=NORMAL)"
+
+    def table_bytes(self, connection: Connection, table: str) -> int | None:
+        try:
+            value = connection.execute(
+                text(
+                    "SELECT COALESCE(SUM(pgsize), 0) FROM dbstat WHERE name = :table OR name IN "
+                    "(SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = :table)"
+                ),
+                {"table": table},
+            ).scalar_one()
+        except Exception:  # dbstat is a compile-time option of SQLite
+            return None
+        return int(value)
+
+    def generate_once_jobs(
+        self, connection: Connection, columns: Sequence[str], params: dict[str, Any]
+    ) -> None:
+        raise NotImplementedError("SQLite's benchmark rows are made in Python")
+
+    def vacuum(self, engine: Engine, table: str, *, full: bool) -> None:
+        # freed pages are reused and only pages in use are counted: nothing to give back
+        if not full:
+            with engine.begin() as connection:
+                connection.execute(text(f"ANALYZE {table}"))
 
 
 class SqliteChangeFeed:

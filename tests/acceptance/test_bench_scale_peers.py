@@ -11,11 +11,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.engine import make_url
 from typer.testing import CliRunner
 
 from schedctl.bench import peers
 from schedctl.cli.app import app
+from schedctl.storage import scratch
 
 runner = CliRunner()
 
@@ -190,8 +190,7 @@ def test_peer_scripts_compile_and_take_the_workload(tmp_path: Path) -> None:
     for script in sorted(peers.SCRIPTS.glob("*.py")):
         py_compile.compile(str(script), cfile=str(tmp_path / f"{script.stem}.pyc"), doraise=True)
     w = peers.Workloads(jobs=5, rate=2, duration=3.0)
-    url = make_url("postgresql+psycopg://postgres:pw@127.0.0.1:5544/bench")
-    dsn = peers.libpq_dsn(url)
+    dsn = scratch.libpq_dsn("postgresql+psycopg://postgres:pw@127.0.0.1:5544/bench")
     assert dsn == "host=127.0.0.1 port=5544 user=postgres dbname=bench password=pw"
     for system in peers.PEERS:
         argv = peers.peer_argv(Path("/venv/bin/python"), system, dsn, "steady", w, tmp_path)
