@@ -14,11 +14,9 @@ from __future__ import annotations
 import asyncio
 import time
 import traceback
-from datetime import UTC, datetime, timedelta
 from importlib.metadata import version
 
 import peer_common
-import psycopg
 from apscheduler import AsyncScheduler, ConflictPolicy
 from apscheduler.datastores.sqlalchemy import SQLAlchemyDataStore
 from apscheduler.eventbrokers.psycopg import PsycopgEventBroker
@@ -40,19 +38,6 @@ def sqlalchemy_url(dsn: str) -> str:
     """host=... port=... user=... dbname=... as a SQLAlchemy psycopg URL."""
     parts = dict(item.split("=", 1) for item in dsn.split())
     return f"postgresql+psycopg://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
-
-
-async def move(first: datetime) -> None:
-    rate = args.rate if args.workload == "steady" else 0
-    async with await psycopg.AsyncConnection.connect(args.dsn) as connection:
-        if rate:
-            await connection.execute(
-                "UPDATE schedules SET next_fire_time = %s "
-                "+ (substr(id, 2)::int / %s::float8) * interval '1 second'",
-                (first, float(rate)),
-            )
-        else:
-            await connection.execute("UPDATE schedules SET next_fire_time = %s", (first,))
 
 
 async def main() -> None:
@@ -80,12 +65,11 @@ async def main() -> None:
                         for i in range(start, min(record.count, start + ADD_AT_ONCE))
                     )
                 )
-        first = datetime.now(UTC) + timedelta(seconds=args.lead)
-        await move(first)
-        first_due = first.timestamp()
+        first_due = await peer_common.move_to_instants(
+            args, "schedules", "next_fire_time", "substr(id, 2)::int"
+        )
         load_seconds = time.monotonic() - began
-        last_due = first_due + max(peer_common.due_offsets(args), default=0.0)
-        deadline = last_due + args.timeout
+        deadline = peer_common.deadline(args, first_due)
         async with AsyncScheduler(store, broker, max_concurrent_jobs=args.concurrency) as s:
             await s.start_in_background()
             while time.time() < deadline and not record.complete():

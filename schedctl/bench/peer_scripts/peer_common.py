@@ -1,8 +1,9 @@
 """Owns what the peer drivers share (run by the peer venv's python, never imported by
 schedctl): their command line, the due instants of a workload (all at one instant for a
-burst, `rate` a second for a steady load), the record of when each job started, and the
-result file `schedctl bench peers` reads: {system, version, settings, load_seconds, jobs,
-pairs: [[due, started], ...] (unix seconds), complete, reached, error}."""
+burst, `rate` a second for a steady load) and the UPDATE that moves the loaded jobs to them,
+the record of when each job started, and the result file `schedctl bench peers` reads:
+{system, version, settings, load_seconds, jobs, pairs: [[due, started], ...] (unix
+seconds), complete, reached, error}."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+import psycopg
+from psycopg import sql
 
 FAR = timedelta(days=1)  # jobs are loaded this far ahead, then moved to their instants
 
@@ -45,6 +49,34 @@ def due_offsets(args: argparse.Namespace) -> list[float]:
     if args.workload == "burst":
         return [0.0] * count
     return [i / args.rate for i in range(count)]
+
+
+def deadline(args: argparse.Namespace, first_due: float) -> float:
+    """When the run gives up (unix): --timeout after the last due instant."""
+    return first_due + max(due_offsets(args), default=0.0) + args.timeout
+
+
+async def move_to_instants(args: argparse.Namespace, table: str, column: str, index: str) -> float:
+    """Move every loaded job from far ahead to its due instant, `column` of `table`: all to
+    the first instant, --lead seconds from now (a burst), or `rate` a second from it by the
+    job's index, the SQL expression `index` (steady); the first due instant (unix)."""
+    first = datetime.now(UTC) + timedelta(seconds=args.lead)
+    rate = args.rate if args.workload == "steady" else 0
+    target = {"table": sql.Identifier(table), "column": sql.Identifier(column)}
+    async with await psycopg.AsyncConnection.connect(args.dsn) as connection:
+        if rate:
+            await connection.execute(
+                sql.SQL(
+                    "UPDATE {table} SET {column} = %s "
+                    "+ ({index} / %s::float8) * interval '1 second'"
+                ).format(index=sql.SQL(index), **target),
+                (first, float(rate)),
+            )
+        else:
+            await connection.execute(
+                sql.SQL("UPDATE {table} SET {column} = %s").format(**target), (first,)
+            )
+    return first.timestamp()
 
 
 class LoadTimeout(Exception):
