@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import time
 import traceback
-from importlib.metadata import version
 
 import peer_common
 from apscheduler import AsyncScheduler, ConflictPolicy
@@ -41,9 +40,7 @@ def sqlalchemy_url(dsn: str) -> str:
 
 
 async def main() -> None:
-    load_seconds: float | None = None
-    first_due: float | None = None
-    error: str | None = None
+    outcome = peer_common.Outcome(record)
     engine = create_async_engine(sqlalchemy_url(args.dsn))
     try:
         store = SQLAlchemyDataStore(engine)
@@ -65,33 +62,29 @@ async def main() -> None:
                         for i in range(start, min(record.count, start + ADD_AT_ONCE))
                     )
                 )
-        first_due = await peer_common.move_to_instants(
+        outcome.first_due = await peer_common.move_to_instants(
             args, "schedules", "next_fire_time", "substr(id, 2)::int"
         )
-        load_seconds = time.monotonic() - began
-        deadline = peer_common.deadline(args, first_due)
+        outcome.load_seconds = time.monotonic() - began
+        deadline = peer_common.deadline(args, outcome.first_due)
         async with AsyncScheduler(store, broker, max_concurrent_jobs=args.concurrency) as s:
             await s.start_in_background()
             while time.time() < deadline and not record.complete():
                 await asyncio.sleep(0.05)
             await s.stop()
     except Exception:
-        error = traceback.format_exc(limit=5)
+        outcome.error = traceback.format_exc(limit=5)
     finally:
         await engine.dispose()
     peer_common.write(
         args,
+        outcome,
         system="apscheduler",
-        version=version("apscheduler"),
         settings={
             "max_concurrent_jobs": args.concurrency,
             "data_store": "SQLAlchemyDataStore (psycopg async)",
             "event_broker": "PsycopgEventBroker",
         },
-        load_seconds=load_seconds,
-        first_due=first_due,
-        record=record,
-        error=error,
     )
 
 

@@ -13,6 +13,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -113,17 +114,22 @@ class Record:
         return len(self.started) >= self.count
 
 
+@dataclass
+class Outcome:
+    """What a driver's run came to: the seconds its load took and the first due instant
+    (unix), both None when it did not get there, and the error that stopped it."""
+
+    record: Record
+    load_seconds: float | None = None
+    first_due: float | None = None
+    error: str | None = None
+
+
 def write(
-    args: argparse.Namespace,
-    *,
-    system: str,
-    version: str,
-    settings: dict[str, Any],
-    load_seconds: float | None,
-    first_due: float | None,
-    record: Record,
-    error: str | None = None,
+    args: argparse.Namespace, outcome: Outcome, *, system: str, settings: dict[str, Any]
 ) -> None:
+    """The result file of `system` (its installed version read here) run with `settings`."""
+    record, first_due, load_seconds = outcome.record, outcome.first_due, outcome.load_seconds
     offsets = due_offsets(args)
     pairs = (
         [[first_due + offsets[i], at] for i, at in sorted(record.started.items())]
@@ -132,7 +138,7 @@ def write(
     )
     result = {
         "system": system,
-        "version": version,
+        "version": metadata.version(system),
         "settings": settings,
         "workload": args.workload,
         "jobs": record.count,
@@ -140,6 +146,6 @@ def write(
         "pairs": pairs,
         "complete": record.complete(),
         "reached": len(record.started),
-        "error": error,
+        "error": outcome.error,
     }
     Path(args.out).write_text(json.dumps(result))

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import time
 import traceback
-from importlib.metadata import version
 
 import peer_common
 import procrastinate
@@ -46,14 +45,12 @@ async def load(began: float) -> float:
 
 
 async def main() -> None:
-    load_seconds: float | None = None
-    first_due: float | None = None
-    error: str | None = None
+    outcome = peer_common.Outcome(record)
     try:
         async with app.open_async():
             began = time.monotonic()
-            first_due = await load(began)
-            load_seconds = time.monotonic() - began
+            outcome.first_due = await load(began)
+            outcome.load_seconds = time.monotonic() - began
             worker = asyncio.create_task(
                 app.run_worker_async(
                     concurrency=args.concurrency,
@@ -62,29 +59,25 @@ async def main() -> None:
                     delete_jobs="never",
                 )
             )
-            deadline = peer_common.deadline(args, first_due)
+            deadline = peer_common.deadline(args, outcome.first_due)
             while time.time() < deadline and not record.complete() and not worker.done():
                 await asyncio.sleep(0.05)
             if worker.done() and worker.exception() is not None:
-                error = repr(worker.exception())
+                outcome.error = repr(worker.exception())
             worker.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(worker, 30)
     except Exception:
-        error = traceback.format_exc(limit=5)
+        outcome.error = traceback.format_exc(limit=5)
     peer_common.write(
         args,
+        outcome,
         system="procrastinate",
-        version=version("procrastinate"),
         settings={
             "concurrency": args.concurrency,
             "fetch_job_polling_interval": POLL_SECONDS,
             "listen_notify": True,
         },
-        load_seconds=load_seconds,
-        first_due=first_due,
-        record=record,
-        error=error,
     )
 
 
