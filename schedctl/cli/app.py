@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -68,46 +68,43 @@ app = typer.Typer(
 )
 
 
+def _env_option(flag: str, envvar: str, help: str) -> Any:
+    """A global option `flag` that $`envvar` sets when it is not given (help shows both)."""
+    return typer.Option(flag, envvar=envvar, help=help, show_envvar=True)
+
+
 @app.callback()
 def root(
     ctx: typer.Context,
     db_url: Annotated[
         str | None,
-        typer.Option(
-            "--db",
-            envvar="SCHEDULED_DATABASE_URL",
-            help="Database URL (postgresql://... or sqlite:///path).",
-            show_envvar=True,
+        _env_option(
+            "--db", "SCHEDULED_DATABASE_URL", "Database URL (postgresql://... or sqlite:///path)."
         ),
     ] = None,
     config: Annotated[
         str | None,
-        typer.Option(
+        _env_option(
             "--config",
-            envvar="SCHEDULED_CONFIG",
-            help="TOML configuration file (default /etc/scheduled/scheduled.toml if present).",
-            show_envvar=True,
+            "SCHEDULED_CONFIG",
+            "TOML configuration file (default /etc/scheduled/scheduled.toml if present).",
         ),
     ] = None,
     api: Annotated[
         str | None,
-        typer.Option(
+        _env_option(
             "--api",
-            envvar="SCHEDULED_API_URL",
-            help=(
-                "Work against this scheduled-d API (http://host:port) instead of the "
-                "database: job and runs commands only."
-            ),
-            show_envvar=True,
+            "SCHEDULED_API_URL",
+            "Work against this scheduled-d API (http://host:port) instead of the "
+            "database: job and runs commands only.",
         ),
     ] = None,
     token: Annotated[
         str | None,
-        typer.Option(
+        _env_option(
             "--token",
-            envvar="SCHEDULED_API_TOKEN",
-            help="The tenant's API token, with --api (prefer the environment variable).",
-            show_envvar=True,
+            "SCHEDULED_API_TOKEN",
+            "The tenant's API token, with --api (prefer the environment variable).",
         ),
     ] = None,
     output: Annotated[
@@ -148,27 +145,28 @@ app.command("status")(status.status)
 app.add_typer(dlq.app, name="dlq")
 app.command("import-crontab")(import_crontab.import_crontab)
 app.command("apply")(apply.apply)
-for _name, _command in (
-    ("allow", tenant_allow.allow),
-    ("disallow", tenant_allow.disallow),
-    ("delivery", tenant_allow.delivery),
-    ("broker", tenant_allow.broker),
+# the commands of the groups, each group's in the order its help lists them
+for _group, _name, _command in (
+    (tenants.app, "allow", tenant_allow.allow),
+    (tenants.app, "disallow", tenant_allow.disallow),
+    (tenants.app, "delivery", tenant_allow.delivery),
+    (tenants.app, "broker", tenant_allow.broker),
+    (bench.app, "delivery", bench_dispatch.delivery),
+    (tenants.app, "alerts", alerts.tenant_alerts),
+    (jobs.app, "alerts", alerts.job_alerts),
+    (jobs.app, "import", job_import.job_import),
+    (bench.app, "burst", bench_dispatch.burst),
+    (bench.app, "steady", bench_dispatch.steady),
+    (bench.app, "failover", bench_dispatch.failover),
+    (bench.app, "relay", bench_relay.relay),
+    (bench.app, "spawn", bench_dispatch.spawn),
+    (bench.app, "worker", bench_dispatch.worker),
+    (bench.app, "create", bench_create.create),
+    (bench.app, "scale", bench_scale.scale),
+    (bench.app, "peers", bench_peers.peers),
 ):
-    tenants.app.command(_name)(_command)
+    _group.command(_name)(_command)
 tenants.app.add_typer(tenant_allow.signing_app, name="signing-secret")
-bench.app.command("delivery")(bench_dispatch.delivery)
-tenants.app.command("alerts")(alerts.tenant_alerts)
-jobs.app.command("alerts")(alerts.job_alerts)
-jobs.app.command("import")(job_import.job_import)
-bench.app.command("burst")(bench_dispatch.burst)
-bench.app.command("steady")(bench_dispatch.steady)
-bench.app.command("failover")(bench_dispatch.failover)
-bench.app.command("relay")(bench_relay.relay)
-bench.app.command("spawn")(bench_dispatch.spawn)
-bench.app.command("worker")(bench_dispatch.worker)
-bench.app.command("create")(bench_create.create)
-bench.app.command("scale")(bench_scale.scale)
-bench.app.command("peers")(bench_peers.peers)
 app.add_typer(bench.app, name="bench")
 app.command("completion")(completion.completion)
 

@@ -17,6 +17,7 @@ from schedctl.cli.bench_options import (
     ConcurrencyOption,
     DispatchersOption,
     EmbeddedOption,
+    LaneWidthOption,
     RelaysOption,
     SpawnOption,
     TargetOption,
@@ -225,9 +226,7 @@ def failover(
 def delivery(
     ctx: typer.Context,
     runs: Annotated[int, count("--runs", 1, 200_000, "Runs per target kind")] = 5000,
-    concurrency: Annotated[
-        int, count("--concurrency", 1, 256, "The tenant's HTTP lane width")
-    ] = 16,
+    concurrency: LaneWidthOption = 16,
     timeout: TimeoutOption = 300.0,
     rabbitmq: Annotated[
         str | None,

@@ -1,6 +1,7 @@
 """Owns the option declarations every `schedctl bench` command shares: a bounded count, a
 bounded number of seconds (each naming its field and range in its help), and the process
-counts and timeouts of the whole-path benchmarks, declared once."""
+counts and timeouts of the whole-path benchmarks and the HTTP lane width of the delivery
+benchmarks, declared once."""
 
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ WorkersOption = Annotated[
         "0: runs stop in the queue",
     ),
 ]
+LaneWidthOption = Annotated[int, count("--concurrency", 1, 256, "The tenant's HTTP lane width")]
 ConcurrencyOption = Annotated[
     int, count("--worker-concurrency", 1, 256, "Commands at once per worker")
 ]

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from schedctl.cli.bench_options import count, keep_option, seconds
+from schedctl.cli.bench_options import LaneWidthOption, count, keep_option, seconds
 from schedctl.cli.common import OutputOption, cli_state, output_format
 from schedctl.cli.output import emit
 
@@ -17,9 +17,7 @@ from schedctl.cli.output import emit
 def relay(
     ctx: typer.Context,
     runs: Annotated[int, count("--runs", 1, 1_000_000, "Runs to deliver")] = 20_000,
-    concurrency: Annotated[
-        int, count("--concurrency", 1, 256, "The tenant's HTTP lane width")
-    ] = 64,
+    concurrency: LaneWidthOption = 64,
     timeout: Annotated[float, seconds("--timeout", 1.0, 3600.0, "Give up after this")] = 600.0,
     keep: Annotated[bool, keep_option("tenant, job and runs")] = False,
     output: OutputOption = None,

@@ -4,16 +4,15 @@ cost, the raw counts and timings a benchmark reports, and removing what it made.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, bindparam, delete, func, select, update
+from sqlalchemy import Connection, and_, bindparam, delete, func, select, update
 
-from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
-from schedctl.storage.jobs import new_job_id, partition_of
+from schedctl.storage.jobs import new_job_id
+from schedctl.storage.once_rows import once_job_row
 from schedctl.storage.store import Store
 
 # rows per INSERT statement of a bulk load
@@ -40,40 +39,11 @@ def insert_claimed(
     """Runs of `job_id` at `times` as a claim at `now` leaves them (run and outbox rows,
     dispatched, attempt 1, due now) for `target` (its type and address), and the `job` row
     first when given, in one transaction."""
-    target_type, address = target
-    runs = [
-        {
-            "job_id": job_id,
-            "scheduled_at": at,
-            "tenant_id": tenant_id,
-            "partition": 0,
-            "trigger": "manual",
-            "status": "dispatched",
-            "attempt": 1,
-            "fire_at": at,
-            "dispatched_at": now,
-        }
-        for at in times
-    ]
-    outbox = [
-        {
-            "job_id": job_id,
-            "scheduled_at": at,
-            "tenant_id": tenant_id,
-            "target_type": target_type,
-            "target": address,
-            "attempt": 1,
-            "available_at": now,
-            "created_at": now,
-        }
-        for at in times
-    ]
+    claims = [_claimed_run(job_id, tenant_id, at, 0, "manual", target, now) for at in times]
     with store.tx() as connection:
         if job is not None:
             connection.execute(schema.jobs.insert().values(**job))
-        for start in range(0, len(times), CHUNK):
-            connection.execute(schema.runs.insert(), runs[start : start + CHUNK])
-            connection.execute(schema.outbox.insert(), outbox[start : start + CHUNK])
+        _insert_claims(connection, claims)
 
 
 def set_tenant_columns(store: Store, tenant_id: str, values: Mapping[str, Any]) -> None:
@@ -326,65 +296,71 @@ def insert_claimed_once_jobs(
     """`count` one-time jobs of `target` (its type and address), each with its run as a
     claim leaves it (run and outbox row, dispatched, attempt 1, due now), in one
     transaction: a backlog of many jobs' runs, one each, ready to be relayed."""
-    target_type, address = target
-    at = format_instant(now)
-    jobs: list[dict[str, Any]] = []
-    for _ in range(count):
-        job_id = new_job_id()
-        jobs.append(
-            {
-                "job_id": job_id,
-                "tenant_id": tenant_id,
-                "name": f"bench-{job_id}",  # names are unique per tenant
-                "schedule": json.dumps({"kind": "once", "run_at": at}),
-                "target_type": target_type,
-                "target": address,
-                "payload": "{}",
-                "max_attempts": 3,
-                "retry_base_seconds": 1.0,
-                "retry_max_seconds": 60.0,
-                "misfire_policy": "run_once",
-                "grace_seconds": 3600,
-                "window_seconds": 0,
-                "max_concurrency": 1,
-                "timeout_seconds": 0,
-                "status": "completed",  # its one run is claimed
-                "partition": partition_of(job_id, store.partition_count),
-                "version": 2,
-                "request_hash": "bench",
-                "created_at": now,
-                "updated_at": now,
-            }
+    jobs = [
+        once_job_row(
+            new_job_id(),
+            tenant_id,
+            now,
+            target=target,
+            name="bench",
+            partitions=store.partition_count,
+            now=now,
+            request_hash="bench",
+            claimed=True,
         )
-    runs = [
-        {
-            "job_id": job["job_id"],
-            "scheduled_at": now,
-            "tenant_id": tenant_id,
-            "partition": job["partition"],
-            "trigger": "schedule",
-            "status": "dispatched",
-            "attempt": 1,
-            "fire_at": now,
-            "dispatched_at": now,
-        }
-        for job in jobs
+        for _ in range(count)
     ]
-    outbox = [
-        {
-            "job_id": job["job_id"],
-            "scheduled_at": now,
-            "tenant_id": tenant_id,
-            "target_type": target_type,
-            "target": address,
-            "attempt": 1,
-            "available_at": now,
-            "created_at": now,
-        }
+    claims = [
+        _claimed_run(job["job_id"], tenant_id, now, job["partition"], "schedule", target, now)
         for job in jobs
     ]
     with store.tx() as connection:
         for start in range(0, count, CHUNK):
             connection.execute(schema.jobs.insert(), jobs[start : start + CHUNK])
-            connection.execute(schema.runs.insert(), runs[start : start + CHUNK])
-            connection.execute(schema.outbox.insert(), outbox[start : start + CHUNK])
+        _insert_claims(connection, claims)
+
+
+def _claimed_run(
+    job_id: str,
+    tenant_id: str,
+    at: datetime,
+    partition: int,
+    trigger: str,
+    target: tuple[str, str],
+    now: datetime,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The run of `job_id` at `at` and its outbox row as a claim at `now` leaves them
+    (dispatched, attempt 1, available now) for `target` (its type and address)."""
+    target_type, address = target
+    run = {
+        "job_id": job_id,
+        "scheduled_at": at,
+        "tenant_id": tenant_id,
+        "partition": partition,
+        "trigger": trigger,
+        "status": "dispatched",
+        "attempt": 1,
+        "fire_at": at,
+        "dispatched_at": now,
+    }
+    outbox = {
+        "job_id": job_id,
+        "scheduled_at": at,
+        "tenant_id": tenant_id,
+        "target_type": target_type,
+        "target": address,
+        "attempt": 1,
+        "available_at": now,
+        "created_at": now,
+    }
+    return run, outbox
+
+
+def _insert_claims(
+    connection: Connection, claims: Sequence[tuple[dict[str, Any], dict[str, Any]]]
+) -> None:
+    """Run and outbox rows as _claimed_run makes them, CHUNK of each to a statement."""
+    for start in range(0, len(claims), CHUNK):
+        part = claims[start : start + CHUNK]
+        connection.execute(schema.runs.insert(), [run for run, _ in part])
+        connection.execute(schema.outbox.insert(), [outbox for _, outbox in part])

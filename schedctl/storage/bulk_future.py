@@ -7,8 +7,6 @@ Python makes the same rows for the chunked INSERT of storage/bench.py."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import threading
 import time
@@ -17,9 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import bench as bench_rows
 from schedctl.storage import schema
+from schedctl.storage.once_rows import once_job_row
 from schedctl.storage.store import Store
 
 CHUNK_ROWS = 250_000  # rows per INSERT ... SELECT transaction
@@ -37,45 +35,22 @@ def _rows(
     partitions: int,
     name: str,
     queue: str,
-) -> Iterator[tuple[Any, ...]]:
+) -> Iterator[dict[str, Any]]:
     """`count` active one-time jobs of the tenant's queue, the i-th due at
-    first_at + i * spacing, each in the order of COLUMNS; ids as new_job_id makes them
-    (milliseconds, then random) and partitions as partition_of computes them."""
+    first_at + i * spacing; ids as new_job_id makes them (milliseconds, then random)."""
     now = datetime.now(UTC)
     millis = int(time.time() * 1000)
     for i in range(count):
-        job_id = f"{millis:012x}{os.urandom(10).hex()}"
-        partition = int.from_bytes(hashlib.sha256(job_id.encode()).digest()[:4], "big")
-        at = first_at + i * spacing
-        values = {
-            "job_id": job_id,
-            "tenant_id": tenant_id,
-            "name": f"{name}-{job_id}",
-            "schedule": json.dumps({"kind": "once", "run_at": format_instant(at)}),
-            "target_type": "queue",
-            "target": queue,
-            "payload": "{}",
-            "max_attempts": 3,
-            "retry_base_seconds": 1.0,
-            "retry_max_seconds": 60.0,
-            "misfire_policy": "run_once",
-            "grace_seconds": 3600,
-            "window_seconds": 0,
-            "max_concurrency": 1,
-            "timeout_seconds": 0,
-            "start_at": None,
-            "end_at": None,
-            "status": "active",
-            "next_run_at": at,
-            "next_fire_at": at,
-            "partition": partition % partitions,
-            "version": 1,
-            "idempotency_key": None,
-            "request_hash": name,
-            "created_at": now,
-            "updated_at": now,
-        }
-        yield tuple(values[c] for c in COLUMNS)
+        yield once_job_row(
+            f"{millis:012x}{os.urandom(10).hex()}",
+            tenant_id,
+            first_at + i * spacing,
+            target=("queue", queue),
+            name=name,
+            partitions=partitions,
+            now=now,
+            request_hash=name,
+        )
 
 
 def load_future_jobs(
@@ -113,7 +88,7 @@ def load_future_jobs(
     done = 0
     while done < count:
         size = min(SQLITE_CHUNK_ROWS, count - done)
-        part = [dict(zip(COLUMNS, next(rows), strict=True)) for _ in range(size)]
+        part = [next(rows) for _ in range(size)]
         bench_rows.insert_jobs(store, part)
         done += size
         if progress is not None:

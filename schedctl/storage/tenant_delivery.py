@@ -165,12 +165,7 @@ class TenantDeliveryRepo:
         with self.store.tx() as connection:
             found = self._lock(connection, tenant)
             change_tenant(
-                connection,
-                found.tenant_id,
-                changes,
-                actor=actor,
-                action="tenant_delivery",
-                detail=dict(changes),
+                connection, found.tenant_id, changes, actor=actor, action="tenant_delivery"
             )
         return self.settings(found.tenant_id)
 

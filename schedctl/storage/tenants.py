@@ -85,9 +85,10 @@ def change_tenant(
     *,
     actor: str,
     action: str,
-    detail: dict[str, Any],
+    detail: dict[str, Any] | None = None,
 ) -> None:
-    """Update a tenant's row and record who did it, in the caller's transaction."""
+    """Update a tenant's row and record who did it (`detail`, by default the values), in the
+    caller's transaction."""
     connection.execute(
         update(schema.tenants).where(schema.tenants.c.tenant_id == tenant_id).values(**values)
     )
@@ -97,7 +98,7 @@ def change_tenant(
         tenant_id=tenant_id,
         actor=actor,
         action=action,
-        detail=detail,
+        detail=dict(values) if detail is None else detail,
     )
 
 
@@ -289,14 +290,7 @@ class TenantRepo:
             )
         with self.store.tx() as connection:
             found = self._get(connection, tenant)
-            change_tenant(
-                connection,
-                found.tenant_id,
-                changes,
-                actor=actor,
-                action="tenant_quota",
-                detail=dict(changes),
-            )
+            change_tenant(connection, found.tenant_id, changes, actor=actor, action="tenant_quota")
             return self._get(connection, found.tenant_id)
 
     def new_token(self, tenant: str, *, actor: str = "system") -> str:

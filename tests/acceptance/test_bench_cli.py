@@ -3,23 +3,12 @@ figures themselves are measured, never asserted)."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
-from schedctl.cli.app import app
+from tests.acceptance.bench_support import bench, bench_refusal
 from tests.services.zookeeper import ZooKeeperEnsemble
-
-runner = CliRunner()
-
-
-def bench(db: str, *args: str) -> Any:
-    result = runner.invoke(app, ["--db", db, "-o", "json", "bench", *args])
-    assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)
-
 
 STAGE_KEYS = [
     f"{stage}_after_due_seconds" for stage in ("claimed", "delivered", "started", "finished")
@@ -118,15 +107,11 @@ def test_steady_embedded_runs_everything_in_one_process(sqlite_url: str) -> None
 
 
 def test_an_unknown_target_is_refused_by_name(sqlite_url: str) -> None:
-    result = runner.invoke(app, ["--db", sqlite_url, "bench", "burst", "--target", "smtp"])
-    assert result.exit_code == 2
-    assert "target" in result.output
+    assert "target" in bench_refusal(sqlite_url, "burst", "--target", "smtp")
 
 
 def test_steady_rejects_a_negative_api_worker_count(sqlite_url: str) -> None:
-    result = runner.invoke(app, ["--db", sqlite_url, "bench", "steady", "--api-workers", "-1"])
-    assert result.exit_code == 2
-    assert "api_workers" in result.output
+    assert "api_workers" in bench_refusal(sqlite_url, "steady", "--api-workers", "-1")
 
 
 def test_spawn_reports_the_ceiling(sqlite_url: str) -> None:

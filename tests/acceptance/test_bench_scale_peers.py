@@ -11,36 +11,21 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from typer.testing import CliRunner
-
 from schedctl.bench import peers
-from schedctl.cli.app import app
 from schedctl.storage import scratch
-
-runner = CliRunner()
-
-
-def bench(db: str, *args: str) -> Any:
-    result = runner.invoke(app, ["--db", db, "-o", "json", "bench", *args])
-    assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)
-
+from tests.acceptance.bench_support import bench, bench_refusal
 
 # -- bench scale ---------------------------------------------------------------------------
 
 
 def test_scale_refuses_a_compare_count_not_below_the_future_jobs(sqlite_url: str) -> None:
-    result = runner.invoke(
-        app, ["--db", sqlite_url, "bench", "scale", "--future-jobs", "100", "--compare", "100"]
+    assert "compare" in bench_refusal(
+        sqlite_url, "scale", "--future-jobs", "100", "--compare", "100"
     )
-    assert result.exit_code == 2
-    assert "compare" in result.output
 
 
 def test_scale_refuses_zero_future_jobs(sqlite_url: str) -> None:
-    result = runner.invoke(app, ["--db", sqlite_url, "bench", "scale", "--future-jobs", "0"])
-    assert result.exit_code == 2
-    assert "future_jobs" in result.output
+    assert "future_jobs" in bench_refusal(sqlite_url, "scale", "--future-jobs", "0")
 
 
 def assert_levels(result: dict[str, Any], counts: list[int], burst: int) -> None:
@@ -128,24 +113,16 @@ def test_server_made_rows_have_the_partition_and_schedule_python_gives_them(pg_u
 
 
 def test_peers_refuses_sqlite(sqlite_url: str, tmp_path: Path) -> None:
-    result = runner.invoke(
-        app, ["--db", sqlite_url, "bench", "peers", "--venv", str(tmp_path / "venv")]
-    )
-    assert result.exit_code == 2
-    assert "postgresql" in result.output
+    assert "postgresql" in bench_refusal(sqlite_url, "peers", "--venv", str(tmp_path / "venv"))
     assert not (tmp_path / "venv").exists()
 
 
 def test_peers_refuses_an_unknown_system(sqlite_url: str) -> None:
-    result = runner.invoke(app, ["--db", sqlite_url, "bench", "peers", "--only", "celery"])
-    assert result.exit_code == 2
-    assert "only" in result.output
+    assert "only" in bench_refusal(sqlite_url, "peers", "--only", "celery")
 
 
 def test_peers_refuses_a_zero_rate(sqlite_url: str) -> None:
-    result = runner.invoke(app, ["--db", sqlite_url, "bench", "peers", "--rate", "0"])
-    assert result.exit_code == 2
-    assert "rate" in result.output
+    assert "rate" in bench_refusal(sqlite_url, "peers", "--rate", "0")
 
 
 def test_the_venv_is_made_once_with_pip_and_then_reused(tmp_path: Path) -> None:

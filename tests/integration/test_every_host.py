@@ -14,21 +14,11 @@ from schedctl.storage.queue import QueueRepo
 from schedctl.storage.settle import HOST_NOT_LIVE_ERROR
 from schedctl.storage.workers import WorkerRepo
 from tests.integration.queue_support import messages, run_row, trigger
+from tests.jobfile_texts import true_jobs
 
 ACTOR = "test:every-host"
 
-FILE = """\
-[[job]]
-name = "ping"
-every = "1h"
-command = ["/bin/true"]
-run_on = "every-host"
-
-[[job]]
-name = "backup"
-every = "1h"
-command = ["/bin/true"]
-"""
+FILE = true_jobs(("ping", 'every = "1h"', "every-host"), ("backup", 'every = "1h"', None))
 
 
 def _apply(sched: Scheduler, directory: Path, host: str) -> None:

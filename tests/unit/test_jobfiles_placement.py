@@ -7,31 +7,14 @@ import pytest
 from schedctl import errors
 from schedctl.jobfiles import Job, parse_text
 from schedctl.jobfiles import placement as pl
+from tests.jobfile_texts import true_jobs
 
-TEXT = """
-[[job]]
-name = "backup"
-cron = "0 3 * * *"
-command = ["/bin/true"]
-
-[[job]]
-name = "report"
-cron = "0 4 * * *"
-command = ["/bin/true"]
-run_on = "host-group:batch"
-
-[[job]]
-name = "rotate"
-cron = "0 5 * * *"
-command = ["/bin/true"]
-run_on = "every-host:web"
-
-[[job]]
-name = "ping"
-every = "1m"
-command = ["/bin/true"]
-run_on = "every-host"
-"""
+TEXT = true_jobs(
+    ("backup", 'cron = "0 3 * * *"', None),
+    ("report", 'cron = "0 4 * * *"', "host-group:batch"),
+    ("rotate", 'cron = "0 5 * * *"', "every-host:web"),
+    ("ping", 'every = "1m"', "every-host"),
+)
 
 
 def _jobs() -> dict[str, Job]:

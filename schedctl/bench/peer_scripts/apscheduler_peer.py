@@ -14,11 +14,8 @@ from __future__ import annotations
 import asyncio
 import time
 import traceback
-from datetime import UTC, datetime, timedelta
-from importlib.metadata import version
 
 import peer_common
-import psycopg
 from apscheduler import AsyncScheduler, ConflictPolicy
 from apscheduler.datastores.sqlalchemy import SQLAlchemyDataStore
 from apscheduler.eventbrokers.psycopg import PsycopgEventBroker
@@ -42,23 +39,8 @@ def sqlalchemy_url(dsn: str) -> str:
     return f"postgresql+psycopg://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
 
 
-async def move(first: datetime) -> None:
-    rate = args.rate if args.workload == "steady" else 0
-    async with await psycopg.AsyncConnection.connect(args.dsn) as connection:
-        if rate:
-            await connection.execute(
-                "UPDATE schedules SET next_fire_time = %s "
-                "+ (substr(id, 2)::int / %s::float8) * interval '1 second'",
-                (first, float(rate)),
-            )
-        else:
-            await connection.execute("UPDATE schedules SET next_fire_time = %s", (first,))
-
-
 async def main() -> None:
-    load_seconds: float | None = None
-    first_due: float | None = None
-    error: str | None = None
+    outcome = peer_common.Outcome(record)
     engine = create_async_engine(sqlalchemy_url(args.dsn))
     try:
         store = SQLAlchemyDataStore(engine)
@@ -80,34 +62,29 @@ async def main() -> None:
                         for i in range(start, min(record.count, start + ADD_AT_ONCE))
                     )
                 )
-        first = datetime.now(UTC) + timedelta(seconds=args.lead)
-        await move(first)
-        first_due = first.timestamp()
-        load_seconds = time.monotonic() - began
-        last_due = first_due + max(peer_common.due_offsets(args), default=0.0)
-        deadline = last_due + args.timeout
+        outcome.first_due = await peer_common.move_to_instants(
+            args, "schedules", "next_fire_time", "substr(id, 2)::int"
+        )
+        outcome.load_seconds = time.monotonic() - began
+        deadline = peer_common.deadline(args, outcome.first_due)
         async with AsyncScheduler(store, broker, max_concurrent_jobs=args.concurrency) as s:
             await s.start_in_background()
             while time.time() < deadline and not record.complete():
                 await asyncio.sleep(0.05)
             await s.stop()
     except Exception:
-        error = traceback.format_exc(limit=5)
+        outcome.error = traceback.format_exc(limit=5)
     finally:
         await engine.dispose()
     peer_common.write(
         args,
+        outcome,
         system="apscheduler",
-        version=version("apscheduler"),
         settings={
             "max_concurrent_jobs": args.concurrency,
             "data_store": "SQLAlchemyDataStore (psycopg async)",
             "event_broker": "PsycopgEventBroker",
         },
-        load_seconds=load_seconds,
-        first_due=first_due,
-        record=record,
-        error=error,
     )
 
 

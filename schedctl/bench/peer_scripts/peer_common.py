@@ -1,8 +1,9 @@
 """Owns what the peer drivers share (run by the peer venv's python, never imported by
 schedctl): their command line, the due instants of a workload (all at one instant for a
-burst, `rate` a second for a steady load), the record of when each job started, and the
-result file `schedctl bench peers` reads: {system, version, settings, load_seconds, jobs,
-pairs: [[due, started], ...] (unix seconds), complete, reached, error}."""
+burst, `rate` a second for a steady load) and the UPDATE that moves the loaded jobs to them,
+the record of when each job started, and the result file `schedctl bench peers` reads:
+{system, version, settings, load_seconds, jobs, pairs: [[due, started], ...] (unix
+seconds), complete, reached, error}."""
 
 from __future__ import annotations
 
@@ -12,8 +13,12 @@ import json
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+import psycopg
+from psycopg import sql
 
 FAR = timedelta(days=1)  # jobs are loaded this far ahead, then moved to their instants
 
@@ -45,6 +50,34 @@ def due_offsets(args: argparse.Namespace) -> list[float]:
     if args.workload == "burst":
         return [0.0] * count
     return [i / args.rate for i in range(count)]
+
+
+def deadline(args: argparse.Namespace, first_due: float) -> float:
+    """When the run gives up (unix): --timeout after the last due instant."""
+    return first_due + max(due_offsets(args), default=0.0) + args.timeout
+
+
+async def move_to_instants(args: argparse.Namespace, table: str, column: str, index: str) -> float:
+    """Move every loaded job from far ahead to its due instant, `column` of `table`: all to
+    the first instant, --lead seconds from now (a burst), or `rate` a second from it by the
+    job's index, the SQL expression `index` (steady); the first due instant (unix)."""
+    first = datetime.now(UTC) + timedelta(seconds=args.lead)
+    rate = args.rate if args.workload == "steady" else 0
+    target = {"table": sql.Identifier(table), "column": sql.Identifier(column)}
+    async with await psycopg.AsyncConnection.connect(args.dsn) as connection:
+        if rate:
+            await connection.execute(
+                sql.SQL(
+                    "UPDATE {table} SET {column} = %s "
+                    "+ ({index} / %s::float8) * interval '1 second'"
+                ).format(index=sql.SQL(index), **target),
+                (first, float(rate)),
+            )
+        else:
+            await connection.execute(
+                sql.SQL("UPDATE {table} SET {column} = %s").format(**target), (first,)
+            )
+    return first.timestamp()
 
 
 class LoadTimeout(Exception):
@@ -81,17 +114,22 @@ class Record:
         return len(self.started) >= self.count
 
 
+@dataclass
+class Outcome:
+    """What a driver's run came to: the seconds its load took and the first due instant
+    (unix), both None when it did not get there, and the error that stopped it."""
+
+    record: Record
+    load_seconds: float | None = None
+    first_due: float | None = None
+    error: str | None = None
+
+
 def write(
-    args: argparse.Namespace,
-    *,
-    system: str,
-    version: str,
-    settings: dict[str, Any],
-    load_seconds: float | None,
-    first_due: float | None,
-    record: Record,
-    error: str | None = None,
+    args: argparse.Namespace, outcome: Outcome, *, system: str, settings: dict[str, Any]
 ) -> None:
+    """The result file of `system` (its installed version read here) run with `settings`."""
+    record, first_due, load_seconds = outcome.record, outcome.first_due, outcome.load_seconds
     offsets = due_offsets(args)
     pairs = (
         [[first_due + offsets[i], at] for i, at in sorted(record.started.items())]
@@ -100,7 +138,7 @@ def write(
     )
     result = {
         "system": system,
-        "version": version,
+        "version": metadata.version(system),
         "settings": settings,
         "workload": args.workload,
         "jobs": record.count,
@@ -108,6 +146,6 @@ def write(
         "pairs": pairs,
         "complete": record.complete(),
         "reached": len(record.started),
-        "error": error,
+        "error": outcome.error,
     }
     Path(args.out).write_text(json.dumps(result))

@@ -12,12 +12,9 @@ import asyncio
 import contextlib
 import time
 import traceback
-from datetime import UTC, datetime, timedelta
-from importlib.metadata import version
 
 import peer_common
 import procrastinate
-import psycopg
 
 POLL_SECONDS = 0.25  # fetch_job_polling_interval (procrastinate's default is 5 s)
 DEFER_CHUNK = 1000
@@ -42,29 +39,18 @@ async def load(began: float) -> float:
         peer_common.check_load(args, began, start)
         end = min(record.count, start + DEFER_CHUNK)
         await deferrer.batch_defer_async(*({"i": i} for i in range(start, end)))
-    first = datetime.now(UTC) + timedelta(seconds=args.lead)
-    rate = args.rate if args.workload == "steady" else 0
-    async with await psycopg.AsyncConnection.connect(args.dsn) as connection:
-        if rate:
-            await connection.execute(
-                "UPDATE procrastinate_jobs SET scheduled_at = %s "
-                "+ ((args->>'i')::int / %s::float8) * interval '1 second'",
-                (first, float(rate)),
-            )
-        else:
-            await connection.execute("UPDATE procrastinate_jobs SET scheduled_at = %s", (first,))
-    return first.timestamp()
+    return await peer_common.move_to_instants(
+        args, "procrastinate_jobs", "scheduled_at", "(args->>'i')::int"
+    )
 
 
 async def main() -> None:
-    load_seconds: float | None = None
-    first_due: float | None = None
-    error: str | None = None
+    outcome = peer_common.Outcome(record)
     try:
         async with app.open_async():
             began = time.monotonic()
-            first_due = await load(began)
-            load_seconds = time.monotonic() - began
+            outcome.first_due = await load(began)
+            outcome.load_seconds = time.monotonic() - began
             worker = asyncio.create_task(
                 app.run_worker_async(
                     concurrency=args.concurrency,
@@ -73,30 +59,25 @@ async def main() -> None:
                     delete_jobs="never",
                 )
             )
-            last_due = first_due + max(peer_common.due_offsets(args), default=0.0)
-            deadline = last_due + args.timeout
+            deadline = peer_common.deadline(args, outcome.first_due)
             while time.time() < deadline and not record.complete() and not worker.done():
                 await asyncio.sleep(0.05)
             if worker.done() and worker.exception() is not None:
-                error = repr(worker.exception())
+                outcome.error = repr(worker.exception())
             worker.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(worker, 30)
     except Exception:
-        error = traceback.format_exc(limit=5)
+        outcome.error = traceback.format_exc(limit=5)
     peer_common.write(
         args,
+        outcome,
         system="procrastinate",
-        version=version("procrastinate"),
         settings={
             "concurrency": args.concurrency,
             "fetch_job_polling_interval": POLL_SECONDS,
             "listen_notify": True,
         },
-        load_seconds=load_seconds,
-        first_due=first_due,
-        record=record,
-        error=error,
     )
 
 
