@@ -78,6 +78,31 @@ class ChangeFeed(Protocol):
     def close(self) -> None: ...
 
 
+# A message a lease takes: (message id, job_id, scheduled_at, attempt).
+LeasedRow = tuple[int, str, datetime, int]
+
+
+@dataclass(frozen=True)
+class LeaseMark:
+    """What a lease writes on its messages and runs: the holder, until when it holds them,
+    and the runs' start (the database's now)."""
+
+    owner: str
+    leased_until: datetime
+    now: datetime
+
+
+@dataclass(frozen=True)
+class OutcomeWrites:
+    """The settle path's writes for a batch: attempt rows, run updates, the delivery rows
+    (table, ids) whose runs ended, and the jobs whose dependents may now run."""
+
+    attempts: list[dict[str, Any]]
+    runs: list[dict[str, Any]]
+    gone: tuple[Table, Sequence[int]] | None
+    upstreams: Sequence[str]
+
+
 class Dialect(Protocol):
     """What storage asks of a backend. Every method runs inside the caller's transaction
     unless it says otherwise."""
@@ -136,13 +161,7 @@ class Dialect(Protocol):
         ...
 
     def mark_leased(
-        self,
-        connection: Connection,
-        leases: Sequence[tuple[int, str, datetime, int]],
-        *,
-        owner: str,
-        leased_until: datetime,
-        now: datetime,
+        self, connection: Connection, leases: Sequence[LeasedRow], mark: LeaseMark
     ) -> None:
         """Lease the messages (id, job_id, scheduled_at, attempt) to `owner` and mark their
         runs running (attempt, started_at now, the previous outcome cleared)."""
@@ -198,18 +217,13 @@ class Dialect(Protocol):
         ...
 
     def record_outcomes(
-        self,
-        connection: Connection,
-        attempts: list[dict[str, Any]],
-        runs: list[dict[str, Any]],
-        gone: tuple[Table, Sequence[int]] | None,
-        upstreams: Sequence[str],
+        self, connection: Connection, writes: OutcomeWrites
     ) -> list[tuple[str, str]] | None:
-        """insert_attempts(attempts), update_runs(runs) and the deletion of the rows
-        (table, ids) whose runs ended: the settle path's writes, in one statement where the
-        backend can, which then also returns the dependency edges (job_id,
-        upstream_job_id) of `upstreams` (None: not read, dependencies.on_settled reads
-        them)."""
+        """insert_attempts(writes.attempts), update_runs(writes.runs) and the deletion of
+        the rows writes.gone (table, ids) whose runs ended: the settle path's writes, in one
+        statement where the backend can, which then also returns the dependency edges
+        (job_id, upstream_job_id) of writes.upstreams (None: not read,
+        dependencies.on_settled reads them)."""
         ...
 
     def due_outbox_rows(

@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection, Engine, RowMapping
 
 from schedctl.models import Lane
 from schedctl.storage import schema
-from schedctl.storage.dialect import ChangeFeed, Changes, Lock
+from schedctl.storage.dialect import ChangeFeed, Changes, LeasedRow, LeaseMark, Lock, OutcomeWrites
 
 if TYPE_CHECKING:
     # the driver is loaded by the change feed only: a CLI command needs it not
@@ -100,13 +100,7 @@ class PostgresDialect:
         return dict(_pg_rows(connection, _LEASED_COUNTS, {"job_ids": list(job_ids)}))
 
     def mark_leased(
-        self,
-        connection: Connection,
-        leases: Sequence[tuple[int, str, datetime, int]],
-        *,
-        owner: str,
-        leased_until: datetime,
-        now: datetime,
+        self, connection: Connection, leases: Sequence[LeasedRow], mark: LeaseMark
     ) -> None:
         _pg_rows(
             connection,
@@ -116,9 +110,9 @@ class PostgresDialect:
                 "job_ids": [x[1] for x in leases],
                 "scheduled_ats": [x[2] for x in leases],
                 "attempts": [x[3] for x in leases],
-                "owner": owner,
-                "leased_until": leased_until,
-                "now": now,
+                "owner": mark.owner,
+                "leased_until": mark.leased_until,
+                "now": mark.now,
             },
         )
 
@@ -282,16 +276,11 @@ class PostgresDialect:
         )
 
     def record_outcomes(
-        self,
-        connection: Connection,
-        attempts: list[dict[str, Any]],
-        runs: list[dict[str, Any]],
-        gone: tuple[Table, Sequence[int]] | None,
-        upstreams: Sequence[str],
+        self, connection: Connection, writes: OutcomeWrites
     ) -> list[tuple[str, str]] | None:
         # one statement, one round trip: the three writes touch three different tables,
         # and the read of job_dependencies a fourth
-        table_name = gone[0].name if gone is not None else schema.queue_messages.name
+        table_name = writes.gone[0].name if writes.gone is not None else schema.queue_messages.name
         statement = _RECORD_OUTCOMES.get(table_name)
         if statement is None:
             statement = _RECORD_OUTCOMES[table_name] = _record_outcomes(table_name)
@@ -299,10 +288,13 @@ class PostgresDialect:
             connection,
             statement,
             {
-                "upstreams": list(upstreams),
-                **{f"a_{name}": [row[name] for row in attempts] for name, _ in _ATTEMPT_ARRAYS},
-                **{f"r_{name}": [row[name] for row in runs] for name, _ in _RUN_ARRAYS},
-                "gone": list(gone[1]) if gone is not None else [],
+                "upstreams": list(writes.upstreams),
+                **{
+                    f"a_{name}": [row[name] for row in writes.attempts]
+                    for name, _ in _ATTEMPT_ARRAYS
+                },
+                **{f"r_{name}": [row[name] for row in writes.runs] for name, _ in _RUN_ARRAYS},
+                "gone": list(writes.gone[1]) if writes.gone is not None else [],
             },
         )
 

@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection, Engine, RowMapping
 
 from schedctl.models import JobStatus, Lane, RunStatus
 from schedctl.storage import schema
-from schedctl.storage.dialect import ChangeFeed, Changes, Lock
+from schedctl.storage.dialect import ChangeFeed, Changes, LeasedRow, LeaseMark, Lock, OutcomeWrites
 
 COUNTER_KEY = "jobs_changed"
 
@@ -111,19 +111,13 @@ class SqliteDialect:
         return {job_id: count for job_id, count in rows}
 
     def mark_leased(
-        self,
-        connection: Connection,
-        leases: Sequence[tuple[int, str, datetime, int]],
-        *,
-        owner: str,
-        leased_until: datetime,
-        now: datetime,
+        self, connection: Connection, leases: Sequence[LeasedRow], mark: LeaseMark
     ) -> None:
         m = schema.queue_messages
         connection.execute(
             update(m)
             .where(m.c.id.in_([x[0] for x in leases]))
-            .values(leased_until=leased_until, lease_owner=owner)
+            .values(leased_until=mark.leased_until, lease_owner=mark.owner)
         )
         # the previous attempt's outcome lives on in run_attempts
         self.update_runs(
@@ -134,7 +128,7 @@ class SqliteDialect:
                     "scheduled_at": scheduled_at,
                     "status": RunStatus.running.value,
                     "attempt": attempt,
-                    "started_at": now,
+                    "started_at": mark.now,
                     "finished_at": None,
                     "exit_code": None,
                     "error": None,
@@ -218,17 +212,12 @@ class SqliteDialect:
         connection.execute(insert(schema.run_attempts), rows)
 
     def record_outcomes(
-        self,
-        connection: Connection,
-        attempts: list[dict[str, Any]],
-        runs: list[dict[str, Any]],
-        gone: tuple[Table, Sequence[int]] | None,
-        upstreams: Sequence[str],
+        self, connection: Connection, writes: OutcomeWrites
     ) -> list[tuple[str, str]] | None:
-        self.insert_attempts(connection, attempts)
-        self.update_runs(connection, runs)
-        if gone is not None:
-            table, ids = gone
+        self.insert_attempts(connection, writes.attempts)
+        self.update_runs(connection, writes.runs)
+        if writes.gone is not None:
+            table, ids = writes.gone
             connection.execute(delete(table).where(self.id_in(table.c.id, ids)))
         return None  # no round trip to save: on_settled reads the edges
 

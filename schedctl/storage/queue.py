@@ -30,6 +30,7 @@ from schedctl.models import EVERY_HOST_QUEUE_PREFIX, RunStatus, TargetType, run_
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
 from schedctl.storage.clock import db_now
+from schedctl.storage.dialect import LeaseMark
 from schedctl.storage.payloads import decode_payload
 from schedctl.storage.settle import (
     CANCELLED_ERROR,
@@ -302,9 +303,7 @@ class QueueRepo(Settles[Lease]):
             dialect.mark_leased(
                 connection,
                 [(x.message_id, x.job_id, x.scheduled_at, x.attempt) for x in leases],
-                owner=owner,
-                leased_until=leased_until,
-                now=now,
+                LeaseMark(owner, leased_until, now),
             )
         return leases
 

@@ -37,7 +37,7 @@ from schedctl.backoff import backoff_delay
 from schedctl.leasing import CANCELLED_RUNNING_ERROR as CANCELLED_RUNNING_ERROR
 from schedctl.models import JobStatus, RunStatus
 from schedctl.storage import alerts, dependencies, schema
-from schedctl.storage.dialect import dialect_of
+from schedctl.storage.dialect import OutcomeWrites, dialect_of
 
 LOST_ERROR = "lease expired: the worker or relay holding the run stopped"
 CANCELLED_ERROR = "job cancelled before delivery"
@@ -237,10 +237,12 @@ def settle(
     # of the runs that ended: one statement where the backend can
     edges = dialect_of(connection).record_outcomes(
         connection,
-        _attempt_rows(runs),
-        _run_rows(runs),
-        tables[0] if tables else None,
-        sorted({job_id for job_id, _ in ok} | {job_id for job_id, _, _ in ended}),
+        OutcomeWrites(
+            _attempt_rows(runs),
+            _run_rows(runs),
+            tables[0] if tables else None,
+            sorted({job_id for job_id, _ in ok} | {job_id for job_id, _, _ in ended}),
+        ),
     )
     for table, ids in tables[1:]:
         connection.execute(delete(table).where(id_in(connection, table.c.id, ids)))
