@@ -45,6 +45,9 @@ def test_every_host_runs_reach_live_hosts_only(sched: Scheduler, tmp_path: Path)
 
     # web1's worker serves its queues; web2 is down (no worker was ever seen)
     WorkerRepo(sched.store).seen(tenant_id, "every:web1", "web1:1:w")
+    # another tenant's worker of a queue with the same name is not acme's web2
+    other_id = sched.create_tenant("other", ACTOR)[0].tenant_id
+    WorkerRepo(sched.store).seen(other_id, "every:web2", "web2:1:other")
     at = {name: trigger(sched.store, jobs[name].job_id) for name in jobs}
     # this-host runs wait for their host either way; web2's every-host run is not queued
     assert QueueRepo(sched.store).move_outbox() == 3
