@@ -40,7 +40,7 @@ import time
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import certifi
@@ -413,12 +413,12 @@ class HttpDelivery:
         connect_by = min(deadline, loop.time() + self.connect_timeout)
         tls = self._tls_context() if route.tls_name is not None else None
         async with asyncio.timeout_at(connect_by):
+            # the TLS name only with TLS: some loops refuse server_hostname=None without it
+            tls_options: dict[str, Any] = (
+                {"ssl": tls, "server_hostname": route.tls_name} if tls is not None else {}
+            )
             _, connection = await loop.create_connection(
-                lambda: _Connection(self._open),
-                route.address,
-                route.port,
-                ssl=tls,
-                server_hostname=route.tls_name,
+                lambda: _Connection(self._open), route.address, route.port, **tls_options
             )
         if tls is not None and route.tls_name is not None:
             try:
@@ -534,8 +534,8 @@ class _Connection(asyncio.Protocol):
     # -- the protocol's callbacks (on the loop) ------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # a stream transport (other loops' need not subclass asyncio.Transport)
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
