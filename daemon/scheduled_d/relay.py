@@ -67,9 +67,12 @@ RABBITMQ_PER_SLOT = 50
 # After a slot frees, wait this long for others before claiming again: one claim
 # transaction then refills several slots instead of one each.
 REFILL_PAUSE_SECONDS = 0.002
+# A lane with batches still waiting is refilled once this fraction of its slots' worth can
+# be claimed (at 1/4 and a waiting batch per slot, the lane never runs dry meanwhile).
+REFILL_FRACTION = 4
 SETTLE_BATCH = 500
 # how long the settler waits for more outcomes before it records a batch
-SETTLE_GATHER_SECONDS = 0.02
+SETTLE_GATHER_SECONDS = 0.04
 # How long a claimed row is this relay's without a heartbeat; the heartbeat runs every third
 # of it. A stopped relay's runs are delivered again about this long after it stopped.
 DEFAULT_LEASE_SECONDS = 9.0
@@ -442,6 +445,11 @@ class Relay:
             with self._queue_lock:
                 queued = len(self._queued.get(lane, ()))
             rows = self.limits.capacity(lane, per_slot=per_slot, queued=queued)
+            if not every_lane and queued and rows < self._refill_rows(lane, per_slot):
+                # the lane still has batches waiting: let a few more slots free up, so that
+                # one claim transaction refills many of them (claims cost several
+                # statements whatever their size)
+                continue
             if rows > 0:
                 caps[lane] = rows
         claimed = self.outbox.claim(caps, self.owner, self.lease_seconds) if caps else None
@@ -487,6 +495,11 @@ class Relay:
         if http_slots:
             self._start_http_slots(http_slots)
         return len(claimed.deliveries) if claimed is not None else 0
+
+    def _refill_rows(self, lane: Lane, per_slot: int) -> int:
+        """The smallest claim worth making for a lane that still has batches waiting: a
+        quarter of its slots' worth (its waiting batches cover half of them meanwhile)."""
+        return max(1, self.limits.concurrency(lane) // REFILL_FRACTION) * per_slot
 
     # -- delivering (HTTP: coroutines on the HTTP loop; RabbitMQ: pool threads) -------------
 

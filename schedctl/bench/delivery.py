@@ -99,6 +99,7 @@ def relay_until_settled(store: Store, job_id: str, runs: int, deadline: float) -
     launched = time.monotonic()
     try:
         started = counted = None
+        cpu_at_start: float | None = None
         while (left := bench_rows.outbox_left(store, job_id)) > 0:
             if process.poll() is not None:
                 raise errors.SchedError(f"the relay exited with code {process.returncode}")
@@ -108,6 +109,7 @@ def relay_until_settled(store: Store, job_id: str, runs: int, deadline: float) -
                 )
             if started is None and left < runs:
                 started, counted = time.monotonic(), left
+                cpu_at_start = measure.cpu_seconds(process.pid)
             time.sleep(0.02)
         finished = time.monotonic()
         cpu = measure.cpu_seconds(process.pid)
@@ -120,6 +122,11 @@ def relay_until_settled(store: Store, job_id: str, runs: int, deadline: float) -
             "pid": process.pid,
             "peak_rss_mb": _mb(measure.peak_rss_bytes(process.pid)),
             "cpu_seconds": cpu,
+            # the CPU of delivering alone: from the first settled row on (start-up, imports
+            # and the first claim excluded)
+            "delivering_cpu_seconds": (
+                None if cpu is None or cpu_at_start is None else cpu - cpu_at_start
+            ),
         }
     finally:
         children.stop(process, 60)

@@ -21,6 +21,10 @@ from schedctl.storage import bench as bench_rows
 from schedctl.storage.store import Store
 
 
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
+
+
 def run_relay_bench(
     store: Store, *, runs: int, concurrency: int, timeout: float, keep: bool = False
 ) -> dict[str, Any]:
@@ -53,6 +57,13 @@ def run_relay_bench(
         "relay_cpu_seconds": relay["cpu_seconds"],
         "deliveries_per_relay_cpu_second": (
             round(runs / relay["cpu_seconds"], 1) if relay["cpu_seconds"] else None
+        ),
+        # the same from the first settled row on: the steady cost of a delivery
+        "relay_delivering_cpu_seconds": _round(relay["delivering_cpu_seconds"]),
+        "deliveries_per_delivering_cpu_second": (
+            round(relay["settled"] / relay["delivering_cpu_seconds"], 1)
+            if relay["delivering_cpu_seconds"]
+            else None
         ),
         "receiver_cpu_seconds": received["cpu_seconds"],
         "note": "one scheduled-d relay process; a receiver process on loopback (keep-alive)",

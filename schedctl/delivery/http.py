@@ -39,8 +39,8 @@ import threading
 import time
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import certifi
@@ -58,7 +58,7 @@ from schedctl.delivery.ssrf import (
     pinned_url,
 )
 from schedctl.delivery.ssrf import tls_name as tls_name_of
-from schedctl.models import Verdict, run_key
+from schedctl.models import Verdict
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.signing import signed_headers
 
@@ -101,16 +101,39 @@ def encode_payload(payload: Any) -> EncodedPayload:
 def delivery_body(job_id: str, scheduled_at: datetime, attempt: int, payload: Any) -> bytes:
     """The exact bytes POSTed (and signed). An EncodedPayload gives the same bytes as the
     payload it encodes."""
+    return _body_bytes(job_id, _instant(scheduled_at), attempt, payload)
+
+
+def _instant(scheduled_at: datetime) -> str:
+    """format_instant, without its conversions for the instants the database gives (in UTC
+    already): isoformat's "+00:00" becomes the "Z"."""
+    if scheduled_at.tzinfo is UTC:
+        return scheduled_at.isoformat()[:-6] + "Z"
+    return format_instant(scheduled_at)
+
+
+# the start of the document per job id, up to the instant's opening quote (runs of a job
+# share it); bounded like the relay's payload cache
+_PREFIXES: dict[str, str] = {}
+MAX_PREFIXES = 4096
+
+
+def _body_bytes(job_id: str, stamp: str, attempt: int, payload: Any) -> bytes:
     if isinstance(payload, EncodedPayload):
-        # the document json.dumps would make, key by key, with the payload as encoded
-        return (
-            f'{{"job_id":{json.dumps(job_id, ensure_ascii=False)},'
-            f'"scheduled_at":{json.dumps(format_instant(scheduled_at))},'
-            f'"attempt":{json.dumps(attempt)},"payload":{payload.text}}}'
-        ).encode()
+        # the document json.dumps would make, key by key, with the payload as encoded: an
+        # RFC 3339 instant and an int need no escaping
+        prefix = _PREFIXES.get(job_id)
+        if prefix is None:
+            if len(_PREFIXES) >= MAX_PREFIXES:
+                _PREFIXES.clear()  # a bound, not an eviction policy
+            prefix = _PREFIXES[job_id] = (
+                f'{{"job_id":{json.dumps(job_id, ensure_ascii=False)},"scheduled_at":"'
+            )
+        number = str(attempt) if type(attempt) is int else json.dumps(attempt)
+        return f'{prefix}{stamp}","attempt":{number},"payload":{payload.text}}}'.encode()
     document = {
         "job_id": job_id,
-        "scheduled_at": format_instant(scheduled_at),
+        "scheduled_at": stamp,
         "attempt": attempt,
         "payload": payload,
     }
@@ -280,14 +303,15 @@ class HttpDelivery:
             return result(Verdict.failed, error=str(exc))
         except TimeoutError:
             return result(Verdict.retry, error=self._timed_out())
-        body = delivery_body(job_id, scheduled_at, attempt, payload)
-        key = run_key(job_id, scheduled_at)
+        stamp = _instant(scheduled_at)
+        body = _body_bytes(job_id, stamp, attempt, payload)
+        key = f"{job_id}:{stamp}"  # run_key, with the instant formatted once
         # v2 signs the request target exactly as it goes on the wire (path and query)
         signed = signed_headers(secret, body, key, method="POST", path=route.target)
         request = b"".join(
             (
                 route.head,
-                f"Content-Length: {len(body)}\r\n".encode(),
+                b"Content-Length: %d\r\n" % len(body),
                 "".join(f"{name}: {value}\r\n" for name, value in signed.items()).encode(),
                 b"\r\n",
                 body,
@@ -296,17 +320,17 @@ class HttpDelivery:
         connection: _Connection | None = None
         try:
             try:
-                async with asyncio.timeout_at(deadline):
-                    connection, answer = await self._exchange(route, request, deadline)
+                connection, answer = await self._exchange(route, request, deadline)
             except TimeoutError:
                 return result(Verdict.retry, error=self._timed_out())
             except (OSError, EOFError, ValueError, asyncio.IncompleteReadError) as exc:
                 return result(Verdict.retry, error=f"network error: {_reason(exc)}")
             status, reason, headers = answer
-            snippet, cut, broken = await _read_body(connection, status, headers, deadline)
+            snippet, cut, broken = await _read_body(connection, status, headers)
             if cut or broken is not None or not connection.reusable:
                 connection.close()
             else:
+                connection.idle()
                 self._put_back(route.pool, connection)
             connection = None
         finally:
@@ -362,14 +386,16 @@ class HttpDelivery:
         self, route: _Route, request: bytes, deadline: float
     ) -> tuple[_Connection, tuple[int, str, dict[str, str]]]:
         """Send the request and read the answer's head, on a kept-alive connection if one is
-        idle (once more on a new one when that one turns out closed by the other side)."""
+        idle (once more on a new one when that one turns out closed by the other side). The
+        connection returned carries the call's deadline (`_Connection.arm`)."""
         for _ in range(2):
             connection = self._take(route.pool)
             fresh = connection is None
             if connection is None:
                 connection = await self._connect(route, deadline)
             try:
-                connection.writer.write(request)
+                connection.arm(deadline)
+                connection.send(request)
                 answer = await connection.read_head()
             except (OSError, EOFError, asyncio.IncompleteReadError):
                 connection.close()
@@ -387,22 +413,23 @@ class HttpDelivery:
         connect_by = min(deadline, loop.time() + self.connect_timeout)
         tls = self._tls_context() if route.tls_name is not None else None
         async with asyncio.timeout_at(connect_by):
-            reader, writer = await asyncio.open_connection(
-                route.address,
-                route.port,
-                ssl=tls,
-                server_hostname=route.tls_name,
-                limit=MAX_HEAD_BYTES,
+            # the TLS name only with TLS: some loops refuse server_hostname=None without it
+            tls_options: dict[str, Any] = (
+                {"ssl": tls, "server_hostname": route.tls_name} if tls is not None else {}
+            )
+            _, connection = await loop.create_connection(
+                lambda: _Connection(self._open), route.address, route.port, **tls_options
             )
         if tls is not None and route.tls_name is not None:
             try:
                 # the name check of urllib3 (which the pinned requests used): the address
                 # is the checked one, the certificate must be the URL host's
-                match_hostname(writer.get_extra_info("peercert"), route.tls_name)
+                assert connection.transport is not None
+                match_hostname(connection.transport.get_extra_info("peercert"), route.tls_name)
             except Exception:
-                writer.close()
+                connection.close()
                 raise
-        return _Connection(reader, writer, self._open)
+        return connection
 
     def _tls_context(self) -> ssl.SSLContext:
         if self._tls is None:
@@ -432,6 +459,8 @@ class HttpDelivery:
 
 # the request head and route cache bounds
 MAX_HEAD_BYTES = 64 * 1024
+# received and not read yet: past this a connection stops reading until the call reads on
+MAX_BUFFER_BYTES = 256 * 1024
 MAX_HEADERS = 200
 MAX_INTERIM_ANSWERS = 8  # 1xx answers skipped before the real one
 MAX_ROUTES = 10_000
@@ -479,40 +508,173 @@ class _Route:
         )
 
 
-class _Connection:
-    """One HTTP/1.1 connection: the stream pair, and whether it may carry another request."""
+class _Connection(asyncio.Protocol):
+    """One HTTP/1.1 connection as an asyncio protocol: the bytes received so far, whether it
+    may carry another request, and the deadline of the call it carries.
 
-    def __init__(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        registry: set[_Connection],
-    ) -> None:
-        self.reader = reader
-        self.writer = writer
+    A protocol, not a stream pair: data_received appends to one buffer and wakes the one
+    waiting call, and the reads below take what they need from the buffer without another
+    hand-over (the streams' reader, its waiter and flow control cost as much CPU as the
+    rest of a call together). The deadline is one loop timer per call (`arm`): when it
+    fires, the call's wait raises TimeoutError; the caller then closes the connection."""
+
+    def __init__(self, registry: set[_Connection]) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.eof = False  # the other side closed (or the connection broke)
+        self.error: BaseException | None = None  # why it broke, if it did
         self.reusable = True
+        self.expired = False  # the deadline of the call it carries passed
+        self._waiter: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._paused = False
         self._registry = registry
         registry.add(self)
 
+    # -- the protocol's callbacks (on the loop) ------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # a stream transport (other loops' need not subclass asyncio.Transport)
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        if len(self.buffer) > MAX_BUFFER_BYTES and not self._paused:
+            # bounded memory for an endpoint that sends more than is read
+            self._paused = True
+            if self.transport is not None:
+                self.transport.pause_reading()
+        self._wake(None)
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        self.reusable = False
+        self._wake(None)
+        return False  # the transport closes itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.eof = True
+        self.reusable = False
+        self.error = exc
+        self._registry.discard(self)
+        self._disarm()
+        self._wake(None)
+
+    def _wake(self, error: BaseException | None) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            if error is None:
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(error)
+
+    # -- the call's deadline -------------------------------------------------------------------
+
+    def arm(self, deadline: float) -> None:
+        """Fail the call's waits with TimeoutError at `deadline` (loop time)."""
+        self._disarm()
+        self.expired = False
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_at(deadline, self._expire)
+
+    def _expire(self) -> None:
+        self._timer = None
+        self.expired = True
+        self._wake(TimeoutError())
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    # -- use -----------------------------------------------------------------------------------
+
     def alive(self) -> bool:
-        return not (self.writer.is_closing() or self.reader.at_eof())
+        """Whether an idle connection can carry a request: open, and nothing unasked-for
+        arrived on it."""
+        transport = self.transport
+        return (
+            not self.eof
+            and not self.buffer
+            and transport is not None
+            and not transport.is_closing()
+        )
+
+    def send(self, request: bytes) -> None:
+        if self.transport is None or self.transport.is_closing():
+            raise EOFError("the connection is closed")
+        self.transport.write(request)
+
+    def idle(self) -> None:
+        """The call ended and the connection waits in the pool: no deadline any more."""
+        self._disarm()
 
     def close(self, *, abort: bool = False) -> None:
+        # it stays in the registry until connection_lost: a TLS close takes round trips,
+        # and HttpDelivery.close aborts what has not finished closing by then
         self.reusable = False
-        self._registry.discard(self)
-        if abort:
-            self.writer.transport.abort()
-        else:
-            self.writer.close()
+        self._disarm()
+        if self.transport is not None:
+            if abort:
+                self.transport.abort()
+            else:
+                self.transport.close()
+
+    async def _more(self) -> None:
+        """Wait for more bytes, the end of the connection or the deadline (TimeoutError)."""
+        if self.expired:
+            raise TimeoutError
+        if self.eof:
+            if self.error is not None:
+                raise self.error
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiter = waiter
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        await waiter
+
+    def _take(self, end: int) -> bytes:
+        data = bytes(self.buffer[:end])
+        del self.buffer[:end]
+        return data
+
+    async def readuntil(self, separator: bytes, limit: int) -> bytes:
+        """The bytes up to and including `separator`; ValueError past `limit` bytes,
+        IncompleteReadError when the connection ends first."""
+        start = 0
+        while True:
+            at = self.buffer.find(separator, start)
+            if at >= 0:
+                return self._take(at + len(separator))
+            if len(self.buffer) > limit:
+                raise ValueError(f"the answer's head is over {limit} bytes")
+            if self.eof:
+                raise asyncio.IncompleteReadError(self._take(len(self.buffer)), None)
+            start = max(0, len(self.buffer) - len(separator) + 1)
+            await self._more()
+
+    async def readexactly(self, size: int) -> bytes:
+        while len(self.buffer) < size:
+            if self.eof:
+                raise asyncio.IncompleteReadError(self._take(len(self.buffer)), size)
+            await self._more()
+        return self._take(size)
+
+    async def read(self, size: int) -> bytes:
+        """Up to `size` bytes, at least one; b"" once the connection has ended."""
+        while not self.buffer:
+            if self.eof:
+                return b""
+            await self._more()
+        return self._take(min(size, len(self.buffer)))
 
     async def read_head(self) -> tuple[int, str, dict[str, str]]:
         """The status, reason and headers (names in lower case) of the answer, after any
         interim 1xx ones."""
         for _ in range(MAX_INTERIM_ANSWERS):
-            try:
-                raw = await self.reader.readuntil(b"\r\n\r\n")
-            except asyncio.LimitOverrunError:
-                raise ValueError(f"the answer's head is over {MAX_HEAD_BYTES} bytes") from None
+            raw = await self.readuntil(b"\r\n\r\n", MAX_HEAD_BYTES)
             lines = raw.decode("latin-1").split("\r\n")
             version, _, rest = lines[0].partition(" ")
             code, _, reason = rest.partition(" ")
@@ -536,18 +698,17 @@ class _Connection:
 
 
 async def _read_body(
-    connection: _Connection, status: int, headers: dict[str, str], deadline: float
+    connection: _Connection, status: int, headers: dict[str, str]
 ) -> tuple[str, bool, str | None]:
     """A bounded read of the body (a fully read one lets the connection be reused), until
-    the deadline. Returns the snippet of what arrived, whether the deadline cut it, and why
-    the read failed, if it did."""
+    the call's deadline. Returns the snippet of what arrived, whether the deadline cut it,
+    and why the read failed, if it did."""
     if _no_body(status, headers):
-        return "", False, None  # nothing to read: no timer either (most successes)
+        return "", False, None  # nothing to read (most successes)
     data = bytearray()
     cut, broken = False, None
     try:
-        async with asyncio.timeout_at(deadline):
-            await _body(connection, status, headers, data)
+        await _body(connection, status, headers, data)
     except TimeoutError:
         cut = True
     except (OSError, EOFError, ValueError, asyncio.IncompleteReadError) as exc:
@@ -575,25 +736,24 @@ def _no_body(status: int, headers: dict[str, str]) -> bool:
 async def _body(
     connection: _Connection, status: int, headers: dict[str, str], data: bytearray
 ) -> None:
-    reader = connection.reader
     if status in (204, 304) or 100 <= status < 200:
         return
     if "chunked" in headers.get("transfer-encoding", "").lower():
         for _ in range(MAX_RESPONSE_BYTES):  # each chunk is at least a byte
-            size_line = await reader.readuntil(b"\r\n")
+            size_line = await connection.readuntil(b"\r\n", MAX_HEAD_BYTES)
             size = int(size_line.split(b";", 1)[0].strip() or b"0", 16)
             if size == 0:
                 # trailers, up to the empty line
                 for _ in range(MAX_HEADERS):
-                    if await reader.readuntil(b"\r\n") == b"\r\n":
+                    if await connection.readuntil(b"\r\n", MAX_HEAD_BYTES) == b"\r\n":
                         return
                 raise ValueError("too many trailer lines")
             if len(data) + size > MAX_RESPONSE_BYTES:
                 connection.reusable = False  # not read on: dropped instead of reused
-                data += await reader.read(MAX_RESPONSE_BYTES - len(data))
+                data += await connection.read(MAX_RESPONSE_BYTES - len(data))
                 return
-            data += await reader.readexactly(size)
-            await reader.readexactly(2)
+            data += await connection.readexactly(size)
+            await connection.readexactly(2)
         return
     length = headers.get("content-length")
     if length is not None:
@@ -602,7 +762,7 @@ async def _body(
             connection.reusable = False
             size = RESPONSE_SNIPPET_BYTES
         while len(data) < size:
-            chunk = await reader.read(min(65536, size - len(data)))
+            chunk = await connection.read(min(65536, size - len(data)))
             if not chunk:
                 raise asyncio.IncompleteReadError(b"", size)
             data += chunk
@@ -610,7 +770,7 @@ async def _body(
     # no length: the body ends with the connection
     connection.reusable = False
     while len(data) <= MAX_RESPONSE_BYTES:
-        chunk = await reader.read(65536)
+        chunk = await connection.read(65536)
         if not chunk:
             return
         data += chunk

@@ -152,7 +152,8 @@ def settle(
     attempts are left, and dead-lettered after the last one. The caller has locked the
     rows and checked that each lease is still its own."""
     result = Settled()
-    runs: list[dict[str, Any]] = []
+    attempts: list[dict[str, Any]] = []
+    runs: dict[tuple[str, datetime], dict[str, Any]] = {}
     gone: dict[Table, list[int]] = {}
     retry: dict[Table, list[dict[str, Any]]] = {}
     dead: list[dict[str, Any]] = []
@@ -215,21 +216,34 @@ def settle(
             )
         if delay is None:  # the run ends with this attempt
             gone.setdefault(held.table, []).append(held.row_id)
-        runs.append(
+        output = clip(attempt.output_tail, MAX_OUTPUT_CHARS)
+        # the run_attempts row and the runs row, built once each (no renaming pass after)
+        attempts.append(
             {
-                "b_job_id": held.job_id,
-                "b_scheduled_at": held.scheduled_at,
-                "b_status": status.value,
-                "b_attempt": held.attempt,
-                "b_started_at": attempt.started_at,
-                "b_finished_at": attempt.finished_at,
-                "b_exit_code": attempt.exit_code,
-                "b_error": error,
-                "b_output_tail": clip(attempt.output_tail, MAX_OUTPUT_CHARS),
-                "b_worker": attempt.worker[:_WORKER_CHARS] if attempt.worker else None,
-                "b_recorded": _recorded(attempt.ending).value,
+                "job_id": held.job_id,
+                "scheduled_at": held.scheduled_at,
+                "attempt": held.attempt,
+                "status": _recorded(attempt.ending).value,
+                "started_at": attempt.started_at,
+                "finished_at": attempt.finished_at,
+                "exit_code": attempt.exit_code,
+                "error": error,
+                "output_tail": output,
+                "worker": attempt.worker[:_WORKER_CHARS] if attempt.worker else None,
             }
         )
+        # one row per run: the last outcome wins, as it would one statement after another
+        runs[(held.job_id, held.scheduled_at)] = {
+            "job_id": held.job_id,
+            "scheduled_at": held.scheduled_at,
+            "status": status.value,
+            "attempt": held.attempt,
+            "started_at": attempt.started_at,
+            "finished_at": attempt.finished_at,
+            "exit_code": attempt.exit_code,
+            "error": error,
+            "output_tail": output,
+        }
     if not runs:
         return result
     tables = list(gone.items())
@@ -238,8 +252,8 @@ def settle(
     edges = dialect_of(connection).record_outcomes(
         connection,
         OutcomeWrites(
-            _attempt_rows(runs),
-            _run_rows(runs),
+            attempts,
+            list(runs.values()),
             tables[0] if tables else None,
             sorted({job_id for job_id, _ in ok} | {job_id for job_id, _, _ in ended}),
         ),
@@ -303,33 +317,6 @@ def _recorded(ending: Ending) -> RunStatus:
     if ending is Ending.succeeded:
         return RunStatus.succeeded
     return RunStatus.lost if ending is Ending.lost else RunStatus.failed
-
-
-def _attempt_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [
-        {
-            "job_id": x["b_job_id"],
-            "scheduled_at": x["b_scheduled_at"],
-            "attempt": x["b_attempt"],
-            "status": x["b_recorded"],
-            "started_at": x["b_started_at"],
-            "finished_at": x["b_finished_at"],
-            "exit_code": x["b_exit_code"],
-            "error": x["b_error"],
-            "output_tail": x["b_output_tail"],
-            "worker": x["b_worker"],
-        }
-        for x in runs
-    ]
-
-
-def _run_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    # one row per run (the last outcome wins, as it would one statement after another)
-    latest = {(x["b_job_id"], x["b_scheduled_at"]): x for x in runs}
-    return [
-        {key[2:]: value for key, value in x.items() if key not in ("b_worker", "b_recorded")}
-        for x in latest.values()
-    ]
 
 
 def _retry(connection: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
