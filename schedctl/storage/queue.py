@@ -249,9 +249,12 @@ class QueueRepo(Settles[Lease]):
     ) -> list[Lease]:
         m = schema.queue_messages
         dialect = self.store.dialect
-        # a few more than asked: several may belong to one job with a single slot left
+        # a few more than asked: several may belong to one job with a single slot left.
+        # Only a few: each row is read, loaded and locked (SKIP LOCKED hides it from other
+        # workers until this commits), and a job at its limit is filtered out by the query
+        # itself, so a short lease only means the next call takes the rest
         now, found = dialect.lease_candidates(
-            connection, tenant_id, queue, min(limit * 4, limit + 100)
+            connection, tenant_id, queue, limit + min(limit // 4, 100) + 4
         )
         if not found:
             return []
