@@ -268,11 +268,15 @@ class QueueRepo(Settles[Lease]):
             found = [c for c in found if c[10] not in STOPPED_JOB_STATUSES]
             if not found:
                 return []
-        job_ids = sorted({c[1] for c in found})
         # Serialize the slot count per job: a second worker waits here and then counts the
-        # first one's committed lease, so two cannot both take the last slot.
-        dialect.lock_job_slots(connection, job_ids)
-        counts = dialect.leased_counts(connection, job_ids)
+        # first one's committed lease, so two cannot both take the last slot. Jobs without
+        # a limit (max_concurrency 0) have no slots to count: when all are such, two
+        # statements fewer.
+        job_ids = sorted({c[1] for c in found if c[7] > 0})
+        counts: dict[str, int] = {}
+        if job_ids:
+            dialect.lock_job_slots(connection, job_ids)
+            counts = dialect.leased_counts(connection, job_ids)
         leased_until = now + timedelta(seconds=lease_seconds)
         leases: list[Lease] = []
         for c in found:
