@@ -520,7 +520,10 @@ class Worker:
                         retry.append(ending)
                     else:
                         self._recorded(ending, result)
-                        self._release(1)
+                if len(retry) < len(pending):
+                    # their slots at once: one wake of the lease loop for the batch
+                    self._release(len(pending) - len(retry))
+                pending = retry
                 if not retry:
                     return
                 error = next(r for r in results if isinstance(r, errors.StoreUnavailable))
@@ -542,7 +545,6 @@ class Worker:
                     error,
                 )
                 backoff.wait(self._force)
-                pending = retry
         except BaseException:
             log.exception("worker %s: recording %d outcome(s) failed", self.owner, len(pending))
             self._release(len(pending))  # their leases expire and the reaper redelivers them
