@@ -12,6 +12,7 @@ The run history (`schedctl logs`) keeps the end of the output regardless.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -44,14 +45,8 @@ class RunOutputLog:
         self.clock = clock
         self.max_line_bytes = max_line_bytes
         self.max_lines_per_second = max_lines_per_second
+        self.lease = lease
         self.job = lease.job_id
-        self.run = format_instant(lease.scheduled_at)
-        self.fields = {
-            "job": lease.job_id,
-            "run": self.run,
-            "run_key": lease.idempotency_key,
-            "attempt": lease.attempt,
-        }
         # per stream: the unfinished line, and whether it was cut (its rest is dropped)
         self._partial = {stream: bytearray() for stream in STREAMS}
         self._cut = dict.fromkeys(STREAMS, False)
@@ -59,6 +54,21 @@ class RunOutputLog:
         self._logged = 0  # lines logged in the current one-second window
         self.dropped = 0  # lines over the rate, not said yet
         self.enabled = logger.isEnabledFor(logging.INFO)
+
+    @functools.cached_property
+    def run(self) -> str:
+        # made when a first line is logged: most commands of a busy worker print nothing
+        return format_instant(self.lease.scheduled_at)
+
+    @functools.cached_property
+    def fields(self) -> dict[str, object]:
+        lease = self.lease
+        return {
+            "job": lease.job_id,
+            "run": self.run,
+            "run_key": lease.idempotency_key,
+            "attempt": lease.attempt,
+        }
 
     def feed(self, stream: str, chunk: bytes) -> None:
         """Bytes of `stream` (stdout or stderr) as they arrived."""

@@ -56,6 +56,10 @@ POLL_EXIT_SECONDS = 0.01
 # LEASE_LINGER_SECONDS after the first one freed: one lease statement serves several runs.
 LEASE_BATCH_DIVISOR = 4
 LEASE_LINGER_SECONDS = 0.02
+# The settling thread waits up to SETTLE_LINGER_SECONDS for concurrency /
+# SETTLE_GATHER_DIVISOR outcomes to record together (fewer, fuller transactions).
+SETTLE_GATHER_DIVISOR = 4
+SETTLE_LINGER_SECONDS = 0.01
 # Threads starting commands side by side (at most; no more than concurrency).
 SPAWN_THREADS = 16
 # Outcomes recorded (or leases extended) in one backend call at most.
@@ -253,7 +257,12 @@ class Worker:
             self.concurrency,
             self.command[0] if self.command else "of the job files",
         )
-        self._settler = _Batcher(self._record_endings, f"worker-{self.queue}-settle")
+        self._settler = _Batcher(
+            self._record_endings,
+            f"worker-{self.queue}-settle",
+            gather=max(1, self.concurrency // SETTLE_GATHER_DIVISOR),
+            linger=SETTLE_LINGER_SECONDS,
+        )
         self._beater = _Batcher(self._beat_runs, f"worker-{self.queue}-beat")
         self._supervisor = _Supervisor(self)
         self._spawners = _Spawners(self, min(self.concurrency, SPAWN_THREADS))
@@ -511,7 +520,10 @@ class Worker:
                         retry.append(ending)
                     else:
                         self._recorded(ending, result)
-                        self._release(1)
+                if len(retry) < len(pending):
+                    # their slots at once: one wake of the lease loop for the batch
+                    self._release(len(pending) - len(retry))
+                pending = retry
                 if not retry:
                     return
                 error = next(r for r in results if isinstance(r, errors.StoreUnavailable))
@@ -533,7 +545,6 @@ class Worker:
                     error,
                 )
                 backoff.wait(self._force)
-                pending = retry
         except BaseException:
             log.exception("worker %s: recording %d outcome(s) failed", self.owner, len(pending))
             self._release(len(pending))  # their leases expire and the reaper redelivers them
@@ -586,20 +597,39 @@ Item = TypeVar("Item")
 class _Batcher(Generic[Item]):
     """A thread that hands `call` everything submitted while its previous call ran (at
     most MAX_BATCH at a time): one backend call for what arrives together. Nobody waits
-    for the call: its results go where `call` sends them."""
+    for the call: its results go where `call` sends them.
 
-    def __init__(self, call: Callable[[list[Item]], None], name: str) -> None:
+    With `gather` > 1, fewer than `gather` items wait up to `linger` seconds (from the
+    first one's arrival) for more: a backend call costs about as much as thirty items
+    in it, so a busy worker settles in fewer, fuller calls."""
+
+    def __init__(
+        self,
+        call: Callable[[list[Item]], None],
+        name: str,
+        *,
+        gather: int = 1,
+        linger: float = 0.0,
+    ) -> None:
         self._call = call
         self._pending: list[Item] = []
         self._wake = threading.Condition()
         self._closed = False
+        self._gather = gather
+        self._linger = linger
+        self._first_at = 0.0  # when the first of the pending items arrived
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, items: Sequence[Item]) -> None:
         with self._wake:
+            if not self._pending:
+                self._first_at = time.monotonic()
             self._pending.extend(items)
-            self._wake.notify()
+            if len(self._pending) >= self._gather or self._closed:
+                self._wake.notify()
+            elif len(self._pending) == len(items):
+                self._wake.notify()  # the first: the thread starts its linger
 
     def close(self) -> None:
         """Finish what was submitted, then end the thread."""
@@ -613,6 +643,11 @@ class _Batcher(Generic[Item]):
             with self._wake:
                 while not self._pending and not self._closed:
                     self._wake.wait()
+                while 0 < len(self._pending) < self._gather and not self._closed:
+                    left = self._first_at + self._linger - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._wake.wait(left)
                 if not self._pending:
                     return
                 batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]

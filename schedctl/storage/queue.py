@@ -249,9 +249,12 @@ class QueueRepo(Settles[Lease]):
     ) -> list[Lease]:
         m = schema.queue_messages
         dialect = self.store.dialect
-        # a few more than asked: several may belong to one job with a single slot left
+        # a few more than asked: several may belong to one job with a single slot left.
+        # Only a few: each row is read, loaded and locked (SKIP LOCKED hides it from other
+        # workers until this commits), and a job at its limit is filtered out by the query
+        # itself, so a short lease only means the next call takes the rest
         now, found = dialect.lease_candidates(
-            connection, tenant_id, queue, min(limit * 4, limit + 100)
+            connection, tenant_id, queue, limit + min(limit // 4, 100) + 4
         )
         if not found:
             return []
@@ -265,11 +268,15 @@ class QueueRepo(Settles[Lease]):
             found = [c for c in found if c[10] not in STOPPED_JOB_STATUSES]
             if not found:
                 return []
-        job_ids = sorted({c[1] for c in found})
         # Serialize the slot count per job: a second worker waits here and then counts the
-        # first one's committed lease, so two cannot both take the last slot.
-        dialect.lock_job_slots(connection, job_ids)
-        counts = dialect.leased_counts(connection, job_ids)
+        # first one's committed lease, so two cannot both take the last slot. Jobs without
+        # a limit (max_concurrency 0) have no slots to count: when all are such, two
+        # statements fewer.
+        job_ids = sorted({c[1] for c in found if c[7] > 0})
+        counts: dict[str, int] = {}
+        if job_ids:
+            dialect.lock_job_slots(connection, job_ids)
+            counts = dialect.leased_counts(connection, job_ids)
         leased_until = now + timedelta(seconds=lease_seconds)
         leases: list[Lease] = []
         for c in found:

@@ -394,6 +394,39 @@ def test_max_concurrency_zero_means_no_limit(store: Store) -> None:
     assert len(repo.lease("q", "w1", 30, limit=10, tenant_id=tenant)) == 3
 
 
+def test_unlimited_and_limited_jobs_in_one_lease(store: Store) -> None:
+    # the slot count is taken for the limited job only: its limit still holds beside an
+    # unlimited job's runs
+    tenant = make_tenant(store)
+    free = queue_job(store, max_concurrency=0)
+    one = queue_job(store, max_concurrency=1)
+    for _ in range(3):
+        trigger(store, free)
+        trigger(store, one)
+    repo = QueueRepo(store)
+    repo.move_outbox()
+    leases = repo.lease("q", "w1", 30, limit=10, tenant_id=tenant)
+    assert sorted(le.job_id for le in leases) == sorted([free] * 3 + [one])
+    assert repo.lease("q", "w2", 30, limit=10, tenant_id=tenant) == []
+
+
+def test_a_job_at_its_limit_does_not_hide_the_runs_behind_it(store: Store) -> None:
+    # many runs of one max_concurrency=1 job ahead of others in the queue: one lease takes
+    # one of them and (the query leaving out a job at its limit) the next takes the others
+    tenant = make_tenant(store)
+    busy = queue_job(store, max_concurrency=1)
+    for _ in range(12):
+        trigger(store, busy)
+    others = [queue_job(store, max_concurrency=1) for _ in range(3)]
+    for job in others:
+        trigger(store, job)
+    repo = QueueRepo(store)
+    repo.move_outbox()
+    taken = repo.lease("q", "w1", 30, limit=2, tenant_id=tenant)
+    taken += repo.lease("q", "w1", 30, limit=10, tenant_id=tenant)
+    assert sorted(le.job_id for le in taken) == sorted([busy, *others])
+
+
 def test_an_expired_unreaped_lease_still_holds_its_slot(store: Store) -> None:
     tenant = make_tenant(store)
     job = queue_job(store, max_concurrency=1)
