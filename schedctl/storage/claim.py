@@ -192,7 +192,15 @@ class Claimer:
         result: ClaimResult,
     ) -> None:
         result.fenced = self._check_epochs(connection, {d.partition for d in due}, epochs)
-        batch = sorted((d for d in due if d.partition not in result.fenced), key=lambda d: d.job_id)
+        # One entry per job, the newest version: the memory may hold a job twice (a
+        # notification and a load), and two entries of one job in one batch made two
+        # outbox rows for its one run on Postgres (the outbox insert joins the batch).
+        newest: dict[str, DueJob] = {}
+        unfenced = [d for d in due if d.partition not in result.fenced]
+        for d in unfenced:
+            if d.job_id not in newest or d.version > newest[d.job_id].version:
+                newest[d.job_id] = d
+        batch = sorted(newest.values(), key=lambda d: d.job_id)
         if not batch:
             return
         plans = {
@@ -226,7 +234,7 @@ class Claimer:
             for d in batch
         ]
         advanced = self._advance_jobs(connection, updates, now)
-        result.stale = len(batch) - len(advanced)
+        result.stale = len(unfenced) - len(advanced)  # the duplicates are stale too
         run_rows: list[dict[str, Any]] = []
         for d in batch:
             if d.job_id not in advanced:
