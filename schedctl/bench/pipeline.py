@@ -9,6 +9,7 @@ runs, and deletes them at the end."""
 from __future__ import annotations
 
 import json
+import os
 import resource
 import subprocess
 import threading
@@ -120,18 +121,23 @@ class _QueueSampler:
 
 
 class _Processes:
-    """Every process of a run by name, and their peak RSS as last sampled (VmHWM only
-    grows, so the last look before the stop is the peak)."""
+    """Every process of a run by name, their peak RSS and their CPU seconds as last sampled
+    (VmHWM and CPU time only grow, so the last look before the stop is the figure). CPU
+    seconds are what a loaded machine does not distort: a stage's cost per run."""
 
     def __init__(self) -> None:
         self.pids: dict[str, int] = {}
         self.peak: dict[str, int] = {}
+        self.cpu: dict[str, float] = {}
 
     def sample(self) -> None:
         for name, pid in self.pids.items():
             value = measure.peak_rss_bytes(pid)
             if value is not None:
                 self.peak[name] = max(value, self.peak.get(name, 0))
+            cpu = measure.cpu_seconds(pid)
+            if cpu is not None:
+                self.cpu[name] = max(cpu, self.cpu.get(name, 0.0))
 
 
 def lateness(pairs: Sequence[tuple[datetime, float]]) -> dict[str, float | int | None]:
@@ -353,6 +359,7 @@ def _run(
     `first_due`), dispatchers, the wait (`wait_seconds` after the first due instant), the
     stop, the measurement."""
     ceiling = spawn_ceiling(plan.spawn_seconds) if plan.spawn_seconds > 0 else None
+    load_before = os.getloadavg()
     bench = _Bench(store, plan)
     try:
         target = bench.start_consumers()
@@ -381,7 +388,14 @@ def _run(
             # steady: how long before the first run's instant the dispatchers started
             "dispatchers_started_before_first_due_seconds": round(margin, 2),
             "complete": complete,
+            # the machine's 1-minute load average before and after: others' load skews times
+            "load_average": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
             "peak_rss_bytes": procs,
+            # up to the stop (start-up included, shutdown not)
+            "cpu_seconds": {k: round(v, 2) for k, v in bench.procs.cpu.items()},
+            "cpu_seconds_per_100k_runs": {
+                k: round(v * 100_000 / max(total, 1), 2) for k, v in bench.procs.cpu.items()
+            },
             "exit_codes": exits,
             "log_trouble": sum(len(v) for v in bench.consumers.trouble().values()),
             "logs": str(plan.dispatchers.logdir),

@@ -13,7 +13,7 @@ row by row); and the day partitions of run history.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import date, datetime
@@ -272,6 +272,13 @@ class Dialect(Protocol):
     def vacuum(self, engine: Engine, table: str, *, full: bool) -> None:
         """Outside any transaction: clear the dead rows of `table` and refresh its planner
         statistics; with `full`, also give the space of deleted rows back (benchmarks)."""
+        ...
+
+    # -- the built-in queue relay's move (storage/queue.py move_outbox) --------------------
+
+    def key_in(self, column: Any, keys: Collection[str]) -> Any:
+        """`column IN keys` for a batch of text keys (job ids), in the form this backend
+        parses fastest (one statement text whatever the batch size)."""
         ...
 
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import BigInteger, Table, any_, bindparam, text
+from sqlalchemy import BigInteger, Table, Text, any_, bindparam, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection, Engine, RowMapping
@@ -423,6 +423,12 @@ class PostgresDialect:
             connection.execution_options(isolation_level="AUTOCOMMIT").execute(
                 text(f"{command} {table}")
             )
+
+    # -- the built-in queue relay's move (storage/queue.py move_outbox) --------------------
+
+    def key_in(self, column: Any, keys: Collection[str]) -> Any:
+        # one array parameter, as id_in: psycopg parses one text, not one per batch length
+        return column == any_(bindparam(None, sorted(keys), type_=ARRAY(Text)))
 
 
 class PostgresChangeFeed:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, bindparam, case, delete, func, or_, select, update
+from sqlalchemy import and_, bindparam, case, delete, func, literal, or_, select, update
 from sqlalchemy.engine import Connection, RowMapping
 
 from schedctl import errors
@@ -30,7 +30,7 @@ from schedctl.models import EVERY_HOST_QUEUE_PREFIX, RunStatus, TargetType, run_
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
 from schedctl.storage.clock import db_now
-from schedctl.storage.dialect import LeaseMark
+from schedctl.storage.dialect import LeaseMark, dialect_of
 from schedctl.storage.payloads import decode_payload
 from schedctl.storage.settle import (
     CANCELLED_ERROR,
@@ -43,6 +43,7 @@ from schedctl.storage.settle import (
     Ending,
     Held,
     clip,
+    id_in,
     lost,
     run_by_key,
     settle,
@@ -143,20 +144,17 @@ class QueueRepo(Settles[Lease]):
     def move_outbox(self, limit: int = 500, *, exclude_tenants: Collection[str] = ()) -> int:
         """Move due outbox rows of queue targets into queue messages; returns how many
         were delivered to a queue. Runs of jobs cancelled meanwhile are skipped instead.
-        Rows of `exclude_tenants` (tenants whose queue is a RabbitMQ broker) stay."""
-        o = schema.outbox
+        Rows of `exclude_tenants` (tenants whose queue is a RabbitMQ broker) stay.
+
+        Five statements per batch whatever its size: the clock, a read of the rows, one of
+        their jobs' statuses, and the move itself set-based inside the database (INSERT ...
+        SELECT from the outbox, then DELETE), so no row's columns or payload travel to
+        Python and back; per-row inserts were most of the relay's time in a burst."""
+        o, j = schema.outbox, schema.jobs
         with self.store.tx() as connection:
             now = db_now(connection)
             query = (
-                select(
-                    o.c.id,
-                    o.c.job_id,
-                    o.c.scheduled_at,
-                    o.c.tenant_id,
-                    o.c.target,
-                    o.c.attempt,
-                    o.c.payload,
-                )
+                select(o.c.id, o.c.job_id, o.c.scheduled_at, o.c.tenant_id, o.c.target)
                 .where(o.c.target_type == TargetType.queue.value, o.c.available_at <= now)
                 # due order is the order of ix_outbox_type_available: no sort of the backlog
                 .order_by(o.c.available_at)
@@ -168,10 +166,14 @@ class QueueRepo(Settles[Lease]):
             rows = connection.execute(query).mappings().all()
             if not rows:
                 return 0
+            # Two single-table reads, not a join or a subquery per row: a plan made while
+            # the tables were small (psycopg prepares repeated statements, which keep their
+            # plan) costs at worst one scan per batch here; the joined read, once, ran for
+            # minutes after a burst's load.
             statuses = dict(
                 connection.execute(
-                    select(schema.jobs.c.job_id, schema.jobs.c.status).where(
-                        schema.jobs.c.job_id.in_({r["job_id"] for r in rows})
+                    select(j.c.job_id, j.c.status).where(
+                        self.store.dialect.key_in(j.c.job_id, {r["job_id"] for r in rows})
                     )
                 ).all()
             )
@@ -188,34 +190,13 @@ class QueueRepo(Settles[Lease]):
                     error=HOST_NOT_LIVE_ERROR,
                 )
             if deliver:
-                insert = self.store.dialect.insert(schema.queue_messages)
-                # a replay after a crash between insert and delete never duplicates a run
-                connection.execute(
-                    insert.on_conflict_do_nothing(index_elements=["job_id", "scheduled_at"]),
-                    [
-                        {
-                            "queue": r["target"],
-                            "job_id": r["job_id"],
-                            "scheduled_at": r["scheduled_at"],
-                            "tenant_id": r["tenant_id"],
-                            "attempt": r["attempt"],
-                            "available_at": now,
-                            "leased_until": None,
-                            "lease_owner": None,
-                            "created_at": now,
-                            "payload": r["payload"],
-                        }
-                        for r in deliver
-                    ],
-                )
+                _queue_rows(connection, [r["id"] for r in deliver], now)
             skip_cancelled(
                 connection,
                 o,
                 [(r["id"], r["job_id"], r["scheduled_at"]) for r in cancelled],
                 now=now,
             )
-            if deliver:
-                connection.execute(delete(o).where(o.c.id.in_([r["id"] for r in deliver])))
             return len(deliver)
 
     # -- workers ---------------------------------------------------------------------------
@@ -628,6 +609,30 @@ def _hosts_not_live(connection: Connection, rows: Sequence[RowMapping], now: dat
         return set()
     live = live_queues(connection, {(r["tenant_id"], r["target"]) for r in every}, now)
     return {r["id"] for r in every if (r["tenant_id"], r["target"]) not in live}
+
+
+def _queue_rows(connection: Connection, ids: Sequence[int], now: datetime) -> None:
+    """Outbox rows `ids` (locked by the caller) -> ready queue messages, in the database."""
+    o, m = schema.outbox, schema.queue_messages
+    picked = select(
+        o.c.target,
+        o.c.job_id,
+        o.c.scheduled_at,
+        o.c.tenant_id,
+        o.c.attempt,
+        literal(now, m.c.available_at.type),
+        literal(now, m.c.created_at.type),
+        o.c.payload,
+    ).where(id_in(connection, o.c.id, ids))
+    insert = dialect_of(connection).insert(m)
+    columns = ["queue", "job_id", "scheduled_at", "tenant_id", "attempt", "available_at"]
+    # a replay after a crash between insert and delete never duplicates a run
+    connection.execute(
+        insert.from_select([*columns, "created_at", "payload"], picked).on_conflict_do_nothing(
+            index_elements=["job_id", "scheduled_at"]
+        )
+    )
+    connection.execute(delete(o).where(id_in(connection, o.c.id, ids)))
 
 
 def worker_tenant(store: Store, tenant: str | None, *, field: str = "tenant") -> str:

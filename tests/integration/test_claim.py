@@ -162,6 +162,21 @@ def test_sequential_stale_claim_commits_nothing(store: Store) -> None:
     assert len(run_keys(store)) == 50 and len(outbox_keys(store)) == 50
 
 
+def test_a_job_listed_twice_in_one_batch_is_claimed_once(store: Store) -> None:
+    """The memory may hold a job twice (a notification and a reload); one batch with both
+    advances it once and makes one run and one outbox row."""
+    tenant = make_tenant(store)
+    epochs = own_all(store)
+    bulk_once_jobs(store, tenant, [ago(5)] * 3)
+    claimer = Claimer(store, "d1")
+    now = datetime.now(UTC)
+    due = claimer.load_due(ALL, now)
+    result = claimer.claim([*due, due[0]], epochs, now)
+    assert len(result.dispatched) == 3 and result.stale == 1
+    assert len(run_keys(store)) == 3 and len(outbox_keys(store)) == 3
+    assert_exactly_once(store)
+
+
 def test_cancel_committed_before_a_stale_claim_produces_no_run(store: Store) -> None:
     tenant = make_tenant(store)
     epochs = own_all(store)

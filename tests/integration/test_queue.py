@@ -133,6 +133,31 @@ def test_move_outbox_skips_runs_of_cancelled_jobs(store: Store) -> None:
     assert run["finished_at"] is not None
 
 
+def test_one_move_queues_live_runs_with_their_stored_payload_and_skips_cancelled_ones(
+    store: Store,
+) -> None:
+    """The move is set-based (INSERT ... SELECT): the row's stored payload goes with it,
+    and the cancelled job's run in the same batch is skipped, not queued."""
+    make_tenant(store)
+    live, stopped = queue_job(store), queue_job(store)
+    at = trigger(store, live)
+    gone_at = trigger(store, stopped)
+    with store.tx() as connection:
+        connection.execute(
+            schema.outbox.update()
+            .where(schema.outbox.c.job_id == live)
+            .values(payload='{"as": "claimed"}')
+        )
+    JobRepo(store).cancel(stopped, actor="test")
+    assert QueueRepo(store).move_outbox(limit=10) == 1
+    assert outbox_count(store) == 0
+    [moved] = messages(store)
+    assert (moved["job_id"], moved["scheduled_at"]) == (live, at)
+    assert moved["payload"] == '{"as": "claimed"}'
+    assert moved["available_at"] == moved["created_at"] is not None
+    assert run_row(store, stopped, gone_at)["status"] == "skipped"
+
+
 def test_move_outbox_leaves_rows_of_excluded_tenants(store: Store) -> None:
     """Queue rows of tenants with a RabbitMQ broker are the RabbitMQ relay's, not the
     built-in queue's."""
