@@ -274,6 +274,23 @@ class Dialect(Protocol):
         statistics; with `full`, also give the space of deleted rows back (benchmarks)."""
         ...
 
+    # -- job creation (storage/job_create.py) ------------------------------------------
+
+    def text_in(self, column: Any, values: Sequence[str]) -> Any:
+        """`column IN values` for a batch of strings (idempotency keys, names), in the form
+        this backend parses fastest."""
+        ...
+
+    def insert_jobs(self, connection: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Insert job rows (every column of `jobs` in each) in one statement."""
+        ...
+
+    def insert_audit_entries(
+        self, connection: Connection, rows: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """Insert audit_log rows (at, tenant_id, actor, action, job_id, detail)."""
+        ...
+
 
 _DIALECTS: dict[str, Dialect] = {}
 

@@ -351,6 +351,19 @@ class SqliteDialect:
             with engine.begin() as connection:
                 connection.execute(text(f"ANALYZE {table}"))
 
+    # -- job creation (storage/job_create.py) ------------------------------------------
+
+    def text_in(self, column: Any, values: Sequence[str]) -> Any:
+        return column.in_(values)
+
+    def insert_jobs(self, connection: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
+        connection.execute(insert(schema.jobs), list(rows))
+
+    def insert_audit_entries(
+        self, connection: Connection, rows: Sequence[Mapping[str, Any]]
+    ) -> None:
+        connection.execute(insert(schema.audit_log), list(rows))
+
 
 class SqliteChangeFeed:
     """Polls the change counter; when it moved, the dispatcher reloads its window, which
