@@ -34,7 +34,7 @@ from schedctl.storage.changes import notify_job_changes
 from schedctl.storage.clock import db_now
 from schedctl.storage.dialect import dialect_of
 from schedctl.storage.payloads import encode_payload
-from schedctl.storage.rows import job_from_row
+from schedctl.storage.rows import JOB_AS_STORED, as_stored, job_from_row
 from schedctl.storage.store import Store
 
 MAX_BATCH = limits.MAX_BATCH_JOBS
@@ -330,7 +330,7 @@ class _Batch:
         # built from the rows written
         rows = [row for _, row in pending]
         self.dialect.insert_jobs(self.connection, rows)
-        jobs = [job_from_row(row) for row in rows]
+        jobs = [_job_of(self.items[index].spec, row) for index, row in pending]
         audit_many(
             self.connection,
             [
@@ -363,6 +363,20 @@ class _Batch:
             return
         self._claim(index, row)
         self.outcomes[index] = Outcome(job=job, created=True)
+
+
+def _job_of(spec: JobSpec, row: dict[str, Any]) -> Job:
+    """The Job a row just written holds: its spec's values as parsed, not read back (the
+    schedule's JSON and the payload's encoding, decrypted, cost more than the insert)."""
+    return Job(
+        schedule=spec.schedule,
+        target=spec.target,
+        payload=spec.payload,
+        retry=spec.retry,
+        misfire_policy=spec.misfire_policy,
+        status=JobStatus.active,
+        **as_stored(row, JOB_AS_STORED),
+    )
 
 
 def _admit_all(_: int) -> errors.SchedError | None:
