@@ -276,9 +276,9 @@ class Dialect(Protocol):
 
     # -- job creation (storage/job_create.py) ------------------------------------------
 
-    def text_in(self, column: Any, values: Sequence[str]) -> Any:
-        """`column IN values` for a batch of strings (idempotency keys, names), in the form
-        this backend parses fastest."""
+    def text_in(self, column: Any, name: str) -> Any:
+        """`column IN :name` for a batch of strings (idempotency keys, names) bound as a
+        list under `name` at execution, in the form this backend parses fastest."""
         ...
 
     def insert_jobs(self, connection: Connection, rows: Sequence[Mapping[str, Any]]) -> None:

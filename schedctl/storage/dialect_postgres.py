@@ -426,9 +426,9 @@ class PostgresDialect:
 
     # -- job creation (storage/job_create.py) ------------------------------------------
 
-    def text_in(self, column: Any, values: Sequence[str]) -> Any:
+    def text_in(self, column: Any, name: str) -> Any:
         # one array parameter: one statement text whatever the batch (see id_in)
-        return column == any_(bindparam(None, list(values), type_=ARRAY(Text)))
+        return column == any_(bindparam(name, type_=ARRAY(Text)))
 
     def insert_jobs(self, connection: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
         _pg_binary(connection, _INSERT_JOBS, _arrays(rows, _JOB_ARRAYS))

@@ -353,8 +353,8 @@ class SqliteDialect:
 
     # -- job creation (storage/job_create.py) ------------------------------------------
 
-    def text_in(self, column: Any, values: Sequence[str]) -> Any:
-        return column.in_(values)
+    def text_in(self, column: Any, name: str) -> Any:
+        return column.in_(bindparam(name, expanding=True))
 
     def insert_jobs(self, connection: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
         connection.execute(insert(schema.jobs), list(rows))

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Select, bindparam, select
 from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.exc import IntegrityError
 
@@ -32,7 +32,7 @@ from schedctl.storage import dependencies, job_lookup, schema
 from schedctl.storage.audit import audit_many
 from schedctl.storage.changes import notify_job_changes
 from schedctl.storage.clock import db_now
-from schedctl.storage.dialect import dialect_of
+from schedctl.storage.dialect import Dialect, dialect_of
 from schedctl.storage.payloads import encode_payload
 from schedctl.storage.rows import JOB_AS_STORED, as_stored, job_from_row
 from schedctl.storage.store import Store
@@ -185,14 +185,11 @@ class _Batch:
 
     def _existing_keys(self) -> dict[str, RowMapping]:
         keys = sorted({i.spec.idempotency_key for i in self.items if i.spec.idempotency_key})
-        jobs = schema.jobs
+        by_key, _ = _lookups(self.dialect)
         found: dict[str, RowMapping] = {}
         for start in range(0, len(keys), IN_CHUNK):
             rows = self.connection.execute(
-                select(jobs).where(
-                    jobs.c.tenant_id == self.tenant_id,
-                    self.dialect.text_in(jobs.c.idempotency_key, keys[start : start + IN_CHUNK]),
-                )
+                by_key, {"tenant_id": self.tenant_id, "values": keys[start : start + IN_CHUNK]}
             ).mappings()
             found.update((row["idempotency_key"], row) for row in rows)
         return found
@@ -206,15 +203,11 @@ class _Batch:
                 for n, i in enumerate(self.items)
             }
         )
-        jobs = schema.jobs
+        _, by_name = _lookups(self.dialect)
         taken: dict[str, str] = {}
         for start in range(0, len(wanted), IN_CHUNK):
             rows = self.connection.execute(
-                select(jobs.c.name, jobs.c.job_id).where(
-                    jobs.c.tenant_id == self.tenant_id,
-                    jobs.c.status != JobStatus.deleted.value,
-                    self.dialect.text_in(jobs.c.name, wanted[start : start + IN_CHUNK]),
-                )
+                by_name, {"tenant_id": self.tenant_id, "values": wanted[start : start + IN_CHUNK]}
             )
             taken.update((row.name, row.job_id) for row in rows)
         return taken
@@ -363,6 +356,29 @@ class _Batch:
             return
         self._claim(index, row)
         self.outcomes[index] = Outcome(job=job, created=True)
+
+
+_LOOKUPS: dict[type, tuple[Select[Any], Select[Any]]] = {}
+
+
+def _lookups(dialect: Dialect) -> tuple[Select[Any], Select[Any]]:
+    """The tenant's jobs by idempotency key and by name (not deleted), for lists bound as
+    "values": built once per backend, so that a create does not build and hash them."""
+    built = _LOOKUPS.get(type(dialect))
+    if built is not None:
+        return built
+    jobs = schema.jobs
+    tenant = jobs.c.tenant_id == bindparam("tenant_id")
+    by_key: Select[Any] = select(jobs).where(
+        tenant, dialect.text_in(jobs.c.idempotency_key, "values")
+    )
+    by_name: Select[Any] = select(jobs.c.name, jobs.c.job_id).where(
+        tenant,
+        jobs.c.status != JobStatus.deleted.value,
+        dialect.text_in(jobs.c.name, "values"),
+    )
+    built = _LOOKUPS[type(dialect)] = (by_key, by_name)
+    return built
 
 
 def _job_of(spec: JobSpec, row: dict[str, Any]) -> Job:
