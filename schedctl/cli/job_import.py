@@ -192,7 +192,8 @@ def _tally(
         # the batch as a whole was refused (too large for the API, say): each of its lines
         for number in batch.line_numbers:
             summary.fail(number, exc)
-        outcomes = []
+        advance(batch.lines)
+        return
     for number, outcome in zip(batch.line_numbers, outcomes, strict=True):
         if outcome.error is not None:
             summary.fail(number, outcome.error)
