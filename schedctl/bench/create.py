@@ -185,8 +185,8 @@ def _import(
     tally.latencies.append(elapsed)
     tally.created = int(report["created"])
     tally.statuses[201] += tally.created
-    if report["failed"]:
-        tally.failures["refused lines"] += int(report["failed"])
+    for failure in report["failures"]:  # refused lines, by what refused them
+        tally.failures[f"{failure['code']}: {str(failure['message'])[:100]}"] += 1
     rate = report.get("jobs_per_s")
     return tally, elapsed, float(rate) if rate is not None else None
 

@@ -16,6 +16,7 @@ from sqlalchemy import BigInteger, Table, Text, any_, bindparam, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection, Engine, RowMapping
+from sqlalchemy.exc import IntegrityError
 
 from schedctl.models import Lane
 from schedctl.storage import schema
@@ -431,7 +432,14 @@ class PostgresDialect:
         return column == any_(bindparam(name, type_=ARRAY(Text)))
 
     def insert_jobs(self, connection: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
-        _pg_binary(connection, _INSERT_JOBS, _arrays(rows, _JOB_ARRAYS))
+        import psycopg
+
+        try:
+            _pg_binary(connection, _INSERT_JOBS, _arrays(rows, _JOB_ARRAYS))
+        except psycopg.IntegrityError as exc:
+            # the driver's own cursor: wrapped as SQLAlchemy would, for job_create's retry
+            # of a key or a name a concurrent create took
+            raise IntegrityError(_INSERT_JOBS, None, exc) from exc
 
     def insert_audit_entries(
         self, connection: Connection, rows: Sequence[Mapping[str, Any]]

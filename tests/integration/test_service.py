@@ -152,6 +152,25 @@ def test_verified_tokens_are_cached_for_a_bounded_time(
         sched.tenants.authenticate_tenant(other_token)
 
 
+def test_a_job_row_inserted_twice_is_an_integrity_error(sched: Scheduler, tenant: str) -> None:
+    """The batch insert (an INSERT over arrays on Postgres, on the driver's cursor) raises
+    SQLAlchemy's IntegrityError, which job_create retries when a concurrent create took a
+    key or a name. Fails when the driver's own error escapes (a 500 for the race)."""
+    from sqlalchemy.exc import IntegrityError
+
+    from schedctl.storage.dialect import dialect_of
+
+    job, _ = sched.create_job(tenant, job_body(), actor=ACTOR)
+    with sched.store.read() as connection:
+        row = dict(
+            connection.execute(select(schema.jobs).where(schema.jobs.c.job_id == job.job_id))
+            .mappings()
+            .one()
+        )
+    with pytest.raises(IntegrityError), sched.store.engine.begin() as connection:
+        dialect_of(connection).insert_jobs(connection, [{**row, "job_id": "f" * 32}])
+
+
 # -- create ----------------------------------------------------------------------------
 
 
