@@ -1,7 +1,9 @@
 """Owns the creation benchmark (`schedctl bench create`): jobs created per second through a
 `scheduled-d api` process on loopback, by single POST /v1/jobs or by POST /v1/jobs:batch,
 from C keep-alive clients (http.client: the client's own cost stays small next to the
-server's), with the request latency percentiles. Measured and reported, never asserted.
+server's), with the request latency percentiles; or by `schedctl --api URL job import
+FILE.jsonl` run as a process (the shipped command, its batches and all). The API's CPU
+per job is reported in every mode. Measured and reported, never asserted.
 
 A throwaway tenant with quotas raised out of the way creates one-time jobs a year ahead
 (nothing fires), each with its own idempotency key; the tenant and its jobs are deleted
@@ -15,6 +17,7 @@ import json
 import math
 import os
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -24,9 +27,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from schedctl import errors
+from schedctl import errors, limits
 from schedctl.bench import children, measure
-from schedctl.bench.api_workers import api_argv, api_url, loopback_port, wait_healthy
+from schedctl.bench.api_workers import (
+    SCHEDULED_D,
+    api_argv,
+    api_url,
+    loopback_port,
+    wait_healthy,
+)
 from schedctl.service import Scheduler
 from schedctl.storage import bench as bench_rows
 from schedctl.storage.engine import redact
@@ -43,6 +52,7 @@ class CreateBenchConfig:
     concurrency: int
     batch: bool
     batch_size: int
+    job_import: bool  # `schedctl job import` of a file of `jobs` lines, instead of clients
     max_seconds: float
     payload_bytes: int
     keep: bool
@@ -61,6 +71,8 @@ def run(scheduler: Scheduler, database_url: str, config: CreateBenchConfig) -> d
     """Start the API, create the jobs, report. The tenant is removed afterwards unless kept."""
     tenant, token = scheduler.create_tenant(f"bench-create-{uuid.uuid4().hex[:8]}", "cli:bench")
     warmup = config.concurrency * WARMUP_REQUESTS * (config.batch_size if config.batch else 1)
+    if config.job_import:
+        warmup = 0
     try:
         scheduler.set_quotas(
             tenant.tenant_id,
@@ -70,7 +82,11 @@ def run(scheduler: Scheduler, database_url: str, config: CreateBenchConfig) -> d
         )
         with _api(database_url) as (host, port, pid):
             cpu_before = measure.cpu_seconds(pid)
-            tally, elapsed = _drive(host, port, token, config)
+            if config.job_import:
+                tally, elapsed, imported = _import(host, port, token, config)
+            else:
+                tally, elapsed = _drive(host, port, token, config)
+                imported = None
             cpu_after = measure.cpu_seconds(pid)
     finally:
         if not config.keep:
@@ -79,8 +95,10 @@ def run(scheduler: Scheduler, database_url: str, config: CreateBenchConfig) -> d
     cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
     return {
         "database": redact(str(scheduler.store.engine.url)),
-        "mode": "batch" if config.batch else "single",
-        "batch_size": config.batch_size if config.batch else 1,
+        "mode": "import" if config.job_import else "batch" if config.batch else "single",
+        "batch_size": (
+            limits.MAX_BATCH_JOBS if config.job_import else config.batch_size if config.batch else 1
+        ),
         "concurrency": config.concurrency,
         "jobs": config.jobs,
         "payload_bytes": config.payload_bytes,
@@ -97,6 +115,9 @@ def run(scheduler: Scheduler, database_url: str, config: CreateBenchConfig) -> d
         "api_cpu_s": None if cpu is None else round(cpu, 3),
         "api_cpu_ms_per_job": None if cpu is None else round(1000 * cpu / max(1, tally.created), 3),
         "tenant": tenant.name if config.keep else None,
+        # the import's own figure: from its first line read to its last batch answered,
+        # without the command's start-up (elapsed_s counts that)
+        **({} if imported is None else {"import_jobs_per_s": imported}),
     }
 
 
@@ -126,6 +147,48 @@ def _api(database_url: str) -> Iterator[tuple[str, int, int]]:
         yield "127.0.0.1", port, process.pid
     finally:
         children.stop(process, STOP_SECONDS)
+
+
+def _import(
+    host: str, port: int, token: str, config: CreateBenchConfig
+) -> tuple[_Tally, float, float | None]:
+    """`schedctl --api URL job import FILE -o json` of `jobs` lines (each with its own
+    idempotency key); the tally has one "request" (the whole command)."""
+    tally = _Tally()
+    payload = {"bench": "x" * config.payload_bytes}
+    run_id = uuid.uuid4().hex[:8]
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", prefix="bench-import-") as file:
+        for number in range(config.jobs):
+            body = {
+                "schedule": {"delay": "365d"},
+                "target": {"type": "queue", "name": "bench-create"},
+                "payload": payload,
+                "idempotency_key": f"{run_id}-{number}",
+            }
+            file.write(json.dumps(body, separators=(",", ":")) + "\n")
+        file.flush()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULED_")}
+        env.update(SCHEDULED_API_URL=f"http://{host}:{port}", SCHEDULED_API_TOKEN=token)
+        schedctl = str(SCHEDULED_D.parent / "schedctl")
+        argv = [schedctl, "job", "import", file.name, "-o", "json"]
+        began = time.perf_counter()
+        done = subprocess.run(
+            argv, env=env, capture_output=True, timeout=config.max_seconds + REQUEST_TIMEOUT_SECONDS
+        )
+        elapsed = time.perf_counter() - began
+    try:
+        report = json.loads(done.stdout)
+    except ValueError:
+        tally.failures[f"exit {done.returncode}"] += 1
+        tail = done.stderr.decode(errors="replace").strip().splitlines()[-3:]
+        raise errors.SchedError("job import failed: " + " | ".join(tail)) from None
+    tally.latencies.append(elapsed)
+    tally.created = int(report["created"])
+    tally.statuses[201] += tally.created
+    for failure in report["failures"]:  # refused lines, by what refused them
+        tally.failures[f"{failure['code']}: {str(failure['message'])[:100]}"] += 1
+    rate = report.get("jobs_per_s")
+    return tally, elapsed, float(rate) if rate is not None else None
 
 
 def _drive(host: str, port: int, token: str, config: CreateBenchConfig) -> tuple[_Tally, float]:

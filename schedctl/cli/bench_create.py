@@ -1,6 +1,7 @@
 """Owns `schedctl bench create`: jobs created per second through a `scheduled-d api` process
 on loopback, by single POST /v1/jobs or by POST /v1/jobs:batch (--batch), from C keep-alive
-clients (schedctl/bench/create.py does the work). Measured and reported, never asserted."""
+clients, or by `schedctl job import` (--import) (schedctl/bench/create.py does the work).
+Measured and reported, never asserted."""
 
 from __future__ import annotations
 
@@ -28,6 +29,13 @@ def create(
         int,
         count("--batch-size", 1, limits.MAX_BATCH_JOBS, "Jobs per batch request, with --batch"),
     ] = limits.MAX_BATCH_JOBS,
+    job_import: Annotated[
+        bool,
+        typer.Option(
+            "--import",
+            help="Run `schedctl --api URL job import FILE.jsonl` of --jobs lines instead.",
+        ),
+    ] = False,
     max_seconds: Annotated[
         float, seconds("--max-seconds", 1.0, 86_400.0, "Stop sending after this")
     ] = 120.0,
@@ -49,6 +57,7 @@ def create(
         concurrency=concurrency,
         batch=batch,
         batch_size=batch_size,
+        job_import=job_import,
         max_seconds=max_seconds,
         payload_bytes=payload_bytes,
         keep=keep,

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +33,8 @@ if TYPE_CHECKING:
 # a batch also stops short of this many bytes of job bodies, so that it stays under the
 # API's request limit (1 MiB at least) whatever the payloads
 MAX_BATCH_BYTES = 768 * 1024
+# batches sent before the first is answered (each a transaction of its own)
+IN_FLIGHT = 2
 # failures listed in the table output (all of them in JSON)
 SHOWN_FAILURES = 50
 
@@ -40,15 +44,24 @@ class _Summary:
     lines: int = 0
     created: int = 0
     replayed: int = 0
-    failures: list[dict[str, Any]] = field(default_factory=list)
-    first_error: errors.SchedError | None = None
+    # (line, error): recorded as batches are answered, two of them in flight
+    refused: list[tuple[int, errors.SchedError]] = field(default_factory=list)
 
     def fail(self, line: int, error: errors.SchedError) -> None:
-        if self.first_error is None:
-            self.first_error = error
-        self.failures.append(
-            {"line": line, "code": error.code, "field": error.field, "message": error.message}
-        )
+        self.refused.append((line, error))
+
+    @property
+    def failures(self) -> list[dict[str, Any]]:
+        """The failed lines in line order."""
+        return [
+            {"line": line, "code": e.code, "field": e.field, "message": e.message}
+            for line, e in sorted(self.refused, key=lambda failure: failure[0])
+        ]
+
+    @property
+    def first_error(self) -> errors.SchedError | None:
+        """The failure of the first failed line (its exit code is the command's)."""
+        return min(self.refused, key=lambda failure: failure[0])[1] if self.refused else None
 
 
 def job_import(
@@ -84,10 +97,20 @@ def job_import(
     total = _count_lines(file)
     summary = _Summary()
     began = time.perf_counter()
-    with _open(file) as stream, _progress(total, enabled=fmt is not OutputFormat.json) as advance:
+    with (
+        _open(file) as stream,
+        _progress(total, enabled=fmt is not OutputFormat.json) as advance,
+        ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="import") as pool,
+    ):
+        # the next batch is on its way while this one is answered and tallied: the server
+        # (or the database) is not idle while this process reads and parses
+        in_flight: deque[tuple[_Batch, Future[list[Outcome]]]] = deque()
         for batch in _batches(stream, summary):
-            _send(scheduler, tenant, batch, summary)
-            advance(batch.lines)
+            in_flight.append((batch, pool.submit(_create, scheduler, tenant, batch)))
+            if len(in_flight) >= IN_FLIGHT:
+                _tally(*in_flight.popleft(), summary, advance)
+        while in_flight:
+            _tally(*in_flight.popleft(), summary, advance)
     elapsed = time.perf_counter() - began
     report = {
         "file": str(file),
@@ -143,26 +166,33 @@ def _batches(stream: IO[str], summary: _Summary) -> Iterator[_Batch]:
         yield batch
 
 
-def _send(
-    scheduler: Scheduler | ApiClient, tenant: str | None, batch: _Batch, summary: _Summary
-) -> None:
+def _create(scheduler: Scheduler | ApiClient, tenant: str | None, batch: _Batch) -> list[Outcome]:
+    """The batch's outcomes (in a pool thread); a batch refused as a whole raises."""
     if not batch.bodies:
-        return
+        return []
     from schedctl.client import ApiClient
 
+    if isinstance(scheduler, ApiClient):
+        return scheduler.create_many(tenant, batch.bodies, actor=actor())
+    assert tenant is not None  # checked by the command
+    return scheduler.create_many(tenant, batch.bodies, actor=actor())
+
+
+def _tally(
+    batch: _Batch,
+    answer: Future[list[Outcome]],
+    summary: _Summary,
+    advance: Callable[[int], None],
+) -> None:
     try:
-        outcomes: list[Outcome]
-        if isinstance(scheduler, ApiClient):
-            outcomes = scheduler.create_many(tenant, batch.bodies, actor=actor())
-        else:
-            assert tenant is not None  # checked by the command
-            outcomes = scheduler.create_many(tenant, batch.bodies, actor=actor())
+        outcomes = answer.result()
     except (errors.StoreUnavailable, errors.Unauthorized):
         raise  # nothing else will get through either
     except errors.SchedError as exc:
         # the batch as a whole was refused (too large for the API, say): each of its lines
         for number in batch.line_numbers:
             summary.fail(number, exc)
+        advance(batch.lines)
         return
     for number, outcome in zip(batch.line_numbers, outcomes, strict=True):
         if outcome.error is not None:
@@ -171,6 +201,7 @@ def _send(
             summary.created += 1
         else:
             summary.replayed += 1
+    advance(batch.lines)
 
 
 def _count_lines(file: Path) -> int | None:

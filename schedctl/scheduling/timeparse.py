@@ -115,6 +115,8 @@ def _clip(text: str) -> str:
 
 def format_instant(dt: datetime) -> str:
     """RFC 3339 in UTC with Z; microseconds only when non-zero."""
+    if dt.tzinfo is UTC:  # what the database and the parsers give: no conversion to make
+        return dt.replace(tzinfo=None).isoformat() + "Z"
     if dt.tzinfo is None or dt.utcoffset() is None:
         raise ValidationError("needs a UTC offset", field="time")
     return dt.astimezone(UTC).replace(tzinfo=None).isoformat() + "Z"

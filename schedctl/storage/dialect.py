@@ -279,6 +279,22 @@ class Dialect(Protocol):
     def key_in(self, column: Any, keys: Collection[str]) -> Any:
         """`column IN keys` for a batch of text keys (job ids), in the form this backend
         parses fastest (one statement text whatever the batch size)."""
+
+    # -- job creation (storage/job_create.py) ------------------------------------------
+
+    def text_in(self, column: Any, name: str) -> Any:
+        """`column IN :name` for a batch of strings (idempotency keys, names) bound as a
+        list under `name` at execution, in the form this backend parses fastest."""
+        ...
+
+    def insert_jobs(self, connection: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Insert job rows (every column of `jobs` in each) in one statement."""
+        ...
+
+    def insert_audit_entries(
+        self, connection: Connection, rows: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """Insert audit_log rows (at, tenant_id, actor, action, job_id, detail)."""
         ...
 
 

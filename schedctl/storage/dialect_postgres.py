@@ -16,6 +16,7 @@ from sqlalchemy import BigInteger, Table, Text, any_, bindparam, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection, Engine, RowMapping
+from sqlalchemy.exc import IntegrityError
 
 from schedctl.models import Lane
 from schedctl.storage import schema
@@ -430,6 +431,27 @@ class PostgresDialect:
         # one array parameter, as id_in: psycopg parses one text, not one per batch length
         return column == any_(bindparam(None, sorted(keys), type_=ARRAY(Text)))
 
+    # -- job creation (storage/job_create.py) ------------------------------------------
+
+    def text_in(self, column: Any, name: str) -> Any:
+        # one array parameter: one statement text whatever the batch (see id_in)
+        return column == any_(bindparam(name, type_=ARRAY(Text)))
+
+    def insert_jobs(self, connection: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
+        import psycopg
+
+        try:
+            _pg_binary(connection, _INSERT_JOBS, _arrays(rows, _JOB_ARRAYS))
+        except psycopg.IntegrityError as exc:
+            # the driver's own cursor: wrapped as SQLAlchemy would, for job_create's retry
+            # of a key or a name a concurrent create took
+            raise IntegrityError(_INSERT_JOBS, None, exc) from exc
+
+    def insert_audit_entries(
+        self, connection: Connection, rows: Sequence[Mapping[str, Any]]
+    ) -> None:
+        _pg_binary(connection, _INSERT_AUDIT, _arrays(rows, _AUDIT_ARRAYS))
+
 
 class PostgresChangeFeed:
     """A dedicated autocommit connection LISTENing on the jobs channel; after losing it
@@ -638,3 +660,63 @@ FROM (
     FROM generate_series(0, :size - 1) AS i
 ) AS g
 """
+
+
+# Job creation: a batch's jobs and its audit entries as one INSERT over arrays each (see
+# _ATTEMPT_ARRAYS), instead of an executemany of a statement per row.
+_JOB_ARRAYS = (
+    ("job_id", "text"),
+    ("tenant_id", "text"),
+    ("name", "text"),
+    ("schedule", "text"),
+    ("target_type", "text"),
+    ("target", "text"),
+    ("payload", "text"),
+    ("max_attempts", "integer"),
+    ("retry_base_seconds", "float8"),
+    ("retry_max_seconds", "float8"),
+    ("misfire_policy", "text"),
+    ("grace_seconds", "integer"),
+    ("window_seconds", "integer"),
+    ("max_concurrency", "integer"),
+    ("timeout_seconds", "integer"),
+    ("start_at", "timestamptz"),
+    ("end_at", "timestamptz"),
+    ("status", "text"),
+    ("next_run_at", "timestamptz"),
+    ("next_fire_at", "timestamptz"),
+    ("partition", "integer"),
+    ("version", "bigint"),
+    ("idempotency_key", "text"),
+    ("request_hash", "text"),
+    ("created_at", "timestamptz"),
+    ("updated_at", "timestamptz"),
+)
+_AUDIT_ARRAYS = (
+    ("at", "timestamptz"),
+    ("tenant_id", "text"),
+    ("actor", "text"),
+    ("action", "text"),
+    ("job_id", "text"),
+    ("detail", "text"),
+)
+
+
+def _insert_over_arrays(table: str, arrays: tuple[tuple[str, str], ...]) -> str:
+    return (
+        f"INSERT INTO {table} ("
+        + ", ".join(f'"{name}"' for name, _ in arrays)
+        + ") SELECT * FROM unnest("
+        + ", ".join(f"CAST(%({name})b AS {kind}[])" for name, kind in arrays)
+        + ")"
+    )
+
+
+_INSERT_JOBS = _insert_over_arrays("jobs", _JOB_ARRAYS)
+_INSERT_AUDIT = _insert_over_arrays("audit_log", _AUDIT_ARRAYS)
+
+
+def _arrays(
+    rows: Sequence[Mapping[str, Any]], arrays: tuple[tuple[str, str], ...]
+) -> dict[str, list[Any]]:
+    return {name: [row.get(name) for row in rows] for name, _ in arrays}

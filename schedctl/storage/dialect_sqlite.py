@@ -411,6 +411,19 @@ class SqliteDialect:
         # a batch is at most a few thousand: within SQLite's limit of bound variables
         return column.in_(sorted(keys))
 
+    # -- job creation (storage/job_create.py) ------------------------------------------
+
+    def text_in(self, column: Any, name: str) -> Any:
+        return column.in_(bindparam(name, expanding=True))
+
+    def insert_jobs(self, connection: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
+        connection.execute(insert(schema.jobs), list(rows))
+
+    def insert_audit_entries(
+        self, connection: Connection, rows: Sequence[Mapping[str, Any]]
+    ) -> None:
+        connection.execute(insert(schema.audit_log), list(rows))
+
 
 class SqliteChangeFeed:
     """Polls the change counter; when it moved, the dispatcher reloads its window, which

@@ -8,8 +8,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Integer, Select, bindparam, func, select
 from sqlalchemy.engine import Connection
 
 from schedctl import errors
@@ -40,38 +41,48 @@ class QuotaUse:
         ever had, and at most create_rate_per_minute of them. Slots are counted up to
         max_jobs: past that the answer is the same (full), and a tenant with millions of
         jobs must not cost a count of millions per create."""
-        jobs = schema.jobs
         floor = max(0, int((time.time() - (window + skew).total_seconds()) * 1000))
-        # the oldest `create_rate_per_minute` of them at most (ids sort by creation): past
-        # that the answer is the same (over), whatever the window holds
-        recent = (
-            select(jobs.c.created_at)
-            .where(
-                jobs.c.tenant_id == self.tenant_id,
-                jobs.c.job_id >= f"{floor:012x}",
-                jobs.c.created_at > self.now - window,
-            )
-            .order_by(jobs.c.job_id)
-            .limit(self.create_rate_per_minute)
-            .subquery()
-        )
-        holding = (
-            select(jobs.c.job_id)
-            .where(
-                jobs.c.tenant_id == self.tenant_id,
-                jobs.c.status.in_([JobStatus.active.value, JobStatus.paused.value]),
-            )
-            .limit(self.max_jobs)
-            .subquery()
-        )
         created, oldest, active = self._connection.execute(
-            select(
-                select(func.count()).select_from(recent).scalar_subquery(),
-                select(func.min(recent.c.created_at)).scalar_subquery(),
-                select(func.count()).select_from(holding).scalar_subquery(),
-            )
+            _COUNTS,
+            {
+                "tenant_id": self.tenant_id,
+                "floor": f"{floor:012x}",
+                "since": self.now - window,
+                "rate_limit": self.create_rate_per_minute,
+                "slots_limit": self.max_jobs,
+            },
         ).one()
         return int(created), oldest, int(active)
+
+
+def _counts_statement() -> Select[Any]:
+    """QuotaUse.counts's one statement, built once (a create would otherwise build and
+    hash it again): the oldest `rate_limit` ids from `floor` created after `since` (ids
+    sort by creation: past that the answer is the same, over), and up to `slots_limit`
+    jobs holding a slot."""
+    jobs = schema.jobs
+    tenant = jobs.c.tenant_id == bindparam("tenant_id")
+    recent = (
+        select(jobs.c.created_at)
+        .where(tenant, jobs.c.job_id >= bindparam("floor"), jobs.c.created_at > bindparam("since"))
+        .order_by(jobs.c.job_id)
+        .limit(bindparam("rate_limit", type_=Integer))
+        .subquery()
+    )
+    holding = (
+        select(jobs.c.job_id)
+        .where(tenant, jobs.c.status.in_([JobStatus.active.value, JobStatus.paused.value]))
+        .limit(bindparam("slots_limit", type_=Integer))
+        .subquery()
+    )
+    return select(
+        select(func.count()).select_from(recent).scalar_subquery(),
+        select(func.min(recent.c.created_at)).scalar_subquery(),
+        select(func.count()).select_from(holding).scalar_subquery(),
+    )
+
+
+_COUNTS = _counts_statement()
 
 
 def lock_quota_use(connection: Connection, tenant_id: str) -> QuotaUse:

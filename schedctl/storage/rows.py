@@ -35,7 +35,7 @@ def as_stored(row: Mapping[Any, Any], names: tuple[str, ...]) -> dict[str, Any]:
 
 
 # the jobs columns a Job keeps as stored
-_JOB_AS_STORED = (
+JOB_AS_STORED = (
     "job_id",
     "tenant_id",
     "name",
@@ -97,7 +97,7 @@ def job_from_row(row: Mapping[Any, Any]) -> Job:
         ),
         misfire_policy=MisfirePolicy(row["misfire_policy"]),
         status=JobStatus(row["status"]),
-        **as_stored(row, _JOB_AS_STORED),
+        **as_stored(row, JOB_AS_STORED),
     )
 
 

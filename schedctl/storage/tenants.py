@@ -11,6 +11,7 @@ names the token (for revocation and audit) without revealing it.
 from __future__ import annotations
 
 import builtins
+import functools
 import hashlib
 import json
 import re
@@ -31,6 +32,7 @@ from schedctl.storage.audit import audit
 from schedctl.storage.clock import db_now
 from schedctl.storage.rows import tenant_from_row
 from schedctl.storage.store import Store
+from schedctl.storage.token_cache import VERIFIED_TOKENS
 
 TOKEN_PREFIX = "st_"
 DEFAULT_MAX_JOBS = 10_000
@@ -92,6 +94,8 @@ def change_tenant(
     connection.execute(
         update(schema.tenants).where(schema.tenants.c.tenant_id == tenant_id).values(**values)
     )
+    # the API's cached Tenant (allow-list, quotas) of this process is stale from now on
+    VERIFIED_TOKENS.forget(tenant_id=tenant_id)
     audit(
         connection,
         at=db_now(connection),
@@ -223,24 +227,43 @@ class TenantRepo:
         return str(row.tenant_id), str(row.token_id)
 
     def authenticate_tenant(self, token: str) -> tuple[Tenant, str]:
-        """(tenant, token_id) for a valid, unrevoked token, in one query; Unauthorized
-        otherwise. The API calls this on every request, so a revocation takes effect at once."""
+        """(tenant, token_id) for a valid, unrevoked token, in one query or from the
+        process's cache of verified tokens (storage/token_cache.py: a revocation elsewhere
+        takes effect here within TOKEN_CACHE_SECONDS); Unauthorized otherwise."""
+        cached = self.cached_tenant(token)
+        if cached is not None:
+            return cached
         if not isinstance(token, str) or not _TOKEN.fullmatch(token):
             raise errors.Unauthorized("invalid API token", field="token")
+        token_hash = hash_token(token)
+        generation = VERIFIED_TOKENS.generation
         tokens = schema.api_tokens
         with self.store.read() as connection:
             row = (
                 connection.execute(
                     select(schema.tenants, tokens.c.token_id, tokens.c.revoked_at)
                     .join(tokens, tokens.c.tenant_id == schema.tenants.c.tenant_id)
-                    .where(tokens.c.token_hash == hash_token(token))
+                    .where(tokens.c.token_hash == token_hash)
                 )
                 .mappings()
                 .first()
             )
         if row is None or row["revoked_at"] is not None:
             raise errors.Unauthorized("invalid API token", field="token")
-        return tenant_from_row(row), str(row["token_id"])
+        tenant, token_id = tenant_from_row(row), str(row["token_id"])
+        VERIFIED_TOKENS.put(self._database, token_hash, tenant, token_id, generation=generation)
+        return tenant, token_id
+
+    def cached_tenant(self, token: str) -> tuple[Tenant, str] | None:
+        """(tenant, token_id) when the token was verified within the cache's TTL, without
+        touching the database; None: ask authenticate_tenant."""
+        if not isinstance(token, str):
+            return None
+        return VERIFIED_TOKENS.get(self._database, hash_token(token))
+
+    @functools.cached_property
+    def _database(self) -> str:
+        return str(self.store.engine.url)
 
     def list_tokens(self, tenant: str) -> builtins.list[TokenInfo]:
         """The tenant's API tokens (ids and dates only), oldest first."""
@@ -334,6 +357,8 @@ class TenantRepo:
                 action="token_revoke",
                 detail={"token_id": token_id},
             )
+        # after the commit: a lookup racing the revocation cannot cache the old row
+        VERIFIED_TOKENS.forget(token_id=token_id)
 
     @staticmethod
     def _insert_token(connection: Connection, tenant_id: str) -> tuple[str, str]:

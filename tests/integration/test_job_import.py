@@ -132,3 +132,23 @@ def test_import_through_the_api_creates_in_the_tokens_tenant(
     assert {f["line"]: f["field"] for f in report["failures"]} == bad
     assert jobs_of(sched, "other") == 20
     assert jobs_of(sched, "acme") == 0
+
+
+def test_a_batch_refused_whole_fails_its_lines_and_the_next_batch_is_created(
+    sched: Scheduler, tmp_path: Path
+) -> None:
+    """The first batch (1,000 lines) is over the API's request limit: each of its lines is
+    reported, while the second batch, in flight beside it, is created. Fails when a batch
+    refused as a whole stops the import or is tallied as created."""
+    _, token = sched.create_tenant("other", "test")
+    path = write(tmp_path / "jobs.jsonl", [json.dumps(body(i)) for i in range(1010)])
+    server = ApiServer(sched, "127.0.0.1:0", access_log=False, max_request_bytes=50_000)
+    server.start()
+    try:
+        code, report = run_import(["--api", server.url, "--token", token], path)
+    finally:
+        server.stop()
+    assert code != 0
+    assert (report["created"], report["failed"]) == (10, 1000)
+    assert [f["line"] for f in report["failures"]] == list(range(1, 1001))
+    assert jobs_of(sched, "other") == 10

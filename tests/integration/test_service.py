@@ -110,6 +110,67 @@ def test_tokens_authenticate_revoke_and_rotate(sched: Scheduler) -> None:
             sched.tenants.authenticate(bad)
 
 
+def test_verified_tokens_are_cached_for_a_bounded_time(
+    sched: Scheduler, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A token verified once is served from the process's cache until its TTL passes; a
+    revocation in this process drops it at once, one by another process (another store:
+    its own cache is not this one) is seen when the entry expires. Fails when the cache
+    outlives its TTL or maps a token to another tenant."""
+    from schedctl.storage import token_cache
+
+    now = [1000.0]
+    cache = token_cache.TokenCache(ttl=5.0, clock=lambda: now[0])
+    monkeypatch.setattr("schedctl.storage.tenants.VERIFIED_TOKENS", cache)
+    acme, acme_token = sched.create_tenant("acme", ACTOR)
+    other, other_token = sched.create_tenant("other", ACTOR)
+    assert sched.tenants.cached_tenant(acme_token) is None
+    assert sched.tenants.authenticate_tenant(acme_token)[0].tenant_id == acme.tenant_id
+    assert sched.tenants.authenticate_tenant(other_token)[0].tenant_id == other.tenant_id
+    cached = sched.tenants.cached_tenant(acme_token)
+    assert cached is not None and cached[0].tenant_id == acme.tenant_id
+    # revoked by "another process": the row changes without this cache knowing
+    acme_id = sched.tenants.authenticate(acme_token)[1]
+    with sched.store.tx() as connection:
+        connection.execute(
+            update(schema.api_tokens)
+            .where(schema.api_tokens.c.token_id == acme_id)
+            .values(revoked_at=datetime.now(UTC))
+        )
+    assert sched.tenants.authenticate_tenant(acme_token)[0].tenant_id == acme.tenant_id
+    now[0] += 5.0  # the TTL is over: the database says revoked
+    with pytest.raises(errors.Unauthorized):
+        sched.tenants.authenticate_tenant(acme_token)
+    with pytest.raises(errors.Unauthorized):  # and a refused token is never cached
+        sched.tenants.authenticate_tenant(acme_token)
+    # revoked in this process: refused at once, within the TTL
+    sched.tenants.authenticate_tenant(other_token)
+    assert sched.tenants.cached_tenant(other_token) is not None
+    sched.revoke_token(other_token, actor=ACTOR)
+    assert sched.tenants.cached_tenant(other_token) is None
+    with pytest.raises(errors.Unauthorized):
+        sched.tenants.authenticate_tenant(other_token)
+
+
+def test_a_job_row_inserted_twice_is_an_integrity_error(sched: Scheduler, tenant: str) -> None:
+    """The batch insert (an INSERT over arrays on Postgres, on the driver's cursor) raises
+    SQLAlchemy's IntegrityError, which job_create retries when a concurrent create took a
+    key or a name. Fails when the driver's own error escapes (a 500 for the race)."""
+    from sqlalchemy.exc import IntegrityError
+
+    from schedctl.storage.dialect import dialect_of
+
+    job, _ = sched.create_job(tenant, job_body(), actor=ACTOR)
+    with sched.store.read() as connection:
+        row = dict(
+            connection.execute(select(schema.jobs).where(schema.jobs.c.job_id == job.job_id))
+            .mappings()
+            .one()
+        )
+    with pytest.raises(IntegrityError), sched.store.engine.begin() as connection:
+        dialect_of(connection).insert_jobs(connection, [{**row, "job_id": "f" * 32}])
+
+
 # -- create ----------------------------------------------------------------------------
 
 

@@ -56,6 +56,11 @@ def create_app(scheduler: Scheduler, *, max_request_bytes: int | None = None) ->
         docs_url=None,  # the docs pages load scripts from a CDN; /openapi.json is the doc
         redoc_url=None,
         openapi_url="/openapi.json",
+        # FastAPI's own OpenTelemetry off: the daemon exports its metrics itself (Prometheus,
+        # middleware.py), its "logs" would record exception messages (SQL parameters hold
+        # payloads), and asking whether a provider is configured read the environment on
+        # every request, a twentieth of a create's CPU
+        telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
     )
     app.state.scheduler = scheduler
     # in this order: the OpenAPI document lists the paths as they are included

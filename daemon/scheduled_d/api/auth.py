@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 
 from schedctl import errors, limits
 from schedctl.errors import MalformedRequest, UnsupportedMediaType
@@ -30,21 +31,34 @@ class Caller:
 _bearer = HTTPBearer(auto_error=False, description="The tenant's API token: `st_...`.")
 
 
-def get_scheduler(request: Request) -> Scheduler:
+# async, like get_caller: FastAPI runs a sync dependency in its thread pool, a hand-off
+# per dependency per request
+async def get_scheduler(request: Request) -> Scheduler:
+    return _scheduler(request)
+
+
+def _scheduler(request: Request) -> Scheduler:
     scheduler = request.app.state.scheduler
     assert isinstance(scheduler, Scheduler)
     return scheduler
 
 
-def get_caller(
+async def get_caller(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Caller:
+    """The token's tenant: from the process's cache of verified tokens on the event loop
+    (no database, no thread), else looked up in the thread pool (the store is blocking)."""
     if credentials is None:
         raise errors.Unauthorized(
             "send the tenant's API token as 'Authorization: Bearer st_...'", field="token"
         )
-    tenant, token_id = get_scheduler(request).tenants.authenticate_tenant(credentials.credentials)
+    tenants = _scheduler(request).tenants
+    token = credentials.credentials
+    found = tenants.cached_tenant(token)
+    if found is None:
+        found = await run_in_threadpool(tenants.authenticate_tenant, token)
+    tenant, token_id = found
     caller = Caller(tenant, token_id)
     request.state.caller = caller  # for the error handlers' metrics
     return caller
