@@ -279,6 +279,7 @@ class Dialect(Protocol):
     def key_in(self, column: Any, keys: Collection[str]) -> Any:
         """`column IN keys` for a batch of text keys (job ids), in the form this backend
         parses fastest (one statement text whatever the batch size)."""
+        ...
 
     # -- job creation (storage/job_create.py) ------------------------------------------
 
