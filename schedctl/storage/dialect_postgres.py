@@ -87,8 +87,14 @@ class PostgresDialect:
     def lease_candidates(
         self, connection: Connection, tenant_id: str, queue: str, fetch: int
     ) -> tuple[datetime, Sequence[Sequence[Any]]]:
+        # Planned at each execution, never prepared: a generic plan does not know the LIMIT
+        # and was made while the queue looked empty; with 100,000 messages queued it joined
+        # and sorted the whole queue (or worse) and two workers stalled for minutes on it.
         rows = _pg_rows(
-            connection, _LEASE_CANDIDATES, {"tenant_id": tenant_id, "queue": queue, "fetch": fetch}
+            connection,
+            _LEASE_CANDIDATES,
+            {"tenant_id": tenant_id, "queue": queue, "fetch": fetch},
+            prepare=False,
         )
         if not rows:
             return datetime.now(UTC), []  # nothing is leased: the time is not used
@@ -507,12 +513,16 @@ class PostgresChangeFeed:
             self._connection = None
 
 
-def _pg_rows(connection: Connection, sql: str, params: dict[str, Any]) -> list[Any]:
-    """_pg_binary for a worker's statements: the tuples as psycopg made them, no copy."""
+def _pg_rows(
+    connection: Connection, sql: str, params: dict[str, Any], *, prepare: bool | None = None
+) -> list[Any]:
+    """_pg_binary for a worker's statements: the tuples as psycopg made them, no copy.
+    `prepare=False`: planned anew at every execution (psycopg's default prepares a statement
+    run five times, and the server may then keep one generic plan for every parameter)."""
     driver = connection.connection.driver_connection
     assert driver is not None
     with driver.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(sql, params, prepare=prepare)
         return cursor.fetchall() if cursor.description else []
 
 

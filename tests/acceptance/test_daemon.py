@@ -117,14 +117,17 @@ def test_kill_9_and_restart_loses_no_run_and_claims_none_twice(daemon: Daemon) -
     try:
         tenant = make_tenant(store)
         start = datetime.now(UTC)
-        one_time = bulk_once_jobs(
-            store, tenant, [start + timedelta(seconds=1 + i * 0.02) for i in range(300)]
-        )
-        anchor = start.replace(microsecond=0) + timedelta(seconds=1)
+        # The recurring jobs first and their anchor 2-3 s ahead: a job created after its
+        # anchor starts at the next second (at load 10 the 300 one-time jobs once took longer
+        # than the 0-1 s the anchor was ahead, and the check below missed a first run)
+        anchor = start.replace(microsecond=0) + timedelta(seconds=3)
         recurring = [
             create_job(store, tenant, every(1, anchor, misfire=MisfirePolicy.run_all))
             for _ in range(5)
         ]
+        one_time = bulk_once_jobs(
+            store, tenant, [start + timedelta(seconds=1 + i * 0.02) for i in range(300)]
+        )
         daemon.start()
         assert wait_for(lambda: runs_by_status(store)["succeeded"] >= 50, poll=0.25), (
             daemon.log.read_text()
