@@ -13,7 +13,7 @@ row by row); and the day partitions of run history.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import date, datetime
@@ -274,18 +274,12 @@ class Dialect(Protocol):
         statistics; with `full`, also give the space of deleted rows back (benchmarks)."""
         ...
 
-    # -- the built-in queue relay's move (storage/queue.py move_outbox) --------------------
-
-    def key_in(self, column: Any, keys: Collection[str]) -> Any:
-        """`column IN keys` for a batch of text keys (job ids), in the form this backend
-        parses fastest (one statement text whatever the batch size)."""
-        ...
-
-    # -- job creation (storage/job_create.py) ------------------------------------------
+    # -- text keys in one parameter (job creation, the built-in queue's move) ------------
 
     def text_in(self, column: Any, name: str) -> Any:
-        """`column IN :name` for a batch of strings (idempotency keys, names) bound as a
-        list under `name` at execution, in the form this backend parses fastest."""
+        """`column IN :name` for a batch of strings (idempotency keys, names, job ids) bound
+        as a list under `name` at execution, in the form this backend parses fastest (one
+        statement text whatever the batch size)."""
         ...
 
     def insert_jobs(self, connection: Connection, rows: Sequence[Mapping[str, Any]]) -> None:

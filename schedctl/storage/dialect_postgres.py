@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -431,13 +431,7 @@ class PostgresDialect:
                 text(f"{command} {table}")
             )
 
-    # -- the built-in queue relay's move (storage/queue.py move_outbox) --------------------
-
-    def key_in(self, column: Any, keys: Collection[str]) -> Any:
-        # one array parameter, as id_in: psycopg parses one text, not one per batch length
-        return column == any_(bindparam(None, sorted(keys), type_=ARRAY(Text)))
-
-    # -- job creation (storage/job_create.py) ------------------------------------------
+    # -- text keys in one parameter (job creation, the built-in queue's move) ------------
 
     def text_in(self, column: Any, name: str) -> Any:
         # one array parameter: one statement text whatever the batch (see id_in)

@@ -6,7 +6,7 @@ claim and the lane reads go row by row; run history is one table, pruned by rete
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import UTC, date, datetime
 from typing import Any
@@ -405,15 +405,10 @@ class SqliteDialect:
             with engine.begin() as connection:
                 connection.execute(text(f"ANALYZE {table}"))
 
-    # -- the built-in queue relay's move (storage/queue.py move_outbox) --------------------
-
-    def key_in(self, column: Any, keys: Collection[str]) -> Any:
-        # a batch is at most a few thousand: within SQLite's limit of bound variables
-        return column.in_(sorted(keys))
-
-    # -- job creation (storage/job_create.py) ------------------------------------------
+    # -- text keys in one parameter (job creation, the built-in queue's move) ------------
 
     def text_in(self, column: Any, name: str) -> Any:
+        # a batch is at most a few thousand: within SQLite's limit of bound variables
         return column.in_(bindparam(name, expanding=True))
 
     def insert_jobs(self, connection: Connection, rows: Sequence[Mapping[str, Any]]) -> None:

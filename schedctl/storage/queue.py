@@ -173,8 +173,9 @@ class QueueRepo(Settles[Lease]):
             statuses = dict(
                 connection.execute(
                     select(j.c.job_id, j.c.status).where(
-                        self.store.dialect.key_in(j.c.job_id, {r["job_id"] for r in rows})
-                    )
+                        self.store.dialect.text_in(j.c.job_id, "job_ids")
+                    ),
+                    {"job_ids": sorted({r["job_id"] for r in rows})},
                 ).all()
             )
             deliver = [r for r in rows if statuses.get(r["job_id"]) not in STOPPED_JOB_STATUSES]
