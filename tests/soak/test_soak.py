@@ -1,5 +1,5 @@
 """Soak on a real Postgres: 500 interval jobs due every second (500 runs/s), executed by
-real workers running /bin/true, for SOAK_SECONDS (default 120) per topology (SOAK_JOBS
+real workers running /bin/true, for SOAK_SECONDS (default 60) per topology (SOAK_JOBS
 and SOAK_DRAIN_SECONDS too; not SCHEDULED_*, which conftest removes):
 
 - `scheduled-d all` with a [[worker]] (concurrency 16) in one process;
@@ -35,7 +35,7 @@ from schedctl.storage.store import Store
 from tests.factories import make_tenant, set_tenant
 from tests.services.ports import free_port
 
-SOAK_SECONDS = int(os.environ.get("SOAK_SECONDS", "120"))
+SOAK_SECONDS = int(os.environ.get("SOAK_SECONDS", "60"))
 JOBS = int(os.environ.get("SOAK_JOBS", "500"))  # each every second: runs/s
 QUEUE = "soak"
 LEAD_SECONDS = 10  # from creating the jobs to their first run: the daemons start meanwhile
