@@ -8,6 +8,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
 from fastapi import APIRouter, Response
 
 from schedctl import errors, limits
@@ -111,8 +112,13 @@ def _json_response(
     data: Any, status: int = 200, headers: Mapping[str, str] | None = None
 ) -> Response:
     """Compact JSON of data that is already in its documented shape."""
+    try:
+        # orjson: json.dumps of a 1,000-job batch's results was a sixth of its CPU
+        text: bytes | str = orjson.dumps(data)
+    except orjson.JSONEncodeError:  # an integer past 64 bits in a payload: json has no limit
+        text = json.dumps(data, separators=(",", ":"))
     return Response(
-        json.dumps(data, separators=(",", ":")),
+        text,
         status_code=status,
         headers=headers,
         media_type="application/json",
