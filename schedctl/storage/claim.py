@@ -226,9 +226,22 @@ class Claimer:
             if plan.next_run_at is None or next_fire is None:
                 result.completed += 1
             else:
+                # built whole: _replace goes through _make and a dict, twice the cost
                 result.advanced.append(
-                    d._replace(
-                        version=d.version + 1, next_run_at=plan.next_run_at, next_fire_at=next_fire
+                    DueJob(
+                        job_id=d.job_id,
+                        tenant_id=d.tenant_id,
+                        partition=d.partition,
+                        version=d.version + 1,
+                        schedule=d.schedule,
+                        next_run_at=plan.next_run_at,
+                        next_fire_at=next_fire,
+                        misfire_policy=d.misfire_policy,
+                        grace_seconds=d.grace_seconds,
+                        window_seconds=d.window_seconds,
+                        end_at=d.end_at,
+                        target_type=d.target_type,
+                        target=d.target,
                     )
                 )
             epoch = epochs[d.partition]
