@@ -26,4 +26,6 @@ def jitter_seconds(job_id: str, nominal: datetime, window_seconds: int) -> float
 
 def fire_time(job_id: str, nominal: datetime, window_seconds: int) -> datetime:
     """When the run of `nominal` is actually triggered (its identity stays `nominal`)."""
+    if window_seconds <= 0:
+        return nominal  # no window, no jitter: the claim asks this for every run it makes
     return nominal + timedelta(milliseconds=_jitter_ms(job_id, nominal, window_seconds))
