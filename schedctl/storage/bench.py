@@ -4,12 +4,14 @@ cost, the raw counts and timings a benchmark reports, and removing what it made.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, delete, func, select, update
+from sqlalchemy import Connection, and_, bindparam, case, delete, func, select, update
 
+from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
 from schedctl.storage.jobs import new_job_id
 from schedctl.storage.once_rows import once_job_row
@@ -55,12 +57,23 @@ def set_tenant_columns(store: Store, tenant_id: str, values: Mapping[str, Any]) 
 
 
 def move_jobs_due(store: Store, tenant_id: str, due_at: datetime) -> None:
-    """Every job of the tenant due (and firing) at `due_at`."""
+    """Every job of the tenant due (and firing) at `due_at`; a one-time job's stored time
+    becomes `due_at` too, so its claim completes it as a real one-time job's would (not
+    advances it to the time it was loaded with)."""
+    jobs = schema.jobs
+    once_at_due = json.dumps({"kind": "once", "run_at": format_instant(due_at)})
     with store.tx() as connection:
         connection.execute(
-            update(schema.jobs)
-            .where(schema.jobs.c.tenant_id == tenant_id)
-            .values(next_run_at=due_at, next_fire_at=due_at)
+            update(jobs)
+            .where(jobs.c.tenant_id == tenant_id)
+            .values(
+                next_run_at=due_at,
+                next_fire_at=due_at,
+                schedule=case(
+                    (jobs.c.schedule.like('{"kind": "once"%'), once_at_due),
+                    else_=jobs.c.schedule,
+                ),
+            )
         )
 
 

@@ -16,6 +16,7 @@ from schedctl.coordination.local import LocalCoordinator
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import CronSchedule, IntervalSchedule
 from schedctl.storage import schema
+from schedctl.storage.bench import move_jobs_due
 from schedctl.storage.claim import Claimer, ClaimResult, DueJob
 from schedctl.storage.jobs import JobRepo
 from schedctl.storage.partitions import PartitionRepo
@@ -356,3 +357,25 @@ def test_a_claimer_paused_inside_its_transaction_does_not_block_the_new_owner(
     finally:
         store.close()
         other.close()
+
+
+def test_jobs_the_bench_moves_due_are_claimed_as_one_time_jobs_and_complete(store: Store) -> None:
+    # the burst bench loads one-time jobs a year ahead and moves them due: their claim
+    # must complete them, not advance them to the year-ahead time they were loaded with
+    tenant = make_tenant(store)
+    epochs = own_all(store)
+    far = bulk_once_jobs(store, tenant, [ahead(365 * 86400)] * 3)
+    recurring = create_job(store, tenant, every(60, ago(10).replace(microsecond=0)))
+    due_at = ago(1)
+    move_jobs_due(store, tenant, due_at)
+    claimer = Claimer(store, "d1")
+    now = datetime.now(UTC)
+    due = claimer.load_due(ALL, now)
+    assert {d.job_id for d in due} == {*far, recurring}
+    claimer.claim(due, epochs, now)
+    jobs = JobRepo(store)
+    assert [jobs.get(job_id).status.value for job_id in far] == ["completed"] * 3
+    advanced = jobs.get(recurring)  # its schedule is left as it was: advanced, still active
+    assert advanced.status.value == "active"
+    assert advanced.next_run_at is not None and advanced.next_run_at > now
+    assert_exactly_once(store)
