@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, bindparam, case, delete, func, select, update
 
-from schedctl.scheduling.timeparse import format_instant
+from schedctl.scheduling.schedules import OnceSchedule, schedule_to_dict
 from schedctl.storage import schema
 from schedctl.storage.jobs import new_job_id
 from schedctl.storage.once_rows import once_job_row
@@ -61,7 +61,7 @@ def move_jobs_due(store: Store, tenant_id: str, due_at: datetime) -> None:
     becomes `due_at` too, so its claim completes it as a real one-time job's would (not
     advances it to the time it was loaded with)."""
     jobs = schema.jobs
-    once_at_due = json.dumps({"kind": "once", "run_at": format_instant(due_at)})
+    once_at_due = json.dumps(schedule_to_dict(OnceSchedule(due_at)))  # as jobs store it
     with store.tx() as connection:
         connection.execute(
             update(jobs)
