@@ -38,6 +38,10 @@ def _instant(value: datetime | None) -> str | None:
 
 
 def job_to_dict(job: Job) -> dict[str, Any]:
+    # equal instants format alike: a job's fire time is mostly its run time, and a new
+    # job's updated_at its created_at (a 1,000-job batch response formats 4,000 times)
+    next_run_at = _instant(job.next_run_at)
+    created_at = format_instant(job.created_at)
     return {
         "job_id": job.job_id,
         "tenant_id": job.tenant_id,
@@ -55,13 +59,17 @@ def job_to_dict(job: Job) -> dict[str, Any]:
         "timeout_seconds": job.timeout_seconds or None,
         "start_at": _instant(job.start_at),
         "end_at": _instant(job.end_at),
-        "next_run_at": _instant(job.next_run_at),
-        "next_fire_at": _instant(job.next_fire_at),
+        "next_run_at": next_run_at,
+        "next_fire_at": (
+            next_run_at if job.next_fire_at == job.next_run_at else _instant(job.next_fire_at)
+        ),
         "partition": job.partition,
         "version": job.version,
         "idempotency_key": job.idempotency_key,
-        "created_at": format_instant(job.created_at),
-        "updated_at": format_instant(job.updated_at),
+        "created_at": created_at,
+        "updated_at": (
+            created_at if job.updated_at == job.created_at else format_instant(job.updated_at)
+        ),
     }
 
 

@@ -113,22 +113,10 @@ def _clip(text: str) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-# the last instant formatted and its text: a batch of 1,000 jobs formats the same
-# created_at and updated_at 2,000 times, and replace().isoformat() costs microseconds;
-# one tuple, swapped whole, so threads never see a mismatched pair
-_last_utc: tuple[datetime, str] = (datetime(1970, 1, 1, tzinfo=UTC), "1970-01-01T00:00:00Z")
-
-
 def format_instant(dt: datetime) -> str:
     """RFC 3339 in UTC with Z; microseconds only when non-zero."""
-    global _last_utc
     if dt.tzinfo is UTC:  # what the database and the parsers give: no conversion to make
-        last = _last_utc
-        if last[0] is dt:
-            return last[1]
-        text = dt.replace(tzinfo=None).isoformat() + "Z"
-        _last_utc = (dt, text)
-        return text
+        return dt.replace(tzinfo=None).isoformat() + "Z"
     if dt.tzinfo is None or dt.utcoffset() is None:
         raise ValidationError("needs a UTC offset", field="time")
     return dt.astimezone(UTC).replace(tzinfo=None).isoformat() + "Z"
