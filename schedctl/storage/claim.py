@@ -191,9 +191,9 @@ class Claimer:
         batch = sorted(newest.values(), key=lambda d: d.job_id)
         if not batch:
             return
-        # one pass: the plan, the update and the advanced entry per job; a next fire time
-        # is computed once and only for a job that has a next run (one-time jobs do not)
-        plans: list[tuple[DueJob, ClaimPlan, datetime | None]] = []
+        # one pass: the plan, the update and the job as it is once advanced (None: its
+        # claim completes it); a next fire time is computed once, only for a next run
+        plans: list[tuple[DueJob, ClaimPlan, DueJob | None]] = []
         updates: list[dict[str, Any]] = []
         for d in batch:
             plan = plan_claim(
@@ -205,45 +205,44 @@ class Claimer:
                 window_seconds=d.window_seconds,
                 end=d.end_at,
             )
-            nxt = plan.next_run_at
-            next_fire = fire_time(d.job_id, nxt, d.window_seconds) if nxt is not None else None
-            plans.append((d, plan, next_fire))
+            following: DueJob | None = None
+            if plan.next_run_at is not None:
+                # built whole: _replace goes through _make and a dict, twice the cost
+                following = DueJob(
+                    job_id=d.job_id,
+                    tenant_id=d.tenant_id,
+                    partition=d.partition,
+                    version=d.version + 1,
+                    schedule=d.schedule,
+                    next_run_at=plan.next_run_at,
+                    next_fire_at=fire_time(d.job_id, plan.next_run_at, d.window_seconds),
+                    misfire_policy=d.misfire_policy,
+                    grace_seconds=d.grace_seconds,
+                    window_seconds=d.window_seconds,
+                    end_at=d.end_at,
+                    target_type=d.target_type,
+                    target=d.target,
+                )
+            plans.append((d, plan, following))
             updates.append(
                 {
                     "job_id": d.job_id,
                     "version": d.version,
-                    "next_run_at": nxt,
-                    "next_fire_at": next_fire,
-                    "status": _ACTIVE if nxt is not None else _COMPLETED,
+                    "next_run_at": plan.next_run_at,
+                    "next_fire_at": following.next_fire_at if following is not None else None,
+                    "status": _ACTIVE if following is not None else _COMPLETED,
                 }
             )
         advanced = self._advance_jobs(connection, updates, now)
         result.stale = len(unfenced) - len(advanced)  # the duplicates are stale too
         run_rows: list[dict[str, Any]] = []
-        for d, plan, next_fire in plans:
+        for d, plan, following in plans:
             if d.job_id not in advanced:
                 continue
-            if plan.next_run_at is None or next_fire is None:
+            if following is None:
                 result.completed += 1
             else:
-                # built whole: _replace goes through _make and a dict, twice the cost
-                result.advanced.append(
-                    DueJob(
-                        job_id=d.job_id,
-                        tenant_id=d.tenant_id,
-                        partition=d.partition,
-                        version=d.version + 1,
-                        schedule=d.schedule,
-                        next_run_at=plan.next_run_at,
-                        next_fire_at=next_fire,
-                        misfire_policy=d.misfire_policy,
-                        grace_seconds=d.grace_seconds,
-                        window_seconds=d.window_seconds,
-                        end_at=d.end_at,
-                        target_type=d.target_type,
-                        target=d.target,
-                    )
-                )
+                result.advanced.append(following)
             epoch = epochs[d.partition]
             for nominal in plan.skipped:
                 run_rows.append(self._run_row(d, nominal, now, epoch, RunStatus.skipped))
