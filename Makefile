@@ -72,7 +72,7 @@ lint: deps
 
 test: deps
 	$(MAKE) --no-print-directory lint
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2
 
 demo: deps
 	$(BIN)/python -m scheduled_d.demo

@@ -8,8 +8,8 @@
 - ``zk_hosts``: the session ensemble's connection string under a fresh chroot per test.
 - ``smtp``: a loopback SMTP server per test, as (inbox, port) (tests/smtp_support.py).
 
-Every ``SCHEDULED_*`` environment variable is removed at import, so a developer's own
-settings never leak into tests. Tests that use the servers get the ``postgres`` /
+Every ``SCHEDULED_*`` environment variable (and COLUMNS, LINES) is removed at import, so a
+developer's own settings never leak into tests. Tests that use the servers get the ``postgres`` /
 ``zookeeper`` markers automatically, and a failing one gets the server log tails attached.
 """
 
@@ -33,6 +33,10 @@ from tests.smtp_support import Inbox, smtp_server
 
 for _name in [name for name in os.environ if name.startswith("SCHEDULED_")]:
     del os.environ[_name]
+# nor a terminal's size: the CLI's tables are as wide as a pipe's unless a test says otherwise
+# (an xdist worker starts with COLUMNS=80 in its environment)
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
 
 PG_TEMPLATE_DB = "schedctl_template"
 _LOG_TAIL_LINES = 40
@@ -192,6 +196,43 @@ def empty_sqlite_url(tmp_path: Path) -> str:
 
 
 # -- markers and failure reports -----------------------------------------------------
+
+
+# Under pytest-xdist (`make test` runs two workers), what runs on one worker, one after the
+# other: every file's tests together, so a module's fixtures are made once; the soak and chaos
+# files (each CPU-bound for minutes, and timing-aware) one after the other, never beside each
+# other; and the tests that build in the source tree (dist/, make install) one at a time.
+# (xdist's own --dist loadgroup cannot be used: it renames items in a way pytest 9 ignores.)
+_SERIAL_GROUPS = {
+    "tests/soak/": "heavy",
+    "tests/chaos/": "heavy",
+    "tests/acceptance/test_onefile.py": "source-tree",
+    "tests/acceptance/test_install.py": "source-tree",
+    "tests/acceptance/test_packaging.py": "source-tree",
+}
+
+
+def _work_unit(nodeid: str) -> str:
+    """The group of tests that one worker runs, one after the other, for ``nodeid``."""
+    path = nodeid.split("::", 1)[0]
+    for prefix, group in _SERIAL_GROUPS.items():
+        if path.startswith(prefix):
+            return group
+    return path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """xdist's scheduler by scope, with the scopes of `_work_unit`, in collection order (the
+    slow acceptance files and the heavy group start first, the quick unit files fill in)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _work_unit(nodeid)
+
+    config.option.loadscopereorder = False
+    return WorkUnitScheduling(config, log)  # type: ignore[arg-type]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

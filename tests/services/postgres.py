@@ -23,6 +23,8 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
+import psycopg
+
 from tests.services.ports import ServiceError, child_pids, free_port, pid_alive, tail
 from tests.services.process import Service, failure, kill_and_reap, serve_until_enter
 
@@ -121,6 +123,7 @@ class PostgresServer(Service):
         self.bindir = find_bindir()
         self._as_server_user = os.geteuid() == 0
         self._atexit_registered = False
+        self._admin_conn: psycopg.Connection[tuple[object, ...]] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -156,6 +159,7 @@ class PostgresServer(Service):
         """Stop the server with ``pg_ctl stop -m mode`` (smart, fast or immediate)."""
         if mode not in ("smart", "fast", "immediate"):
             raise ValueError(f"unknown pg_ctl stop mode {mode!r}")
+        self._close_admin()  # a smart stop waits for every client, this one too
         if not self.is_running():
             return
         result = self._pg(
@@ -178,6 +182,7 @@ class PostgresServer(Service):
 
         Returns once all of them are gone, so ``start()`` can run crash recovery at once.
         """
+        self._close_admin()
         pid = self.postmaster_pid()
         if pid is None or not pid_alive(pid):
             return
@@ -241,14 +246,42 @@ class PostgresServer(Service):
             )
         return result.stdout
 
+    def admin(self, sql: str) -> list[tuple[object, ...]]:
+        """Run ``sql`` on the ``postgres`` database over one kept connection (autocommit) and
+        return its rows: the per-test database copies, without a psql process for each."""
+        for attempt in range(2):
+            conn = self._admin_conn
+            try:
+                if conn is None or conn.closed:
+                    conn = self._admin_conn = psycopg.connect(
+                        self.dsn(), autocommit=True, connect_timeout=30
+                    )
+                cursor = conn.execute(sql.encode())
+                return cursor.fetchall() if cursor.description else []
+            except psycopg.Error as exc:
+                # a connection the server dropped (a test restarted it) is made again once;
+                # an error of the statement itself is the caller's
+                if conn is not None and not conn.broken and not conn.closed:
+                    raise ServiceError(f"{exc} (in: {sql})") from exc
+                self._close_admin()
+                if attempt == 1:
+                    raise ServiceError(f"{exc} (in: {sql})") from exc
+        raise AssertionError("unreachable")
+
+    def _close_admin(self) -> None:
+        conn, self._admin_conn = self._admin_conn, None
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
+
     def database_exists(self, name: str) -> bool:
         """True if database ``name`` exists."""
-        out = self.psql(f"SELECT 1 FROM pg_database WHERE datname = {quote_literal(name)}")
-        return out.strip() == "1"
+        rows = self.admin(f"SELECT 1 FROM pg_database WHERE datname = {quote_literal(name)}")
+        return bool(rows)
 
     def terminate_backends(self, dbname: str) -> None:
-        """Terminate every session connected to ``dbname`` (other than psql's own)."""
-        self.psql(
+        """Terminate every session connected to ``dbname`` (other than our own)."""
+        self.admin(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
             f"WHERE datname = {quote_literal(dbname)} AND pid <> pg_backend_pid()"
         )
@@ -257,16 +290,20 @@ class PostgresServer(Service):
         """Create database ``name``, optionally as a copy of ``template``.
 
         Postgres refuses to copy a template that has sessions (after waiting 5 s for them to
-        go), so they are terminated first, and the copy retried if new ones slipped in.
+        go), so they are terminated first, and the copy retried if new ones slipped in. The
+        copy is a file copy: with fsync off its checkpoints cost little, and it is about three
+        times faster than the WAL-logged copy for a small template.
         """
         sql = f"CREATE DATABASE {quote_ident(name)}"
         if template is not None:
-            sql += f" TEMPLATE {quote_ident(template)}"
             self.terminate_backends(template)
+            sql += f" TEMPLATE {quote_ident(template)}"
+            if self._admin_conn is not None and self._admin_conn.info.server_version >= 150000:
+                sql += " STRATEGY FILE_COPY"  # the option is new in Postgres 15
         last_error: ServiceError | None = None
         for _ in range(5):
             try:
-                self.psql(sql)
+                self.admin(sql)
                 return
             except ServiceError as exc:
                 if template is None or "is being accessed by other users" not in str(exc):
@@ -278,11 +315,8 @@ class PostgresServer(Service):
         raise last_error
 
     def drop_database(self, name: str) -> None:
-        """Drop database ``name`` if it exists, terminating its sessions first."""
-        if not self.database_exists(name):
-            return
-        self.terminate_backends(name)
-        self.psql(f"DROP DATABASE IF EXISTS {quote_ident(name)} WITH (FORCE)")
+        """Drop database ``name`` if it exists; FORCE terminates its sessions first."""
+        self.admin(f"DROP DATABASE IF EXISTS {quote_ident(name)} WITH (FORCE)")
 
     def log_tail(self, lines: int = 40) -> str:
         """The last lines of the server log."""
