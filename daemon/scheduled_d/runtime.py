@@ -123,12 +123,17 @@ def _run_all(
         supervisor.watch("api", api_server.is_serving)
     coordinator = make_coordinator(store, config)
     coordinator.start()
-    # the relay in use: a restarted relay is a new object, and the claim wakes that one
+    # the relay and workers in use: a restarted one is a new object, and the claim wakes
+    # that one (the relay for HTTP and broker runs; the workers for the runs the claim
+    # queued itself, which would otherwise wait for their next poll)
     relays: list[Relay] = []
+    workers: dict[int, Worker] = {}  # by [[worker]] table
 
     def claimed(_result: ClaimResult) -> None:
         if relays:
             relays[-1].wake()
+        for worker in list(workers.values()):
+            worker.wake()
 
     def run_relay_once(stop_relay: threading.Event) -> None:
         relays.append(Relay.from_config(store, config))
@@ -152,10 +157,10 @@ def _run_all(
         maintenance_stop,
     )
     worker_threads = []
-    for spec in config.workers:
+    for index, spec in enumerate(config.workers):
 
-        def run_worker_once(spec: WorkerConfig = spec) -> None:
-            Worker(
+        def run_worker_once(spec: WorkerConfig = spec, index: int = index) -> None:
+            worker = workers[index] = Worker(
                 store,
                 spec.queue,
                 spec.command,
@@ -166,7 +171,8 @@ def _run_all(
                 tenant=spec.tenant,
                 alert_command=spec.alert_command,
                 output_tail_bytes=spec.output_bytes,
-            ).run(worker_stop, force=force)
+            )
+            worker.run(worker_stop, force=force)
 
         worker_threads.append(
             supervisor.start(f"worker-{spec.queue}", run_worker_once, worker_stop)

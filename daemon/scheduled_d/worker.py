@@ -357,6 +357,11 @@ class Worker:
         for lease in leases:
             self._spawners.submit(lease)
 
+    def wake(self) -> None:
+        """Runs may be ready (an in-process claim queued them): lease now, not after the
+        poll interval."""
+        self._slot_freed.set()
+
     def _release(self, count: int) -> None:
         """`count` runs are recorded (or given up): their slots are free."""
         with self._lock:

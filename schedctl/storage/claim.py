@@ -1,11 +1,13 @@
-"""The claim: due jobs -> runs + outbox rows, in one fenced, version-conditional transaction.
+"""The claim: due jobs -> runs + deliveries, in one fenced, version-conditional transaction.
 
 One batch is one transaction that (1) proves each partition's fencing epoch, (2) advances
 every job on the version it was read at, and (3) inserts the run rows, unique on
-(job_id, scheduled_at), and the outbox rows. A stale reader, a paused former owner or a
-cancel that committed first all make the conditional update match nothing, so nothing
-is claimed twice. On Postgres each step is one statement over arrays (unnest), so a batch
-of thousands of runs is a handful of round trips (the dialect's advance_jobs and insert_runs).
+(job_id, scheduled_at), and each dispatched run's delivery: its built-in queue message,
+or an outbox row for a relay (Dialect.insert_runs says which). A stale reader, a paused
+former owner or a cancel that committed first all make the conditional update match
+nothing, so nothing is claimed twice. On Postgres each step is one statement over arrays
+(unnest), so a batch of thousands of runs is a handful of round trips (the dialect's
+advance_jobs and insert_runs).
 """
 
 from __future__ import annotations
@@ -304,8 +306,8 @@ class Claimer:
     def _insert_runs(
         self, connection: Connection, rows: list[dict[str, Any]], now: datetime
     ) -> list[tuple[str, datetime, str]]:
-        """Insert run rows, skipping any (job_id, scheduled_at) that exists, and an outbox
-        row for each dispatched one inserted; returns the runs inserted."""
+        """Insert run rows, skipping any (job_id, scheduled_at) that exists, and the
+        delivery of each dispatched one inserted; returns the runs inserted."""
         if not rows:
             return []
         return self.store.dialect.insert_runs(connection, rows, now)

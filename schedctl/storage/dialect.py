@@ -199,8 +199,17 @@ class Dialect(Protocol):
     def insert_runs(
         self, connection: Connection, rows: list[dict[str, Any]], now: datetime
     ) -> list[tuple[str, datetime, str]]:
-        """Insert run rows, skipping any (job_id, scheduled_at) that exists, and an outbox
-        row for each dispatched one inserted; returns the runs inserted."""
+        """Insert run rows, skipping any (job_id, scheduled_at) that exists, and for each
+        dispatched one inserted, its delivery: a ready queue message when it targets a
+        built-in queue, else an outbox row; returns the runs inserted.
+
+        A built-in queue lives in this database, so the claim's own transaction delivers to
+        it: the run reaches its target at the instant it is claimed, with no relay stage
+        between (it was a second of a 100,000-run burst, and relay CPU beside the claim).
+        The outbox keeps what needs a relay's decision at delivery time: HTTP, tenants
+        whose queues are a RabbitMQ broker, and every-host queues (skipped on a host with
+        no live worker at that moment). A cancel that commits after the claim is honoured
+        where the outbox honoured it, at the lease: a stopped job's message is skipped."""
         ...
 
     def id_in(self, column: Any, ids: Sequence[int]) -> Any:

@@ -18,7 +18,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection, Engine, RowMapping
 from sqlalchemy.exc import IntegrityError
 
-from schedctl.models import Lane
+from schedctl.models import EVERY_HOST_QUEUE_PREFIX, Lane
 from schedctl.storage import schema
 from schedctl.storage.dialect import ChangeFeed, Changes, LeasedRow, LeaseMark, Lock, OutcomeWrites
 
@@ -228,13 +228,30 @@ class PostgresDialect:
                   FROM v
                 ON CONFLICT DO NOTHING
                 RETURNING job_id, scheduled_at, status
+            ), sent AS (
+                -- the dispatched runs inserted, and whether each goes straight into its
+                -- built-in queue (see insert_runs' docstring) or through the outbox
+                SELECT v.job_id, v.scheduled_at, v.tenant_id, v.target_type, v.target,
+                       v.target_type = 'queue'
+                         AND NOT starts_with(v.target, %(every_host)s)
+                         AND v.tenant_id NOT IN (
+                             SELECT tenant_id FROM tenants WHERE broker_url IS NOT NULL)
+                         AS direct
+                  FROM ins JOIN v ON v.job_id = ins.job_id AND v.scheduled_at = ins.scheduled_at
+                 WHERE ins.status = 'dispatched'
             ), ob AS (
                 INSERT INTO outbox (job_id, scheduled_at, tenant_id, target_type, target,
                                     attempt, available_at, created_at)
-                SELECT v.job_id, v.scheduled_at, v.tenant_id, v.target_type, v.target, 1,
+                SELECT job_id, scheduled_at, tenant_id, target_type, target, 1,
                        CAST(%(now)b AS timestamptz), CAST(%(now)b AS timestamptz)
-                  FROM ins JOIN v ON v.job_id = ins.job_id AND v.scheduled_at = ins.scheduled_at
-                 WHERE ins.status = 'dispatched'
+                  FROM sent WHERE NOT direct
+            ), qm AS (
+                INSERT INTO queue_messages (queue, job_id, scheduled_at, tenant_id, attempt,
+                                            available_at, created_at)
+                SELECT target, job_id, scheduled_at, tenant_id, 1,
+                       CAST(%(now)b AS timestamptz), CAST(%(now)b AS timestamptz)
+                  FROM sent WHERE direct
+                ON CONFLICT (job_id, scheduled_at) DO NOTHING
             )
             SELECT job_id, scheduled_at, status FROM ins
             """
@@ -243,6 +260,7 @@ class PostgresDialect:
             statement,
             {
                 "now": now,
+                "every_host": EVERY_HOST_QUEUE_PREFIX,
                 **{
                     name: [r[column] for r in rows]
                     for name, column in (

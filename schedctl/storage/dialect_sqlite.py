@@ -16,7 +16,7 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Connection, Engine, RowMapping
 
 from schedctl import errors
-from schedctl.models import JobStatus, Lane, RunStatus
+from schedctl.models import EVERY_HOST_QUEUE_PREFIX, JobStatus, Lane, RunStatus, TargetType
 from schedctl.storage import schema
 from schedctl.storage.dialect import ChangeFeed, Changes, LeasedRow, LeaseMark, Lock, OutcomeWrites
 
@@ -306,6 +306,31 @@ class SqliteDialect:
             raise errors.StoreUnavailable(
                 f"claim: {outcome.rowcount} of {len(new)} runs inserted; rolled back"
             )
+        sent = [row for row in new if row["status"] == RunStatus.dispatched.value]
+        if not sent:
+            return [(row["job_id"], row["scheduled_at"], row["status"]) for row in new]
+        brokers = set(
+            connection.execute(
+                select(schema.tenants.c.tenant_id).where(schema.tenants.c.broker_url.is_not(None))
+            ).scalars()
+        )
+        queued = [row for row in sent if _straight_to_queue(row, brokers)]
+        if queued:
+            connection.execute(
+                sqlite.insert(schema.queue_messages).on_conflict_do_nothing(),
+                [
+                    {
+                        "queue": row["target"],
+                        "job_id": row["job_id"],
+                        "scheduled_at": row["scheduled_at"],
+                        "tenant_id": row["tenant_id"],
+                        "attempt": 1,
+                        "available_at": now,
+                        "created_at": now,
+                    }
+                    for row in queued
+                ],
+            )
         outbox_rows = [
             {
                 "job_id": row["job_id"],
@@ -317,8 +342,8 @@ class SqliteDialect:
                 "available_at": now,
                 "created_at": now,
             }
-            for row in new
-            if row["status"] == RunStatus.dispatched.value
+            for row in sent
+            if not _straight_to_queue(row, brokers)
         ]
         if outbox_rows:
             connection.execute(schema.outbox.insert(), outbox_rows)
@@ -458,3 +483,13 @@ class SqliteChangeFeed:
 def _chunks(items: Sequence[Any]) -> list[Sequence[Any]]:
     """`items` in slices of IN_CHUNK, each one IN list of a statement."""
     return [items[i : i + IN_CHUNK] for i in range(0, len(items), IN_CHUNK)]
+
+
+def _straight_to_queue(row: Mapping[str, Any], brokers: set[str]) -> bool:
+    """Whether the claim writes this dispatched run's queue message itself (see
+    Dialect.insert_runs): a built-in queue target that needs no relay decision."""
+    return (
+        row["target_type"] == TargetType.queue.value
+        and not str(row["target"]).startswith(EVERY_HOST_QUEUE_PREFIX)
+        and row["tenant_id"] not in brokers
+    )

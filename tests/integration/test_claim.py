@@ -3,6 +3,7 @@ races, on SQLite and on a real Postgres."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -13,6 +14,7 @@ from sqlalchemy.exc import DBAPIError
 
 from schedctl import errors
 from schedctl.coordination.local import LocalCoordinator
+from schedctl.models import Target, TargetType
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import CronSchedule, IntervalSchedule
 from schedctl.storage import schema
@@ -20,6 +22,7 @@ from schedctl.storage.bench import move_jobs_due
 from schedctl.storage.claim import Claimer, ClaimResult, DueJob
 from schedctl.storage.jobs import JobRepo
 from schedctl.storage.partitions import PartitionRepo
+from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
 from tests.factories import (
     ago,
@@ -30,6 +33,7 @@ from tests.factories import (
     make_tenant,
     move_next_run,
     once_at,
+    set_tenant,
     spec,
 )
 
@@ -50,22 +54,23 @@ def run_keys(store: Store) -> list[tuple[str, datetime]]:
         ]
 
 
-def outbox_keys(store: Store) -> list[tuple[str, datetime]]:
+def delivery_keys(store: Store) -> list[tuple[str, datetime]]:
+    """Each dispatched run's delivery: an outbox row, or the queue message the claim wrote
+    for a built-in queue target (one list: a run in both tables shows twice)."""
     with store.read() as connection:
         return [
             (r[0], r[1])
-            for r in connection.execute(
-                select(schema.outbox.c.job_id, schema.outbox.c.scheduled_at)
-            )
+            for table in (schema.outbox, schema.queue_messages)
+            for r in connection.execute(select(table.c.job_id, table.c.scheduled_at))
         ]
 
 
 def assert_exactly_once(store: Store) -> None:
     runs = Counter(run_keys(store))
-    outbox = Counter(outbox_keys(store))
+    deliveries = Counter(delivery_keys(store))
     assert all(n == 1 for n in runs.values()), "a run row twice"
-    assert all(n == 1 for n in outbox.values()), "an outbox row twice"
-    assert set(outbox) <= set(runs)
+    assert all(n == 1 for n in deliveries.values()), "a run delivered twice"
+    assert set(deliveries) <= set(runs)
 
 
 def test_claim_dispatches_due_one_time_and_recurring_jobs(store: Store) -> None:
@@ -87,8 +92,73 @@ def test_claim_dispatches_due_one_time_and_recurring_jobs(store: Store) -> None:
     assert jobs.get(once).status.value == "completed"
     assert jobs.get(later).status.value == "active"
     assert jobs.get(recurring).next_run_at == anchor + timedelta(seconds=60)
-    assert len(outbox_keys(store)) == 2
+    assert len(delivery_keys(store)) == 2
     assert_exactly_once(store)
+
+
+def _delivery_tables(store: Store) -> dict[str, str]:
+    """job_id -> the table its run's delivery is in ("outbox" or "queue_messages")."""
+    with store.read() as connection:
+        return {
+            job_id: table.name
+            for table in (schema.outbox, schema.queue_messages)
+            for (job_id,) in connection.execute(select(table.c.job_id))
+        }
+
+
+def test_the_claim_writes_built_in_queue_runs_as_ready_messages_and_the_rest_to_the_outbox(
+    store: Store,
+) -> None:
+    """A built-in queue is in the same database: the claim's transaction queues the run
+    itself. HTTP runs, a broker tenant's queue runs and every-host runs (whose host must be
+    live when they are delivered) still go through the outbox and a relay."""
+    plain = make_tenant(store)
+    broker = make_tenant(store, "brokered")
+    set_tenant(store, broker, broker_url="amqp://guest:secret@127.0.0.1:1/")
+    epochs = own_all(store)
+    queued = create_job(store, plain, once_at(ago(1), queue="backups"))
+    http = create_job(
+        store,
+        plain,
+        dataclasses.replace(
+            once_at(ago(1)), target=Target(TargetType.http, url="https://hooks.example.com/x")
+        ),
+    )
+    every_host = create_job(store, plain, once_at(ago(1), queue="every:web1"))
+    brokered = create_job(store, broker, once_at(ago(1), queue="backups"))
+    claimer = Claimer(store, "d1")
+    now = datetime.now(UTC)
+    result = claimer.claim(claimer.load_due(ALL, now), epochs, now)
+    assert len(result.dispatched) == 4
+    assert _delivery_tables(store) == {
+        queued: "queue_messages",
+        http: "outbox",
+        every_host: "outbox",
+        brokered: "outbox",
+    }
+    assert_exactly_once(store)
+    # ready at once, for the tenant's worker of that queue, as its first attempt
+    leases = QueueRepo(store).lease("backups", "w1", 30, 10, tenant_id=plain)
+    assert [(x.job_id, x.attempt) for x in leases] == [(queued, 1)]
+    assert QueueRepo(store).lease("backups", "w1", 30, 10, tenant_id=broker) == []
+
+
+def test_a_cancel_after_the_claim_stops_the_queued_run_at_the_lease(store: Store) -> None:
+    """The outbox skipped a cancelled job's run when it moved it; a run the claim queued
+    itself is skipped where workers take it, and never starts."""
+    tenant = make_tenant(store)
+    epochs = own_all(store)
+    job_id = create_job(store, tenant, once_at(ago(1)))
+    claimer = Claimer(store, "d1")
+    now = datetime.now(UTC)
+    assert len(claimer.claim(claimer.load_due(ALL, now), epochs, now).dispatched) == 1
+    JobRepo(store).cancel(job_id, actor="test")
+    assert QueueRepo(store).lease("q", "w1", 30, 10, tenant_id=tenant) == []
+    with store.read() as connection:
+        status = connection.execute(select(schema.runs.c.status)).scalar_one()
+        left = connection.execute(select(func.count()).select_from(schema.queue_messages))
+        assert left.scalar_one() == 0
+    assert status == "skipped"
 
 
 def test_two_claimers_racing_from_the_same_stale_read_enqueue_each_run_once(store: Store) -> None:
@@ -160,12 +230,12 @@ def test_sequential_stale_claim_commits_nothing(store: Store) -> None:
     second = b.claim(stale, epochs, now)
     assert len(first.dispatched) == 50
     assert second.dispatched == [] and second.stale == 50
-    assert len(run_keys(store)) == 50 and len(outbox_keys(store)) == 50
+    assert len(run_keys(store)) == 50 and len(delivery_keys(store)) == 50
 
 
 def test_a_job_listed_twice_in_one_batch_is_claimed_once(store: Store) -> None:
     """The memory may hold a job twice (a notification and a reload); one batch with both
-    advances it once and makes one run and one outbox row."""
+    advances it once and makes one run and one delivery."""
     tenant = make_tenant(store)
     epochs = own_all(store)
     bulk_once_jobs(store, tenant, [ago(5)] * 3)
@@ -174,7 +244,7 @@ def test_a_job_listed_twice_in_one_batch_is_claimed_once(store: Store) -> None:
     due = claimer.load_due(ALL, now)
     result = claimer.claim([*due, due[0]], epochs, now)
     assert len(result.dispatched) == 3 and result.stale == 1
-    assert len(run_keys(store)) == 3 and len(outbox_keys(store)) == 3
+    assert len(run_keys(store)) == 3 and len(delivery_keys(store)) == 3
     assert_exactly_once(store)
 
 
@@ -188,7 +258,7 @@ def test_cancel_committed_before_a_stale_claim_produces_no_run(store: Store) -> 
     JobRepo(store).cancel(job_id, actor="test")
     result = claimer.claim(snapshot, epochs, now)
     assert result.dispatched == [] and result.stale == 1
-    assert run_keys(store) == [] and outbox_keys(store) == []
+    assert run_keys(store) == [] and delivery_keys(store) == []
 
 
 def test_reschedule_racing_a_claim_never_runs_the_old_version(store: Store) -> None:
@@ -317,7 +387,7 @@ def test_large_batches_claim_every_run_once(store: Store) -> None:
             break
         total += len(claimer.claim(due, epochs, now).dispatched)
     assert total == 5000
-    assert len(outbox_keys(store)) == 5000
+    assert len(delivery_keys(store)) == 5000
     assert_exactly_once(store)
 
 

@@ -15,6 +15,7 @@ from schedctl.coordination.local import LocalCoordinator
 from schedctl.coordination.zookeeper import ZooKeeperCoordinator
 from schedctl.storage import schema
 from schedctl.storage.claim import Claimer
+from schedctl.storage.jobs import JobRepo
 from schedctl.storage.partitions import PartitionRepo
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
@@ -95,7 +96,7 @@ def test_local_owner_lag_outbox_queues_and_dead_letters(store: Store) -> None:
     assert status.lag.seconds >= 30
     assert (status.dead_letters, status.dead_letters_total) == (1, 2)
 
-    # claim the oldest: the lag moves to the next one, the outbox holds its row
+    # claim the oldest: the lag moves to the next one, the claim queued its run itself
     claimer = Claimer(store, "solo")
     first = [d for d in claimer.load_due(range(P), store.now()) if d.job_id == due[0]]
     claimed = claimer.claim(first, coordinator.owned(), store.now())
@@ -103,10 +104,16 @@ def test_local_owner_lag_outbox_queues_and_dead_letters(store: Store) -> None:
     status = snapshot(store)
     assert status.lag.due == 1 and status.lag.oldest_due_at is not None
     assert status.lag.oldest_due_at > oldest
+    assert status.outbox.depth == 0
+    assert [(q.queue, q.depth.total) for q in status.queues] == [("q1", 1)]
+
+    # a manual run goes through the outbox: it holds its row until a relay moves it
+    JobRepo(store).trigger(due[0], actor="test")
+    status = snapshot(store)
     assert (status.outbox.depth, status.outbox.ready, status.outbox.waiting) == (1, 1, 0)
     assert status.outbox.oldest_ready_at is not None and status.outbox.age_seconds >= 0
 
-    # relayed into the built-in queue: the outbox is empty, the queue holds it
+    # relayed into the built-in queue: the outbox is empty, the queue holds both
     assert QueueRepo(store).move_outbox() == 1
     status = snapshot(store)
     assert status.outbox.depth == 0 and status.outbox.age_seconds == 0
@@ -114,8 +121,8 @@ def test_local_owner_lag_outbox_queues_and_dead_letters(store: Store) -> None:
     assert (queue.tenant_id, queue.queue, queue.depth.total, queue.depth.ready) == (
         tenant,
         "q1",
-        1,
-        1,
+        2,
+        2,
     )
     name = queue.tenant
 
@@ -128,10 +135,10 @@ def test_local_owner_lag_outbox_queues_and_dead_letters(store: Store) -> None:
         "tenant": name,
         "tenant_id": tenant,
         "queue": "q1",
-        "ready": 1,
+        "ready": 2,
         "delayed": 0,
         "leased": 0,
-        "total": 1,
+        "total": 2,
         "live_workers": [],  # nobody reads q1 (tests/integration/test_worker_presence.py)
         "unserved": True,
     }
