@@ -60,6 +60,10 @@ class ApiServer:
             lifespan="off",
             server_header=False,
             timeout_graceful_shutdown=5,
+            # C parsers, not h11's pure Python (a dependency, so never the fallback); the loop
+            # is uvloop where it installs (not on Windows), else asyncio's
+            http="httptools",
+            loop="auto",
         )
         self._server = uvicorn.Server(self._config)
         self._thread: threading.Thread | None = None
