@@ -69,6 +69,9 @@ SCHEDULE_KEYS = frozenset({*SCHEDULE_KINDS, "timezone", "anchor"})
 RETRY_KEYS = frozenset({"max_attempts", "backoff", "base_delay", "max_delay"})
 # queue names end up in URLs, log lines and worker flags: keep them plain
 QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}")
+# the control characters no name, key or upstream reference may hold (C0 and DEL): one
+# search, where a Python loop over the characters was a fifth of a body's validation
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def parse_job_request(
@@ -405,7 +408,7 @@ def _parse_idempotency_key(value: Any) -> str | None:
             f"is {len(key)} characters, the limit is {MAX_IDEMPOTENCY_KEY_LENGTH}",
             field="idempotency_key",
         )
-    if any(ord(c) < 32 or ord(c) == 127 for c in key):
+    if _CONTROL.search(key):
         # it also travels as an HTTP header, where control characters cannot
         raise errors.ValidationError("must not contain control characters", field="idempotency_key")
     return key
@@ -421,7 +424,7 @@ def _parse_name(value: Any, *, schedule_kind: str, target: Target) -> str:
         raise errors.ValidationError(
             f"is {len(name)} characters, the limit is {MAX_NAME_LENGTH}", field="name"
         )
-    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+    if _CONTROL.search(name):
         raise errors.ValidationError("must not contain control characters", field="name")
     return name
 
@@ -477,6 +480,8 @@ def _is_int(value: Any) -> bool:
 
 
 def _reject_unknown(obj: Mapping[str, Any], allowed: frozenset[str], *, prefix: str) -> None:
+    if obj.keys() <= allowed:  # the usual case, without building the sorted list
+        return
     unknown = sorted(str(k) for k in obj if k not in allowed)
     if unknown:
         field = prefix + unknown[0]
@@ -505,7 +510,7 @@ def parse_after(value: Any) -> tuple[str, ...]:
             raise errors.ValidationError(
                 f"each upstream job is a job id or name, got {item!r}", field="after"
             )
-        if any(ord(c) < 32 or ord(c) == 127 for c in item):
+        if _CONTROL.search(item):
             # no name holds a control character (nor can a Postgres text hold NUL)
             raise errors.ValidationError(
                 f"an upstream job name has no control characters, got {item!r}", field="after"

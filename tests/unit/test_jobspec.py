@@ -287,3 +287,40 @@ def test_an_upstream_reference_with_a_control_character_is_refused_naming_after(
     with pytest.raises(errors.ValidationError) as caught:
         parse_job_request(body, now=datetime(2026, 1, 1, tzinfo=UTC))
     assert caught.value.field == "after"
+
+
+# the characters jobspec's one control-character search refuses in names, idempotency keys
+# and upstream references: exactly C0 and DEL; C1 (0x80-0x9f) and the rest are text
+CONTROL = [chr(c) for c in (*range(32), 127)]
+NOT_CONTROL = [" ", "~", "\x80", "\x9f", "\xa0", "é", "\u2028", "\U0001f600"]
+
+
+@pytest.mark.parametrize("field", ["name", "idempotency_key"])
+def test_exactly_the_c0_controls_and_del_are_refused_in_names_and_keys(field: str) -> None:
+    for char in CONTROL:
+        with pytest.raises(errors.ValidationError) as info:
+            parse_job_request(body(**{field: f"a{char}b"}), now=NOW)
+        assert info.value.field == field, repr(char)
+        assert ("NUL" if char == "\x00" else "control characters") in info.value.message
+    for char in NOT_CONTROL:
+        spec = parse_job_request(body(**{field: f"a{char}b"}), now=NOW)
+        assert getattr(spec, field) == f"a{char}b"
+
+
+def test_exactly_the_c0_controls_and_del_are_refused_in_upstream_references() -> None:
+    for char in CONTROL:
+        with pytest.raises(errors.ValidationError) as info:
+            parse_job_request({"after": [f"up{char}"], "target": body()["target"]}, now=NOW)
+        assert info.value.field == "after", repr(char)
+    for char in NOT_CONTROL:
+        spec = parse_job_request({"after": [f"up{char}"], "target": body()["target"]}, now=NOW)
+        assert spec.after == (f"up{char}",)
+
+
+def test_an_unknown_key_is_refused_naming_the_first_in_order() -> None:
+    with pytest.raises(errors.ValidationError) as info:
+        parse_job_request(body(zeta=1, alpha=2), now=NOW)
+    assert info.value.field == "alpha"
+    with pytest.raises(errors.ValidationError) as info:
+        parse_job_request(body(schedule={"cron": "0 8 * * *", "zone": "UTC"}), now=NOW)
+    assert info.value.field == "schedule.zone"
