@@ -34,8 +34,11 @@ STAGES = ("claimed", "delivered", "started", "finished")
 POLL_SECONDS = 0.2
 SAMPLE_SECONDS = 0.05  # queue messages live until a worker acks them: look often
 SAMPLE_LIMIT = 20_000
-# ids of concurrent relay transactions commit out of order: each look re-reads this many
+# ids of concurrent transactions commit out of order: each look re-reads this many
 SAMPLE_OVERLAP = 2_000
+# ... and a claim batch of 10,000 commits its messages after a later batch's: a look that
+# finds nothing new reads the whole queue again, at most this often
+SAMPLE_RESCAN_SECONDS = 1.0
 HTTP_LANE_WIDTH = 64  # the bench tenant's delivery_concurrency
 SPAWN_THREADS = 16
 STEADY_LEAD_SECONDS = 5.0
@@ -95,7 +98,9 @@ class _QueueSampler:
 
     def _loop(self) -> None:
         after = 0
+        rescanned = time.monotonic()
         while not self.stopping.wait(SAMPLE_SECONDS):
+            known = len(self.seen)
             for _ in range(100):  # a backlog is read in chunks, each look bounded
                 try:
                     rows = bench_rows.queued_since(self.store, self.tenant_id, after, SAMPLE_LIMIT)
@@ -110,6 +115,10 @@ class _QueueSampler:
                     after = max(after, rows[-1][0] - SAMPLE_OVERLAP)
                 if len(rows) < SAMPLE_LIMIT:
                     break
+            if len(self.seen) == known and time.monotonic() - rescanned >= SAMPLE_RESCAN_SECONDS:
+                # messages below the mark may have committed since it passed them (the
+                # claim writes them in batches that run side by side): look from the start
+                after, rescanned = 0, time.monotonic()
 
     def start(self) -> None:
         self.thread.start()
