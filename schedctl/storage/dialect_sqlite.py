@@ -356,6 +356,15 @@ class SqliteDialect:
             )
         return rows
 
+    def lease_outbox_rows(
+        self,
+        connection: Connection,
+        wanted: Mapping[Lane, int],
+        token: str,
+        lease_seconds: float,
+    ) -> list[tuple[Any, ...]] | None:
+        return None  # transactions are serialized and local: the steps cost no round trips
+
     def run_partition_days(self, today: date, days_ahead: int) -> list[date]:
         return []  # one runs table; retention deletes old rows
 

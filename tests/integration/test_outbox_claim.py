@@ -1,0 +1,153 @@
+"""The relay's outbox claim on SQLite and a real Postgres: on Postgres one statement reads the
+database's clock, locks the due rows, leases them and reads their jobs and tenants; rows of
+several jobs, own payload snapshots, a cancelled job's run and an expired lease in one claim
+each come out as before (a delivery with its job's payload, a skipped run, a lost attempt)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import select, update
+
+from schedctl.models import Lane, TargetType
+from schedctl.storage import schema
+from schedctl.storage.clock import db_now
+from schedctl.storage.jobs import JobRepo
+from schedctl.storage.outbox import OutboxRepo
+from schedctl.storage.settle import CANCELLED_ERROR, LOST_ERROR
+from schedctl.storage.store import Store
+from tests.factories import make_tenant
+from tests.integration.queue_support import (
+    allow_loopback_tenant,
+    attempts,
+    http_job,
+    outbox_rows,
+    run_row,
+    set_allow_list,
+    trigger,
+    wait_for,
+)
+
+
+@pytest.fixture
+def store(store: Store) -> Store:
+    allow_loopback_tenant(store)
+    return store
+
+
+def stored_payload(store: Store, job_id: str) -> str:
+    with store.read() as connection:
+        value = connection.execute(
+            select(schema.jobs.c.payload).where(schema.jobs.c.job_id == job_id)
+        ).scalar_one()
+    assert isinstance(value, str)
+    return value
+
+
+def test_a_postgres_claim_is_one_statement_leasing_by_the_database_clock(
+    pg_store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = pg_store
+    tenant = make_tenant(store, "claimer")
+    set_allow_list(store, tenant, ["127.0.0.1"])
+    jobs = [http_job(store, "http://127.0.0.1:9/hook", tenant=tenant) for _ in range(2)]
+    for job in jobs:
+        trigger(store, job)
+        trigger(store, job)
+    with store.read() as connection:
+        before = db_now(connection)
+    statements: list[str] = []
+    execute = psycopg.Cursor.execute
+
+    def counted(cursor: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        statements.append(str(query))
+        return execute(cursor, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", counted)
+    claimed = OutboxRepo(store).claim({Lane(tenant, TargetType.http): 10}, "relay-one", 30.0)
+    monkeypatch.undo()
+    with store.read() as connection:
+        after = db_now(connection)
+    # clock, lane read, jobs, tenants and lease were five statements, each a round trip
+    assert len(statements) == 1, statements
+    assert len(claimed.deliveries) == 4 and claimed.lost == claimed.cancelled == 0
+    (token,) = {d.lease for d in claimed.deliveries}
+    assert token.startswith("relay-one/")
+    rows = {r["id"]: r for r in outbox_rows(store)}
+    for delivery in claimed.deliveries:
+        row = rows[delivery.outbox_id]
+        assert row["lease_owner"] == token
+        # the lease runs from the database's now, read inside the claim
+        lease = timedelta(seconds=30)
+        assert before + lease <= row["available_at"] <= after + lease
+        assert delivery.scheduled_at.utcoffset() == timedelta(0)
+        assert delivery.stored_payload == stored_payload(store, delivery.job_id)
+    # nothing left that is due: a second claim leases nothing
+    again = OutboxRepo(store).claim({Lane(tenant, TargetType.http): 10}, "relay-two", 30.0)
+    assert again.deliveries == []
+
+
+def test_one_claim_of_payloads_a_cancelled_run_and_an_expired_lease(store: Store) -> None:
+    tenant = make_tenant(store, "mixed")
+    set_allow_list(store, tenant, ["127.0.0.1"])
+    lane = Lane(tenant, TargetType.http)
+    repo = OutboxRepo(store)
+    # an expired lease of a relay that stopped
+    lost_job = http_job(store, "http://127.0.0.1:9/lost", tenant=tenant, max_attempts=3)
+    lost_at = trigger(store, lost_job)
+    assert len(repo.claim({lane: 10}, "relay-gone", lease_seconds=0.05).deliveries) == 1
+    wait_for(
+        lambda: all(r["available_at"] < store.now() for r in outbox_rows(store)),
+        "the lease to run out",
+    )
+    big = {"blob": "x" * 5000}
+    first = http_job(store, "http://127.0.0.1:9/a", tenant=tenant, payload=big)
+    second = http_job(store, "http://127.0.0.1:9/b", tenant=tenant, payload={"n": 2})
+    cancelled = http_job(store, "http://127.0.0.1:9/c", tenant=tenant)
+    runs = [trigger(store, first), trigger(store, second), trigger(store, first)]
+    cancelled_at = trigger(store, cancelled)
+    JobRepo(store).cancel(cancelled, actor="test")
+    # an own payload snapshot on one run of `second` (an update made after its claim)
+    snapshot_at = trigger(store, second)
+    with store.tx() as connection:
+        connection.execute(
+            update(schema.outbox)
+            .where(
+                schema.outbox.c.job_id == second, schema.outbox.c.scheduled_at == snapshot_at
+            )
+            .values(payload="snapshot")
+        )
+    claimed = repo.claim({lane: 10}, "relay-next", lease_seconds=60)
+    assert (claimed.lost, claimed.cancelled) == (1, 1)
+    got = {(d.job_id, d.scheduled_at): d for d in claimed.deliveries}
+    assert set(got) == {
+        (first, runs[0]),
+        (second, runs[1]),
+        (first, runs[2]),
+        (second, snapshot_at),
+    }
+    assert got[(first, runs[0])].stored_payload == stored_payload(store, first)
+    assert got[(first, runs[2])].stored_payload == stored_payload(store, first)
+    assert got[(second, runs[1])].stored_payload == stored_payload(store, second)
+    assert got[(second, snapshot_at)].stored_payload == "snapshot"
+    assert {d.allow_list for d in claimed.deliveries} == {("127.0.0.1",)}
+    assert {d.attempt for d in claimed.deliveries} == {1}
+    # the lost attempt is recorded and the row waits for its retry, leased by no one
+    history = attempts(store, lost_job, lost_at)
+    assert [(a["status"], a["error"], a["worker"]) for a in history] == [
+        ("lost", LOST_ERROR, "relay-gone")
+    ]
+    rows = {(r["job_id"], r["scheduled_at"]): r for r in outbox_rows(store)}
+    assert (rows[(lost_job, lost_at)]["attempt"], rows[(lost_job, lost_at)]["lease_owner"]) == (
+        2,
+        None,
+    )
+    # the cancelled job's run is skipped and gone from the outbox
+    assert (cancelled, cancelled_at) not in rows
+    skipped = run_row(store, cancelled, cancelled_at)
+    assert (skipped["status"], skipped["error"]) == ("skipped", CANCELLED_ERROR)
+    tokens = {rows[key]["lease_owner"] for key in got}
+    assert tokens == {claimed.deliveries[0].lease}
