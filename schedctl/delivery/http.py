@@ -60,7 +60,12 @@ from schedctl.delivery.ssrf import (
 from schedctl.delivery.ssrf import tls_name as tls_name_of
 from schedctl.models import Verdict
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.signing import signed_headers
+from schedctl.signing import (
+    IDEMPOTENCY_HEADER,
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    signature_header,
+)
 
 # one deadline per call, connect to the end of the body snippet; shorter than the relay's
 # default lease (9 s) by a margin
@@ -306,14 +311,19 @@ class HttpDelivery:
         stamp = _instant(scheduled_at)
         body = _body_bytes(job_id, stamp, attempt, payload)
         key = f"{job_id}:{stamp}"  # run_key, with the instant formatted once
-        # v2 signs the request target exactly as it goes on the wire (path and query)
-        signed = signed_headers(secret, body, key, method="POST", path=route.target)
+        # v2 signs the request target exactly as it goes on the wire (path and query); the
+        # headers of signed_headers, in its order, written straight into the head
+        timestamp = int(time.time())
+        signature = signature_header(
+            secret, timestamp, method="POST", path=route.target, idempotency_key=key, body=body
+        )
         request = b"".join(
             (
                 route.head,
-                b"Content-Length: %d\r\n" % len(body),
-                "".join(f"{name}: {value}\r\n" for name, value in signed.items()).encode(),
-                b"\r\n",
+                (
+                    f"Content-Length: {len(body)}\r\n{IDEMPOTENCY_HEADER}: {key}\r\n"
+                    f"{TIMESTAMP_HEADER}: {timestamp}\r\n{SIGNATURE_HEADER}: {signature}\r\n\r\n"
+                ).encode(),
                 body,
             )
         )
