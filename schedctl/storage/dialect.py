@@ -274,6 +274,15 @@ class Dialect(Protocol):
         has no such statement; the caller reads and leases step by step."""
         ...
 
+    def lock_outbox_leases(
+        self, connection: Connection, ids: Sequence[int]
+    ) -> tuple[datetime | None, dict[int, tuple[str | None, int]]] | None:
+        """Lock the outbox rows `ids` (in id order, waiting for them) and read the
+        database's now in the same statement (None when no row is left): (now, {id:
+        (lease_owner, attempt)}), for settling. None: the backend has no such statement;
+        the caller reads the clock and locks step by step."""
+        ...
+
     def run_partition_days(self, today: date, days_ahead: int) -> list[date]:
         """The days whose run-history partitions should exist (none: not partitioned)."""
         ...

@@ -363,6 +363,13 @@ class PostgresDialect:
             },
         )
 
+    def lock_outbox_leases(
+        self, connection: Connection, ids: Sequence[int]
+    ) -> tuple[datetime | None, dict[int, tuple[str | None, int]]] | None:
+        rows = _pg_rows(connection, _LOCK_OUTBOX_LEASES, {"ids": list(ids)})
+        now = rows[0][3].astimezone(UTC) if rows else None
+        return now, {r[0]: (r[1], r[2]) for r in rows}
+
     def run_partition_days(self, today: date, days_ahead: int) -> list[date]:
         return [today + timedelta(days=offset) for offset in range(-1, days_ahead + 1)]
 
@@ -691,6 +698,17 @@ SELECT p.id, p.job_id, p.scheduled_at, p.tenant_id, p.target_type, p.target, p.a
   LEFT JOIN LATERAL (
         SELECT tenant_id, signing_secret, allow_list, broker_url
           FROM tenants WHERE tenants.tenant_id = p.tenant_id LIMIT 1) AS t ON true
+"""
+
+# Settling's row locks and the database's now in one round trip (the clock was a statement
+# of its own): the initplan reads the clock once, when the first row comes out -- before
+# any lock is waited for, as the separate read was
+_LOCK_OUTBOX_LEASES = """
+SELECT id, lease_owner, attempt, (SELECT clock_timestamp())
+  FROM outbox
+ WHERE id = ANY(CAST(%(ids)b AS bigint[]))
+ ORDER BY id
+ FOR UPDATE
 """
 
 

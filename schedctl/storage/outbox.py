@@ -384,16 +384,22 @@ class OutboxRepo:
         if not outcomes:
             return result
         o = schema.outbox
+        ids = [x.delivery.outbox_id for x in outcomes]
         with self.store.tx() as connection:
-            now = db_now(connection)
-            query = (
-                select(o.c.id, o.c.lease_owner, o.c.attempt)
-                .where(id_in(connection, o.c.id, [x.delivery.outbox_id for x in outcomes]))
-                # id order: two settlers (or a settler and a release) lock in one order
-                .order_by(o.c.id)
-            )
-            query = self.store.dialect.lock(query)
-            held = {r.id: (r.lease_owner, r.attempt) for r in connection.execute(query).all()}
+            now: datetime | None
+            locked = self.store.dialect.lock_outbox_leases(connection, ids)
+            if locked is not None:
+                now, held = locked
+            else:
+                now = db_now(connection)
+                query = (
+                    select(o.c.id, o.c.lease_owner, o.c.attempt)
+                    .where(id_in(connection, o.c.id, ids))
+                    # id order: two settlers (or a settler and a release) lock in one order
+                    .order_by(o.c.id)
+                )
+                query = self.store.dialect.lock(query)
+                held = {r.id: (r.lease_owner, r.attempt) for r in connection.execute(query)}
             valid: dict[int, Outcome] = {}
             for x in outcomes:
                 if held.get(x.delivery.outbox_id) == (x.delivery.lease, x.delivery.attempt):
@@ -402,6 +408,7 @@ class OutboxRepo:
             result.stale = len(outcomes) - len(valid)
             if not valid:
                 return result
+            assert now is not None  # read with the rows
             settled = settle(
                 connection,
                 [(_held_of(x.delivery), _attempt_of(x)) for x in valid.values()],

@@ -1,22 +1,25 @@
-"""The relay's outbox claim on SQLite and a real Postgres: on Postgres one statement reads the
-database's clock, locks the due rows, leases them and reads their jobs and tenants; rows of
-several jobs, own payload snapshots, a cancelled job's run and an expired lease in one claim
-each come out as before (a delivery with its job's payload, a skipped run, a lost attempt)."""
+"""The relay's outbox claim and settle on SQLite and a real Postgres: on Postgres one statement
+reads the database's clock, locks the due rows, leases them and reads their jobs and tenants;
+rows of several jobs, own payload snapshots, a cancelled job's run and an expired lease in
+one claim each come out as before (a delivery with its job's payload, a skipped run, a lost
+attempt). Settling reads the clock in its locking statement: a retry is due by the
+database's clock, and a settle whose rows another transaction holds waits for them."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+import threading
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 
-from schedctl.models import Lane, TargetType
+from schedctl.models import Lane, TargetType, Verdict
 from schedctl.storage import schema
 from schedctl.storage.clock import db_now
 from schedctl.storage.jobs import JobRepo
-from schedctl.storage.outbox import OutboxRepo
+from schedctl.storage.outbox import Delivery, OutboxRepo, Outcome
 from schedctl.storage.settle import CANCELLED_ERROR, LOST_ERROR
 from schedctl.storage.store import Store
 from tests.factories import make_tenant
@@ -115,9 +118,7 @@ def test_one_claim_of_payloads_a_cancelled_run_and_an_expired_lease(store: Store
     with store.tx() as connection:
         connection.execute(
             update(schema.outbox)
-            .where(
-                schema.outbox.c.job_id == second, schema.outbox.c.scheduled_at == snapshot_at
-            )
+            .where(schema.outbox.c.job_id == second, schema.outbox.c.scheduled_at == snapshot_at)
             .values(payload="snapshot")
         )
     claimed = repo.claim({lane: 10}, "relay-next", lease_seconds=60)
@@ -151,3 +152,93 @@ def test_one_claim_of_payloads_a_cancelled_run_and_an_expired_lease(store: Store
     assert (skipped["status"], skipped["error"]) == ("skipped", CANCELLED_ERROR)
     tokens = {rows[key]["lease_owner"] for key in got}
     assert tokens == {claimed.deliveries[0].lease}
+
+
+def outcome(delivery: Delivery, verdict: Verdict, retry_after: float | None = None) -> Outcome:
+    now = datetime.now(UTC)
+    error = None if verdict is Verdict.succeeded else "HTTP 503"
+    return Outcome(delivery, verdict, now, now, error=error, retry_after=retry_after)
+
+
+def test_a_settle_reads_the_database_clock_in_its_locking_statement(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tenant = make_tenant(store, "settler")
+    set_allow_list(store, tenant, ["127.0.0.1"])
+    job = http_job(store, "http://127.0.0.1:9/hook", tenant=tenant, max_attempts=3)
+    for _ in range(3):
+        trigger(store, job)
+    repo = OutboxRepo(store)
+    claimed = repo.claim({Lane(tenant, TargetType.http): 10}, "relay-s", 30.0).deliveries
+    assert len(claimed) == 3
+    statements: list[str] = []
+    with store.read() as connection:
+        before = db_now(connection)
+    if store.is_postgres:
+        execute = psycopg.Cursor.execute
+
+        def counted(cursor: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+            statements.append(str(query))
+            return execute(cursor, query, *args, **kwargs)
+
+        monkeypatch.setattr(psycopg.Cursor, "execute", counted)
+    # the endpoint asked for 100 s: more than this job's backoff, so the delay is exactly it
+    result = repo.settle(
+        [
+            outcome(claimed[0], Verdict.succeeded),
+            outcome(claimed[1], Verdict.retry, retry_after=100.0),
+            outcome(claimed[2], Verdict.succeeded),
+        ]
+    )
+    monkeypatch.undo()
+    with store.read() as connection:
+        after = db_now(connection)
+    assert (result.succeeded, result.retried, result.stale) == (2, 1, 0)
+    (row,) = outbox_rows(store)
+    assert (row["id"], row["attempt"], row["lease_owner"]) == (claimed[1].outbox_id, 2, None)
+    wait = timedelta(seconds=100)
+    assert before + wait <= row["available_at"] <= after + wait
+    if store.is_postgres:
+        # the clock was a statement (a round trip) of its own before the locking one
+        assert not any(s.strip() == "SELECT clock_timestamp()" for s in statements), statements
+        assert "FOR UPDATE" in statements[0] and "clock_timestamp()" in statements[0]
+    # settling the same outcomes again changes nothing: the leases are no longer theirs
+    again = repo.settle([outcome(d, Verdict.succeeded) for d in claimed])
+    assert (again.succeeded, again.stale) == (0, 3)
+
+
+def test_a_settle_waits_for_rows_another_transaction_holds(pg_store: Store) -> None:
+    store = pg_store
+    tenant = make_tenant(store, "waiter")
+    set_allow_list(store, tenant, ["127.0.0.1"])
+    job = http_job(store, "http://127.0.0.1:9/hook", tenant=tenant)
+    at = trigger(store, job)
+    repo = OutboxRepo(store)
+    (delivery,) = repo.claim({Lane(tenant, TargetType.http): 10}, "relay-w", 30.0).deliveries
+    results: list[Any] = []
+    with store.tx() as holder:
+        holder.execute(
+            select(schema.outbox.c.id)
+            .where(schema.outbox.c.id == delivery.outbox_id)
+            .with_for_update()
+        )
+        settler = threading.Thread(
+            target=lambda: results.append(repo.settle([outcome(delivery, Verdict.succeeded)]))
+        )
+        settler.start()
+
+        def waiting() -> bool:
+            with store.read() as connection:
+                return bool(
+                    connection.execute(
+                        text("SELECT count(*) FROM pg_locks WHERE NOT granted")
+                    ).scalar_one()
+                )
+
+        wait_for(waiting, "the settle to wait for the row lock")
+        assert results == []
+    settler.join(60)
+    (result,) = results
+    assert (result.succeeded, result.stale) == (1, 0)
+    assert outbox_rows(store) == []
+    assert run_row(store, job, at)["status"] == "succeeded"
