@@ -288,9 +288,16 @@ class PostgresDialect:
         # one statement, one round trip: the three writes touch three different tables,
         # and the read of job_dependencies a fourth
         table_name = writes.gone[0].name if writes.gone is not None else schema.queue_messages.name
-        statement = _RECORD_OUTCOMES.get(table_name)
+        # a run per attempt (each attempt of another run), in the same order: the runs'
+        # columns are the attempts' (settle builds both rows from the same values) but for
+        # the run's status, so only that array is sent for them -- psycopg dumps every array
+        # element by element, and these were eight more arrays per batch
+        aligned = len(writes.runs) == len(writes.attempts)
+        key = (table_name, aligned)
+        statement = _RECORD_OUTCOMES.get(key)
         if statement is None:
-            statement = _RECORD_OUTCOMES[table_name] = _record_outcomes(table_name)
+            statement = _RECORD_OUTCOMES[key] = _record_outcomes(table_name, aligned=aligned)
+        runs = _ALIGNED_RUN_ARRAYS if aligned else _RUN_ARRAYS
         return _pg_rows(
             connection,
             statement,
@@ -300,7 +307,7 @@ class PostgresDialect:
                     f"a_{name}": [row[name] for row in writes.attempts]
                     for name, _ in _ATTEMPT_ARRAYS
                 },
-                **{f"r_{name}": [row[name] for row in writes.runs] for name, _ in _RUN_ARRAYS},
+                **{f"r_{name}": [row[name] for row in writes.runs] for name, _ in runs},
                 "gone": list(writes.gone[1]) if writes.gone is not None else [],
             },
         )
@@ -712,21 +719,28 @@ SELECT id, lease_owner, attempt, (SELECT clock_timestamp())
 """
 
 
-def _record_outcomes(table_name: str) -> str:
-    """The statement of record_outcomes deleting from `table_name` (outbox, queue_messages)."""
+def _record_outcomes(table_name: str, *, aligned: bool = False) -> str:
+    """The statement of record_outcomes deleting from `table_name` (outbox, queue_messages);
+    `aligned`: the runs' columns come from the attempts' arrays, all but their status."""
     assert table_name in (schema.outbox.name, schema.queue_messages.name)
+    update_runs = _UPDATE_RUNS.replace("%(", "%(r_")
+    if aligned:
+        for name, _ in _RUN_ARRAYS:
+            if name != "status":
+                update_runs = update_runs.replace(f"%(r_{name})b", f"%(a_{name})b")
     return (
         "WITH attempts AS ("
         + _INSERT_ATTEMPTS.replace("%(", "%(a_")
         + f"), gone AS (DELETE FROM {table_name} WHERE id = ANY(CAST(%(gone)b AS bigint[])))"
         + ", runs_set AS ("
-        + _UPDATE_RUNS.replace("%(", "%(r_")
+        + update_runs
         + ") SELECT job_id, upstream_job_id FROM job_dependencies"
         " WHERE upstream_job_id = ANY(CAST(%(upstreams)b AS text[]))"
     )
 
 
-_RECORD_OUTCOMES: dict[str, str] = {}
+_RECORD_OUTCOMES: dict[tuple[str, bool], str] = {}
+_ALIGNED_RUN_ARRAYS = tuple((name, kind) for name, kind in _RUN_ARRAYS if name == "status")
 
 
 # The scale benchmark's one-time job rows, as storage/bulk_future.py's _rows makes them in

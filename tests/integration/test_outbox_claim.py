@@ -3,7 +3,8 @@ reads the database's clock, locks the due rows, leases them and reads their jobs
 rows of several jobs, own payload snapshots, a cancelled job's run and an expired lease in
 one claim each come out as before (a delivery with its job's payload, a skipped run, a lost
 attempt). Settling reads the clock in its locking statement: a retry is due by the
-database's clock, and a settle whose rows another transaction holds waits for them."""
+database's clock, and a settle whose rows another transaction holds waits for them; the
+runs' update reuses the attempts' arrays."""
 
 from __future__ import annotations
 
@@ -172,6 +173,7 @@ def test_a_settle_reads_the_database_clock_in_its_locking_statement(
     claimed = repo.claim({Lane(tenant, TargetType.http): 10}, "relay-s", 30.0).deliveries
     assert len(claimed) == 3
     statements: list[str] = []
+    parameters: list[Any] = []
     with store.read() as connection:
         before = db_now(connection)
     if store.is_postgres:
@@ -179,6 +181,7 @@ def test_a_settle_reads_the_database_clock_in_its_locking_statement(
 
         def counted(cursor: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
             statements.append(str(query))
+            parameters.append(args[0] if args else kwargs.get("params"))
             return execute(cursor, query, *args, **kwargs)
 
         monkeypatch.setattr(psycopg.Cursor, "execute", counted)
@@ -202,6 +205,12 @@ def test_a_settle_reads_the_database_clock_in_its_locking_statement(
         # the clock was a statement (a round trip) of its own before the locking one
         assert not any(s.strip() == "SELECT clock_timestamp()" for s in statements), statements
         assert "FOR UPDATE" in statements[0] and "clock_timestamp()" in statements[0]
+        # a run per attempt: the runs' update takes the attempts' arrays, and only the runs'
+        # statuses are an array of their own
+        (record,) = [p for q, p in zip(statements, parameters, strict=True) if "run_attempts" in q]
+        assert {name for name in record if name.startswith("r_")} == {"r_status"}
+        assert run_row(store, job, claimed[0].scheduled_at)["status"] == "succeeded"
+        assert run_row(store, job, claimed[1].scheduled_at)["status"] == "failed"
     # settling the same outcomes again changes nothing: the leases are no longer theirs
     again = repo.settle([outcome(d, Verdict.succeeded) for d in claimed])
     assert (again.succeeded, again.stale) == (0, 3)
