@@ -251,3 +251,36 @@ def test_a_settle_waits_for_rows_another_transaction_holds(pg_store: Store) -> N
     assert (result.succeeded, result.stale) == (1, 0)
     assert outbox_rows(store) == []
     assert run_row(store, job, at)["status"] == "succeeded"
+
+
+def test_the_claim_statement_reads_and_leases_by_index_at_100000_rows(pg_store: Store) -> None:
+    """The plan of the one-statement claim over a big outbox: the lease is an index scan by
+    primary key, never a seq scan of the whole outbox (an UPDATE ... FROM the picked rows
+    was planned as a hash join over all of them: 24 ms a claim at 100,000 rows)."""
+    from schedctl.storage.dialect_postgres import _LEASE_OUTBOX
+
+    url = pg_store.engine.url.set(drivername="postgresql")
+    with psycopg.connect(url.render_as_string(hide_password=False)) as connection:
+        with connection.transaction(force_rollback=True):
+            connection.execute(
+                "INSERT INTO outbox (job_id, scheduled_at, tenant_id, target_type, target,"
+                " attempt, available_at, created_at)"
+                " SELECT 'job-' || i, now(), 'tenant-big', 'http', 'http://127.0.0.1:9/', 1,"
+                " now() - interval '1 second', now() FROM generate_series(1, 100000) AS i"
+            )
+            connection.execute("ANALYZE outbox")
+            plan = "\n".join(
+                row[0]
+                for row in connection.execute(
+                    "EXPLAIN " + _LEASE_OUTBOX,
+                    {
+                        "tenants": ["tenant-big"],
+                        "kinds": ["http"],
+                        "caps": [128],
+                        "token": "relay/1/2",
+                        "lease_seconds": 9.0,
+                    },
+                )
+            )
+    assert "Seq Scan on outbox" not in plan, plan
+    assert "outbox_pkey" in plan, plan
