@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import queue
 import socket
 import threading
 import time
@@ -229,7 +228,11 @@ class Relay:
         self._async_slots = 0
         self._async_ended = threading.Condition(threading.Lock())
         self._async_tasks: set[asyncio.Task[None]] = set()
-        self._outcomes: queue.Queue[Outcome] = queue.Queue()
+        # outcomes for the settler: a deque (an append is atomic) and an event set only when
+        # it is not set already, instead of a queue.Queue, whose put takes a lock and
+        # notifies a condition for every delivery
+        self._outcomes: deque[Outcome] = deque()
+        self._outcome_ready = threading.Event()
         self._unsettled = 0  # outcomes produced and not recorded yet
         self._unsettled_lock = threading.Lock()
         self._settler: threading.Thread | None = None
@@ -740,7 +743,7 @@ class Relay:
             )
         with self._unsettled_lock:
             self._unsettled += 1
-        self._outcomes.put(
+        self._outcomes.append(
             Outcome(
                 delivery=delivery,
                 verdict=result.verdict,
@@ -751,6 +754,8 @@ class Relay:
                 retry_after=result.retry_after,
             )
         )
+        if not self._outcome_ready.is_set():
+            self._outcome_ready.set()
 
     # -- settling (one thread) ---------------------------------------------------------------
 
@@ -771,23 +776,22 @@ class Relay:
         pending: list[Outcome] = []
         while True:
             if not pending:
-                try:
-                    pending.append(self._outcomes.get(timeout=0.05))
-                except queue.Empty:
-                    if self._settler_stop.is_set():
-                        return
-                    continue
+                if not self._outcomes:
+                    self._outcome_ready.wait(0.05)
+                    # cleared before the look: an outcome appended after it sets it again
+                    self._outcome_ready.clear()
+                    if not self._outcomes:
+                        if self._settler_stop.is_set():
+                            return
+                        continue
                 # a short pause for more: one transaction records many outcomes (each costs
                 # several statements whatever its size; the leases are held meanwhile). A
                 # sleep, not a wait on the queue: that would wake this thread (and hand it
                 # the interpreter lock) once per outcome
                 if not self._settler_stop.is_set():
                     time.sleep(SETTLE_GATHER_SECONDS)
-            while len(pending) < SETTLE_BATCH:
-                try:
-                    pending.append(self._outcomes.get_nowait())
-                except queue.Empty:
-                    break
+            while len(pending) < SETTLE_BATCH and self._outcomes:
+                pending.append(self._outcomes.popleft())
             try:
                 self._settle(pending)
             except Exception as exc:  # this thread must not end: log it and retry
@@ -820,11 +824,8 @@ class Relay:
 
     def _settle_pending(self) -> None:
         pending: list[Outcome] = []
-        while True:
-            try:
-                pending.append(self._outcomes.get_nowait())
-            except queue.Empty:
-                break
+        while self._outcomes:
+            pending.append(self._outcomes.popleft())
         for start in range(0, len(pending), SETTLE_BATCH):
             try:
                 self._settle(pending[start : start + SETTLE_BATCH])

@@ -60,7 +60,12 @@ from schedctl.delivery.ssrf import (
 from schedctl.delivery.ssrf import tls_name as tls_name_of
 from schedctl.models import Verdict
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.signing import signed_headers
+from schedctl.signing import (
+    IDEMPOTENCY_HEADER,
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    signature_header,
+)
 
 # one deadline per call, connect to the end of the body snippet; shorter than the relay's
 # default lease (9 s) by a margin
@@ -211,6 +216,7 @@ class HttpDelivery:
         self._routes: dict[tuple[str, Hashable], tuple[float, _Route]] = {}
         self._idle: dict[_PoolKey, list[_Connection]] = {}
         self._open: set[_Connection] = set()  # every connection not closed yet
+        self._deadlines = _Deadlines()  # of the calls under way
         self._tls: ssl.SSLContext | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -306,14 +312,19 @@ class HttpDelivery:
         stamp = _instant(scheduled_at)
         body = _body_bytes(job_id, stamp, attempt, payload)
         key = f"{job_id}:{stamp}"  # run_key, with the instant formatted once
-        # v2 signs the request target exactly as it goes on the wire (path and query)
-        signed = signed_headers(secret, body, key, method="POST", path=route.target)
+        # v2 signs the request target exactly as it goes on the wire (path and query); the
+        # headers of signed_headers, in its order, written straight into the head
+        timestamp = int(time.time())
+        signature = signature_header(
+            secret, timestamp, method="POST", path=route.target, idempotency_key=key, body=body
+        )
         request = b"".join(
             (
                 route.head,
-                b"Content-Length: %d\r\n" % len(body),
-                "".join(f"{name}: {value}\r\n" for name, value in signed.items()).encode(),
-                b"\r\n",
+                (
+                    f"Content-Length: {len(body)}\r\n{IDEMPOTENCY_HEADER}: {key}\r\n"
+                    f"{TIMESTAMP_HEADER}: {timestamp}\r\n{SIGNATURE_HEADER}: {signature}\r\n\r\n"
+                ).encode(),
                 body,
             )
         )
@@ -418,7 +429,10 @@ class HttpDelivery:
                 {"ssl": tls, "server_hostname": route.tls_name} if tls is not None else {}
             )
             _, connection = await loop.create_connection(
-                lambda: _Connection(self._open), route.address, route.port, **tls_options
+                lambda: _Connection(self._open, self._deadlines),
+                route.address,
+                route.port,
+                **tls_options,
             )
         if tls is not None and route.tls_name is not None:
             try:
@@ -464,6 +478,7 @@ MAX_BUFFER_BYTES = 256 * 1024
 MAX_HEADERS = 200
 MAX_INTERIM_ANSWERS = 8  # 1xx answers skipped before the real one
 MAX_ROUTES = 10_000
+DEADLINE_SLACK_SECONDS = 1e-6
 
 _PoolKey = tuple[str, str, int, str | None]  # scheme, address, port, TLS name
 
@@ -508,6 +523,42 @@ class _Route:
         )
 
 
+class _Deadlines:
+    """The deadlines of the calls under way, on one loop timer set for the nearest of them
+    (each expiring connection is failed then), instead of a timer armed and cancelled per
+    call: a call's deadline is its start plus the client's one timeout, so the nearest is
+    nearly always the oldest call's, and the timer fires about once per timeout, not once
+    per call. A deadline armed earlier than the timer (a call that spent long resolving or
+    connecting) moves the timer up: each connection still expires at its own deadline."""
+
+    def __init__(self) -> None:
+        self._armed: dict[_Connection, float] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    def arm(self, connection: _Connection, deadline: float) -> None:
+        self._armed[connection] = deadline
+        timer = self._timer
+        if timer is None or deadline < timer.when():
+            if timer is not None:
+                timer.cancel()
+            self._timer = asyncio.get_running_loop().call_at(deadline, self._fire)
+
+    def disarm(self, connection: _Connection) -> None:
+        self._armed.pop(connection, None)
+
+    def _fire(self) -> None:
+        self._timer = None
+        loop = asyncio.get_running_loop()
+        # the loop may run a timer a clock tick before its time
+        now = loop.time() + DEADLINE_SLACK_SECONDS
+        expired = [c for c, deadline in self._armed.items() if deadline <= now]
+        for connection in expired:
+            del self._armed[connection]
+            connection.expire()
+        if self._armed:
+            self._timer = loop.call_at(min(self._armed.values()), self._fire)
+
+
 class _Connection(asyncio.Protocol):
     """One HTTP/1.1 connection as an asyncio protocol: the bytes received so far, whether it
     may carry another request, and the deadline of the call it carries.
@@ -515,10 +566,10 @@ class _Connection(asyncio.Protocol):
     A protocol, not a stream pair: data_received appends to one buffer and wakes the one
     waiting call, and the reads below take what they need from the buffer without another
     hand-over (the streams' reader, its waiter and flow control cost as much CPU as the
-    rest of a call together). The deadline is one loop timer per call (`arm`): when it
-    fires, the call's wait raises TimeoutError; the caller then closes the connection."""
+    rest of a call together). The call's deadline (`arm`) is kept by _Deadlines: when it
+    passes, the call's wait raises TimeoutError; the caller then closes the connection."""
 
-    def __init__(self, registry: set[_Connection]) -> None:
+    def __init__(self, registry: set[_Connection], deadlines: _Deadlines) -> None:
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.eof = False  # the other side closed (or the connection broke)
@@ -526,7 +577,7 @@ class _Connection(asyncio.Protocol):
         self.reusable = True
         self.expired = False  # the deadline of the call it carries passed
         self._waiter: asyncio.Future[None] | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._deadlines = deadlines
         self._paused = False
         self._registry = registry
         registry.add(self)
@@ -572,20 +623,16 @@ class _Connection(asyncio.Protocol):
 
     def arm(self, deadline: float) -> None:
         """Fail the call's waits with TimeoutError at `deadline` (loop time)."""
-        self._disarm()
         self.expired = False
-        loop = asyncio.get_running_loop()
-        self._timer = loop.call_at(deadline, self._expire)
+        self._deadlines.arm(self, deadline)
 
-    def _expire(self) -> None:
-        self._timer = None
+    def expire(self) -> None:
+        """The call's deadline passed (_Deadlines calls this)."""
         self.expired = True
         self._wake(TimeoutError())
 
     def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._deadlines.disarm(self)
 
     # -- use -----------------------------------------------------------------------------------
 

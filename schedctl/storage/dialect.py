@@ -78,6 +78,33 @@ class ChangeFeed(Protocol):
     def close(self) -> None: ...
 
 
+# The row of Dialect.lease_outbox_rows: a due outbox row the statement leased (its lease
+# owner as it was before), its job (NULLs when the job is gone; the job's payload only on
+# the first row of each job, so a big payload crosses the wire once per claim) and its
+# tenant (`tenant_found` false when the tenant is gone).
+OUTBOX_LEASE_COLUMNS = (
+    "id",
+    "job_id",
+    "scheduled_at",
+    "tenant_id",
+    "target_type",
+    "target",
+    "attempt",
+    "lease_owner",
+    "payload",
+    "job_status",
+    "job_payload",
+    "max_attempts",
+    "retry_base_seconds",
+    "retry_max_seconds",
+    "tenant_found",
+    "signing_secret",
+    "allow_list",
+    "broker_url",
+    "now",
+)
+
+
 # A message a lease takes: (message id, job_id, scheduled_at, attempt).
 LeasedRow = tuple[int, str, datetime, int]
 
@@ -240,6 +267,29 @@ class Dialect(Protocol):
     ) -> list[RowMapping]:
         """Up to wanted[lane] due outbox rows of each lane, oldest first, locked; rows
         another relay holds are skipped."""
+        ...
+
+    def lease_outbox_rows(
+        self,
+        connection: Connection,
+        wanted: Mapping[Lane, int],
+        token: str,
+        lease_seconds: float,
+    ) -> list[tuple[Any, ...]] | None:
+        """due_outbox_rows, the lease of every row it finds (lease_owner `token`,
+        available_at the database's now plus `lease_seconds`) and the reads of their jobs
+        and tenants, as one statement (one round trip) where the backend can: rows of
+        OUTBOX_LEASE_COLUMNS, the database's now read in the statement. None: the backend
+        has no such statement; the caller reads and leases step by step."""
+        ...
+
+    def lock_outbox_leases(
+        self, connection: Connection, ids: Sequence[int]
+    ) -> tuple[datetime | None, dict[int, tuple[str | None, int]]] | None:
+        """Lock the outbox rows `ids` (in id order, waiting for them) and read the
+        database's now in the same statement (None when no row is left): (now, {id:
+        (lease_owner, attempt)}), for settling. None: the backend has no such statement;
+        the caller reads the clock and locks step by step."""
         ...
 
     def run_partition_days(self, today: date, days_ahead: int) -> list[date]:

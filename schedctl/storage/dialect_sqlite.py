@@ -381,6 +381,20 @@ class SqliteDialect:
             )
         return rows
 
+    def lease_outbox_rows(
+        self,
+        connection: Connection,
+        wanted: Mapping[Lane, int],
+        token: str,
+        lease_seconds: float,
+    ) -> list[tuple[Any, ...]] | None:
+        return None  # transactions are serialized and local: the steps cost no round trips
+
+    def lock_outbox_leases(
+        self, connection: Connection, ids: Sequence[int]
+    ) -> tuple[datetime | None, dict[int, tuple[str | None, int]]] | None:
+        return None  # no row locks, and a local clock
+
     def run_partition_days(self, today: date, days_ahead: int) -> list[date]:
         return []  # one runs table; retention deletes old rows
 

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, NamedTuple
 
 from sqlalchemy import and_, func, select, update
 from sqlalchemy.engine import Connection, RowMapping
@@ -198,28 +199,29 @@ class OutboxRepo:
             return OutboxClaim()
         if lease_seconds <= 0:
             raise errors.ValidationError("must be positive", field="lease_seconds")
+        # one token per claim: settling checks it, so a lease that expired and was claimed
+        # again (even by this same relay) is never settled twice
+        token = f"{owner}/{time.time():.6f}/{random.getrandbits(32):08x}"
         with self.store.tx() as connection:
+            leased = self.store.dialect.lease_outbox_rows(connection, wanted, token, lease_seconds)
+            if leased is not None:
+                return self._leased(connection, leased, token)
             now = db_now(connection)
             rows = self._due_rows(connection, wanted, now)
             if not rows:
                 return OutboxClaim()
-            return self._lease(connection, rows, owner, now, lease_seconds)
+            jobs, tenants = self._jobs_and_tenants(connection, rows)
+            return self._lease(connection, rows, jobs, tenants, token, now, lease_seconds)
 
     def _due_rows(
         self, connection: Connection, wanted: Mapping[Lane, int], now: datetime
     ) -> list[RowMapping]:
         return self.store.dialect.due_outbox_rows(connection, wanted, now)
 
-    def _lease(
-        self,
-        connection: Connection,
-        rows: Sequence[RowMapping],
-        owner: str,
-        now: datetime,
-        lease_seconds: float,
-    ) -> OutboxClaim:
-        o, j, t = schema.outbox, schema.jobs, schema.tenants
-        result = OutboxClaim()
+    def _jobs_and_tenants(
+        self, connection: Connection, rows: Sequence[RowMapping]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        j, t = schema.jobs, schema.tenants
         jobs = {
             r.job_id: r
             for r in connection.execute(
@@ -241,16 +243,64 @@ class OutboxRepo:
                 )
             ).all()
         }
+        return jobs, tenants
+
+    def _leased(
+        self, connection: Connection, leased: Sequence[tuple[Any, ...]], token: str
+    ) -> OutboxClaim:
+        """_lease for the rows Dialect.lease_outbox_rows read and leased already (columns
+        OUTBOX_LEASE_COLUMNS)."""
+        if not leased:
+            return OutboxClaim()
+        rows: list[dict[str, Any]] = []
+        jobs: dict[str, _Job] = {}
+        tenants: dict[str, _Tenant] = {}
+        for r in leased:
+            scheduled_at = r[2] if r[2].tzinfo is UTC else r[2].astimezone(UTC)
+            rows.append(
+                {
+                    "id": r[0],
+                    "job_id": r[1],
+                    "scheduled_at": scheduled_at,
+                    "tenant_id": r[3],
+                    "target_type": r[4],
+                    "target": r[5],
+                    "attempt": r[6],
+                    "lease_owner": r[7],
+                    "payload": r[8],
+                }
+            )
+            # a job's payload comes with its first row only; a gone job has no status
+            if r[10] is not None or (r[9] is not None and r[1] not in jobs):
+                jobs[r[1]] = _Job(r[9], r[10], r[11], r[12], r[13])
+            if r[14] and r[3] not in tenants:
+                tenants[r[3]] = _Tenant(r[15], r[16], r[17])
+        now = leased[0][18].astimezone(UTC)
+        return self._lease(connection, rows, jobs, tenants, token, now, None)
+
+    def _lease(
+        self,
+        connection: Connection,
+        rows: Sequence[Any],  # RowMappings, or dicts with their keys
+        jobs: Mapping[str, Any],
+        tenants: Mapping[str, Any],
+        token: str,
+        now: datetime,
+        lease_seconds: float | None,
+    ) -> OutboxClaim:
+        """Deliveries of the rows whose job and tenant still deliver, settled lost attempts
+        of the expired leases, skipped runs of stopped jobs. lease_seconds: the lease to
+        write on the deliveries' rows; None: their rows are leased already (every row: the
+        settling of the others overwrites or deletes theirs)."""
+        o = schema.outbox
+        result = OutboxClaim()
         # parsed once per tenant, not once per row
         allowed = {
             tenant_id: tuple(str(a) for a in json.loads(row.allow_list))
             for tenant_id, row in tenants.items()
         }
-        # one token per claim: settling checks it, so a lease that expired and was claimed
-        # again (even by this same relay) is never settled twice
-        token = f"{owner}/{now.timestamp():.6f}/{random.getrandbits(32):08x}"
         lease_ids: list[int] = []
-        cancelled: list[RowMapping] = []
+        cancelled: list[Any] = []
         lost_rows: list[tuple[Held, Attempt]] = []
         for row in rows:
             job = jobs.get(row["job_id"])
@@ -288,7 +338,7 @@ class OutboxRepo:
                     broker_url=tenant.broker_url,
                 )
             )
-        if lease_ids:
+        if lease_ids and lease_seconds is not None:
             connection.execute(
                 update(o)
                 .where(id_in(connection, o.c.id, lease_ids))
@@ -334,16 +384,22 @@ class OutboxRepo:
         if not outcomes:
             return result
         o = schema.outbox
+        ids = [x.delivery.outbox_id for x in outcomes]
         with self.store.tx() as connection:
-            now = db_now(connection)
-            query = (
-                select(o.c.id, o.c.lease_owner, o.c.attempt)
-                .where(id_in(connection, o.c.id, [x.delivery.outbox_id for x in outcomes]))
-                # id order: two settlers (or a settler and a release) lock in one order
-                .order_by(o.c.id)
-            )
-            query = self.store.dialect.lock(query)
-            held = {r.id: (r.lease_owner, r.attempt) for r in connection.execute(query).all()}
+            now: datetime | None
+            locked = self.store.dialect.lock_outbox_leases(connection, ids)
+            if locked is not None:
+                now, held = locked
+            else:
+                now = db_now(connection)
+                query = (
+                    select(o.c.id, o.c.lease_owner, o.c.attempt)
+                    .where(id_in(connection, o.c.id, ids))
+                    # id order: two settlers (or a settler and a release) lock in one order
+                    .order_by(o.c.id)
+                )
+                query = self.store.dialect.lock(query)
+                held = {r.id: (r.lease_owner, r.attempt) for r in connection.execute(query)}
             valid: dict[int, Outcome] = {}
             for x in outcomes:
                 if held.get(x.delivery.outbox_id) == (x.delivery.lease, x.delivery.attempt):
@@ -352,6 +408,7 @@ class OutboxRepo:
             result.stale = len(outcomes) - len(valid)
             if not valid:
                 return result
+            assert now is not None  # read with the rows
             settled = settle(
                 connection,
                 [(_held_of(x.delivery), _attempt_of(x)) for x in valid.values()],
@@ -433,7 +490,25 @@ def _worker(lease: str) -> str:
     return lease.rsplit("/", 2)[0]
 
 
-def _held(row: RowMapping, job: Any) -> Held:
+class _Job(NamedTuple):
+    """What a claim needs of a job (Dialect.lease_outbox_rows)."""
+
+    status: str
+    payload: str | None
+    max_attempts: int
+    retry_base_seconds: float
+    retry_max_seconds: float
+
+
+class _Tenant(NamedTuple):
+    """What a claim needs of a tenant (Dialect.lease_outbox_rows)."""
+
+    signing_secret: str
+    allow_list: str
+    broker_url: str | None
+
+
+def _held(row: Mapping[str, Any], job: Any) -> Held:
     """A claimed row whose lease expired, with its job's retry policy."""
     return Held(
         table=schema.outbox,

@@ -10,7 +10,7 @@ import asyncio
 import datetime as dt
 from typing import Any
 
-from schedctl.delivery.http import DeliveryResult, HttpDelivery
+from schedctl.delivery.http import DeliveryResult, HttpDelivery, _Deadlines
 from schedctl.models import Verdict
 from tests.integration.queue_support import hook_server
 from tests.integration.test_http_transport import trickler
@@ -83,3 +83,56 @@ def test_concurrent_calls_each_end_at_their_deadline_while_quick_ones_go_on() ->
         assert result.seconds < len(answer) * 0.5 / 2  # liveness only
     assert all(r.verdict is Verdict.succeeded for r in quick_results), quick_results
     assert quick.count() == 10
+
+
+def test_calls_share_one_deadline_timer_and_each_still_expires_at_its_own() -> None:
+    """Quick calls one after another arm no loop timer each (one timer, at the nearest
+    deadline, serves every call under way); a deadline armed after a later one moves that
+    timer up, so its call expires at its own deadline, not the later one's."""
+    with hook_server() as quick:
+        delivery = HttpDelivery(timeout=30.0)
+        loop = delivery.loop
+        timers: list[float] = []
+        call_at = loop.call_at
+
+        def counted(when: float, *args: Any, **kwargs: Any) -> Any:
+            timers.append(when)
+            return call_at(when, *args, **kwargs)
+
+        loop.call_at = counted  # type: ignore[method-assign,assignment]
+        try:
+            # the first call resolves, connects and arms the deadline timer
+            results = [delivery.deliver(url=quick.url(), allow_list=["127.0.0.1"], **CALL)]
+            first = len(timers)
+            results += [
+                delivery.deliver(url=quick.url(), allow_list=["127.0.0.1"], **CALL)
+                for _ in range(19)
+            ]
+        finally:
+            del loop.call_at
+            delivery.close()
+    assert all(r.verdict is Verdict.succeeded for r in results), results
+    # a timer per call was 19 more of them
+    assert timers[first:] == [], timers
+
+    class Call:
+        expired = False
+
+        def expire(self) -> None:
+            self.expired = True
+
+    async def earlier_after_later() -> tuple[bool, bool]:
+        deadlines = _Deadlines()
+        now = asyncio.get_running_loop().time()
+        late, early = Call(), Call()
+        deadlines.arm(late, now + 120)  # type: ignore[arg-type]
+        deadlines.arm(early, now + 0.05)  # type: ignore[arg-type]
+        for _ in range(6000):  # bounded: 60 s
+            if early.expired:
+                break
+            await asyncio.sleep(0.01)
+        result = (early.expired, late.expired)
+        deadlines.disarm(late)  # type: ignore[arg-type]
+        return result
+
+    assert asyncio.run(earlier_after_later()) == (True, False)

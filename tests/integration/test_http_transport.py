@@ -25,8 +25,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from schedctl.config import load_config
-from schedctl.delivery.http import DeliveryResult, HttpDelivery
+from schedctl.delivery.http import USER_AGENT, DeliveryResult, HttpDelivery, delivery_body
 from schedctl.models import Verdict
+from schedctl.signing import SIGNATURE_HEADER, signed_headers
 from schedctl.storage.store import Store
 from scheduled_d.relay import Relay
 from tests.factories import make_tenant
@@ -63,6 +64,7 @@ class Trickler:
     every: float = 0.5
     http: bool = True  # read an HTTP request first; else whatever the client sends first
     sent: list[int] = field(default_factory=list)  # bytes of `trickle` sent, per connection
+    requests: list[bytes] = field(default_factory=list)  # each request as received
 
     def __post_init__(self) -> None:
         self.sock = socket.socket()
@@ -106,6 +108,7 @@ class Trickler:
             )
             while len(body) < length:
                 body += connection.recv(65536)
+            self.requests.append(head + b"\r\n\r\n" + body)
             self._send(connection, index)
 
     def _send(self, connection: socket.socket, index: int) -> None:
@@ -153,6 +156,50 @@ def test_an_answer_trickled_a_byte_at_a_time_ends_at_the_deadline_as_a_retry() -
     assert (result.error or "").startswith("timed out"), result.error
     # liveness only: far less than the trickle would have held the call
     assert result.seconds < len(answer) * 0.5 / 2
+
+
+def test_the_request_on_the_wire_is_the_signed_one_byte_for_byte() -> None:
+    """The request line, the fixed headers, Content-Length, then signed_headers' three in
+    their order, then the body: what a receiver verifies is what the relay signed."""
+    with trickler(b"HTTP/1.1 204 No Content\r\n\r\n", b"") as server:
+        delivery = HttpDelivery(timeout=5.0)
+        try:
+            secrets = [SECRET, "previous-secret"]
+            result = delivery.deliver(
+                url=server.url + "?a=b c", allow_list=["127.0.0.1"], **{**CALL, "secret": secrets}
+            )
+        finally:
+            delivery.close()
+        (raw,) = server.requests
+        port = server.sock.getsockname()[1]
+    assert result.verdict is Verdict.succeeded, result
+    body = delivery_body("j1", CALL["scheduled_at"], 1, {"x": 1})
+    stamp = next(
+        line.split(b": ", 1)[1].decode()
+        for line in raw.split(b"\r\n")
+        if line.startswith(b"X-Sched-Timestamp: ")
+    )
+    signed = signed_headers(
+        secrets,
+        body,
+        "j1:2026-01-01T00:00:00Z",
+        method="POST",
+        path="/hook?a=b%20c",
+        now=int(stamp),
+    )
+    expected = (
+        "POST /hook?a=b%20c HTTP/1.1\r\n"
+        f"Host: 127.0.0.1:{port}\r\n"
+        "Content-Type: application/json\r\n"
+        f"User-Agent: {USER_AGENT}\r\n"
+        "Accept: */*\r\n"
+        "Accept-Encoding: identity\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        + "".join(f"{name}: {value}\r\n" for name, value in signed.items())
+        + "\r\n"
+    ).encode() + body
+    assert raw == expected
+    assert len(signed[SIGNATURE_HEADER].split(", ")) == 4  # v2 and v1, per secret
 
 
 def test_a_body_trickled_after_a_complete_answer_is_cut_at_the_deadline() -> None:

@@ -224,3 +224,40 @@ def test_method_and_path_go_together() -> None:
 def test_decoded_text_body_is_refused() -> None:
     with pytest.raises(errors.SignatureError, match="raw request body"):
         check(SECRET, headers_for(), BODY.decode())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("size", [1, 31, 63, 64, 65, 200])
+def test_prepared_key_states_sign_as_hmac_does_for_any_key_length(size: int) -> None:
+    """Keys longer than SHA-256's block are hashed first (RFC 2104), shorter ones padded:
+    the prepared states give hmac's value, for str and bytes secrets alike."""
+    secret = ("k" * size).encode()
+    canonical = f"v2:{NOW}\nPOST\n{PATH}\n{KEY}\n".encode() + BODY
+    v2 = hmac.new(secret, canonical, hashlib.sha256).hexdigest()
+    v1 = hmac.new(secret, f"{NOW}.".encode() + BODY, hashlib.sha256).hexdigest()
+    for given in (secret, secret.decode(), [secret.decode(), SECRET]):
+        header = headers_for(given)[SIGNATURE_HEADER]  # type: ignore[arg-type]
+        assert header.split(", ")[0] == f"v2={v2}"
+        assert f"v1={v1}" in header.split(", ")
+        check(secret.decode(), headers_for(given))  # type: ignore[arg-type]
+
+
+def test_a_secret_is_prepared_once_not_per_signature(monkeypatch: pytest.MonkeyPatch) -> None:
+    """hashlib.sha256 runs when a secret is first used; later signatures only copy its
+    prepared states (hmac.digest set the key up again on every call)."""
+    secret = "prepared-once-secret"
+    headers_for(secret)
+    made: list[bytes] = []
+    real = hashlib.sha256
+
+    def counted(data: bytes = b"") -> object:
+        made.append(data)
+        return real(data)
+
+    monkeypatch.setattr(hashlib, "sha256", counted)
+    monkeypatch.setattr(hmac, "digest", lambda *_: pytest.fail("hmac.digest set the key up again"))
+    first = headers_for(secret)
+    second = headers_for(secret, now=NOW + 1)
+    assert made == []
+    assert first[SIGNATURE_HEADER] != second[SIGNATURE_HEADER]
+    monkeypatch.undo()
+    check(secret, second, now=NOW + 1)
