@@ -76,7 +76,7 @@ EmbeddedOption = Annotated[
     bool,
     typer.Option(
         "--embedded",
-        help="One `scheduled-d all` (the embedded default) with a [[worker]] table running "
+        help="One `scheduled-d all` (the embedded default) with a \\[\\[worker]] table running "
         "/bin/true (when --workers is not 0) instead of separate dispatcher, relay and "
         "worker processes; --dispatchers and --relays then count nothing.",
     ),
