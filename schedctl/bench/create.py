@@ -64,6 +64,7 @@ class _Tally:
     created: int = 0
     statuses: Counter[int] = field(default_factory=Counter)  # per job
     failures: Counter[str] = field(default_factory=Counter)
+    stale_retries: int = 0  # requests sent again on a fresh connection (_Client.post)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -105,6 +106,7 @@ def run(scheduler: Scheduler, database_url: str, config: CreateBenchConfig) -> d
         "created": tally.created,
         "refused": {str(k): v for k, v in sorted(tally.statuses.items()) if k != 201},
         "failures": dict(tally.failures),
+        "stale_connection_retries": tally.stale_retries,
         "elapsed_s": round(elapsed, 3),
         "jobs_per_s": round(tally.created / elapsed, 1) if elapsed > 0 else None,
         "requests": len(per_request),
@@ -147,6 +149,8 @@ def _api(database_url: str) -> Iterator[tuple[str, int, int]]:
         yield "127.0.0.1", port, process.pid
     finally:
         children.stop(process, STOP_SECONDS)
+        if process.stderr is not None:
+            process.stderr.close()
 
 
 def _import(
@@ -248,6 +252,8 @@ def _drive(host: str, port: int, token: str, config: CreateBenchConfig) -> tuple
                     tally.statuses.update(statuses)
                     tally.created += statuses.count(201)
         finally:
+            with tally.lock:
+                tally.stale_retries += client.stale_retries
             client.close()
 
     threads = [
@@ -270,15 +276,35 @@ class _Client:
         self.host, self.port = host, port
         self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
         self.connection = http.client.HTTPConnection(host, port, timeout=REQUEST_TIMEOUT_SECONDS)
+        self.reused = False  # the connection has answered a request: it may have gone stale
+        self.stale_retries = 0
 
     def post(self, path: str, body: Any) -> tuple[int, Any]:
-        self.connection.request("POST", path, json.dumps(body).encode(), self.headers)
+        encoded = json.dumps(body).encode()
+        try:
+            return self._post(path, encoded)
+        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
+            # (RemoteDisconnected is a ConnectionResetError.) A server may close an idle
+            # keep-alive connection just as the next request goes out on it (a client
+            # that waited at the start barrier past the keep-alive timeout): once, on a
+            # fresh connection. Safe to send again: every job carries its idempotency
+            # key, so one the server did create comes back as a 200 replay.
+            if not self.reused:
+                raise
+            self.stale_retries += 1
+            self.reconnect()
+            return self._post(path, encoded)
+
+    def _post(self, path: str, encoded: bytes) -> tuple[int, Any]:
+        self.connection.request("POST", path, encoded, self.headers)
         response = self.connection.getresponse()
         data = response.read()
+        self.reused = True
         return response.status, json.loads(data) if data else None
 
     def reconnect(self) -> None:
         self.close()
+        self.reused = False
         self.connection = http.client.HTTPConnection(
             self.host, self.port, timeout=REQUEST_TIMEOUT_SECONDS
         )
