@@ -351,6 +351,17 @@ class Dialect(Protocol):
         """Insert audit_log rows (at, tenant_id, actor, action, job_id, detail)."""
         ...
 
+    def insert_created_jobs(
+        self,
+        connection: Connection,
+        rows: Sequence[Mapping[str, Any]],
+        audit_rows: Sequence[Mapping[str, Any]],
+        changed: Sequence[tuple[str, int]],
+    ) -> None:
+        """insert_jobs, insert_audit_entries and notify_job_changes (any may be empty) in
+        as few statements as the backend can."""
+        ...
+
 
 _DIALECTS: dict[str, Dialect] = {}
 

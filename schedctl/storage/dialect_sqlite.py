@@ -458,6 +458,21 @@ class SqliteDialect:
     ) -> None:
         connection.execute(insert(schema.audit_log), list(rows))
 
+    def insert_created_jobs(
+        self,
+        connection: Connection,
+        rows: Sequence[Mapping[str, Any]],
+        audit_rows: Sequence[Mapping[str, Any]],
+        changed: Sequence[tuple[str, int]],
+    ) -> None:
+        # in process: a statement costs no round trip here
+        if rows:
+            self.insert_jobs(connection, rows)
+        if audit_rows:
+            self.insert_audit_entries(connection, audit_rows)
+        if changed:
+            self.notify_job_changes(connection, changed)
+
 
 class SqliteChangeFeed:
     """Polls the change counter; when it moved, the dispatcher reloads its window, which
