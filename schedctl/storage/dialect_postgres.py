@@ -519,8 +519,8 @@ class PostgresDialect:
         # array element by element in Python, 32 arrays per statement, which cost more
         # than the rest of a small batch's insert
         params = {
-            "jobs": _json_rows(rows, _JOB_ARRAYS),
-            "audit": _json_rows(audit_rows, _AUDIT_ARRAYS),
+            "jobs": _json_rows(rows),
+            "audit": _json_rows(audit_rows),
             "channel": CHANNEL,
             "payloads": [f"{part}:{job_id}" for job_id, part in changed],
         }
@@ -884,16 +884,13 @@ _INSERT_CREATED = (
 )
 
 
-def _json_rows(rows: Sequence[Mapping[str, Any]], columns: tuple[tuple[str, str], ...]) -> str:
-    """The rows as a JSON array for _insert_from_json: instants in RFC 3339 with their
+def _json_rows(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The rows (dicts) as a JSON array for _insert_from_json, as they are (a key that is
+    no listed column is ignored, one missing is NULL): instants in RFC 3339 with their
     offset (a naive one is UTC, as everywhere in storage)."""
     import orjson
 
-    names = [name for name, _ in columns]
-    return orjson.dumps(
-        [{name: row.get(name) for name in names} for row in rows],
-        option=orjson.OPT_NAIVE_UTC,
-    ).decode()
+    return orjson.dumps(list(rows), option=orjson.OPT_NAIVE_UTC).decode()
 
 
 def _arrays(

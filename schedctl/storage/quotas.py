@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Integer, Interval, Select, bindparam, func, select
+from sqlalchemy import Integer, Interval, Select, bindparam, func, select, tuple_
 from sqlalchemy.engine import Connection
 
 from schedctl import errors
@@ -84,7 +84,15 @@ def _counts_statement(*, with_clock: bool) -> Select[Any]:
     since = clock - bindparam("window", type_=Interval) if with_clock else bindparam("since")
     recent = (
         select(jobs.c.created_at)
-        .where(tenant, jobs.c.job_id >= bindparam("floor"), jobs.c.created_at > since)
+        .where(
+            tenant,
+            # (tenant_id, job_id) as a row: only the tenant's index can answer it. As
+            # job_id >= floor alone, Postgres's generic plan (a prepared statement after
+            # five runs) walked the primary key over every tenant's jobs of the window
+            tuple_(jobs.c.tenant_id, jobs.c.job_id)
+            >= tuple_(bindparam("tenant_id"), bindparam("floor")),
+            jobs.c.created_at > since,
+        )
         .order_by(jobs.c.job_id)
         .limit(bindparam("rate_limit", type_=Integer))
         .subquery()
