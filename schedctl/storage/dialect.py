@@ -145,6 +145,12 @@ class Dialect(Protocol):
         """The database's clock, aware UTC: every process agrees on "now"."""
         ...
 
+    def statement_clock(self) -> Any | None:
+        """`now` as an SQL expression to read in a statement that does other work (one
+        round trip less), read once per statement; None where `now` costs no statement
+        (the clock is this process's)."""
+        ...
+
     def clock(self, begin: Callable[[], AbstractContextManager[Connection]]) -> datetime:
         """`now` outside a transaction: `begin` opens one only if the clock needs it."""
         ...

@@ -12,7 +12,7 @@ from contextlib import AbstractContextManager
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import BigInteger, Table, Text, any_, bindparam, text
+from sqlalchemy import BigInteger, Table, Text, any_, bindparam, func, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection, Engine, RowMapping
@@ -46,6 +46,11 @@ class PostgresDialect:
         value = connection.execute(text("SELECT clock_timestamp()")).scalar_one()
         assert isinstance(value, datetime)
         return value.astimezone(UTC)
+
+    def statement_clock(self) -> Any:
+        # stable within the statement (read once, usable against an index), unlike
+        # clock_timestamp(), and in a statement run after a lock was taken, after it
+        return func.statement_timestamp()
 
     def clock(self, begin: Callable[[], AbstractContextManager[Connection]]) -> datetime:
         with begin() as connection:

@@ -17,7 +17,7 @@ from schedctl import errors
 from schedctl.models import JobStatus
 from schedctl.storage import schema
 from schedctl.storage.clock import db_now
-from schedctl.storage.dialect import Lock, dialect_of
+from schedctl.storage.dialect import Dialect, Lock, dialect_of
 from schedctl.storage.job_create import Admission, Admit
 
 
@@ -33,17 +33,17 @@ class QuotaUse:
 
     @property
     def now(self) -> datetime:
-        """The database's clock, read under the lock: by `counts` in its own statement
-        (on Postgres), else here."""
+        """The database's clock, read under the lock: by `counts` in its statement where
+        the dialect can, else here."""
         if self._now is None:
             self._now = db_now(self._connection)
         return self._now
 
     def counts(self, window: timedelta, skew: timedelta) -> tuple[int, datetime | None, int]:
         """In one statement: the jobs created in the last `window` and the oldest one's
-        created_at, and the jobs holding a max_jobs slot (active or paused); on Postgres
-        the same statement reads the database's clock (`now`; one round trip less per
-        create transaction, and still after the lock was taken).
+        created_at, and the jobs holding a max_jobs slot (active or paused); where the
+        dialect has a statement clock, the same statement reads the database's clock
+        (`now`: one round trip less per create transaction, still after the lock).
 
         Job ids start with their creator's clock in milliseconds: only ids from `window`
         plus `skew` (for API servers whose clocks run behind) are read for the rate, a
@@ -58,30 +58,41 @@ class QuotaUse:
             "rate_limit": self.create_rate_per_minute,
             "slots_limit": self.max_jobs,
         }
-        if self._now is None and dialect_of(self._connection).name == "postgresql":
+        with_clock, plain = _counts(dialect_of(self._connection))
+        if self._now is None and with_clock is not None:
             params["window"] = window
-            now, created, oldest, active = self._connection.execute(
-                _COUNTS_WITH_CLOCK, params
-            ).one()
+            now, created, oldest, active = self._connection.execute(with_clock, params).one()
             assert isinstance(now, datetime)
             self._now = now.astimezone(UTC)
-        else:  # SQLite's clock is this machine's: no statement to save
+        else:  # the clock costs no statement here (or was read already)
             params["since"] = self.now - window
-            created, oldest, active = self._connection.execute(_COUNTS, params).one()
+            created, oldest, active = self._connection.execute(plain, params).one()
         return int(created), oldest, int(active)
 
 
-def _counts_statement(*, with_clock: bool) -> Select[Any]:
-    """QuotaUse.counts's one statement, built once (a create would otherwise build and
-    hash it again): the oldest `rate_limit` ids from `floor` created after `since` (ids
-    sort by creation: past that the answer is the same, over), and up to `slots_limit`
-    jobs holding a slot. With the clock: Postgres's statement_timestamp() first, and
-    `since` is it minus `window` (stable within the statement: read once, usable
-    against the index, unlike clock_timestamp())."""
+_COUNTS: dict[type, tuple[Select[Any] | None, Select[Any]]] = {}
+
+
+def _counts(dialect: Dialect) -> tuple[Select[Any] | None, Select[Any]]:
+    """QuotaUse.counts's statements for the backend, built once (a create would otherwise
+    build and hash them again): with the database's clock read in it (None where the
+    dialect has no statement clock), and without."""
+    built = _COUNTS.get(type(dialect))
+    if built is None:
+        clock = dialect.statement_clock()
+        with_clock = None if clock is None else _counts_statement(clock)
+        built = _COUNTS[type(dialect)] = (with_clock, _counts_statement(None))
+    return built
+
+
+def _counts_statement(clock: Any | None) -> Select[Any]:
+    """The oldest `rate_limit` ids from `floor` created after `since` (ids sort by
+    creation: past that the answer is the same, over), and up to `slots_limit` jobs
+    holding a slot. With a `clock` (an SQL expression): that clock first, and `since` is
+    it minus `window`."""
     jobs = schema.jobs
     tenant = jobs.c.tenant_id == bindparam("tenant_id")
-    clock = func.statement_timestamp()
-    since = clock - bindparam("window", type_=Interval) if with_clock else bindparam("since")
+    since = bindparam("since") if clock is None else clock - bindparam("window", type_=Interval)
     recent = (
         select(jobs.c.created_at)
         .where(
@@ -104,15 +115,11 @@ def _counts_statement(*, with_clock: bool) -> Select[Any]:
         .subquery()
     )
     return select(
-        *([clock] if with_clock else []),
+        *([] if clock is None else [clock]),
         select(func.count()).select_from(recent).scalar_subquery(),
         select(func.min(recent.c.created_at)).scalar_subquery(),
         select(func.count()).select_from(holding).scalar_subquery(),
     )
-
-
-_COUNTS = _counts_statement(with_clock=False)
-_COUNTS_WITH_CLOCK = _counts_statement(with_clock=True)
 
 
 def lock_quota_use(connection: Connection, tenant_id: str) -> QuotaUse:
