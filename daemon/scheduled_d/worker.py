@@ -60,6 +60,9 @@ LEASE_LINGER_SECONDS = 0.02
 # SETTLE_GATHER_DIVISOR outcomes to record together (fewer, fuller transactions).
 SETTLE_GATHER_DIVISOR = 4
 SETTLE_LINGER_SECONDS = 0.01
+# Outcomes waiting to be recorded beyond the running commands: concurrency / this (at least
+# one). When recording falls behind (a slow or absent database), leasing waits for it.
+RECORD_BACKLOG_DIVISOR = 2
 # Threads starting commands side by side (at most; no more than concurrency).
 SPAWN_THREADS = 16
 # Outcomes recorded (or leases extended) in one backend call at most.
@@ -203,9 +206,15 @@ class Worker:
         self._force = threading.Event()
         self._slot_freed = threading.Event()
         self._lock = threading.Lock()
-        # runs leased and not yet recorded: what `concurrency` bounds, so that a worker
-        # killed -9 leaves at most `concurrency` runs to be redelivered
+        # runs leased whose command has not ended (or not started yet): what `concurrency`
+        # bounds. A slot frees when its command ends, not when the outcome is recorded: the
+        # record waits for a batch and a transaction (about half of a slot's cycle running
+        # /bin/true), and the command's slot need not.
         self._in_flight = 0
+        # outcomes handed to the settler and not recorded yet: at most `_record_backlog`, so
+        # a worker killed -9 leaves at most concurrency + that many runs to be redelivered
+        self._unrecorded = 0
+        self._record_backlog = max(1, concurrency // RECORD_BACKLOG_DIVISOR)
         self._unavailable = False
         self.store_errors = 0  # backend calls of the lease loop that found it unavailable
         # the host's alert command (OnFailure=-like), run for this queue's command alerts
@@ -277,8 +286,13 @@ class Worker:
                 if time.monotonic() >= next_reap:
                     self._reap()
                     next_reap = time.monotonic() + self.reap_seconds
-                active = self._active_count()
-                free = self.concurrency - active
+                with self._lock:
+                    active = self._in_flight
+                    unrecorded = self._unrecorded
+                free = min(
+                    self.concurrency - active,
+                    self.concurrency + self._record_backlog - active - unrecorded,
+                )
                 leases: Sequence[Lease] = ()
                 if 0 < free < batch and active > 0:
                     # a few slots free while others run: wait a moment for more, so that one
@@ -347,8 +361,9 @@ class Worker:
         self._unavailable = False
 
     def _active_count(self) -> int:
+        """Runs leased and not yet recorded (running, or their outcome on its way)."""
         with self._lock:
-            return self._in_flight
+            return self._in_flight + self._unrecorded
 
     def _start(self, leases: Sequence[Lease]) -> None:
         with self._lock:
@@ -363,9 +378,25 @@ class Worker:
         self._slot_freed.set()
 
     def _release(self, count: int) -> None:
-        """`count` runs are recorded (or given up): their slots are free."""
+        """`count` runs ended with nothing to record (or given up): their slots are free."""
         with self._lock:
             self._in_flight -= count
+        self._slot_freed.set()
+
+    def _to_record(self, endings: list[_Ending]) -> None:
+        """The outcomes of runs whose commands are over go to the settler: their slots are
+        free now, and they count against the record backlog until recorded."""
+        with self._lock:
+            self._in_flight -= len(endings)
+            self._unrecorded += len(endings)
+        assert self._settler is not None
+        self._settler.submit(endings)
+        self._slot_freed.set()
+
+    def _settled(self, count: int) -> None:
+        """`count` outcomes are recorded (or given up)."""
+        with self._lock:
+            self._unrecorded -= count
         self._slot_freed.set()
 
     def _drain(self) -> None:
@@ -373,7 +404,7 @@ class Worker:
         worker's threads."""
         while True:
             with self._lock:
-                if self._in_flight == 0:
+                if self._in_flight == 0 and self._unrecorded == 0:
                     break
             self._slot_freed.wait(TICK_SECONDS)
             self._slot_freed.clear()
@@ -507,7 +538,7 @@ class Worker:
     def _record_endings(self, endings: list[_Ending]) -> None:
         """Store the outcomes that ended together, in one backend call, retrying those the
         backend could not take while it is away; after a whole lease of retries a run
-        belongs to the reaper (it will be redelivered: at least once). Frees their slots."""
+        belongs to the reaper (it will be redelivered: at least once)."""
         pending = endings
         given_up_at = time.monotonic() + max(self.lease_seconds, 10.0)
         backoff = retrying.Backoff(retrying.STORE_UNAVAILABLE)
@@ -526,8 +557,8 @@ class Worker:
                     else:
                         self._recorded(ending, result)
                 if len(retry) < len(pending):
-                    # their slots at once: one wake of the lease loop for the batch
-                    self._release(len(pending) - len(retry))
+                    # one wake of the lease loop for the batch
+                    self._settled(len(pending) - len(retry))
                 pending = retry
                 if not retry:
                     return
@@ -541,7 +572,7 @@ class Worker:
                             ending.lease.attempt,
                             error,
                         )
-                    self._release(len(retry))
+                    self._settled(len(retry))
                     return
                 log.warning(
                     "%d outcome(s), first run %s: recording failed: %s; retrying",
@@ -552,7 +583,7 @@ class Worker:
                 backoff.wait(self._force)
         except BaseException:
             log.exception("worker %s: recording %d outcome(s) failed", self.owner, len(pending))
-            self._release(len(pending))  # their leases expire and the reaper redelivers them
+            self._settled(len(pending))  # their leases expire and the reaper redelivers them
             raise
 
     def _recorded(self, ending: _Ending, recorded: bool) -> None:
@@ -749,8 +780,7 @@ class _Spawners:
                 worker._release(1)
                 continue
             if isinstance(started, _Ending):
-                assert worker._settler is not None
-                worker._settler.submit([started])
+                worker._to_record([started])
             else:
                 assert worker._supervisor is not None
                 worker._supervisor.watch(started)
@@ -844,8 +874,7 @@ class _Supervisor:
     def _hand_on(self) -> None:
         """The outcomes of the runs that ended in this turn, to be recorded together."""
         if self._endings:
-            assert self.worker._settler is not None
-            self.worker._settler.submit(self._endings)
+            self.worker._to_record(self._endings)
             self._endings = []
 
     def _drain_wake(self) -> None:

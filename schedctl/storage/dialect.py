@@ -140,6 +140,9 @@ class Dialect(Protocol):
     naive_instants: bool  # instants are bound as naive UTC (compared as stored text)
     embedded: bool  # a file of this machine (the embedded default), not a shared server
     generates_rows: bool  # generate_once_jobs works: the server makes benchmark rows itself
+    # one writer at a time (a database-wide write lock): a poller first reads, in a
+    # transaction that takes no write lock, whether it has anything to write
+    look_before_writing: bool
 
     def now(self, connection: Connection) -> datetime:
         """The database's clock, aware UTC: every process agrees on "now"."""

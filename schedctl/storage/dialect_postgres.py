@@ -38,6 +38,7 @@ class PostgresDialect:
     name = "postgresql"
     driver = "psycopg"
     concurrent_claims = True  # row locks in job_id order: claim threads run side by side
+    look_before_writing = False  # row locks: writers that find nothing block nobody
     naive_instants = False  # timestamptz
     embedded = False
     generates_rows = True

@@ -33,6 +33,7 @@ class SqliteDialect:
     naive_instants = True
     embedded = True
     generates_rows = False
+    look_before_writing = True
 
     def now(self, connection: Connection) -> datetime:
         # one machine: its clock is every process's clock

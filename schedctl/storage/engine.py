@@ -120,6 +120,10 @@ def _ping_idle_connections(engine: Engine) -> None:
             raise DisconnectionError(f"pooled connection is dead: {exc}") from exc
 
 
+# the execution option of Store.read's connections
+READ_ONLY_OPTION = "schedctl_read_only"
+
+
 def _sqlite_engine(url: str, database: str | None, **kwargs: Any) -> Engine:
     if database and database != ":memory:":
         Path(database).parent.mkdir(parents=True, exist_ok=True)
@@ -140,8 +144,12 @@ def _sqlite_engine(url: str, database: str | None, **kwargs: Any) -> Engine:
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
         # IMMEDIATE takes the write lock up front: a deferred transaction that reads and
-        # then writes fails with SQLITE_BUSY at once instead of waiting for the lock
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        # then writes fails with SQLITE_BUSY at once instead of waiting for the lock. A
+        # read (Store.read) takes none: under WAL it reads a snapshot beside the writer.
+        if connection.get_execution_options().get(READ_ONLY_OPTION):
+            connection.exec_driver_sql("BEGIN DEFERRED")
+        else:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
 

@@ -16,12 +16,12 @@ the settle module's, shared with the outbox relay.
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, bindparam, case, delete, func, literal, or_, select, update
+from sqlalchemy import Select, and_, bindparam, case, delete, func, literal, or_, select, update
 from sqlalchemy.engine import Connection, RowMapping
 
 from schedctl import errors
@@ -151,6 +151,12 @@ class QueueRepo(Settles[Lease]):
         SELECT from the outbox, then DELETE), so no row's columns or payload travel to
         Python and back; per-row inserts were most of the relay's time in a burst."""
         o, j = schema.outbox, schema.jobs
+        if not self._worth_writing(
+            lambda now: select(o.c.id).where(
+                o.c.target_type == TargetType.queue.value, o.c.available_at <= now
+            )
+        ):
+            return 0
         with self.store.tx() as connection:
             now = db_now(connection)
             query = (
@@ -441,6 +447,10 @@ class QueueRepo(Settles[Lease]):
         the attempt is recorded as lost and the run retried per its policy. Any worker or
         relay may call this for every queue of every tenant. Returns how many were settled."""
         m, r = schema.queue_messages, schema.runs
+        if not self._worth_writing(
+            lambda now: select(m.c.id).where(m.c.leased_until.is_not(None), m.c.leased_until < now)
+        ):
+            return 0
         with self.store.tx() as connection:
             now = db_now(connection)
             expired = self._held(
@@ -520,6 +530,16 @@ class QueueRepo(Settles[Lease]):
         return {(s.tenant, s.queue): s.depth.total for s in self.stats()}
 
     # -- internals -------------------------------------------------------------------------
+
+    def _worth_writing(self, rows: Callable[[datetime], Select[Any]]) -> bool:
+        """Whether a write transaction could find work: on a database with one writer at a
+        time (SQLite), a read without the write lock says whether `rows(now)` finds any
+        (pollers that mostly find nothing then no longer queue for the lock); elsewhere
+        True, unread."""
+        if not self.store.dialect.look_before_writing:
+            return True
+        with self.store.read() as connection:
+            return connection.execute(rows(db_now(connection)).limit(1)).first() is not None
 
     def _held(
         self,

@@ -15,7 +15,13 @@ from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from schedctl import errors
 from schedctl.storage import schema
 from schedctl.storage.dialect import Dialect, dialect_named, known_dialects
-from schedctl.storage.engine import check_connection, first_line, make_engine, redact
+from schedctl.storage.engine import (
+    READ_ONLY_OPTION,
+    check_connection,
+    first_line,
+    make_engine,
+    redact,
+)
 
 DEFAULT_PARTITION_COUNT = 1024
 
@@ -101,9 +107,25 @@ class Store:
         LockRace, connection loss StoreUnavailable (LockRace is one: every caller that
         waits out an outage also retries a lost race), whether the error came through
         SQLAlchemy or straight from the driver's cursor."""
-        try:
+        with self._translated():
             with self.engine.begin() as connection:
                 yield connection
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        """A transaction that only reads: on SQLite it takes no write lock (a snapshot read
+        beside the one writer, under WAL); elsewhere the same as tx(). Writing in it is a
+        bug (on SQLite it can fail with "database is locked" at once)."""
+        with self._translated():
+            with self.engine.connect() as connection:
+                connection.execution_options(**{READ_ONLY_OPTION: True})
+                with connection.begin():
+                    yield connection
+
+    @contextmanager
+    def _translated(self) -> Iterator[None]:
+        try:
+            yield
         except errors.SchedError:
             raise
         except Exception as exc:
@@ -117,11 +139,9 @@ class Store:
                 raise errors.StoreUnavailable(f"database error: {first_line(exc)}") from exc
             raise
 
-    read = tx
-
     def now(self) -> datetime:
         """The database's clock: every dispatcher agrees on "now" whatever its own clock says."""
-        return self.dialect.clock(self.tx)
+        return self.dialect.clock(self.read)
 
     def clock_offset(self, samples: int = 3) -> float:
         """Seconds to add to this machine's clock to get the database's: the midpoint

@@ -3,9 +3,11 @@ ack/fail with backoff and dead letters, lease expiry, per-job max concurrency.""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from schedctl.scheduling.timeparse import format_instant
@@ -529,3 +531,47 @@ def test_depths_and_stats(store: Store) -> None:
     assert stats[tenant, "q2"].leased == 0
     name = repo.stats()[0].tenant
     assert repo.depths() == {(name, "q1"): 4, (name, "q2"): 1}
+
+
+def test_on_sqlite_reads_and_idle_pollers_do_not_wait_for_the_writer(sqlite_url: str) -> None:
+    # SQLite has one writer at a time: a read, and a relay or reaper poll that finds
+    # nothing to do, run beside a long write transaction instead of queueing for its lock
+    store = Store.open(sqlite_url)
+    try:
+        make_tenant(store)
+        writing, release = threading.Event(), threading.Event()
+
+        def hold_the_write_lock() -> None:
+            with store.tx() as connection:
+                connection.execute(schema.settings.update().values(value="held"))
+                writing.set()
+                release.wait(60)
+                raise RuntimeError("rolled back")  # nothing of it stays
+
+        holder = threading.Thread(target=lambda: _swallow(hold_the_write_lock), daemon=True)
+        holder.start()
+        assert writing.wait(30)
+        done_reading = threading.Event()
+        results: list[object] = []
+
+        def poll() -> None:
+            repo = QueueRepo(store)
+            results.extend([repo.move_outbox(), repo.expire_leases(), store.now()])
+            with store.read() as connection:
+                results.append(connection.execute(schema.tenants.select()).all())
+            done_reading.set()
+
+        threading.Thread(target=poll, daemon=True).start()
+        # before the writer lets go: with the write lock taken first these would wait
+        # for it (up to the 30 s busy timeout)
+        assert done_reading.wait(20), "the reads waited for the writer"
+        release.set()
+        holder.join(30)
+        assert results[:2] == [0, 0] and len(results[3]) == 1  # type: ignore[arg-type]
+    finally:
+        store.close()
+
+
+def _swallow(action: Callable[[], None]) -> None:
+    with contextlib.suppress(RuntimeError):
+        action()

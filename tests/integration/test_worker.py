@@ -12,16 +12,21 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from schedctl import errors
+from schedctl.leasing import LeasedRun, Settlement
 from schedctl.scheduling.timeparse import format_instant
+from schedctl.storage import schema
 from schedctl.storage.queue import LOST_ERROR, QueueRepo
 from schedctl.storage.store import Store
+from scheduled_d.direct_backend import DirectBackend
 from scheduled_d.relay import Relay
 from scheduled_d.worker import TailBuffer, Worker
 from tests.factories import make_tenant
@@ -322,6 +327,55 @@ def test_force_kills_the_run_in_flight(store: Store, tmp_path: Path) -> None:
     assert (run["status"], run["error"]) == ("failed", "killed: the worker was forced to stop")
     (message,) = messages(store)
     assert message["attempt"] == 2 and message["leased_until"] is None
+
+
+class _HeldSettles(DirectBackend):
+    """The real database backend whose outcome recording waits until `open` is set."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        self.open = threading.Event()
+
+    def settle_many(
+        self, items: Sequence[tuple[LeasedRun, Settlement]]
+    ) -> list[bool | errors.StoreUnavailable]:
+        self.open.wait(60)
+        return super().settle_many(items)
+
+
+def test_a_slot_frees_when_its_command_ends_and_leasing_waits_for_the_record_backlog(
+    store: Store, tmp_path: Path
+) -> None:
+    # concurrency 1 with a record backlog of 1: while recording is held, the run after the
+    # first starts (its slot freed when the command ended), the third waits for a record
+    job = queue_job(store, max_concurrency=5)
+    for _ in range(3):
+        trigger(store, job)
+    QueueRepo(store).move_outbox()
+    ran = tmp_path / "ran"
+    backend = _HeldSettles(store)
+    w = worker(backend, ["sh", "-c", f"echo x >> {ran}"], concurrency=1)  # type: ignore[arg-type]
+
+    def lines() -> int:
+        return len(ran.read_text().splitlines()) if ran.exists() else 0
+
+    def run(stop: threading.Event) -> None:
+        w.run(stop)
+
+    with running_loop(run, "worker"):
+        wait_for(lambda: lines() == 2, "two commands while their outcomes wait")
+        # the third is not leased while two outcomes wait (a bound, not a race: the
+        # lease loop polls every 0.05 s, so half a second is ten looks)
+        time.sleep(0.5)
+        assert lines() == 2
+        assert [m["leased_until"] is not None for m in messages(store)].count(True) == 2
+        backend.open.set()
+        wait_for(lambda: lines() == 3 and messages(store) == [], "the third run and every record")
+    with store.read() as connection:
+        statuses = connection.execute(
+            select(schema.runs.c.status).where(schema.runs.c.job_id == job)
+        ).scalars()
+        assert sorted(statuses) == ["succeeded"] * 3
 
 
 def test_max_runs_and_idle_exit(store: Store) -> None:
