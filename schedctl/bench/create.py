@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,6 +64,7 @@ class _Tally:
     created: int = 0
     statuses: Counter[int] = field(default_factory=Counter)  # per job
     failures: Counter[str] = field(default_factory=Counter)
+    stale_retries: int = 0  # requests sent again on a fresh connection (_Client.post)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -85,7 +86,12 @@ def run(scheduler: Scheduler, database_url: str, config: CreateBenchConfig) -> d
             if config.job_import:
                 tally, elapsed, imported = _import(host, port, token, config)
             else:
-                tally, elapsed = _drive(host, port, token, config)
+                # from when the clients' warm-up is over, with the clock: a batch run's
+                # warm-up (3 requests of 1,000 jobs per client) would otherwise count
+                # almost twice the timed jobs' CPU against them
+                tally, elapsed, cpu_before = _drive(
+                    host, port, token, config, lambda: measure.cpu_seconds(pid)
+                )
                 imported = None
             cpu_after = measure.cpu_seconds(pid)
     finally:
@@ -105,6 +111,7 @@ def run(scheduler: Scheduler, database_url: str, config: CreateBenchConfig) -> d
         "created": tally.created,
         "refused": {str(k): v for k, v in sorted(tally.statuses.items()) if k != 201},
         "failures": dict(tally.failures),
+        "stale_connection_retries": tally.stale_retries,
         "elapsed_s": round(elapsed, 3),
         "jobs_per_s": round(tally.created / elapsed, 1) if elapsed > 0 else None,
         "requests": len(per_request),
@@ -147,6 +154,8 @@ def _api(database_url: str) -> Iterator[tuple[str, int, int]]:
         yield "127.0.0.1", port, process.pid
     finally:
         children.stop(process, STOP_SECONDS)
+        if process.stderr is not None:
+            process.stderr.close()
 
 
 def _import(
@@ -191,7 +200,15 @@ def _import(
     return tally, elapsed, float(rate) if rate is not None else None
 
 
-def _drive(host: str, port: int, token: str, config: CreateBenchConfig) -> tuple[_Tally, float]:
+def _drive(
+    host: str,
+    port: int,
+    token: str,
+    config: CreateBenchConfig,
+    cpu_seconds: Callable[[], float | None],
+) -> tuple[_Tally, float, float | None]:
+    """The clients' requests; the tally, the seconds from the start barrier (after every
+    client's warm-up) to the last answer, and `cpu_seconds()` read at that barrier."""
     tally = _Tally()
     per_request = config.batch_size if config.batch else 1
     requests_total = math.ceil(config.jobs / per_request)
@@ -248,6 +265,8 @@ def _drive(host: str, port: int, token: str, config: CreateBenchConfig) -> tuple
                     tally.statuses.update(statuses)
                     tally.created += statuses.count(201)
         finally:
+            with tally.lock:
+                tally.stale_retries += client.stale_retries
             client.close()
 
     threads = [
@@ -256,11 +275,12 @@ def _drive(host: str, port: int, token: str, config: CreateBenchConfig) -> tuple
     for thread in threads:
         thread.start()
     start.wait(timeout=API_READY_SECONDS + 60)
+    cpu_at_start = cpu_seconds()
     began = time.perf_counter()
     deadline[0] = time.monotonic() + config.max_seconds
     for thread in threads:
         thread.join(config.max_seconds + REQUEST_TIMEOUT_SECONDS)
-    return tally, time.perf_counter() - began
+    return tally, time.perf_counter() - began, cpu_at_start
 
 
 class _Client:
@@ -270,15 +290,35 @@ class _Client:
         self.host, self.port = host, port
         self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
         self.connection = http.client.HTTPConnection(host, port, timeout=REQUEST_TIMEOUT_SECONDS)
+        self.reused = False  # the connection has answered a request: it may have gone stale
+        self.stale_retries = 0
 
     def post(self, path: str, body: Any) -> tuple[int, Any]:
-        self.connection.request("POST", path, json.dumps(body).encode(), self.headers)
+        encoded = json.dumps(body).encode()
+        try:
+            return self._post(path, encoded)
+        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
+            # (RemoteDisconnected is a ConnectionResetError.) A server may close an idle
+            # keep-alive connection just as the next request goes out on it (a client
+            # that waited at the start barrier past the keep-alive timeout): once, on a
+            # fresh connection. Safe to send again: every job carries its idempotency
+            # key, so one the server did create comes back as a 200 replay.
+            if not self.reused:
+                raise
+            self.stale_retries += 1
+            self.reconnect()
+            return self._post(path, encoded)
+
+    def _post(self, path: str, encoded: bytes) -> tuple[int, Any]:
+        self.connection.request("POST", path, encoded, self.headers)
         response = self.connection.getresponse()
         data = response.read()
+        self.reused = True
         return response.status, json.loads(data) if data else None
 
     def reconnect(self) -> None:
         self.close()
+        self.reused = False
         self.connection = http.client.HTTPConnection(
             self.host, self.port, timeout=REQUEST_TIMEOUT_SECONDS
         )

@@ -148,6 +148,12 @@ class Dialect(Protocol):
         """The database's clock, aware UTC: every process agrees on "now"."""
         ...
 
+    def statement_clock(self) -> Any | None:
+        """`now` as an SQL expression to read in a statement that does other work (one
+        round trip less), read once per statement; None where `now` costs no statement
+        (the clock is this process's)."""
+        ...
+
     def clock(self, begin: Callable[[], AbstractContextManager[Connection]]) -> datetime:
         """`now` outside a transaction: `begin` opens one only if the clock needs it."""
         ...
@@ -352,6 +358,17 @@ class Dialect(Protocol):
         self, connection: Connection, rows: Sequence[Mapping[str, Any]]
     ) -> None:
         """Insert audit_log rows (at, tenant_id, actor, action, job_id, detail)."""
+        ...
+
+    def insert_created_jobs(
+        self,
+        connection: Connection,
+        rows: Sequence[Mapping[str, Any]],
+        audit_rows: Sequence[Mapping[str, Any]],
+        changed: Sequence[tuple[str, int]],
+    ) -> None:
+        """insert_jobs, insert_audit_entries and notify_job_changes (any may be empty) in
+        as few statements as the backend can."""
         ...
 
 

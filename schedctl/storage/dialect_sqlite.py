@@ -39,6 +39,9 @@ class SqliteDialect:
         # one machine: its clock is every process's clock
         return datetime.now(UTC)
 
+    def statement_clock(self) -> None:
+        return None  # `now` is this machine's clock: no round trip to save
+
     def clock(self, begin: Callable[[], AbstractContextManager[Connection]]) -> datetime:
         return datetime.now(UTC)
 
@@ -458,6 +461,21 @@ class SqliteDialect:
         self, connection: Connection, rows: Sequence[Mapping[str, Any]]
     ) -> None:
         connection.execute(insert(schema.audit_log), list(rows))
+
+    def insert_created_jobs(
+        self,
+        connection: Connection,
+        rows: Sequence[Mapping[str, Any]],
+        audit_rows: Sequence[Mapping[str, Any]],
+        changed: Sequence[tuple[str, int]],
+    ) -> None:
+        # in process: a statement costs no round trip here
+        if rows:
+            self.insert_jobs(connection, rows)
+        if audit_rows:
+            self.insert_audit_entries(connection, audit_rows)
+        if changed:
+            self.notify_job_changes(connection, changed)
 
 
 class SqliteChangeFeed:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, bindparam, select
+from sqlalchemy import CompoundSelect, bindparam, literal_column, select, union_all
 from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.exc import IntegrityError
 
@@ -29,8 +29,6 @@ from schedctl.models import Job, JobSpec, JobStatus, Outcome
 from schedctl.scheduling.schedules import AfterSchedule, first_occurrence, schedule_to_dict
 from schedctl.scheduling.windows import fire_time
 from schedctl.storage import dependencies, job_lookup, schema
-from schedctl.storage.audit import audit_many
-from schedctl.storage.changes import notify_job_changes
 from schedctl.storage.clock import db_now
 from schedctl.storage.dialect import Dialect, dialect_of
 from schedctl.storage.payloads import encode_payload
@@ -139,9 +137,8 @@ class _Batch:
     def run(self, admit: Admit | None) -> list[Outcome]:
         # read before the tenant's lock, which serializes its creates: a key or a name
         # taken meanwhile fails the insert on its unique index, and the next pass sees it
-        existing = self._existing_keys()
         ids = [new_job_id() for _ in self.items]
-        taken = self._taken_names(ids)
+        existing, taken = self._existing_keys_and_taken_names(ids)
         if admit is not None:
             admission = admit(self.connection)
             now, refuse = admission.now, admission.refuse
@@ -183,34 +180,39 @@ class _Batch:
 
     # -- lookups, one query each for the whole batch -----------------------------------
 
-    def _existing_keys(self) -> dict[str, RowMapping]:
+    def _existing_keys_and_taken_names(
+        self, ids: Sequence[str]
+    ) -> tuple[dict[str, RowMapping], dict[str, str]]:
+        """In one statement (per IN_CHUNK of each list): the tenant's jobs by the items'
+        idempotency keys (key -> row), and name -> job id of its jobs (not deleted)
+        holding any name this batch may use: the given names and the auto names' first
+        choices."""
         keys = sorted({i.spec.idempotency_key for i in self.items if i.spec.idempotency_key})
-        by_key, _ = _lookups(self.dialect)
-        found: dict[str, RowMapping] = {}
-        for start in range(0, len(keys), IN_CHUNK):
-            rows = self.connection.execute(
-                by_key, {"tenant_id": self.tenant_id, "values": keys[start : start + IN_CHUNK]}
-            ).mappings()
-            found.update((row["idempotency_key"], row) for row in rows)
-        return found
-
-    def _taken_names(self, ids: Sequence[str]) -> dict[str, str]:
-        """Name -> job id of the tenant's jobs (not deleted) holding any name this batch
-        may use: the given names and the auto names' first choices."""
-        wanted = sorted(
+        names = sorted(
             {
                 _auto_name(i.spec.name, ids[n]) if i.auto_name else i.spec.name
                 for n, i in enumerate(self.items)
             }
         )
-        _, by_name = _lookups(self.dialect)
+        wanted_keys, wanted_names = set(keys), set(names)
+        existing: dict[str, RowMapping] = {}
         taken: dict[str, str] = {}
-        for start in range(0, len(wanted), IN_CHUNK):
+        lookup = _lookup(self.dialect)
+        for start in range(0, max(len(keys), len(names)), IN_CHUNK):
             rows = self.connection.execute(
-                by_name, {"tenant_id": self.tenant_id, "values": wanted[start : start + IN_CHUNK]}
-            )
-            taken.update((row.name, row.job_id) for row in rows)
-        return taken
+                lookup,
+                {
+                    "tenant_id": self.tenant_id,
+                    "keys": keys[start : start + IN_CHUNK],
+                    "names": names[start : start + IN_CHUNK],
+                },
+            ).mappings()
+            for row in rows:  # a row answering both comes twice
+                if row["idempotency_key"] in wanted_keys:
+                    existing[row["idempotency_key"]] = row
+                if row["name"] in wanted_names and row["status"] != JobStatus.deleted.value:
+                    taken[row["name"]] = row["job_id"]
+        return existing, taken
 
     def _require_tenant(self) -> None:
         tenants = schema.tenants
@@ -321,11 +323,11 @@ class _Batch:
         # a multi-row INSERT ... RETURNING of a thousand rows, 26,000 parameters, took four
         # times as long as an executemany, which took twice as long as this); the jobs are
         # built from the rows written
+        # jobs, audit entries and notifications in one statement where the backend can
         rows = [row for _, row in pending]
-        self.dialect.insert_jobs(self.connection, rows)
-        jobs = [_job_of(self.items[index].spec, row) for index, row in pending]
-        audit_many(
+        self.dialect.insert_created_jobs(
             self.connection,
+            rows,
             [
                 {
                     "at": now,
@@ -333,15 +335,13 @@ class _Batch:
                     "actor": self.items[index].actor or self.actor,
                     "action": "create",
                     "job_id": row["job_id"],
+                    "detail": None,
                 }
                 for index, row in pending
             ],
-        )
-        notify_job_changes(
-            self.connection,
             [(row["job_id"], row["partition"]) for row in rows if row["next_fire_at"] is not None],
         )
-        return jobs
+        return [_job_of(self.items[index].spec, row) for index, row in pending]
 
     def _insert_dependent(self, index: int, row: dict[str, Any], now: datetime) -> None:
         """A job with `after`: in a savepoint, so an unknown upstream or a cycle refuses
@@ -358,26 +358,28 @@ class _Batch:
         self.outcomes[index] = Outcome(job=job, created=True)
 
 
-_LOOKUPS: dict[type, tuple[Select[Any], Select[Any]]] = {}
+_LOOKUPS: dict[type, CompoundSelect[Any]] = {}
 
 
-def _lookups(dialect: Dialect) -> tuple[Select[Any], Select[Any]]:
-    """The tenant's jobs by idempotency key and by name (not deleted), for lists bound as
-    "values": built once per backend, so that a create does not build and hash them."""
+def _lookup(dialect: Dialect) -> CompoundSelect[Any]:
+    """The tenant's jobs by idempotency key ("keys") and by name ("names", not deleted),
+    for lists bound as parameters: built once per backend, so that a create does not
+    build and hash it. One statement, not one each: a round trip less per create.
+
+    A UNION ALL, each half answered by its unique index: one WHERE with an OR, or with
+    the status bound as a parameter, had Postgres's generic plan (a prepared statement
+    after five runs) read every job of the tenant. The status is written into the
+    statement so that the partial index on names (status <> 'deleted') applies."""
     built = _LOOKUPS.get(type(dialect))
     if built is not None:
         return built
     jobs = schema.jobs
     tenant = jobs.c.tenant_id == bindparam("tenant_id")
-    by_key: Select[Any] = select(jobs).where(
-        tenant, dialect.text_in(jobs.c.idempotency_key, "values")
+    not_deleted = jobs.c.status != literal_column(f"'{JobStatus.deleted.value}'")
+    built = _LOOKUPS[type(dialect)] = union_all(
+        select(jobs).where(tenant, dialect.text_in(jobs.c.idempotency_key, "keys")),
+        select(jobs).where(tenant, not_deleted, dialect.text_in(jobs.c.name, "names")),
     )
-    by_name: Select[Any] = select(jobs.c.name, jobs.c.job_id).where(
-        tenant,
-        jobs.c.status != JobStatus.deleted.value,
-        dialect.text_in(jobs.c.name, "values"),
-    )
-    built = _LOOKUPS[type(dialect)] = (by_key, by_name)
     return built
 
 

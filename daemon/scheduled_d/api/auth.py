@@ -37,6 +37,10 @@ async def get_scheduler(request: Request) -> Scheduler:
     return _scheduler(request)
 
 
+def request_scheduler(request: Request) -> Scheduler:
+    return _scheduler(request)
+
+
 def _scheduler(request: Request) -> Scheduler:
     scheduler = request.app.state.scheduler
     assert isinstance(scheduler, Scheduler)
@@ -62,6 +66,13 @@ async def get_caller(
     caller = Caller(tenant, token_id)
     request.state.caller = caller  # for the error handlers' metrics
     return caller
+
+
+async def request_caller(request: Request) -> Caller:
+    """get_caller without FastAPI's dependency solving, for the hot create routes: the
+    same bearer parsing (HTTPBearer's own, without auto_error: a missing or non-bearer
+    Authorization is None, hence 401) and the same lookup."""
+    return await get_caller(request, await _bearer(request))
 
 
 async def json_body(request: Request) -> Any:

@@ -60,6 +60,12 @@ class ApiServer:
             lifespan="off",
             server_header=False,
             timeout_graceful_shutdown=5,
+            # keep an idle keep-alive connection 75 s (nginx's default), not uvicorn's 5 s:
+            # longer than the idle timeouts of the load balancers and proxies in front
+            # (60 s for AWS's and nginx's upstream keep-alive), so the server is never
+            # the side that closes a connection the peer is about to send on (a request
+            # written into a connection closing under it fails with a broken pipe)
+            timeout_keep_alive=75,
             # C parsers, not h11's pure Python (a dependency, so never the fallback); the loop
             # is uvloop where it installs (not on Windows), else asyncio's
             http="httptools",

@@ -36,16 +36,23 @@ CursorQuery = Annotated[
     Query(max_length=limits.MAX_CURSOR_LENGTH, description="The next_cursor of the previous page."),
 ]
 StatusQuery = Annotated[JobStatus | None, Query(description="Only jobs in this status.")]
-IdempotencyHeader = Annotated[
-    str | None,
-    Header(
-        alias="Idempotency-Key",
-        description=(
-            "Same key and same body: the same job again (200). Same key, other body: 409. "
-            "Keys are kept as long as their job (at least 24 h)."
-        ),
-    ),
-]
+_IDEMPOTENCY_DESCRIPTION = (
+    "Same key and same body: the same job again (200). Same key, other body: 409. "
+    "Keys are kept as long as their job (at least 24 h)."
+)
+# the Idempotency-Key header as an OpenAPI parameter, for the route that reads it itself
+# (POST /v1/jobs)
+IDEMPOTENCY_PARAMETER: dict[str, Any] = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "description": _IDEMPOTENCY_DESCRIPTION,
+    "schema": {
+        "anyOf": [{"type": "string"}, {"type": "null"}],
+        "description": _IDEMPOTENCY_DESCRIPTION,
+        "title": "Idempotency-Key",
+    },
+}
 
 
 def checked_job_id(job_id: str) -> str:
