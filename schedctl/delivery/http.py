@@ -98,17 +98,6 @@ class EncodedPayload:
     text: str = field(repr=False)
 
 
-def _new_loop() -> asyncio.AbstractEventLoop:
-    """uvloop's event loop where it installs (a dependency, not on Windows), else asyncio's:
-    the relay's calls are small and many, and uvloop's transports and loop iteration cost
-    about half the CPU of asyncio's selector loop per call."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
-
-
 def encode_payload(payload: Any) -> EncodedPayload:
     """The payload as delivery_body would encode it inside the document."""
     return EncodedPayload(json.dumps(payload, separators=(",", ":"), ensure_ascii=False))
@@ -243,7 +232,7 @@ class HttpDelivery:
             if self._closed:
                 raise errors.SchedError("the HTTP client is closed")
             if self._loop is None:
-                loop = _new_loop()
+                loop = asyncio.new_event_loop()
                 ready = threading.Event()
 
                 def run() -> None:
