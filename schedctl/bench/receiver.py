@@ -16,7 +16,7 @@ import json
 import subprocess
 import sys
 import time
-from typing import Any, cast
+from typing import Any
 
 from schedctl import errors
 from schedctl.bench import children
@@ -65,8 +65,8 @@ def _header(head: bytes, lowered: bytes, name: bytes) -> bytes:
 
 class _Protocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # a stream transport (uvloop's do not subclass asyncio.Transport)
-        self.transport = cast(asyncio.Transport, transport)
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
         self.buffer = b""
 
     def data_received(self, data: bytes) -> None:
@@ -145,16 +145,5 @@ class Receiver:
             self.process.stdout.close()
 
 
-def main() -> None:
-    """Serve until stdin closes, on uvloop where it installs: the receiver stands in for an
-    endpoint on another machine, and here it shares the two cores with what it measures."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
-        asyncio.run(_serve())
-    else:
-        uvloop.run(_serve())
-
-
 if __name__ == "__main__":
-    main()
+    asyncio.run(_serve())
