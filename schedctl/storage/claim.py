@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.engine import Connection
 
 from schedctl import errors
@@ -28,7 +28,7 @@ from schedctl.scheduling.misfire import ClaimPlan, MisfirePolicy, plan_claim
 from schedctl.scheduling.schedules import Schedule, schedule_from_dict
 from schedctl.scheduling.windows import fire_time
 from schedctl.storage import dependencies, schema
-from schedctl.storage.dialect import Lock
+from schedctl.storage.dialect import Lock, dialect_named
 from schedctl.storage.store import Store, is_lock_race
 
 
@@ -286,16 +286,11 @@ class Claimer:
     def _check_epochs(
         self, connection: Connection, partitions: set[int], epochs: Mapping[int, int]
     ) -> set[int]:
-        query = (
-            select(schema.partitions.c.partition, schema.partitions.c.epoch)
-            .where(schema.partitions.c.partition.in_(sorted(partitions)))
-            # locked in partition order, like every writer of partition rows
-            .order_by(schema.partitions.c.partition)
-        )
-        # a new owner's epoch write waits for this claim to commit, and a claim that
-        # starts after that write sees the new epoch: there is no window between them
-        query = self.store.dialect.lock(query, Lock.share)
-        stored = {int(p): int(e) for p, e in connection.execute(query).all()}
+        query = _epochs_locked(self.store.dialect.name)
+        stored = {
+            int(p): int(e)
+            for p, e in connection.execute(query, {"partitions": sorted(partitions)}).all()
+        }
         return {p for p in partitions if p not in epochs or stored.get(p) != epochs[p]}
 
     def _advance_jobs(
@@ -311,3 +306,19 @@ class Claimer:
         if not rows:
             return []
         return self.store.dialect.insert_runs(connection, rows, now)
+
+
+@functools.cache
+def _epochs_locked(dialect_name: str) -> Any:
+    """The stored epochs of the `partitions` a claim covers, share-locked (built once per
+    dialect: every claim reads them)."""
+    p = schema.partitions
+    query = (
+        select(p.c.partition, p.c.epoch)
+        .where(p.c.partition.in_(bindparam("partitions", expanding=True)))
+        # locked in partition order, like every writer of partition rows
+        .order_by(p.c.partition)
+    )
+    # a new owner's epoch write waits for this claim to commit, and a claim that
+    # starts after that write sees the new epoch: there is no window between them
+    return dialect_named(dialect_name).lock(query, Lock.share)

@@ -14,11 +14,12 @@ its runs still waiting for delivery are skipped, and so are its dependents' (set
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, insert, or_, select
+from sqlalchemy import bindparam, delete, insert, or_, select
 from sqlalchemy.engine import Connection
 
 from schedctl import errors
@@ -212,17 +213,24 @@ def on_settled(
     if not done and not failed:
         return
     if edges is None:  # else read by the caller already (Dialect.record_outcomes)
-        d = schema.job_dependencies
         ids = sorted({u for u, _ in done} | {u for u, _, _ in failed})
-        edges = connection.execute(
-            select(d.c.job_id, d.c.upstream_job_id).where(d.c.upstream_job_id.in_(ids))
-        ).all()
+        edges = connection.execute(_edges_from(), {"ids": ids}).all()
     if not edges:  # the common case: one index read and nothing to do
         return
     if done:
         _create_ready(connection, done, edges, now)
     if failed:
         _skip_down(connection, failed, edges, now)
+
+
+@functools.cache
+def _edges_from() -> Any:
+    """The dependency edges out of the upstream jobs `ids` (built once: every settle on
+    SQLite reads them)."""
+    d = schema.job_dependencies
+    return select(d.c.job_id, d.c.upstream_job_id).where(
+        d.c.upstream_job_id.in_(bindparam("ids", expanding=True))
+    )
 
 
 def _create_ready(

@@ -138,13 +138,10 @@ class SqliteDialect:
         # read active at their version here are exactly those the conditional UPDATE
         # matches. One read and one executemany of one compiled UPDATE, instead of a
         # statement built per job (the claim of a 10,000 burst took 15 s of CPU so).
-        jobs = schema.jobs
         stored: dict[str, tuple[int, str]] = {}
         for chunk in _chunks(sorted({u["job_id"] for u in updates})):
-            query = select(jobs.c.job_id, jobs.c.version, jobs.c.status).where(
-                jobs.c.job_id.in_(chunk)
-            )
-            stored.update({j: (v, st) for j, v, st in connection.execute(query)})
+            found = connection.execute(_job_versions(), {"ids": chunk})
+            stored.update({j: (v, st) for j, v, st in found})
         advancing: dict[str, dict[str, Any]] = {}
         for u in updates:
             if u["job_id"] not in advancing and stored.get(u["job_id"]) == (
@@ -154,23 +151,8 @@ class SqliteDialect:
                 advancing[u["job_id"]] = u  # a job listed twice advances once
         if not advancing:
             return set()
-        statement = (
-            update(jobs)
-            .where(
-                jobs.c.job_id == bindparam("b_job_id"),
-                jobs.c.version == bindparam("b_version"),
-                jobs.c.status == JobStatus.active.value,
-            )
-            .values(
-                next_run_at=bindparam("b_next_run_at", type_=jobs.c.next_run_at.type),
-                next_fire_at=bindparam("b_next_fire_at", type_=jobs.c.next_fire_at.type),
-                status=bindparam("b_status"),
-                version=jobs.c.version + 1,
-                updated_at=bindparam("b_now", type_=jobs.c.updated_at.type),
-            )
-        )
         outcome = connection.execute(
-            statement,
+            _advance_job(),
             [
                 {
                     "b_job_id": u["job_id"],
@@ -220,11 +202,14 @@ class SqliteDialect:
         r = schema.runs
         existing: set[tuple[str, datetime]] = set()
         for chunk in _chunks(rows):
-            query = select(r.c.job_id, r.c.scheduled_at).where(
-                r.c.job_id.in_({row["job_id"] for row in chunk}),
-                r.c.scheduled_at.in_({row["scheduled_at"] for row in chunk}),
+            found = connection.execute(
+                _existing_runs(),
+                {
+                    "job_ids": list({row["job_id"] for row in chunk}),
+                    "instants": list({row["scheduled_at"] for row in chunk}),
+                },
             )
-            existing.update((j, at) for j, at in connection.execute(query))
+            existing.update((j, at) for j, at in found)
         new: list[dict[str, Any]] = []
         for row in rows:
             key = (row["job_id"], row["scheduled_at"])
@@ -234,7 +219,7 @@ class SqliteDialect:
         if not new:
             return []
         outcome = connection.execute(
-            sqlite.insert(r).on_conflict_do_nothing(),
+            _insert_new(r),
             [{k: v for k, v in row.items() if k not in ("target_type", "target")} for row in new],
         )
         if outcome.rowcount != len(new):
@@ -244,15 +229,11 @@ class SqliteDialect:
         sent = [row for row in new if row["status"] == RunStatus.dispatched.value]
         if not sent:
             return [(row["job_id"], row["scheduled_at"], row["status"]) for row in new]
-        brokers = set(
-            connection.execute(
-                select(schema.tenants.c.tenant_id).where(schema.tenants.c.broker_url.is_not(None))
-            ).scalars()
-        )
+        brokers = set(connection.execute(_broker_tenants()).scalars())
         queued = [row for row in sent if _straight_to_queue(row, brokers)]
         if queued:
             connection.execute(
-                sqlite.insert(schema.queue_messages).on_conflict_do_nothing(),
+                _insert_new(schema.queue_messages),
                 [
                     {
                         "queue": row["target"],
@@ -575,3 +556,54 @@ def _update_runs() -> Any:
 @functools.cache
 def _delete_by_id(table: Table) -> Any:
     return delete(table).where(table.c.id.in_(bindparam("ids", expanding=True)))
+
+
+# ... and the claim's
+
+
+@functools.cache
+def _job_versions() -> Any:
+    jobs = schema.jobs
+    return select(jobs.c.job_id, jobs.c.version, jobs.c.status).where(
+        jobs.c.job_id.in_(bindparam("ids", expanding=True))
+    )
+
+
+@functools.cache
+def _advance_job() -> Any:
+    jobs = schema.jobs
+    return (
+        update(jobs)
+        .where(
+            jobs.c.job_id == bindparam("b_job_id"),
+            jobs.c.version == bindparam("b_version"),
+            jobs.c.status == JobStatus.active.value,
+        )
+        .values(
+            next_run_at=bindparam("b_next_run_at", type_=jobs.c.next_run_at.type),
+            next_fire_at=bindparam("b_next_fire_at", type_=jobs.c.next_fire_at.type),
+            status=bindparam("b_status"),
+            version=jobs.c.version + 1,
+            updated_at=bindparam("b_now", type_=jobs.c.updated_at.type),
+        )
+    )
+
+
+@functools.cache
+def _existing_runs() -> Any:
+    r = schema.runs
+    return select(r.c.job_id, r.c.scheduled_at).where(
+        r.c.job_id.in_(bindparam("job_ids", expanding=True)),
+        r.c.scheduled_at.in_(bindparam("instants", expanding=True, type_=r.c.scheduled_at.type)),
+    )
+
+
+@functools.cache
+def _insert_new(table: Table) -> Any:
+    return sqlite.insert(table).on_conflict_do_nothing()
+
+
+@functools.cache
+def _broker_tenants() -> Any:
+    t = schema.tenants
+    return select(t.c.tenant_id).where(t.c.broker_url.is_not(None))

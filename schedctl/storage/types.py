@@ -12,6 +12,9 @@ from sqlalchemy.types import TypeDecorator
 
 from schedctl.storage.dialect import dialect_named
 
+# SQLAlchemy's SQLite DATETIME storage format: fixed width, so the text sorts as the instant
+_STORED_FORMAT = "%04d-%02d-%02d %02d:%02d:%02d.%06d"
+
 
 class UTCDateTime(TypeDecorator[datetime]):
     """An instant: timestamptz on Postgres, sortable naive-UTC text on SQLite; always aware UTC."""
@@ -43,7 +46,16 @@ class UTCDateTime(TypeDecorator[datetime]):
                 raise ValueError("naive datetime given to a UTC column")
             if value.tzinfo is not UTC:
                 value = value.astimezone(UTC)
-            return value.replace(tzinfo=None).isoformat(" ", "microseconds")
+            # %-formatting the fields: half the CPU of replace(tzinfo=None).isoformat()
+            return _STORED_FORMAT % (
+                value.year,
+                value.month,
+                value.day,
+                value.hour,
+                value.minute,
+                value.second,
+                value.microsecond,
+            )
 
         return to_text
 
