@@ -401,6 +401,12 @@ class Relay:
         self.pump()
         return moved
 
+    @property
+    def routes_brokers(self) -> bool:
+        """Whether a tenant's built-in queues are a RabbitMQ broker: its queue runs wait in
+        the outbox for this relay to route them."""
+        return any(t.broker_url for t in self._tenants.values())
+
     def _refresh_settings(self, force: bool = False) -> None:
         if not force and time.monotonic() < self._next_settings:
             return

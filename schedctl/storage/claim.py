@@ -23,7 +23,7 @@ from sqlalchemy import bindparam, select
 from sqlalchemy.engine import Connection
 
 from schedctl import errors
-from schedctl.models import JobStatus, RunStatus, RunTrigger
+from schedctl.models import EVERY_HOST_QUEUE_PREFIX, JobStatus, RunStatus, RunTrigger, TargetType
 from schedctl.scheduling.misfire import ClaimPlan, MisfirePolicy, plan_claim
 from schedctl.scheduling.schedules import Schedule, schedule_from_dict
 from schedctl.scheduling.windows import fire_time
@@ -60,6 +60,10 @@ class ClaimResult:
     skipped: int = 0
     completed: int = 0
     stale: int = 0  # jobs whose version moved on (claimed elsewhere, cancelled, changed)
+    # dispatched runs whose delivery goes through the outbox (HTTP, RabbitMQ, every-host
+    # queues): a relay has work; the claim queued the rest into built-in queues itself
+    # (except for a tenant whose queues are a broker: see Dialect.insert_runs)
+    relayed: int = 0
     fenced: set[int] = field(default_factory=set)  # partitions whose epoch is not ours
     aborted: bool = False  # lost a lock race; nothing committed
     # the claimed recurring jobs as they are now, so a dispatcher can keep them in memory
@@ -250,6 +254,11 @@ class Claimer:
                 run_rows.append(self._run_row(d, nominal, now, epoch, RunStatus.skipped))
             for nominal in plan.dispatch:
                 run_rows.append(self._run_row(d, nominal, now, epoch, RunStatus.dispatched))
+            if plan.dispatch and (
+                d.target_type != TargetType.queue.value
+                or d.target.startswith(EVERY_HOST_QUEUE_PREFIX)
+            ):
+                result.relayed += len(plan.dispatch)
         skipped: list[tuple[str, datetime, str]] = []
         for job_id, scheduled_at, status in self._insert_runs(connection, run_rows, now):
             if status == RunStatus.skipped.value:

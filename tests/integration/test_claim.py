@@ -130,6 +130,9 @@ def test_the_claim_writes_built_in_queue_runs_as_ready_messages_and_the_rest_to_
     now = datetime.now(UTC)
     result = claimer.claim(claimer.load_due(ALL, now), epochs, now)
     assert len(result.dispatched) == 4
+    # the in-process relay is woken for these two (HTTP, every-host); the brokered run
+    # wakes it because its tenant has a broker (Relay.routes_brokers)
+    assert result.relayed == 2
     assert _delivery_tables(store) == {
         queued: "queue_messages",
         http: "outbox",
