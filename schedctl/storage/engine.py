@@ -146,10 +146,14 @@ def _sqlite_engine(url: str, database: str | None, **kwargs: Any) -> Engine:
         # IMMEDIATE takes the write lock up front: a deferred transaction that reads and
         # then writes fails with SQLITE_BUSY at once instead of waiting for the lock. A
         # read (Store.read) takes none: under WAL it reads a snapshot beside the writer.
-        if connection.get_execution_options().get(READ_ONLY_OPTION):
-            connection.exec_driver_sql("BEGIN DEFERRED")
-        else:
-            connection.exec_driver_sql("BEGIN IMMEDIATE")
+        # Straight on the driver's connection: through exec_driver_sql, SQLAlchemy's
+        # execution machinery cost as much as a statement of the transaction's own.
+        begin = (
+            "BEGIN DEFERRED"
+            if connection.get_execution_options().get(READ_ONLY_OPTION)
+            else "BEGIN IMMEDIATE"
+        )
+        connection.connection.driver_connection.execute(begin)
 
     return engine
 
