@@ -28,7 +28,7 @@ from schedctl.scheduling.misfire import ClaimPlan, MisfirePolicy, plan_claim
 from schedctl.scheduling.schedules import Schedule, schedule_from_dict
 from schedctl.scheduling.windows import fire_time
 from schedctl.storage import dependencies, schema
-from schedctl.storage.dialect import Lock, dialect_named
+from schedctl.storage.dialect import Dialect, Lock
 from schedctl.storage.store import Store, is_lock_race
 
 
@@ -295,7 +295,7 @@ class Claimer:
     def _check_epochs(
         self, connection: Connection, partitions: set[int], epochs: Mapping[int, int]
     ) -> set[int]:
-        query = _epochs_locked(self.store.dialect.name)
+        query = _epochs_locked(self.store.dialect)
         stored = {
             int(p): int(e)
             for p, e in connection.execute(query, {"partitions": sorted(partitions)}).all()
@@ -317,17 +317,22 @@ class Claimer:
         return self.store.dialect.insert_runs(connection, rows, now)
 
 
-@functools.cache
-def _epochs_locked(dialect_name: str) -> Any:
+_EPOCHS_LOCKED: dict[type, Any] = {}
+
+
+def _epochs_locked(dialect: Dialect) -> Any:
     """The stored epochs of the `partitions` a claim covers, share-locked (built once per
-    dialect: every claim reads them)."""
-    p = schema.partitions
-    query = (
-        select(p.c.partition, p.c.epoch)
-        .where(p.c.partition.in_(bindparam("partitions", expanding=True)))
-        # locked in partition order, like every writer of partition rows
-        .order_by(p.c.partition)
-    )
-    # a new owner's epoch write waits for this claim to commit, and a claim that
-    # starts after that write sees the new epoch: there is no window between them
-    return dialect_named(dialect_name).lock(query, Lock.share)
+    backend: every claim reads them)."""
+    built = _EPOCHS_LOCKED.get(type(dialect))
+    if built is None:
+        p = schema.partitions
+        query = (
+            select(p.c.partition, p.c.epoch)
+            .where(p.c.partition.in_(bindparam("partitions", expanding=True)))
+            # locked in partition order, like every writer of partition rows
+            .order_by(p.c.partition)
+        )
+        # a new owner's epoch write waits for this claim to commit, and a claim that
+        # starts after that write sees the new epoch: there is no window between them
+        built = _EPOCHS_LOCKED[type(dialect)] = dialect.lock(query, Lock.share)
+    return built
