@@ -178,7 +178,10 @@ def test_timeout_kills_the_whole_process_group(store: Store, tmp_path: Path) -> 
     pids = tmp_path / "pids"
     # the child ignores SIGTERM: only the SIGKILL after the grace ends it
     script = f"sh -c \"trap '' TERM; exec sleep 1000\" & echo $$ $! > {pids}; wait"
-    run_until(worker(store, ["sh", "-c", script]), finished(store, job, at), "the timeout")
+    # the attempt lasts the timeout plus the grace, as long as the test's usual lease: a
+    # longer lease keeps a heartbeat stalled by a loaded disk from ending it first
+    w = worker(store, ["sh", "-c", script], lease_seconds=10.0)
+    run_until(w, finished(store, job, at), "the timeout")
     run = run_row(store, job, at)
     assert (run["status"], run["error"]) == ("dead", "timed out after 1s")
     shell, child = (int(p) for p in pids.read_text().split())
