@@ -15,6 +15,7 @@ from schedctl.scheduling.schedules import OnceSchedule, schedule_to_dict
 from schedctl.storage import schema
 from schedctl.storage.jobs import new_job_id
 from schedctl.storage.once_rows import once_job_row
+from schedctl.storage.quotas import forget_quota_use
 from schedctl.storage.store import Store
 
 # rows per INSERT statement of a bulk load
@@ -26,6 +27,8 @@ def insert_jobs(store: Store, rows: Sequence[Mapping[str, Any]]) -> None:
     with store.tx() as connection:
         for start in range(0, len(rows), CHUNK):
             connection.execute(schema.jobs.insert(), list(rows[start : start + CHUNK]))
+        for tenant_id in sorted({str(row["tenant_id"]) for row in rows}):
+            forget_quota_use(connection, tenant_id)  # written without a create
 
 
 def insert_claimed(
@@ -45,6 +48,7 @@ def insert_claimed(
     with store.tx() as connection:
         if job is not None:
             connection.execute(schema.jobs.insert().values(**job))
+            forget_quota_use(connection, tenant_id)  # written without a create
         _insert_claims(connection, claims)
 
 

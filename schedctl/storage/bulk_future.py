@@ -18,6 +18,7 @@ from typing import Any
 from schedctl.storage import bench as bench_rows
 from schedctl.storage import schema
 from schedctl.storage.once_rows import once_job_row
+from schedctl.storage.quotas import forget_quota_use
 from schedctl.storage.store import Store
 
 CHUNK_ROWS = 250_000  # rows per INSERT ... SELECT transaction
@@ -83,6 +84,8 @@ def load_future_jobs(
         # the server does the work: a few sessions at once keep its cores busy
         with ThreadPoolExecutor(PARALLEL_SESSIONS) as pool:
             list(pool.map(chunk, starts))
+        with store.tx() as connection:
+            forget_quota_use(connection, tenant_id)  # written without a create
         return time.monotonic() - began
     rows = _rows(tenant_id, count, first_at, spacing, store.partition_count, name, queue)
     done = 0

@@ -154,6 +154,12 @@ class Dialect(Protocol):
         (the clock is this process's)."""
         ...
 
+    def locked_clock(self) -> Any | None:
+        """`now` as an SQL expression read after the statement locked its rows (in the
+        RETURNING of an UPDATE: a wait for the lock comes before it); None as for
+        statement_clock."""
+        ...
+
     def clock(self, begin: Callable[[], AbstractContextManager[Connection]]) -> datetime:
         """`now` outside a transaction: `begin` opens one only if the clock needs it."""
         ...

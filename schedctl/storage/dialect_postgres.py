@@ -53,6 +53,10 @@ class PostgresDialect:
         # clock_timestamp(), and in a statement run after a lock was taken, after it
         return func.statement_timestamp()
 
+    def locked_clock(self) -> Any:
+        # the statement's start (statement_timestamp) would come before its wait for locks
+        return func.clock_timestamp()
+
     def clock(self, begin: Callable[[], AbstractContextManager[Connection]]) -> datetime:
         with begin() as connection:
             return self.now(connection)

@@ -43,6 +43,9 @@ class SqliteDialect:
     def statement_clock(self) -> None:
         return None  # `now` is this machine's clock: no round trip to save
 
+    def locked_clock(self) -> None:
+        return None
+
     def clock(self, begin: Callable[[], AbstractContextManager[Connection]]) -> datetime:
         return datetime.now(UTC)
 

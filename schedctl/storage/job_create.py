@@ -56,15 +56,18 @@ class NewJob:
 
 @dataclass(frozen=True)
 class Admission:
-    """A tenant's quota state read under its row lock: `now` (the database's clock) and
+    """A tenant's quota state read under its row lock: `now` (the database's clock),
     `refuse(n)`, the error for the item that would be the n-th (from 0) created in this
-    transaction, or None when the quotas allow it."""
+    transaction, or None when the quotas allow it, and `record(created)`, told how many
+    it created, before commit."""
 
     now: datetime
     refuse: Callable[[int], errors.SchedError | None]
+    record: Callable[[int], None]
 
 
-Admit = Callable[[Connection], Admission]
+# the transaction's connection, and the most jobs it may create
+Admit = Callable[[Connection, int], Admission]
 
 
 def new_job_id() -> str:
@@ -140,11 +143,13 @@ class _Batch:
         ids = [new_job_id() for _ in self.items]
         existing, taken = self._existing_keys_and_taken_names(ids)
         if admit is not None:
-            admission = admit(self.connection)
-            now, refuse = admission.now, admission.refuse
+            # an item whose key is stored already replays: it creates nothing
+            new = sum(1 for i in self.items if i.spec.idempotency_key not in existing)
+            admission = admit(self.connection, new)
+            now, refuse, record = admission.now, admission.refuse, admission.record
         else:
             self._require_tenant()
-            now, refuse = db_now(self.connection), _admit_all
+            now, refuse, record = db_now(self.connection), _admit_all, _record_nothing
         admitted = 0
         for index, item in enumerate(self.items):
             spec = item.spec
@@ -170,6 +175,7 @@ class _Batch:
                 self._claim(index, row)
                 self.pending.append((index, row))
         self._flush(now)
+        record(admitted)
         for index, earlier in self.replays.items():
             first = self.outcomes[earlier]
             assert first is not None and first.job is not None
@@ -398,6 +404,10 @@ def _job_of(spec: JobSpec, row: dict[str, Any]) -> Job:
 
 
 def _admit_all(_: int) -> errors.SchedError | None:
+    return None
+
+
+def _record_nothing(_: int) -> None:
     return None
 
 

@@ -35,6 +35,7 @@ from schedctl.storage.job_create import (
     new_job_id,
     partition_of,
 )
+from schedctl.storage.quotas import SLOT_HOLDERS, note_slot_taken
 from schedctl.storage.rows import job_from_row, run_from_row, run_query
 from schedctl.storage.store import Store
 
@@ -79,6 +80,8 @@ def write_job(
         raise errors.Conflict(
             f"job {job.job_id} changed while being updated; try again", field="version"
         )
+    if job.status.value not in SLOT_HOLDERS and changes.get("status") in SLOT_HOLDERS:
+        note_slot_taken(connection, job.tenant_id)  # the quota's bound grows with it
     if changes.get("next_fire_at") is not None:
         notify_job_change(connection, job.job_id, job.partition)
     audit(

@@ -53,6 +53,11 @@ tenants = Table(
     # next to the new one until signing_secret_previous_until; NULL: none
     Column("signing_secret_previous", Text, nullable=True),
     Column("signing_secret_previous_until", UTCDateTime, nullable=True),
+    # upper bounds kept by creates (storage/quotas.py): jobs holding a max_jobs slot, and
+    # jobs created after quota_rate_since; NULL: not known, the next create counts
+    Column("quota_slots_bound", Integer, nullable=True),
+    Column("quota_rate_since", UTCDateTime, nullable=True),
+    Column("quota_rate_bound", Integer, nullable=True),
 )
 
 api_tokens = Table(
