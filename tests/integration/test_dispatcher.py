@@ -105,8 +105,9 @@ def test_runs_due_a_few_ms_apart_are_claimed_together(store: Store) -> None:
         running.close()
     stats = running.dispatcher.stats
     assert stats.claimed == 100
-    # 0.2 s of runs, 20 ms per claim: about ten claims (9 here); without, 23-50
-    assert stats.claims <= 15, stats.claims
+    # 0.2 s of runs, 20 ms per claim: about ten claims (9 here, 17 once on a loaded CI
+    # machine); without the linger, 82-99
+    assert stats.claims <= 30, stats.claims
 
 
 @pytest.mark.postgres
