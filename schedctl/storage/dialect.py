@@ -148,16 +148,11 @@ class Dialect(Protocol):
         """The database's clock, aware UTC: every process agrees on "now"."""
         ...
 
-    def statement_clock(self) -> Any | None:
-        """`now` as an SQL expression to read in a statement that does other work (one
-        round trip less), read once per statement; None where `now` costs no statement
-        (the clock is this process's)."""
-        ...
-
     def locked_clock(self) -> Any | None:
-        """`now` as an SQL expression read after the statement locked its rows (in the
-        RETURNING of an UPDATE: a wait for the lock comes before it); None as for
-        statement_clock."""
+        """`now` as an SQL expression to read in a statement that does other work (one
+        round trip less), read after the statement locked its rows (in the RETURNING of
+        an UPDATE: a wait for the lock comes before it); None where `now` costs no
+        statement (the clock is this process's)."""
         ...
 
     def clock(self, begin: Callable[[], AbstractContextManager[Connection]]) -> datetime:

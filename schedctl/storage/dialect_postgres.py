@@ -48,11 +48,6 @@ class PostgresDialect:
         assert isinstance(value, datetime)
         return value.astimezone(UTC)
 
-    def statement_clock(self) -> Any:
-        # stable within the statement (read once, usable against an index), unlike
-        # clock_timestamp(), and in a statement run after a lock was taken, after it
-        return func.statement_timestamp()
-
     def locked_clock(self) -> Any:
         # the statement's start (statement_timestamp) would come before its wait for locks
         return func.clock_timestamp()

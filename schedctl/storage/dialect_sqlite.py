@@ -40,11 +40,8 @@ class SqliteDialect:
         # one machine: its clock is every process's clock
         return datetime.now(UTC)
 
-    def statement_clock(self) -> None:
-        return None  # `now` is this machine's clock: no round trip to save
-
     def locked_clock(self) -> None:
-        return None
+        return None  # `now` is this machine's clock: no round trip to save
 
     def clock(self, begin: Callable[[], AbstractContextManager[Connection]]) -> datetime:
         return datetime.now(UTC)

@@ -51,7 +51,12 @@ class QuotaUse:
         """The jobs created in the last `window` and the oldest one's created_at, and the
         jobs holding a max_jobs slot, this transaction's not included. Upper bounds (and
         no oldest) when the stored bounds leave room for `adding` more under both quotas:
-        then no statement runs. Else counted, in one statement (see _counts_statement)."""
+        then no statement runs. Else counted, in one statement (see _counts).
+
+        Job ids start with their creator's clock in milliseconds: only ids from `window`
+        plus `skew` (for API servers whose clocks run behind) are read for the rate, a
+        short range of the (tenant_id, job_id) index. Slots are counted up to max_jobs:
+        past that the answer is the same (full)."""
         if self._bounds_fit(window):
             assert self.rate_bound is not None and self.slots_bound is not None
             return self.rate_bound - self.adding, None, self.slots_bound - self.adding
