@@ -33,7 +33,7 @@ from schedctl.storage.job_create import MAX_BATCH, NewJob
 from schedctl.storage.job_lookup import JobLookup
 from schedctl.storage.job_updates import delete_job, update_job
 from schedctl.storage.jobs import JobRepo
-from schedctl.storage.quotas import QuotaUse, quota_admission
+from schedctl.storage.quotas import MAX_JOBS_RETRY_AFTER_SECONDS, QuotaUse, quota_admission
 from schedctl.storage.store import Store
 from schedctl.storage.tenants import TenantRepo, TokenInfo, token_id_of
 
@@ -45,9 +45,6 @@ RATE_WINDOW = timedelta(minutes=1)
 # Job ids start with their creator's clock in milliseconds: the rate count reads only ids
 # from the last window, widened by this much for API servers whose clocks run behind.
 CLOCK_SKEW = timedelta(minutes=5)
-# The Retry-After of a full max_jobs quota: nothing frees a slot on a schedule (a job ends
-# when its owner cancels it or its last run passes), so this is a polite interval.
-MAX_JOBS_RETRY_AFTER_SECONDS = 60
 # Idempotency keys live on their job's row (unique per tenant), and job rows are never
 # deleted, so a key is kept for as long as its job exists: "at least 24 hours" holds.
 # Anything that ever purges old jobs must keep rows younger than this.

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
@@ -35,7 +35,7 @@ from schedctl.storage.job_create import (
     new_job_id,
     partition_of,
 )
-from schedctl.storage.quotas import SLOT_HOLDERS, note_slot_taken
+from schedctl.storage.quotas import SLOT_HOLDERS, take_slot
 from schedctl.storage.rows import job_from_row, run_from_row, run_query
 from schedctl.storage.store import Store
 
@@ -81,7 +81,7 @@ def write_job(
             f"job {job.job_id} changed while being updated; try again", field="version"
         )
     if job.status.value not in SLOT_HOLDERS and changes.get("status") in SLOT_HOLDERS:
-        note_slot_taken(connection, job.tenant_id)  # the quota's bound grows with it
+        take_slot(connection, job.tenant_id)  # refused over max_jobs
     if changes.get("next_fire_at") is not None:
         notify_job_change(connection, job.job_id, job.partition)
     audit(
@@ -238,19 +238,6 @@ class JobRepo:
         items = tuple(job_from_row(r) for r in rows[:limit])
         next_cursor = encode_cursor(items[-1].job_id) if len(rows) > limit else None
         return Page(items, next_cursor)
-
-    def count_active(self, tenant_id: str) -> int:
-        with self.store.read() as connection:
-            return int(
-                connection.execute(
-                    select(func.count())
-                    .select_from(schema.jobs)
-                    .where(
-                        schema.jobs.c.tenant_id == tenant_id,
-                        schema.jobs.c.status.in_([JobStatus.active.value, JobStatus.paused.value]),
-                    )
-                ).scalar_one()
-            )
 
     # -- changes -----------------------------------------------------------------------
 

@@ -155,6 +155,10 @@ def _counts(dialect: Dialect) -> Select[Any]:
     return counts
 
 
+# The Retry-After of a full max_jobs quota: nothing frees a slot on a schedule (a job ends
+# when its owner cancels it or its last run passes), so this is a polite interval.
+MAX_JOBS_RETRY_AFTER_SECONDS = 60
+
 # the statuses of jobs that count against max_jobs
 SLOT_HOLDERS = (JobStatus.active.value, JobStatus.paused.value)
 
@@ -170,7 +174,24 @@ _RECORD = (
     )
 )
 _SLOT_TAKEN = (
-    update(_tenants).where(_this_tenant).values(quota_slots_bound=_tenants.c.quota_slots_bound + 1)
+    update(_tenants)
+    .where(_this_tenant)
+    .values(quota_slots_bound=_tenants.c.quota_slots_bound + 1)
+    .returning(_tenants.c.max_jobs, _tenants.c.quota_slots_bound)
+)
+_SET_SLOTS = (
+    update(_tenants)
+    .where(_this_tenant)
+    .values(quota_slots_bound=bindparam("b_slots", type_=Integer))
+)
+_HOLDING = select(func.count()).select_from(
+    select(schema.jobs.c.job_id)
+    .where(
+        schema.jobs.c.tenant_id == bindparam("tenant_id"),
+        schema.jobs.c.status.in_(SLOT_HOLDERS),
+    )
+    .limit(bindparam("slots_limit", type_=Integer))
+    .subquery()
 )
 _FORGET = (
     update(_tenants)
@@ -232,10 +253,32 @@ def take_quota_use(connection: Connection, tenant_id: str, adding: int) -> Quota
     )
 
 
-def note_slot_taken(connection: Connection, tenant_id: str) -> None:
+def take_slot(connection: Connection, tenant_id: str) -> None:
     """A job of the tenant came back to holding a slot (a completed or cancelled job
-    rescheduled): its slots bound must grow with it. Locks the tenant's row until commit."""
-    connection.execute(_SLOT_TAKEN, {"b_tenant_id": tenant_id})
+    rescheduled, its new status written in this transaction already): QuotaExceeded
+    (field max_jobs) when that puts the tenant over max_jobs, else its slots bound grows
+    with it. Counts only when the bound reaches the quota; locks the tenant's row until
+    commit."""
+    row = connection.execute(_SLOT_TAKEN, {"b_tenant_id": tenant_id}).first()
+    if row is None:
+        raise errors.NotFound(f"no tenant {tenant_id!r}", field="tenant")
+    max_jobs, bound = int(row[0]), row[1]
+    if bound is not None and bound <= max_jobs:
+        return
+    holding = int(
+        connection.execute(
+            _HOLDING, {"tenant_id": tenant_id, "slots_limit": max_jobs + 1}
+        ).scalar_one()
+    )
+    if holding > max_jobs:
+        # the rollback undoes the status too: nothing changes
+        raise errors.QuotaExceeded(
+            f"the tenant has reached its limit of {max_jobs} active jobs, so this job "
+            "cannot hold a slot again (cancel others, or ask an operator to raise max_jobs)",
+            field="max_jobs",
+            retry_after=MAX_JOBS_RETRY_AFTER_SECONDS,
+        )
+    connection.execute(_SET_SLOTS, {"b_tenant_id": tenant_id, "b_slots": holding})
 
 
 def forget_quota_use(connection: Connection, tenant_id: str) -> None:

@@ -476,6 +476,27 @@ def test_max_jobs_quota_is_429_with_retry_after(sched: Scheduler, acme: Api, db_
     assert acme.create().status_code == 201
 
 
+def test_bringing_a_job_back_over_max_jobs_is_429_and_changes_nothing(
+    sched: Scheduler, acme: Api
+) -> None:
+    sched.set_quotas("acme", max_jobs=1, actor="test")
+    first = acme.new_job()
+    path = f"/v1/jobs/{first['job_id']}"
+    with sched.store.tx() as connection:  # its last run passed: what a claim writes
+        connection.execute(
+            update(schema.jobs)
+            .where(schema.jobs.c.job_id == first["job_id"])
+            .values(status="completed", next_run_at=None, next_fire_at=None)
+        )
+    acme.new_job()  # the freed slot, taken
+    before = snapshot(sched.store)
+    over = acme.request("PATCH", path, json={"schedule": {"delay": "1h"}})
+    error = assert_error(over, 429, "quota_exceeded")
+    assert error["field"] == "max_jobs" and int(over.headers["retry-after"]) >= 1
+    assert snapshot(sched.store) == before
+    assert acme.request("GET", path).json()["status"] == "completed"
+
+
 def test_create_rate_quota_is_429_with_retry_after(sched: Scheduler, acme: Api) -> None:
     sched.set_quotas("acme", create_rate_per_minute=3, actor="test")
     made = [acme.create(job_body(), **{"Idempotency-Key": f"k{i}"}) for i in range(3)]

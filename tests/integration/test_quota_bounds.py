@@ -138,6 +138,35 @@ def test_a_job_brought_back_raises_the_slots_bound(sched: Scheduler, tenant: str
     assert holding(sched) == 3
 
 
+def test_a_job_brought_back_over_max_jobs_is_refused_and_nothing_changes(
+    sched: Scheduler, tenant: str
+) -> None:
+    sched.set_quotas(tenant, max_jobs=2, actor=ACTOR)
+    once = {"run_at": (datetime.now(UTC) + timedelta(days=1)).isoformat()}
+    a = sched.create_job(tenant, body(schedule=once), actor=ACTOR)[0]
+    complete(sched, a.job_id)
+    sched.create_job(tenant, body(), actor=ACTOR)
+    sched.create_job(tenant, body(), actor=ACTOR)  # counted: 1 held, now 2 of 2
+    before = sched.get_job(a.job_id, tenant)
+    for bring_back in (
+        lambda: sched.reschedule_job(a.job_id, once, tenant, actor=ACTOR),
+        lambda: sched.update_job(a.job_id, {"schedule": once}, tenant, actor=ACTOR),
+    ):
+        with pytest.raises(errors.QuotaExceeded) as refused:
+            bring_back()
+        assert refused.value.field == "max_jobs"
+        assert refused.value.retry_after > 0
+        after = sched.get_job(a.job_id, tenant)
+        assert (after.status, after.version) == (JobStatus.completed, before.version)
+        assert holding(sched) == 2 and bounds(sched)[0] == 2
+    # a bound that overstates is counted, not trusted: with a slot free it comes back
+    sched.cancel_job(sched.list_jobs(tenant, status="active").items[0].job_id, tenant, actor=ACTOR)
+    assert bounds(sched)[0] == 2
+    sched.reschedule_job(a.job_id, once, tenant, actor=ACTOR)
+    assert sched.get_job(a.job_id, tenant).status is JobStatus.active
+    assert holding(sched) == 2 and bounds(sched)[0] == 2
+
+
 def test_a_quota_raised_after_a_count_cut_off_at_it_still_holds(
     sched: Scheduler, tenant: str
 ) -> None:
@@ -201,10 +230,16 @@ def test_max_jobs_holds_over_a_random_sequence(sched: Scheduler, tenant: str) ->
         elif action == "complete" and active:
             complete(sched, rng.choice(active))
         elif action == "bring back" and done:
-            # (a reschedule does not check the quota: it may go over it)
-            sched.reschedule_job(rng.choice(done), once, tenant, actor=ACTOR)
+            try:
+                sched.reschedule_job(rng.choice(done), once, tenant, actor=ACTOR)
+                admitted = True
+            except errors.QuotaExceeded:
+                admitted = False
+            assert admitted == (held < max_jobs), step
         elif action == "quota":
             max_jobs = rng.randint(3, 9)
             sched.set_quotas(tenant, max_jobs=max_jobs, actor=ACTOR)
         slots, _ = bounds(sched)
         assert slots is None or slots >= holding(sched), step
+        # a quota lowered below what is held is the only way over it
+        assert holding(sched) <= max(max_jobs, held), step
