@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from schedctl import errors
 from schedctl.bench import measure
@@ -65,9 +65,17 @@ class Plan:
     embedded: bool = False
 
 
-def spawn_ceiling(seconds: float, threads: int = SPAWN_THREADS) -> float:
+class Spawns(NamedTuple):
+    """What starting /bin/true costs on this machine: starts a second from many threads,
+    and the CPU of one start, the child's included (user and system, both cores)."""
+
+    per_second: float
+    cpu_ms_per_start: float | None
+
+
+def spawn_ceiling(seconds: float, threads: int = SPAWN_THREADS) -> Spawns:
     """Starts of /bin/true per second from `threads` Python threads for `seconds`: the most a
-    worker process could start on this machine."""
+    worker process could start on this machine; and the CPU each start took."""
     deadline = time.monotonic() + seconds
     counts = [0] * threads
 
@@ -76,13 +84,23 @@ def spawn_ceiling(seconds: float, threads: int = SPAWN_THREADS) -> float:
             subprocess.run(["/bin/true"], check=False)
             counts[slot] += 1
 
+    cpu_before = _cpu_with_children()
     began = time.monotonic()
     pool = [threading.Thread(target=spawn, args=(i,), daemon=True) for i in range(threads)]
     for thread in pool:
         thread.start()
     for thread in pool:
         thread.join(seconds + 30)
-    return sum(counts) / max(time.monotonic() - began, 1e-6)
+    elapsed = max(time.monotonic() - began, 1e-6)
+    started = sum(counts)
+    cpu = _cpu_with_children() - cpu_before
+    return Spawns(started / elapsed, round(cpu * 1000 / started, 3) if started else None)
+
+
+def _cpu_with_children() -> float:
+    """This process's CPU seconds and its waited-for children's (user and system)."""
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
 
 
 class _QueueSampler:
@@ -367,7 +385,7 @@ def _run(
     """The common course: spawn ceiling, consumers, `load` (returns its seconds; sets
     `first_due`), dispatchers, the wait (`wait_seconds` after the first due instant), the
     stop, the measurement."""
-    ceiling = spawn_ceiling(plan.spawn_seconds) if plan.spawn_seconds > 0 else None
+    spawns = spawn_ceiling(plan.spawn_seconds) if plan.spawn_seconds > 0 else None
     load_before = os.getloadavg()
     bench = _Bench(store, plan)
     try:
@@ -410,10 +428,13 @@ def _run(
             "logs": str(plan.dispatchers.logdir),
         }
     )
-    if ceiling is not None:
-        result["spawn_ceiling_per_second"] = round(ceiling, 1)
+    if spawns is not None:
+        result["spawn_ceiling_per_second"] = round(spawns.per_second, 1)
+        result["spawn_cpu_ms_per_start"] = spawns.cpu_ms_per_start
         starts = result["started_per_second"]
-        result["worker_starts_to_ceiling"] = round(starts / ceiling, 3) if starts else None
+        result["worker_starts_to_ceiling"] = (
+            round(starts / spawns.per_second, 3) if starts else None
+        )
     return result
 
 

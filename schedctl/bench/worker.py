@@ -78,7 +78,8 @@ def run_worker_bench(
     starts = sorted(s.timestamp() for _, _, _, s, f in stages if s is not None and f is not None)
     finishes = sorted(f.timestamp() for _, _, _, s, f in stages if s is not None and f is not None)
     start_rate = _rate(starts)
-    ceiling = (before + after) / 2
+    ceiling = (before.per_second + after.per_second) / 2
+    spawn_cpu = [x.cpu_ms_per_start for x in (before, after) if x.cpu_ms_per_start is not None]
     cpu_used = (cpu_after - cpu_before) if cpu_after is not None else None
     load = os.getloadavg()
     return {
@@ -91,7 +92,12 @@ def run_worker_bench(
         "finished_per_second": _rate(finishes),
         "drain_seconds": round(finishes[-1] - starts[0], 3) if starts else None,
         "spawn_ceiling_per_second": round(ceiling, 1),
-        "spawn_ceiling_before_after": [round(before, 1), round(after, 1)],
+        "spawn_ceiling_before_after": [round(before.per_second, 1), round(after.per_second, 1)],
+        # the machine's CPU for one start of /bin/true (the child's included): with the
+        # worker's own CPU per run, what a start costs the cores in all
+        "spawn_cpu_ms_per_start": (
+            round(sum(spawn_cpu) / len(spawn_cpu), 3) if spawn_cpu else None
+        ),
         "starts_to_ceiling": round(start_rate / ceiling, 3) if start_rate and ceiling else None,
         # noise-proof on a shared machine: the worker's own CPU per run while it drained
         "worker_cpu_ms_per_run": (

@@ -163,8 +163,14 @@ def spawn(
     threads on this machine (the most one worker process could start)."""
     from schedctl.bench.pipeline import spawn_ceiling
 
-    rate = spawn_ceiling(duration, threads)
-    result = {"threads": threads, "duration_seconds": duration, "starts_per_second": round(rate, 1)}
+    spawns = spawn_ceiling(duration, threads)
+    result = {
+        "threads": threads,
+        "duration_seconds": duration,
+        "starts_per_second": round(spawns.per_second, 1),
+        # the child's CPU included: what each start costs the machine's cores
+        "cpu_ms_per_start": spawns.cpu_ms_per_start,
+    }
     emit(result, output_format(ctx, output), title="spawn ceiling")
 
 

@@ -77,6 +77,7 @@ def test_steady_through_the_queue_with_two_workers(sqlite_url: str) -> None:
     )
     assert_whole_path(result, 60, executed=True)
     assert result["spawn_ceiling_per_second"] > 0
+    assert result["spawn_cpu_ms_per_start"] > 0
     assert set(result["exit_codes"]) == {"dispatcher-0", "relay", "worker-0", "worker-1"}
 
 
@@ -117,6 +118,7 @@ def test_steady_rejects_a_negative_api_worker_count(sqlite_url: str) -> None:
 def test_spawn_reports_the_ceiling(sqlite_url: str) -> None:
     result = bench(sqlite_url, "spawn", "--duration", "1", "--threads", "2")
     assert result["starts_per_second"] > 0
+    assert result["cpu_ms_per_start"] > 0
 
 
 def test_worker_drains_its_backlog_and_reports_the_ratio_to_the_ceiling(db_url: str) -> None:
@@ -131,6 +133,7 @@ def test_worker_drains_its_backlog_and_reports_the_ratio_to_the_ceiling(db_url: 
     assert result["started_per_second"] > 0
     assert result["spawn_ceiling_per_second"] > 0
     assert result["starts_to_ceiling"] > 0
+    assert result["spawn_cpu_ms_per_start"] > 0
 
 
 def test_delivery_reports_http_and_queue_rates(sqlite_url: str) -> None:
