@@ -160,7 +160,8 @@ def spawn(
     output: OutputOption = None,
 ) -> None:
     """The spawn ceiling: how many times a second Python starts /bin/true from --threads
-    threads on this machine (the most one worker process could start)."""
+    threads on this machine (the most one worker process could start), and the CPU of one
+    start, the child's included."""
     from schedctl.bench.pipeline import spawn_ceiling
 
     spawns = spawn_ceiling(duration, threads)
