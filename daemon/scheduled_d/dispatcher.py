@@ -101,7 +101,7 @@ class Dispatcher:
         self.catchup_after = timedelta(seconds=catchup_after_seconds)
         self.on_claimed = on_claimed
         # SQLite has one writer: parallel claims would only queue for its lock
-        self.claim_threads = claim_threads if store.dialect.concurrent_claims else 1
+        self.claim_threads = 1 if store.dialect.single_writer else claim_threads
         self._pool = ThreadPoolExecutor(self.claim_threads, thread_name_prefix="claim")
         self.stats = DispatcherStats()
         self._feed = change_feed

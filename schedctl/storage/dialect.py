@@ -136,13 +136,13 @@ class Dialect(Protocol):
 
     name: str  # SQLAlchemy's dialect name
     driver: str  # the DB-API module, whose own OperationalError means "connection lost"
-    concurrent_claims: bool  # several claim threads of one dispatcher make progress at once
     naive_instants: bool  # instants are bound as naive UTC (compared as stored text)
     embedded: bool  # a file of this machine (the embedded default), not a shared server
     generates_rows: bool  # generate_once_jobs works: the server makes benchmark rows itself
-    # one writer at a time (a database-wide write lock): a poller first reads, in a
-    # transaction that takes no write lock, whether it has anything to write
-    look_before_writing: bool
+    # one writer at a time (a database-wide write lock): a dispatcher's claim threads
+    # would only queue for it, so it runs one; a poller first reads, in a transaction
+    # that takes no write lock, whether it has anything to write
+    single_writer: bool
 
     def now(self, connection: Connection) -> datetime:
         """The database's clock, aware UTC: every process agrees on "now"."""

@@ -37,8 +37,9 @@ CHANNEL = "scheduled_jobs"
 class PostgresDialect:
     name = "postgresql"
     driver = "psycopg"
-    concurrent_claims = True  # row locks in job_id order: claim threads run side by side
-    look_before_writing = False  # row locks: writers that find nothing block nobody
+    # row locks (in job_id order for claims): claim threads run side by side, and
+    # writers that find nothing block nobody
+    single_writer = False
     naive_instants = False  # timestamptz
     embedded = False
     generates_rows = True

@@ -29,12 +29,11 @@ IN_CHUNK = 5000
 class SqliteDialect:
     name = "sqlite"
     driver = "sqlite3"
-    concurrent_claims = False  # one writer at a time: a second claim thread only waits
     # SQLite compares the stored text, so every value must be naive UTC in one format
     naive_instants = True
     embedded = True
     generates_rows = False
-    look_before_writing = True
+    single_writer = True
 
     def now(self, connection: Connection) -> datetime:
         # one machine: its clock is every process's clock

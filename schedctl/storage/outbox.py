@@ -202,7 +202,7 @@ class OutboxRepo:
         # one token per claim: settling checks it, so a lease that expired and was claimed
         # again (even by this same relay) is never settled twice
         token = f"{owner}/{time.time():.6f}/{random.getrandbits(32):08x}"
-        if self.store.dialect.look_before_writing:
+        if self.store.dialect.single_writer:
             # one writer at a time: look without the write lock whether any lane has a due row
             with self.store.read() as connection:
                 if not self._due_rows(connection, wanted, db_now(connection)):

@@ -536,7 +536,7 @@ class QueueRepo(Settles[Lease]):
         time (SQLite), a read without the write lock says whether `rows(now)` finds any
         (pollers that mostly find nothing then no longer queue for the lock); elsewhere
         True, unread."""
-        if not self.store.dialect.look_before_writing:
+        if not self.store.dialect.single_writer:
             return True
         with self.store.read() as connection:
             return connection.execute(rows(db_now(connection)).limit(1)).first() is not None

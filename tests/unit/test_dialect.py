@@ -15,8 +15,8 @@ from schedctl.storage.store import Store
 
 def test_every_supported_backend_has_a_dialect() -> None:
     assert sorted(known_dialects()) == ["postgresql", "sqlite"]
-    assert dialect_named("postgresql").concurrent_claims
-    assert not dialect_named("sqlite").concurrent_claims
+    assert not dialect_named("postgresql").single_writer
+    assert dialect_named("sqlite").single_writer
     with pytest.raises(ValueError, match="mysql"):
         dialect_named("mysql")
 
