@@ -246,44 +246,37 @@ def parse_target(obj: Any) -> Target:
     if kind == TargetType.http.value:
         _reject_unknown(obj, frozenset({"type", "url"}), prefix="target.")
         url = _string(obj.get("url"), "target.url")
-        _check_url(url)
+        check_url(url)
         return Target(TargetType.http, url=url)
     raise errors.ValidationError(
         f"type must be 'queue' or 'http', got {describe(kind)}", field="target.type"
     )
 
 
-def _check_url(url: str) -> None:
-    # syntax only; which destinations a tenant may call is the SSRF guard's business
+def check_url(url: str, field: str = "target.url") -> None:
+    """An http(s) URL a tenant gives (a target, an alert webhook), syntax only; which
+    destinations a tenant may call is the SSRF guard's business. The URL is never repeated
+    in an error: its path, query or user part may hold a secret."""
     if len(url) > MAX_URL_LENGTH:
-        raise errors.ValidationError(
-            f"is longer than {MAX_URL_LENGTH} characters", field="target.url"
-        )
+        raise errors.ValidationError(f"is longer than {MAX_URL_LENGTH} characters", field=field)
     if any(c.isspace() or ord(c) < 32 for c in url):
-        raise errors.ValidationError(
-            "must not contain spaces or control characters", field="target.url"
-        )
+        raise errors.ValidationError("must not contain spaces or control characters", field=field)
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
-        raise errors.ValidationError(
-            f"{url!r} is not a valid URL: {exc}", field="target.url"
-        ) from exc
+        raise errors.ValidationError(f"is not a valid URL: {exc}", field=field) from exc
     if parts.scheme not in ("http", "https"):
         raise errors.ValidationError(
-            f"{url!r} must use http or https, not {parts.scheme or 'no scheme'!r}",
-            field="target.url",
+            f"must use http or https, not {parts.scheme[:20] or 'no scheme'!r}", field=field
         )
     if not parts.hostname:
-        raise errors.ValidationError(f"{url!r} has no host", field="target.url")
+        raise errors.ValidationError("has no host", field=field)
     if port == 0:
-        raise errors.ValidationError(f"{url!r} has port 0", field="target.url")
+        raise errors.ValidationError("has port 0", field=field)
     if parts.username is not None or parts.password is not None:
         # credentials in a URL end up in logs and the run history
-        raise errors.ValidationError(
-            "must not contain credentials (user:password@)", field="target.url"
-        )
+        raise errors.ValidationError("must not contain credentials (user:password@)", field=field)
 
 
 # -- the rest ------------------------------------------------------------------------

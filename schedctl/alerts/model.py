@@ -71,12 +71,14 @@ def parse_alerts(value: Any, field_name: str = "alerts") -> AlertConfig:
         )
     webhook = value.get("webhook")
     if webhook is not None:
-        if not isinstance(webhook, str) or len(webhook) > 2048:
+        if not isinstance(webhook, str):
             raise errors.ValidationError("must be an http(s) URL", field=f"{field_name}.webhook")
-        # the SSRF module loads requests: only a command that sets a webhook needs it
+        # a target's rules: no credentials (they would reach logs and the alert's errors)
         from schedctl.delivery.ssrf import split_url
+        from schedctl.jobspec import check_url
 
-        split_url(webhook, f"{field_name}.webhook")
+        check_url(webhook, f"{field_name}.webhook")
+        split_url(webhook, f"{field_name}.webhook")  # and a host name that can be sent
     email = value.get("email", [])
     if isinstance(email, str):
         email = [email]

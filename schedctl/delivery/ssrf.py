@@ -481,13 +481,18 @@ def split_url(url: str, field: str = "target.url") -> tuple[str, str, int]:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
-        raise errors.ValidationError(f"{url!r} is not a valid URL: {exc}", field=field) from exc
+        raise errors.ValidationError(f"is not a valid URL: {exc}", field=field) from exc
+    # the URL itself is never repeated: these messages reach run histories and logs, and
+    # its path, query or user part may carry a secret
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https"):
-        raise errors.ValidationError(f"{url!r} must use http or https", field=field)
+        raise errors.ValidationError(
+            f"must use http or https, not {scheme[:20]!r}" if scheme else "must use http or https",
+            field=field,
+        )
     host = (parts.hostname or "").lower()
     if not host:
-        raise errors.ValidationError(f"{url!r} has no host", field=field)
+        raise errors.ValidationError("has no host", field=field)
     if ":" not in host:  # an IPv6 literal is checked as an address
         # the Host header, TLS name and resolver all want the ASCII (IDNA) form
         host = host_to_ascii(host, field=field)
@@ -512,7 +517,7 @@ def check_destination(
     if _looks_numeric(host):
         # digits and dots that no C library reads as one address: refuse rather than guess
         raise errors.ForbiddenDestination(
-            f"{url!r} is refused: {host!r} is neither a host name nor a valid IP address",
+            f"{url_origin(url)} is refused: {host!r} is neither a host name nor a valid IP address",
             field=field,
         )
     resolved = list((resolver or system_resolver)(host, port))
@@ -526,8 +531,8 @@ def check_destination(
         except ValueError:
             log.info("SSRF guard: %s:%s resolved to %r, not an IP address", host, port, text)
             raise errors.ForbiddenDestination(
-                f"{url!r} is refused: the destination is not allowed: {host} did not resolve "
-                "to an IP address",
+                f"{url_origin(url)} is refused: the destination is not allowed: {host} did not "
+                "resolve to an IP address",
                 field=field,
             ) from None
         _check_address(url, host, address, allowed, field=field, host_allowed=host_allowed)
@@ -666,7 +671,7 @@ def _check_address(
     else:
         hint = f"an operator may allow it with `schedctl tenant allow TENANT {host}` (or a CIDR)"
     raise errors.ForbiddenDestination(
-        f"{url!r} is refused: the destination is not allowed: {what} {kind}; {hint}",
+        f"{url_origin(url)} is refused: the destination is not allowed: {what} {kind}; {hint}",
         field=field,
     )
 

@@ -37,11 +37,21 @@ def sets_itself_up(url: str) -> bool:
     return normalize_url(url).startswith("sqlite")
 
 
+# libpq takes a password as a query parameter too (?password=...)
+_SECRET_PARAMETERS = ("password", "sslpassword")
+
+
 def redact(url: str) -> str:
+    """The URL as logs and messages may show it: passwords hidden, in the user part and in
+    libpq's query parameters."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        parsed = make_url(url)
     except ArgumentError:
         return "<unparseable URL>"
+    hidden = {key: "***" for key in parsed.query if key.lower() in _SECRET_PARAMETERS}
+    if hidden:
+        parsed = parsed.update_query_dict(hidden)
+    return parsed.render_as_string(hide_password=True).replace("%2A%2A%2A", "***")
 
 
 def is_database_url(url: str) -> bool:
@@ -63,7 +73,11 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     try:
         parsed = make_url(url)
     except ArgumentError as exc:
-        raise errors.ConfigError(f"not a database URL: {url!r}", field="database_url") from exc
+        # not repeated: an unparseable URL may still hold a password
+        raise errors.ConfigError(
+            "not a database URL (postgresql://USER@HOST/DB or sqlite:///PATH)",
+            field="database_url",
+        ) from exc
     if parsed.get_backend_name() == "sqlite":
         return _sqlite_engine(url, parsed.database, **kwargs)
     if parsed.get_backend_name() != "postgresql":
