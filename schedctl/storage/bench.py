@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, case, delete, func, select, text, update
+from sqlalchemy import Connection, and_, case, delete, func, select, update
 
 from schedctl.scheduling.schedules import OnceSchedule, schedule_to_dict
 from schedctl.storage import schema
@@ -292,33 +292,9 @@ def jobs_of(store: Store, tenant_id: str) -> list[str]:
 
 
 def set_jobs_due(store: Store, due: Sequence[tuple[str, datetime]]) -> None:
-    """Each job (id) due and firing at its own instant, in one transaction: on Postgres one
-    UPDATE per chunk from arrays (an executemany of 120,000 single-row updates once took
-    ten minutes there, on a plan kept for every parameter)."""
-    j = schema.jobs
+    """Each job (id) due and firing at its own instant, in one transaction."""
     with store.tx() as connection:
-        if connection.dialect.name == "postgresql":
-            for start in range(0, len(due), 20 * CHUNK):
-                chunk = due[start : start + 20 * CHUNK]
-                connection.execute(
-                    text(
-                        "UPDATE jobs SET next_run_at = d.at, next_fire_at = d.at"
-                        " FROM unnest(CAST(:ids AS text[]), CAST(:ats AS timestamptz[]))"
-                        " AS d(job_id, at) WHERE jobs.job_id = d.job_id"
-                    ),
-                    {"ids": [job_id for job_id, _ in chunk], "ats": [at for _, at in chunk]},
-                )
-            return
-        statement = (
-            update(j)
-            .where(j.c.job_id == bindparam("b_job_id"))
-            .values(next_run_at=bindparam("b_at"), next_fire_at=bindparam("b_at"))
-        )
-        for start in range(0, len(due), CHUNK):
-            connection.execute(
-                statement,
-                [{"b_job_id": job_id, "b_at": at} for job_id, at in due[start : start + CHUNK]],
-            )
+        store.dialect.set_jobs_due(connection, due)
 
 
 def insert_claimed_once_jobs(

@@ -338,6 +338,10 @@ class Dialect(Protocol):
         describes them); only where `generates_rows`."""
         ...
 
+    def set_jobs_due(self, connection: Connection, due: Sequence[tuple[str, datetime]]) -> None:
+        """Benchmarks: each job (id) due and firing at its own instant."""
+        ...
+
     def vacuum(self, engine: Engine, table: str, *, full: bool) -> None:
         """Outside any transaction: clear the dead rows of `table` and refresh its planner
         statistics; with `full`, also give the space of deleted rows back (benchmarks)."""

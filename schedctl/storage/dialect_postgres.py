@@ -482,6 +482,20 @@ class PostgresDialect:
         names = ", ".join(f'"{c}"' for c in columns)
         connection.execute(text(_GENERATE_ONCE_JOBS.format(columns=names)), params)
 
+    def set_jobs_due(self, connection: Connection, due: Sequence[tuple[str, datetime]]) -> None:
+        # one UPDATE from arrays per 40,000: an executemany of 120,000 single-row updates
+        # once took ten minutes here
+        for start in range(0, len(due), 40_000):
+            chunk = due[start : start + 40_000]
+            connection.execute(
+                text(
+                    "UPDATE jobs SET next_run_at = d.at, next_fire_at = d.at"
+                    " FROM unnest(CAST(:ids AS text[]), CAST(:ats AS timestamptz[]))"
+                    " AS d(job_id, at) WHERE jobs.job_id = d.job_id"
+                ),
+                {"ids": [job_id for job_id, _ in chunk], "ats": [at for _, at in chunk]},
+            )
+
     def vacuum(self, engine: Engine, table: str, *, full: bool) -> None:
         command = "VACUUM FULL" if full else "VACUUM ANALYZE"
         with engine.connect() as connection:

@@ -353,6 +353,19 @@ class SqliteDialect:
     ) -> None:
         raise NotImplementedError("SQLite's benchmark rows are made in Python")
 
+    def set_jobs_due(self, connection: Connection, due: Sequence[tuple[str, datetime]]) -> None:
+        j = schema.jobs
+        statement = (
+            update(j)
+            .where(j.c.job_id == bindparam("b_job_id"))
+            .values(next_run_at=bindparam("b_at"), next_fire_at=bindparam("b_at"))
+        )
+        for start in range(0, len(due), 2000):
+            connection.execute(
+                statement,
+                [{"b_job_id": job_id, "b_at": at} for job_id, at in due[start : start + 2000]],
+            )
+
     def vacuum(self, engine: Engine, table: str, *, full: bool) -> None:
         # freed pages are reused and only pages in use are counted: nothing to give back
         if not full:
