@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,8 +77,8 @@ def _timeout_seconds(job: Job) -> int:
 
 
 class HostWorker:
-    """One Worker per queue of the host (each up to `host.concurrency` commands), all
-    resolving their runs through `resolve()` from the files of `host.jobs_dir`.
+    """One Worker per queue of the host (each up to `host.concurrency` commands), each
+    resolving its runs through `resolver(queue)` from the files of `host.jobs_dir`.
 
     - store: the Store (or a LeaseBackend) to lease from, for the tenant `host.tenant`.
     - reload(): rescan the files now (SIGHUP does it, and a rescan every
@@ -128,11 +129,23 @@ class HostWorker:
         """SIGHUP: rescan now (in the rescan thread)."""
         self._rescan.set()
 
-    def resolve(self, lease: Lease) -> RunSpec:
-        """The run's command from this host's files (see HostFiles.resolve)."""
-        job = self.files.resolve(lease.payload)
+    def resolve(self, lease: Lease, queue: str) -> RunSpec:
+        """The command of a run taken from `queue`, from this host's files: only a job that
+        runs on this host from that queue (see HostFiles.resolve)."""
+        job = self.files.resolve(
+            lease.payload, host=self.host.name, groups=self.host.groups, queue=queue
+        )
         log.info("run %s: job %r of %s", lease.idempotency_key, job.name, job.path)
         return run_spec(job, lease.payload)
+
+    def resolver(self, queue: str) -> Callable[[Lease], RunSpec]:
+        """The `resolve` of the Worker serving `queue`: the lease does not say which queue it
+        came from, and a job must run only from its own."""
+
+        def resolve(lease: Lease) -> RunSpec:
+            return self.resolve(lease, queue)
+
+        return resolve
 
     def _follow(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -276,7 +289,7 @@ class HostWorker:
                 heartbeat_seconds=self.heartbeat_seconds,
                 poll_seconds=self.poll_seconds,
                 output_tail_bytes=self.host.output_bytes,
-                resolve=self.resolve,
+                resolve=self.resolver(queue),
             )
             for queue in self.queues
         ]

@@ -23,7 +23,7 @@ from typing import Any
 from schedctl import errors
 from schedctl.jobfiles.load import MAX_FILES, load_file
 from schedctl.jobfiles.model import Job, JobFile, JobFilesError, Problem, RunOnKind
-from schedctl.jobfiles.placement import applies_to
+from schedctl.jobfiles.placement import applies_to, queue_for
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +40,15 @@ def _account_name(uid: int) -> str:
 
 def permission_problem(path: str | Path, uid: int | None = None) -> str | None:
     """Why the job file `path` must not be trusted, or None. As cron does: the file (after
-    symlinks) and the directory holding it must be owned by root or by `uid` (default: this
-    process's effective user) and writable by neither group nor others."""
+    symlinks), the directory holding it and the directory holding `path` itself must be
+    owned by root or by `uid` (default: this process's effective user) and writable by
+    neither group nor others."""
     uid = os.geteuid() if uid is None else uid
     real = Path(os.path.realpath(path))
-    for what, target in (("directory", real.parent), ("file", real)):
+    # the directory of the entry itself too: in a directory anyone can write, anyone could
+    # put there a symlink to any root-owned job file (the two differ only for a symlink)
+    directories = dict.fromkeys((Path(os.path.dirname(os.path.abspath(path))), real.parent))
+    for what, target in (*(("directory", d) for d in directories), ("file", real)):
         try:
             info = os.stat(target)
         except OSError as exc:
@@ -65,18 +69,42 @@ def permission_problem(path: str | Path, uid: int | None = None) -> str | None:
 
 
 def _signature(path: Path) -> tuple[object, ...] | None:
-    """What changes when the file, its target or its directory is edited, replaced,
-    re-owned or chmod-ed (None: gone)."""
+    """What changes when the file, its target, its target's directory or the directory of
+    the entry itself is edited, replaced, re-owned or chmod-ed (None: gone): what
+    permission_problem judges."""
     try:
         real = os.path.realpath(path)
         file, directory = os.stat(real), os.stat(os.path.dirname(real))
+        holder = os.stat(os.path.dirname(os.path.abspath(path)))
     except OSError:
         return None
     return (
         real,
         *(file.st_ino, file.st_size, file.st_mtime_ns, file.st_ctime_ns),
         *(file.st_mode, file.st_uid, directory.st_mode, directory.st_uid),
+        *(holder.st_mode, holder.st_uid),
     )
+
+
+def placement_problem(job: Job, host: str, groups: Iterable[str], queue: str) -> str | None:
+    """Why a run of `job` taken from `queue` by the worker of `host` (member of `groups`)
+    must not run it, or None. The run must come from the queue `schedctl apply` puts the
+    job's runs on (placement.queue_for), on a host the job applies to: whoever can queue a
+    run on one of this host's queues must not run any job of its files there. A @reboot job
+    runs only at the worker's start, never from a queue."""
+    groups = set(groups)
+    if job.is_boot:
+        return (
+            "is a @reboot job: it runs only when this host's worker starts, never from a queued run"
+        )
+    in_group = job.run_on.kind is not RunOnKind.host_group or job.run_on.group in groups
+    if not in_group or not applies_to(job, host, groups):
+        member = ", ".join(sorted(groups)) or "none"
+        return f"runs on {job.run_on}, not on this host ({host}, groups: {member})"
+    proper = queue_for(job, host)
+    if proper != queue:
+        return f"runs from queue {proper!r}, not {queue!r}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -189,10 +217,33 @@ class HostFiles:
     def jobs(self) -> list[Job]:
         return [job for file in self.files() for job in file.jobs]
 
-    def resolve(self, payload: Any) -> Job:
-        """The Job a run's payload {job_file, job} names, from the files loaded now; else
-        NotFound "job X of FILE is not defined on this host" (with why, when the file was
-        refused). Nothing of the payload but those two names is used."""
+    def _entry(self, key: str) -> _Entry | None:
+        """The entry of the absolute, normalized path `key`: by that path, else by its real
+        path (a reference written through a symlinked directory names the same file). Only
+        a path with a loaded file's name is followed: a path from a run's payload is the
+        tenant's, and following it could trigger an automount or hang on a dead mount."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                return entry
+            name = os.path.basename(key)
+            candidates = [
+                (e, e.signature[0])
+                for path, e in self._entries.items()
+                if e.signature
+                and name in (os.path.basename(path), os.path.basename(str(e.signature[0])))
+            ]
+        if not candidates:
+            return None
+        real = os.path.realpath(key)  # outside the lock: it reads the filesystem
+        return next((e for e, target in candidates if target == real), None)
+
+    def resolve(self, payload: Any, *, host: str, groups: Iterable[str], queue: str) -> Job:
+        """The Job a run's payload {job_file, job} names, from the files loaded now, for a
+        run taken from `queue` by the worker of `host` (member of `groups`); else NotFound
+        "job X of FILE is not defined on this host" (with why, when the file was refused),
+        or naming why the job does not run from that queue (placement_problem). Nothing of
+        the payload but those two names is used."""
         if (
             not isinstance(payload, dict)
             or not isinstance(payload.get("job_file"), str)
@@ -204,16 +255,10 @@ class HostFiles:
                 field="job",
             )
         job_file, name = payload["job_file"], payload["job"]
-        key = os.path.normpath(job_file) if job_file.startswith("/") else None
-        with self._lock:
-            entry = self._entries.get(key) if key else None
-            if entry is None and key:
-                # a reference written through a symlinked path names the same file
-                real = os.path.realpath(key)
-                entry = next(
-                    (e for e in self._entries.values() if e.signature and e.signature[0] == real),
-                    None,
-                )
+        entry = None
+        # a NUL names no file nor job (and os.path raises ValueError on it): not found
+        if job_file.startswith("/") and "\0" not in job_file and "\0" not in name:
+            entry = self._entry(os.path.normpath(job_file))
         found = None
         if entry is not None and entry.file is not None:
             found = next((j for j in entry.file.jobs if j.name == name), None)
@@ -221,14 +266,18 @@ class HostFiles:
             why = ""
             if entry is not None and entry.problems:
                 why = f" (the file is not loaded: {entry.problems[0].message})"
+            # repr: a newline in the tenant's names cannot forge a line of the daemon's log
             raise errors.NotFound(
-                f"job {name!r} of {job_file} is not defined on this host{why}", field="job"
+                f"job {name!r} of {job_file!r} is not defined on this host{why}", field="job"
             )
         if not found.enabled:
             raise errors.NotFound(
-                f"job {name!r} of {job_file} is disabled (enabled = false) on this host",
+                f"job {name!r} of {job_file!r} is disabled (enabled = false) on this host",
                 field="job",
             )
+        problem = placement_problem(found, host, groups, queue)
+        if problem is not None:
+            raise errors.NotFound(f"job {name!r} of {job_file!r} {problem}", field="job")
         return found
 
     def boot_jobs(self, host: str, groups: Iterable[str] = ()) -> list[Job]:

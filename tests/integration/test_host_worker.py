@@ -24,6 +24,7 @@ import pytest
 
 from schedctl.config import HostConfig
 from schedctl.storage.store import Store
+from schedctl.storage.workers import WorkerRepo
 from scheduled_d import signals
 from scheduled_d.host_worker import HostWorker
 from tests.factories import make_tenant
@@ -169,8 +170,8 @@ def test_a_payload_naming_no_job_of_the_host_fails_and_runs_nothing(
         row = run_row(store, job, at)
         assert row["status"] in ("failed", "dead"), row
         errors.append(row["error"])
-    assert f"job 'other' of {path} is not defined on this host" in errors[0]
-    assert f"job 'real' of {elsewhere} is not defined on this host" in errors[1]
+    assert f"job 'other' of '{path}' is not defined on this host" in errors[0]
+    assert f"job 'real' of '{elsewhere}' is not defined on this host" in errors[1]
     assert "names no job file and job" in errors[2]
     assert not marker.exists()
 
@@ -401,3 +402,92 @@ def test_all_runs_the_host_worker_of_its_host_table(
         process.wait(60)
         store.close()
     assert process.returncode == 0
+
+
+def test_a_run_from_a_queue_its_job_does_not_belong_on_fails_and_runs_nothing(
+    sqlite_url: str, tmp_path: Path, shared: Path
+) -> None:
+    """Whoever can queue on this host's queues cannot run a job of its files elsewhere than
+    `schedctl apply` places it: not a job for another group, not from another queue, not a
+    @reboot job (those run only when the worker starts)."""
+    store = Store.open(sqlite_url)
+    try:
+        tenant_id = make_tenant(store)
+        # the host is live: its every-host run reaches every:h1 rather than being skipped
+        WorkerRepo(store).seen(tenant_id, "every:h1", "h1:1:w")
+        directory = jobs_dir(tmp_path)
+        booted = shared / "booted"
+
+        def marked(name: str, run_on: str | None, cron: str = "0 3 * * *") -> str:
+            placed = f'run_on = "{run_on}"\n' if run_on else ""
+            return (
+                f'[[job]]\nname = "{name}"\ncron = "{cron}"\n'
+                f'shell = "echo {name} >> {shared}/{name}"\n{placed}'
+            )
+
+        path = job_file(
+            directory,
+            "fleet",
+            marked("every-db", "every-host:db")
+            + marked("group-db", "host-group:db")
+            + marked("mine", None)
+            + marked("everyone", "every-host")
+            + marked("web", "host-group:web")
+            + f'[[job]]\nname = "boot"\ncron = "@reboot"\nshell = "echo up >> {booted}"\n',
+        )
+        refused = {
+            "every-db": (QUEUE, "runs on every-host:db, not on this host"),
+            "group-db": (QUEUE, "runs on host-group:db, not on this host"),
+            "mine": ("group:web", "runs from queue 'host:h1', not 'group:web'"),
+            "everyone": (QUEUE, "runs from queue 'every:h1', not 'host:h1'"),
+            "boot": (QUEUE, "is a @reboot job"),
+        }
+        runs = {
+            name: queued_run(store, queue=queue, payload=ref(path, name), max_attempts=1)
+            for name, (queue, _) in refused.items()
+        }
+        good = {
+            "mine": queued_run(store, queue=QUEUE, payload=ref(path, "mine"), max_attempts=1),
+            "web": queued_run(store, queue="group:web", payload=ref(path, "web"), max_attempts=1),
+            "everyone": queued_run(
+                store, queue="every:h1", payload=ref(path, "everyone"), max_attempts=1
+            ),
+        }
+        serve_until_idle(store, directory, groups=("web",))
+        for name, (_, words) in refused.items():
+            row = run_row(store, *runs[name])
+            assert row["status"] in ("failed", "dead"), (name, row)
+            assert f"job '{name}' of '{path}' " in row["error"], (name, row["error"])
+            assert words in row["error"], (name, row["error"])
+        for name in ("every-db", "group-db"):
+            assert not (shared / name).exists(), name
+        for name, run in good.items():
+            assert run_row(store, *run)["status"] == "succeeded", name
+        assert (shared / "mine").read_text() == "mine\n"  # once: from host:h1, not group:web
+        assert (shared / "web").read_text() == "web\n"
+        assert (shared / "everyone").read_text() == "everyone\n"
+        assert booted.read_text() == "up\n"  # the start's boot run only, not the queued one
+    finally:
+        store.close()
+
+
+def test_a_nul_in_the_job_file_fails_the_run_cleanly(
+    sqlite_url: str, tmp_path: Path, shared: Path
+) -> None:
+    """Not an unexpected exception that abandons the lease (dead-lettered much later)."""
+    store = Store.open(sqlite_url)
+    try:
+        make_tenant(store)
+        directory = jobs_dir(tmp_path)
+        marker = shared / "marker"
+        path = job_file(directory, "real", shell_job("real", f"touch {marker}"))
+        bad = {"job_file": f"{path}\u0000x", "job": "real"}
+        job, at = queued_run(store, queue=QUEUE, payload=bad, max_attempts=1)
+        serve_until_idle(store, directory)
+        row = run_row(store, job, at)
+        assert row["status"] in ("failed", "dead"), row
+        assert "is not defined on this host" in row["error"]
+        assert "lease" not in row["error"]
+        assert not marker.exists()
+    finally:
+        store.close()

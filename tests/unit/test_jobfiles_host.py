@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +28,10 @@ name = "{name}"
 cron = "{cron}"
 command = ["/bin/echo", "{name}"]
 """
+
+
+# the worker of host h1 (no groups) taking a run from its own queue
+HERE: dict[str, Any] = {"host": "h1", "groups": (), "queue": "host:h1"}
 
 
 def jobs_dir(tmp_path: Path) -> Path:
@@ -120,7 +126,7 @@ def test_files_writable_by_others_or_owned_by_another_user_are_refused(tmp_path:
     assert set(refused) == {"writable.toml", "foreign.toml"}
     # a run naming a refused file's job says why it does not run
     with pytest.raises(errors.NotFound, match=r"not defined on this host.*writable by group"):
-        files.resolve({"job_file": str(writable), "job": "writable"})
+        files.resolve({"job_file": str(writable), "job": "writable"}, **HERE)
 
 
 @ROOT_ONLY
@@ -133,6 +139,34 @@ def test_a_directory_writable_by_others_refuses_every_file(tmp_path: Path) -> No
     assert files.jobs() == []
     assert "directory" in changes.refused[0].message
     assert "mode 0777" in changes.refused[0].message
+
+
+@ROOT_ONLY
+def test_a_symlink_in_a_directory_writable_by_others_is_refused(tmp_path: Path) -> None:
+    """The directory holding the link is checked, not only the target's: anyone could have
+    put the link there, to any root-owned job file elsewhere."""
+    safe = jobs_dir(tmp_path)
+    target = write(safe, "root.toml", "root")
+    directory = tmp_path / "open.d"
+    directory.mkdir()
+    directory.chmod(0o777)
+    link = directory / "link.toml"
+    link.symlink_to(target)
+    assert permission_problem(target) is None
+    problem = permission_problem(link) or ""
+    assert f"directory {directory} is writable by group or others (mode 0777" in problem
+    files = HostFiles(directory)
+    changes = files.scan()
+    assert files.jobs() == []
+    assert [Path(p.path).name for p in changes.refused] == ["link.toml"]
+    # the link's directory is part of what a scan compares: closed, the link loads; opened
+    # again after it was loaded, the next scan drops it
+    directory.chmod(0o755)
+    assert files.scan().changed == (str(link),)
+    assert [j.name for j in files.jobs()] == ["root"]
+    directory.chmod(0o777)
+    assert files.scan().changed == (str(link),)
+    assert files.jobs() == []
 
 
 def test_the_worker_s_own_user_may_own_its_files(tmp_path: Path) -> None:
@@ -152,17 +186,18 @@ def test_resolution_uses_only_the_loaded_files(tmp_path: Path) -> None:
     path = write(directory, "backup.toml", "backup")
     files = HostFiles(directory)
     files.scan()
-    job = files.resolve({"job_file": str(path), "job": "backup", "command": ["/bin/rm"]})
+    payload = {"job_file": str(path), "job": "backup", "command": ["/bin/rm"]}
+    job = files.resolve(payload, **HERE)
     assert job.argv() == ["/bin/echo", "backup"]  # the payload's "command" plays no part
     for payload, words in [
-        ({"job_file": str(path), "job": "other"}, f"job 'other' of {path} is not defined"),
-        ({"job_file": "/etc/passwd", "job": "backup"}, "of /etc/passwd is not defined"),
+        ({"job_file": str(path), "job": "other"}, f"job 'other' of '{path}' is not defined"),
+        ({"job_file": "/etc/passwd", "job": "backup"}, "of '/etc/passwd' is not defined"),
         ({"job_file": "backup.toml", "job": "backup"}, "is not defined on this host"),
         ({"command": ["/bin/true"]}, "names no job file and job"),
         ("backup", "names no job file and job"),
     ]:
         with pytest.raises(errors.NotFound, match=words):
-            files.resolve(payload)
+            files.resolve(payload, **HERE)
 
 
 def test_disabled_jobs_do_not_resolve(tmp_path: Path) -> None:
@@ -173,7 +208,80 @@ def test_disabled_jobs_do_not_resolve(tmp_path: Path) -> None:
     files = HostFiles(directory)
     files.scan()
     with pytest.raises(errors.NotFound, match="disabled"):
-        files.resolve({"job_file": str(path), "job": "off"})
+        files.resolve({"job_file": str(path), "job": "off"}, **HERE)
+
+
+def test_a_job_resolves_only_on_its_host_and_from_its_own_queue(tmp_path: Path) -> None:
+    directory = jobs_dir(tmp_path)
+    path = directory / "fleet.toml"
+    path.write_text(
+        "".join(
+            JOB.format(name=name, cron=cron) + (f'run_on = "{run_on}"\n' if run_on else "")
+            for name, cron, run_on in [
+                ("mine", "@daily", None),
+                ("web", "@daily", "host-group:web"),
+                ("db", "@daily", "host-group:db"),
+                ("all", "@daily", "every-host"),
+                ("all-db", "@daily", "every-host:db"),
+                ("boot", "@reboot", None),
+            ]
+        )
+    )
+    path.chmod(0o644)
+    files = HostFiles(directory)
+    files.scan()
+
+    def resolve(name: str, queue: str) -> Job:
+        payload = {"job_file": str(path), "job": name}
+        return files.resolve(payload, host="web-1", groups=("web",), queue=queue)
+
+    # each job from the queue `schedctl apply` puts its runs on
+    for name, queue in [("mine", "host:web-1"), ("web", "group:web"), ("all", "every:web-1")]:
+        assert resolve(name, queue).name == name
+    for name, queue, words in [
+        ("db", "group:db", "runs on host-group:db, not on this host (web-1, groups: web)"),
+        ("db", "host:web-1", "runs on host-group:db, not on this host"),
+        ("all-db", "every:web-1", "runs on every-host:db, not on this host"),
+        ("mine", "group:web", "runs from queue 'host:web-1', not 'group:web'"),
+        ("mine", "every:web-1", "runs from queue 'host:web-1', not 'every:web-1'"),
+        ("web", "host:web-1", "runs from queue 'group:web', not 'host:web-1'"),
+        ("all", "host:web-1", "runs from queue 'every:web-1', not 'host:web-1'"),
+        ("boot", "host:web-1", "is a @reboot job: it runs only when this host's worker starts"),
+    ]:
+        with pytest.raises(errors.NotFound, match=re.escape(words)) as caught:
+            resolve(name, queue)
+        assert caught.value.field == "job"
+        assert f"job {name!r} of {str(path)!r} " in str(caught.value)
+
+
+def test_a_nul_or_newline_in_the_reference_is_refused_and_quoted(tmp_path: Path) -> None:
+    directory = jobs_dir(tmp_path)
+    path = write(directory, "a.toml", "a")
+    files = HostFiles(directory)
+    files.scan()
+    for payload in [
+        {"job_file": f"{path}\u0000x", "job": "a"},
+        {"job_file": "/etc/x\u0000y", "job": "a"},
+        {"job_file": str(path), "job": "a\u0000"},
+    ]:
+        with pytest.raises(errors.NotFound, match="is not defined on this host"):
+            files.resolve(payload, **HERE)
+    # a newline cannot forge a line of the daemon's log: the names are quoted
+    with pytest.raises(errors.NotFound) as caught:
+        files.resolve({"job_file": "/x\nforged: line", "job": "b\nc"}, **HERE)
+    assert "\n" not in str(caught.value)
+    assert "job 'b\\nc' of '/x\\nforged: line' is not defined" in str(caught.value)
+
+
+def test_a_reference_through_a_symlinked_directory_names_the_same_file(tmp_path: Path) -> None:
+    directory = jobs_dir(tmp_path)
+    write(directory, "a.toml", "a")
+    alias = tmp_path / "alias.d"
+    alias.symlink_to(directory)
+    files = HostFiles(directory)
+    files.scan()
+    job = files.resolve({"job_file": str(alias / "a.toml"), "job": "a"}, **HERE)
+    assert job.name == "a"
 
 
 def test_a_scan_follows_added_changed_and_removed_files(tmp_path: Path) -> None:
@@ -190,7 +298,7 @@ def test_a_scan_follows_added_changed_and_removed_files(tmp_path: Path) -> None:
     second.unlink()
     assert files.scan().removed == (str(second),)
     with pytest.raises(errors.NotFound):
-        files.resolve({"job_file": str(second), "job": "b"})
+        files.resolve({"job_file": str(second), "job": "b"}, **HERE)
     # an invalid file is left out with its problem (file:line:key); the others stay
     first.write_text('[[job]]\nname = "a"\ncron = "0 3 * * *"\ncommand = ["/bin/true"]\nusr = 1\n')
     changes = files.scan()
