@@ -19,6 +19,7 @@ from schedctl.cli.version import version_option
 from schedctl.config import Config, HostConfig, WorkerConfig, command_env, load_config
 from scheduled_d import logsetup, sdnotify
 from scheduled_d.checks import check_bind
+from scheduled_d.private_env import keep_environment_private
 from scheduled_d.signals import handle_sighup, set_reload_hook
 
 if TYPE_CHECKING:
@@ -524,6 +525,8 @@ def _api_token(token_file: Path | None) -> str:
 
 
 def main() -> None:
+    # before anything reads a secret: commands must not read the environment it came in
+    keep_environment_private()
     app()
 
 
