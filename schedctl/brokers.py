@@ -36,6 +36,14 @@ def check_broker_url(url: str) -> str:
             "must be amqp://[user:password@]host[:port][/vhost] (or amqps://)",
             field="broker_url",
         )
+    if "@" in parts.path or "@" in parts.query or "@" in parts.fragment:
+        # a password holding "/", "?" or "#" unescaped: the URL then parses with no password
+        # and the rest of it (the password's end) would be shown as it is
+        raise errors.ValidationError(
+            "has an '@' after the host: percent-encode '/', '?', '#' and '@' in the user "
+            "name and password (%2F, %3F, %23, %40)",
+            field="broker_url",
+        )
     try:
         pika.URLParameters(text)
     except (ValueError, TypeError) as exc:

@@ -10,6 +10,7 @@ import pytest
 
 from schedctl import errors
 from schedctl.alerts.model import parse_alerts
+from schedctl.brokers import check_broker_url, redact_url
 from schedctl.delivery.ssrf import check_destination, split_url
 from schedctl.jobspec import parse_target
 from schedctl.storage.engine import make_engine, redact
@@ -77,3 +78,13 @@ def test_a_webhook_with_credentials_is_refused_naming_the_field() -> None:
     assert "credentials" in str(refused.value) and SECRET not in str(refused.value)
     # without them it is taken
     assert parse_alerts({"webhook": "https://alerts.example/hook"}) is not None
+
+
+def test_a_broker_url_with_an_unescaped_slash_in_its_password_is_refused() -> None:
+    # it would parse as host "ops", port 1234, no password: shown whole by tenant show
+    with pytest.raises(errors.ValidationError) as refused:
+        check_broker_url(f"amqp://ops:1234/{SECRET}@rabbit.example/vhost")
+    assert refused.value.field == "broker_url" and SECRET not in str(refused.value)
+    escaped = f"amqp://ops:1234%2F{SECRET}@rabbit.example/vhost"
+    assert check_broker_url(escaped) == escaped
+    assert SECRET not in redact_url(escaped)
