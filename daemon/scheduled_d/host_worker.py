@@ -6,6 +6,10 @@ schedctl.jobfiles.placement) with commands resolved per run from the host's own 
 A run's payload only names a job ({job_file, job}); the command, user, group, environment,
 working directory and stdin come from the file as loaded when the run starts, so a run in
 flight keeps the command it started with while the files change under it.
+
+A command alert of a job of these queues (`"command": true`, what `schedctl apply` makes of
+a job's `alert_command`) runs that job's alert_command from the host's files, found through
+the central job's payload as a run's command is; never anything the alert says.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import os
 import signal
 import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +37,7 @@ from scheduled_d.signals import add_reload_listener
 from scheduled_d.worker import INHERITED_VARIABLES, RunSpec, Worker
 
 if TYPE_CHECKING:
+    from schedctl.storage.alerts import AlertRow
     from schedctl.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -146,6 +151,39 @@ class HostWorker:
             return self.resolve(lease, queue)
 
         return resolve
+
+    def alert_command(self, alert: AlertRow, queue: str, store: Store) -> list[str]:
+        """The argv of the `alert_command` of the job a command alert of `queue` is about:
+        the central job's payload names it ({job_file, job}), and it must be a job of this
+        host's files that runs on this host from that queue (as for a run: HostFiles.resolve).
+        NotFound when there is no such job or it has no alert_command."""
+        from schedctl.storage.jobs import JobRepo
+
+        central = JobRepo(store).get(alert.job_id, alert.tenant_id)
+        job = self.files.resolve(
+            central.payload, host=self.host.name, groups=self.host.groups, queue=queue
+        )
+        if not job.alerts.command:
+            raise errors.NotFound(
+                f"job {job.name!r} of {str(job.path)!r} has no alert_command on this host",
+                field="alert_command",
+            )
+        log.info(
+            "alert %s of job %s: the alert_command of job %r of %s",
+            alert.kind,
+            alert.job_id,
+            job.name,
+            job.path,
+        )
+        return list(job.alerts.command)
+
+    def alert_resolver(self, queue: str, store: Store) -> Callable[[AlertRow], Sequence[str]]:
+        """The `alert_command_for` of the Worker serving `queue`."""
+
+        def command_for(alert: AlertRow) -> Sequence[str]:
+            return self.alert_command(alert, queue, store)
+
+        return command_for
 
     def _follow(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -290,6 +328,11 @@ class HostWorker:
                 poll_seconds=self.poll_seconds,
                 output_tail_bytes=self.host.output_bytes,
                 resolve=self.resolver(queue),
+                alert_command_for=(
+                    self.alert_resolver(queue, backend.store)
+                    if isinstance(backend, DirectBackend)
+                    else None  # an API worker has no alert lane
+                ),
             )
             for queue in self.queues
         ]

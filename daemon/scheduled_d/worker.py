@@ -39,6 +39,7 @@ from scheduled_d.spawn import Child, spawn
 
 if TYPE_CHECKING:
     # the database layer is imported only by DirectBackend: `--api` workers never load it
+    from schedctl.storage.alerts import AlertRow
     from schedctl.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -146,6 +147,11 @@ class Worker:
       else of the worker's own environment.
     - resolve: instead of `command`, what each run executes (RunSpec), decided when it
       starts; a SchedError it raises fails the attempt with its message, running nothing.
+    - alert_command: the host's command run (alert JSON on stdin) for each command alert of
+      this queue's jobs ([[worker]] alert_command); database workers only.
+    - alert_command_for: instead of (or before) `alert_command`, the host's command for each
+      alert, looked up per alert (the host worker: the alert_command of the job file's job);
+      None, or a SchedError it raises, when the host has none: the alert fails with why.
 
     Three threads besides the lease loop (the caller's): one supervises every command
     (one selector over all their pipes and exits, and their timers), one records outcomes
@@ -172,6 +178,7 @@ class Worker:
         tenant: str | None = None,
         alert_command: Sequence[str] = (),
         resolve: Callable[[Lease], RunSpec] | None = None,
+        alert_command_for: Callable[[AlertRow], Sequence[str] | None] | None = None,
     ) -> None:
         if not command and resolve is None:
             raise errors.ConfigError("the worker needs a command to run", field="command")
@@ -219,6 +226,7 @@ class Worker:
         self.store_errors = 0  # backend calls of the lease loop that found it unavailable
         # the host's alert command (OnFailure=-like), run for this queue's command alerts
         self.alert_command = list(alert_command)
+        self.alert_command_for = alert_command_for
         self.resolve = resolve
         self._supervisor: _Supervisor | None = None
         self._spawners: _Spawners | None = None
@@ -331,9 +339,10 @@ class Worker:
         return taken
 
     def _alerts(self) -> None:
-        """Run the alert command for this queue's due command alerts (database workers
-        only: an API worker has no alert lane)."""
-        if not self.alert_command or not isinstance(self.backend, DirectBackend):
+        """Run the host's alert commands for this queue's due command alerts (database
+        workers only: an API worker has no alert lane)."""
+        has_command = bool(self.alert_command) or self.alert_command_for is not None
+        if not has_command or not isinstance(self.backend, DirectBackend):
             return
         from schedctl.alerts.command import run_alert_commands  # database workers only
 
@@ -342,8 +351,9 @@ class Worker:
                 self.backend.store,
                 tenant_id=self.backend.tenant_id,
                 queue=self.queue,
-                command=self.alert_command,
                 owner=self.owner,
+                command=self.alert_command,
+                command_for=self.alert_command_for,
             )
         except errors.StoreUnavailable as exc:
             self._store_down("cannot read alerts", exc)

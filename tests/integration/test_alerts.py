@@ -5,8 +5,11 @@ is retried without holding up deliveries; the per-tenant metrics count."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+import signal
 import sys
 import threading
 from datetime import UTC, datetime, timedelta
@@ -20,6 +23,7 @@ from sqlalchemy import update
 from typer.testing import CliRunner
 
 from schedctl import errors
+from schedctl.alerts.command import run_alert_commands
 from schedctl.alerts.metrics import export_last_success
 from schedctl.alerts.model import parse_alerts
 from schedctl.cli.app import app as cli_app
@@ -240,6 +244,118 @@ def test_a_dead_letter_runs_the_hosts_alert_command_on_its_worker(
     assert (alert["alert"], alert["job_id"], alert["error"]) == ("dead_letter", job, "exit code 4")
     (row,) = alerts_repo.list_alerts(store)
     assert (row["channel"], row["destination"]) == ("command", "q")
+
+
+def _gone(pid: int) -> bool:
+    """Whether process `pid` has exited (a zombie whose parent has not reaped it counts)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+LIVES = 300  # seconds a child of an alert command lives unless killed
+KILLED_SECONDS = 20.0  # how long a SIGKILLed child may take to be gone (far less than LIVES)
+
+
+def _kill_left(pids: Path) -> None:
+    """Cleanup: kill what the test's command started, should the code under test not have."""
+    if pids.exists():
+        leader, child = map(int, pids.read_text().split())
+        with contextlib.suppress(OSError):
+            os.killpg(leader, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            os.kill(child, signal.SIGKILL)
+
+
+def _no_group_left(pgid: int, *members: int) -> None:
+    """Nothing of process group `pgid` is left, once its killed members are reaped (where
+    pid 1 does not reap orphans, a zombie may linger: then it only counts as gone)."""
+    if any(os.path.exists(f"/proc/{pid}") for pid in members):
+        return
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pgid, 0)
+
+
+def _command_alert(store: Store, job: str, at: datetime) -> None:
+    """A due command alert of `job`'s dead run at `at` (queue q), as settling queues it."""
+    dead = alerts_repo.Failure("tenant-acme", job, at, 1, "boom", True, "queue", "q")
+    with store.tx() as connection:
+        alerts_repo.queue_for_failures(connection, [dead], store.now())
+
+
+def _run_bounded(store: Store, command: list[str], timeout: float) -> int:
+    """run_alert_commands of queue q in a thread: it must return well before a child of
+    the command holding its stderr (LIVES) would end."""
+    taken: list[int] = []
+    thread = threading.Thread(
+        target=lambda: taken.append(
+            run_alert_commands(
+                store,
+                tenant_id="tenant-acme",
+                queue="q",
+                command=command,
+                owner="test",
+                timeout=timeout,
+            )
+        ),
+        daemon=True,
+    )
+    thread.start()
+    thread.join(20)
+    assert not thread.is_alive(), "the alert pass waited for a child of the command"
+    (count,) = taken
+    return count
+
+
+def test_an_alert_command_and_all_it_started_are_killed_and_none_outlives_it(
+    store: Store, tmp_path: Path
+) -> None:
+    """A command that times out while a background child of it holds its stderr: the pass
+    returns (not held up by the child's output), the alert records the timeout, and the
+    command's whole process group is gone; a command that exits leaving a child behind:
+    delivered, and the child is killed too."""
+    job = queue_job(store, max_attempts=1)
+    alerts_repo.set_settings(store, "tenant-acme", job, parse_alerts({"command": True}))
+    pids = tmp_path / "pids"
+    first = datetime(2030, 1, 1, tzinfo=UTC)
+    _command_alert(store, job, first)
+    hanging = ["/bin/sh", "-c", f"sleep {LIVES} & echo $$ $! > {pids}; wait"]
+    try:
+        assert _run_bounded(store, hanging, timeout=1.0) == 1
+        (row,) = alerts_repo.list_alerts(store)
+        assert row["status"] == "pending" and row["lease_owner"] is None
+        assert "alert command timed out after 1 s" in row["last_error"]
+        leader, child = map(int, pids.read_text().split())
+        wait_for(lambda: _gone(leader) and _gone(child), "the group killed", KILLED_SECONDS)
+        _no_group_left(leader, child)
+    finally:
+        _kill_left(pids)
+    pids.unlink()
+
+    _command_alert(store, job, first + timedelta(days=1))
+    leaving = ["/bin/sh", "-c", f"sleep {LIVES} & echo $$ $! > {pids}; echo bye >&2"]
+    try:
+        assert _run_bounded(store, leaving, timeout=20.0) == 1
+        assert len(delivered(store)) == 1
+        leader, child = map(int, pids.read_text().split())
+        wait_for(lambda: _gone(child), "the child left behind killed", KILLED_SECONDS)
+        _no_group_left(leader, child)
+    finally:
+        _kill_left(pids)
+
+
+def test_a_failing_alert_command_records_the_end_of_its_stderr(store: Store) -> None:
+    job = queue_job(store, max_attempts=1)
+    alerts_repo.set_settings(store, "tenant-acme", job, parse_alerts({"command": True}))
+    _command_alert(store, job, datetime(2030, 1, 1, tzinfo=UTC))
+    chatty = ["/bin/sh", "-c", "head -c 100000 /dev/zero | tr '\\0' x >&2; echo END >&2; exit 3"]
+    assert _run_bounded(store, chatty, timeout=20.0) == 1
+    (row,) = alerts_repo.list_alerts(store)
+    error = row["last_error"]
+    assert error.startswith("alert command exited with 3: ") and error.endswith("xxxEND\n")
+    assert len(error) < 600  # the end of stderr only
 
 
 def test_cli_sets_tenant_and_job_alerts_and_a_job_body_carries_them(db_url: str) -> None:

@@ -2,7 +2,8 @@
 processes: a run names a job ({job_file, job}) and the command, user, group, workdir and
 environment come from the host's own files; a payload naming anything else fails the run
 without running anything; changed files are followed on SIGHUP and by the periodic rescan
-while a run in flight keeps the command it started with; @reboot jobs run once per start."""
+while a run in flight keeps the command it started with; @reboot jobs run once per start;
+a dead letter of an applied job runs that job's own alert_command on its host."""
 
 from __future__ import annotations
 
@@ -22,13 +23,19 @@ from typing import Any
 
 import pytest
 
+from schedctl import jobfiles
+from schedctl.alerts.model import parse_alerts
 from schedctl.config import HostConfig
+from schedctl.jobfiles import apply as applying
+from schedctl.service import Scheduler
+from schedctl.storage import alerts as alerts_repo
+from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
 from schedctl.storage.workers import WorkerRepo
 from scheduled_d import signals
 from scheduled_d.host_worker import HostWorker
 from tests.factories import make_tenant
-from tests.integration.queue_support import queued_run, run_row, wait_for
+from tests.integration.queue_support import queued_run, run_row, trigger, wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs jobs as other users: root")
 BIN = Path(sys.executable).parent
@@ -243,6 +250,96 @@ def test_boot_jobs_run_once_per_start(store: Store, tmp_path: Path, shared: Path
     )
     wait_for(lambda: booted.read_text().count("up") == 2, "the second start's boot job")
     assert booted.read_text() == "up\nup\n"
+
+
+def test_a_dead_letter_runs_the_alert_command_of_the_job_s_file_on_its_host(
+    store: Store, tmp_path: Path, shared: Path
+) -> None:
+    """`alert_command` of a job file: applied as a command alert, run by the host worker
+    serving the job's queue with the alert JSON on stdin. A job whose file has none (its
+    command alert from the tenant's default) runs nothing: its alert fails saying why."""
+    directory = jobs_dir(tmp_path)
+    marker = shared / "alert.json"
+    noisy_alert = f"cat >> {marker}; echo >> {marker}; env > {marker}.env"
+
+    def failing(name: str) -> str:
+        head = f'[[job]]\nname = "{name}"\ncron = "0 3 * * *"\ncommand = ["/bin/false"]\n'
+        return head + "retry = { max_attempts = 1 }\n"
+
+    job_file(
+        directory,
+        "fleet",
+        failing("noisy")
+        + f'alert_command = ["/bin/sh", "-c", "{noisy_alert}"]\n'
+        + failing("silent")
+        + failing("group")
+        + 'run_on = "host-group:web"\n'
+        + f'alert_command = ["/bin/sh", "-c", "cat > {marker}.group"]\n',
+    )
+    groups = ("web",)
+    sched = Scheduler(store)
+    plan = applying.plan(
+        jobfiles.load_dir(directory),
+        HOST,
+        groups,
+        applying.read_central(sched, "acme"),
+        directory=directory,
+        now=store.now(),
+    )
+    applying.execute(sched, "acme", plan, actor="test")
+    # the silent job's command alert comes from the tenant's default: its file has no
+    # alert_command, so the host has nothing to run for it
+    alerts_repo.set_settings(store, "tenant-acme", "", parse_alerts({"command": True}))
+    jobs = {j.name: j.job_id for j in sched.list_jobs("acme", limit=100).items}
+    assert set(jobs) == {"noisy@h1", "silent@h1", "group"}
+    runs = {name: (job_id, trigger(store, job_id)) for name, job_id in jobs.items()}
+    QueueRepo(store).move_outbox()
+
+    def alert_of(name: str) -> dict[str, Any]:
+        (row,) = [a for a in alerts_repo.list_alerts(store) if a["job_id"] == jobs[name]]
+        return row
+
+    worker = HostWorker(
+        store,
+        HostConfig(name=HOST, jobs_dir=str(directory), groups=groups),
+        lease_seconds=3.0,
+        heartbeat_seconds=0.5,
+        poll_seconds=0.1,
+    )
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        for name in jobs:
+            wait_for(lambda n=name: run_row(store, *runs[n])["status"] == "dead", "the dead letter")
+        wait_for(lambda: alert_of("noisy@h1")["status"] == "delivered", "the alert command")
+        wait_for(lambda: alert_of("group")["status"] == "delivered", "the group's alert command")
+        wait_for(lambda: alert_of("silent@h1")["last_error"] is not None, "the refused alert")
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not thread.is_alive()
+    (line,) = marker.read_text().splitlines()  # once: not for the silent job's alert too
+    alert = json.loads(line)
+    assert (alert["alert"], alert["job_id"]) == ("dead_letter", jobs["noisy@h1"])
+    assert (alert["job_name"], alert["error"]) == ("noisy@h1", "exit code 1")
+    env = dict(line.split("=", 1) for line in Path(f"{marker}.env").read_text().splitlines())
+    assert (env["SCHED_ALERT"], env["SCHED_JOB_ID"]) == ("dead_letter", jobs["noisy@h1"])
+    assert json.loads(Path(f"{marker}.group").read_text())["job_id"] == jobs["group"]
+    assert (alert_of("noisy@h1")["destination"], alert_of("group")["destination"]) == (
+        QUEUE,
+        "group:web",
+    )
+    silent = alert_of("silent@h1")
+    assert silent["status"] == "pending"  # retried later (with a backoff), then given up
+    assert silent["lease_owner"] is None  # not left leased
+    refusal = f"job 'silent' of '{directory / 'fleet.toml'}' has no alert_command on this host"
+    assert refusal in silent["last_error"]
+    assert sorted(p.name for p in shared.iterdir()) == [
+        "alert.json",
+        "alert.json.env",
+        "alert.json.group",
+    ]  # nothing ran for the silent job's alert
 
 
 # -- the real daemon ---------------------------------------------------------------------------
