@@ -12,8 +12,9 @@ before; a busy worker with a longer heartbeat still beats before its lease runs 
 worker that stopped (or was killed) shows as not live within 15 s, or its lease time.
 
 `schedctl status` reads `live()` to flag queues with ready runs and no live worker. Rows
-of workers gone for FORGET_SECONDS are deleted when a new worker of the same queue shows up,
-so restarts (a new name each time) do not grow the table without bound.
+of workers gone for FORGET_SECONDS are deleted when a new worker of the same tenant shows up,
+so restarts (a new name each time) do not grow the table without bound, and a tenant has
+at most MAX_ROWS_PER_TENANT rows (its token may poll any queue name: each is a row).
 
 Plain SQLAlchemy: update, then insert if missing (another process inserting the same row
 first is an IntegrityError, after which the update is done again).
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
@@ -45,6 +46,9 @@ LIVE_SECONDS = 3 * 5.0  # live this long after being seen (or the lease time, if
 FORGET_SECONDS = 24 * 3600.0  # rows not live for this long are deleted
 MAX_NAME = 200  # the column's size; longer names are cut
 MAX_TRACKED = 10_000  # throttle entries one process keeps before starting afresh
+# rows one tenant may have: a tenant's token can poll any queue name, and each new (queue,
+# worker) pair is a row; past this, new pairs are not recorded (presence is advisory)
+MAX_ROWS_PER_TENANT = 10_000
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,17 @@ class WorkerRepo:
             try:
                 with self.store.tx() as connection:
                     now = db_now(connection)
+                    self._forget(connection, tenant_id, now)
+                    if self._rows(connection, tenant_id) >= MAX_ROWS_PER_TENANT:
+                        log.warning(
+                            "worker %s on queue %r of tenant %s not recorded: the tenant has "
+                            "%d worker rows already",
+                            worker,
+                            queue,
+                            tenant_id,
+                            MAX_ROWS_PER_TENANT,
+                        )
+                        return
                     connection.execute(
                         schema.workers.insert().values(
                             tenant_id=tenant_id,
@@ -82,7 +97,6 @@ class WorkerRepo:
                             live_until=now + window,
                         )
                     )
-                    self._forget(connection, tenant_id, queue, now)
                 return
             except IntegrityError:
                 continue  # another process inserted it first: update it
@@ -99,14 +113,21 @@ class WorkerRepo:
         )
         return result.rowcount == 1
 
-    def _forget(self, connection: Connection, tenant_id: str, queue: str, now: datetime) -> None:
+    def _forget(self, connection: Connection, tenant_id: str, now: datetime) -> None:
         w = schema.workers
         connection.execute(
             delete(w).where(
                 w.c.tenant_id == tenant_id,
-                w.c.queue == queue,
                 w.c.live_until < now - timedelta(seconds=FORGET_SECONDS),
             )
+        )
+
+    def _rows(self, connection: Connection, tenant_id: str) -> int:
+        """The tenant's rows, counted up to MAX_ROWS_PER_TENANT."""
+        w = schema.workers
+        held = select(w.c.queue).where(w.c.tenant_id == tenant_id).limit(MAX_ROWS_PER_TENANT)
+        return int(
+            connection.execute(select(func.count()).select_from(held.subquery())).scalar_one()
         )
 
     def live(self) -> dict[tuple[str, str], tuple[str, ...]]:

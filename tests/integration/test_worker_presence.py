@@ -91,6 +91,32 @@ def test_workers_gone_for_a_day_are_forgotten_when_a_new_one_shows_up(store: Sto
     assert sorted(r.worker for r in repo.all()) == ["new", "recent"]
 
 
+def test_a_tenant_polling_many_queue_names_is_bounded(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a tenant's token may poll any queue name, and each new name is a row: past the
+    # bound no new row is written for that tenant; other tenants and known rows go on
+    monkeypatch.setattr(workers, "MAX_ROWS_PER_TENANT", 5)
+    repo = WorkerRepo(store)
+    for i in range(8):
+        repo.seen("t1", f"made-up-{i}", "api:tok")
+    mine = [r for r in repo.all() if r.tenant_id == "t1"]
+    assert sorted(r.queue for r in mine) == [f"made-up-{i}" for i in range(5)]
+    repo.seen("t1", "made-up-0", "api:tok")  # a known row is still renewed
+    repo.seen("t2", "backups", "host-c:3:z")
+    assert ("t2", "backups") in repo.live()
+    # rows gone for a day are forgotten across the tenant's queues, which frees room
+    w = schema.workers
+    with store.tx() as connection:
+        connection.execute(
+            update(w)
+            .where(w.c.tenant_id == "t1", w.c.queue != "made-up-0")
+            .values(live_until=store.now() - timedelta(days=2))
+        )
+    repo.seen("t1", "backups", "host-a:1:x")
+    assert sorted(r.queue for r in repo.all() if r.tenant_id == "t1") == ["backups", "made-up-0"]
+
+
 def test_presence_writes_at_most_once_per_interval_and_never_raises(store: Store) -> None:
     now = [100.0]
     presence = Presence(interval=5.0, clock=lambda: now[0])
