@@ -22,8 +22,8 @@ from typing import Any
 
 from schedctl import errors
 from schedctl.jobfiles.load import MAX_FILES, load_file
-from schedctl.jobfiles.model import Job, JobFile, JobFilesError, Problem, RunOnKind
-from schedctl.jobfiles.placement import applies_to, queue_for
+from schedctl.jobfiles.model import Job, JobFile, JobFilesError, Problem
+from schedctl.jobfiles.placement import queue_for, runs_here
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +97,7 @@ def placement_problem(job: Job, host: str, groups: Iterable[str], queue: str) ->
         return (
             "is a @reboot job: it runs only when this host's worker starts, never from a queued run"
         )
-    in_group = job.run_on.kind is not RunOnKind.host_group or job.run_on.group in groups
-    if not in_group or not applies_to(job, host, groups):
+    if not runs_here(job, host, groups):
         member = ", ".join(sorted(groups)) or "none"
         return f"runs on {job.run_on}, not on this host ({host}, groups: {member})"
     proper = queue_for(job, host)
@@ -284,14 +283,11 @@ class HostFiles:
         """The enabled @reboot jobs this host runs at its worker's start: its own, its
         groups' and every-host ones (of its groups, when given)."""
         groups = set(groups)
-        result = []
-        for job in self.jobs():
-            if not job.is_boot or not job.enabled or not applies_to(job, host, groups):
-                continue
-            if job.run_on.kind is RunOnKind.host_group and job.run_on.group not in groups:
-                continue
-            result.append(job)
-        return result
+        return [
+            job
+            for job in self.jobs()
+            if job.is_boot and job.enabled and runs_here(job, host, groups)
+        ]
 
 
 def check_dir(directory: str | Path, uid: int | None = None) -> list[JobFile]:

@@ -82,3 +82,13 @@ def applies_to(job: Job, host: str, groups: Iterable[str] = ()) -> bool:
     if job.run_on.kind is RunOnKind.every_host and job.run_on.group is not None:
         return job.run_on.group in set(groups)
     return True
+
+
+def runs_here(job: Job, host: str, groups: Iterable[str] = ()) -> bool:
+    """Whether `host` (member of `groups`) runs the job's runs (or, @reboot, runs it at its
+    worker's start): a job it applies, but a host-group job only on the group's members
+    (any host may apply one; its runs go to the group's queue)."""
+    groups = set(groups)
+    if job.run_on.kind is RunOnKind.host_group and job.run_on.group not in groups:
+        return False
+    return applies_to(job, host, groups)
