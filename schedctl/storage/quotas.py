@@ -140,12 +140,7 @@ def _counts(dialect: Dialect) -> Select[Any]:
         .limit(bindparam("rate_limit", type_=Integer))
         .subquery()
     )
-    holding = (
-        select(jobs.c.job_id)
-        .where(tenant, jobs.c.status.in_(SLOT_HOLDERS))
-        .limit(bindparam("slots_limit", type_=Integer))
-        .subquery()
-    )
+    holding = _HOLDING_IDS.subquery()
     counts: Select[Any] = select(
         select(func.count()).select_from(recent).scalar_subquery(),
         select(func.min(recent.c.created_at)).scalar_subquery(),
@@ -184,15 +179,16 @@ _SET_SLOTS = (
     .where(_this_tenant)
     .values(quota_slots_bound=bindparam("b_slots", type_=Integer))
 )
-_HOLDING = select(func.count()).select_from(
+# up to `slots_limit` of the tenant's jobs holding a slot (counted by _counts and take_slot)
+_HOLDING_IDS = (
     select(schema.jobs.c.job_id)
     .where(
         schema.jobs.c.tenant_id == bindparam("tenant_id"),
         schema.jobs.c.status.in_(SLOT_HOLDERS),
     )
     .limit(bindparam("slots_limit", type_=Integer))
-    .subquery()
 )
+_HOLDING = select(func.count()).select_from(_HOLDING_IDS.subquery())
 _FORGET = (
     update(_tenants)
     .where(_this_tenant)
