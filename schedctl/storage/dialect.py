@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any, Protocol
 
-from sqlalchemy import Table
+from sqlalchemy import Select, Table
 from sqlalchemy.engine import Connection, Engine, RowMapping
 
 from schedctl.models import Lane
@@ -353,6 +353,12 @@ class Dialect(Protocol):
         """`column IN :name` for a batch of strings (idempotency keys, names, job ids) bound
         as a list under `name` at execution, in the form this backend parses fastest (one
         statement text whatever the batch size)."""
+        ...
+
+    def select_each(self, query: Select[Any], column: Any, name: str) -> Select[Any]:
+        """The row of `query` whose `column` equals each of the strings bound as a list under
+        `name` (`column` is unique among query's rows: an idempotency key, a job's name),
+        answered by one index probe per string whatever the table's size or statistics."""
         ...
 
     def insert_jobs(self, connection: Connection, rows: Sequence[Mapping[str, Any]]) -> None:

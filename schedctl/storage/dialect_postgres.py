@@ -12,7 +12,19 @@ from contextlib import AbstractContextManager
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import BigInteger, Table, Text, any_, bindparam, func, text
+from sqlalchemy import (
+    BigInteger,
+    Select,
+    Table,
+    Text,
+    any_,
+    bindparam,
+    func,
+    literal_column,
+    select,
+    text,
+    true,
+)
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection, Engine, RowMapping
@@ -508,6 +520,18 @@ class PostgresDialect:
     def text_in(self, column: Any, name: str) -> Any:
         # one array parameter: one statement text whatever the batch (see id_in)
         return column == any_(bindparam(name, type_=ARRAY(Text)))
+
+    def select_each(self, query: Select[Any], column: Any, name: str) -> Select[Any]:
+        # A probe per string, each limited to its one row. `column = ANY(:name)` could be
+        # planned as one scan of the table or of the tenant's rows, and the same lateral
+        # join without the LIMIT is flattened into a join that was (a hash of every job of
+        # the tenant per batch): either way a 1,000-job batch's lookups grew with the table,
+        # from 10 ms at 1,000 jobs to 75 ms at 20,000. The LIMIT keeps the subquery whole.
+        wanted = (
+            func.unnest(bindparam(name, type_=ARRAY(Text))).table_valued("value").render_derived()
+        )
+        probe = query.where(column == wanted.c.value).limit(literal_column("1")).lateral()
+        return select(probe).select_from(wanted.join(probe, true()))
 
     def insert_jobs(self, connection: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
         import psycopg

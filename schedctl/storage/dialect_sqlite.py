@@ -12,7 +12,7 @@ from contextlib import AbstractContextManager
 from datetime import UTC, date, datetime
 from typing import Any
 
-from sqlalchemy import Table, bindparam, delete, func, insert, or_, select, text, update
+from sqlalchemy import Select, Table, bindparam, delete, func, insert, or_, select, text, update
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Connection, Engine, RowMapping
 
@@ -377,6 +377,9 @@ class SqliteDialect:
     def text_in(self, column: Any, name: str) -> Any:
         # a batch is at most a few thousand: within SQLite's limit of bound variables
         return column.in_(bindparam(name, expanding=True))
+
+    def select_each(self, query: Select[Any], column: Any, name: str) -> Select[Any]:
+        return query.where(self.text_in(column, name))
 
     def insert_jobs(self, connection: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
         connection.execute(insert(schema.jobs), list(rows))
