@@ -100,16 +100,18 @@ def relay_until_settled(store: Store, job_id: str, runs: int, deadline: float) -
     try:
         started = counted = None
         cpu_at_start: float | None = None
-        while (left := bench_rows.outbox_left(store, job_id)) > 0:
+        while bench_rows.outbox_holds(store, job_id):
             if process.poll() is not None:
                 raise errors.SchedError(f"the relay exited with code {process.returncode}")
             if time.monotonic() > deadline:
+                left = bench_rows.outbox_left(store, job_id)
                 raise errors.SchedError(
                     f"the benchmark did not finish in time ({left} runs left in the outbox)"
                 )
-            if started is None and left < runs:
-                started, counted = time.monotonic(), left
+            if started is None and bench_rows.any_attempt(store, job_id):
+                started = time.monotonic()
                 cpu_at_start = measure.cpu_seconds(process.pid)
+                counted = bench_rows.outbox_left(store, job_id)  # once: it reads every row
             time.sleep(0.02)
         finished = time.monotonic()
         cpu = measure.cpu_seconds(process.pid)
