@@ -38,17 +38,31 @@ def _account_name(uid: int) -> str:
         return f"uid {uid}"
 
 
+def _judged(path: str | Path) -> tuple[Path, list[Path], list[Path]]:
+    """What permission_problem judges of `path`: the file after symlinks; the directories
+    holding it and holding the entry itself (the two differ only for a symlink); and every
+    directory above those, up to /."""
+    real = Path(os.path.realpath(path))
+    holder = Path(os.path.realpath(os.path.dirname(os.path.abspath(path))))
+    near = list(dict.fromkeys((holder, real.parent)))
+    above = list(dict.fromkeys(a for d in near for a in d.parents if a not in near))
+    return real, near, above
+
+
 def permission_problem(path: str | Path, uid: int | None = None) -> str | None:
     """Why the job file `path` must not be trusted, or None. As cron does: the file (after
     symlinks), the directory holding it and the directory holding `path` itself must be
     owned by root or by `uid` (default: this process's effective user) and writable by
-    neither group nor others."""
+    neither group nor others. As OpenSSH's StrictModes does: so must every directory above
+    them, up to /, or a writable one may have the sticky bit (as /tmp does), which keeps
+    others from renaming or removing what they do not own."""
     uid = os.geteuid() if uid is None else uid
-    real = Path(os.path.realpath(path))
-    # the directory of the entry itself too: in a directory anyone can write, anyone could
-    # put there a symlink to any root-owned job file (the two differ only for a symlink)
-    directories = dict.fromkeys((Path(os.path.dirname(os.path.abspath(path))), real.parent))
-    for what, target in (*(("directory", d) for d in directories), ("file", real)):
+    real, near, above = _judged(path)
+    # near: in a directory anyone can write, anyone could put a job file, or a symlink to
+    # any root-owned job file. Above: anyone who can write one could rename the jobs
+    # directory away and put their own in its place
+    judged = [*(("directory", d, False) for d in near), *(("directory", d, True) for d in above)]
+    for what, target, sticky_will_do in (*judged, ("file", real, False)):
         try:
             info = os.stat(target)
         except OSError as exc:
@@ -60,7 +74,7 @@ def permission_problem(path: str | Path, uid: int | None = None) -> str | None:
                 f"{what} {target} is owned by {_account_name(info.st_uid)}, not by root or "
                 f"the worker's user ({_account_name(uid)})"
             )
-        if info.st_mode & UNSAFE_MODE:
+        if info.st_mode & UNSAFE_MODE and not (sticky_will_do and info.st_mode & stat.S_ISVTX):
             return (
                 f"{what} {target} is writable by group or others (mode "
                 f"{stat.S_IMODE(info.st_mode):04o}; chmod go-w)"
@@ -69,20 +83,19 @@ def permission_problem(path: str | Path, uid: int | None = None) -> str | None:
 
 
 def _signature(path: Path) -> tuple[object, ...] | None:
-    """What changes when the file, its target, its target's directory or the directory of
-    the entry itself is edited, replaced, re-owned or chmod-ed (None: gone): what
-    permission_problem judges."""
+    """What changes when the file, its target, or a directory permission_problem judges is
+    edited, replaced, re-owned or chmod-ed (None: gone)."""
     try:
-        real = os.path.realpath(path)
-        file, directory = os.stat(real), os.stat(os.path.dirname(real))
-        holder = os.stat(os.path.dirname(os.path.abspath(path)))
+        real, near, above = _judged(path)
+        file = os.stat(real)
+        directories = [os.stat(d) for d in (*near, *above)]
     except OSError:
         return None
     return (
-        real,
+        str(real),  # first: _entry matches a reference's real path against it
         *(file.st_ino, file.st_size, file.st_mtime_ns, file.st_ctime_ns),
-        *(file.st_mode, file.st_uid, directory.st_mode, directory.st_uid),
-        *(holder.st_mode, holder.st_uid),
+        *(file.st_mode, file.st_uid),
+        *((d.st_ino, d.st_mode, d.st_uid) for d in directories),
     )
 
 

@@ -169,6 +169,45 @@ def test_a_symlink_in_a_directory_writable_by_others_is_refused(tmp_path: Path) 
     assert files.jobs() == []
 
 
+@ROOT_ONLY
+def test_a_directory_above_writable_by_others_refuses_every_file(tmp_path: Path) -> None:
+    """Anyone who can write a directory above the jobs directory can rename it away and
+    put their own in its place: refused as OpenSSH's StrictModes does, unless the
+    directory has the sticky bit (as /tmp does), and an owner other than root or the
+    worker's user is refused too."""
+    outer = tmp_path / "srv"
+    outer.mkdir(mode=0o755)
+    outer.chmod(0o755)
+    directory = jobs_dir(outer)
+    path = write(directory, "a.toml", "a")
+    files = HostFiles(directory)
+    assert files.scan().added == (str(path),)
+    assert [j.name for j in files.jobs()] == ["a"]
+
+    outer.chmod(0o777)
+    problem = permission_problem(path) or ""
+    assert f"directory {outer} is writable by group or others (mode 0777" in problem
+    # a scan notices the change above the jobs directory and drops its jobs
+    changes = files.scan()
+    assert changes.changed == (str(path),)
+    assert files.jobs() == []
+    assert f"directory {outer}" in changes.refused[0].message
+
+    outer.chmod(0o1777)  # sticky: others cannot rename or remove jobs.d
+    assert permission_problem(path) is None
+    assert files.scan().changed == (str(path),)
+    assert [j.name for j in files.jobs()] == ["a"]
+    # the sticky bit does not excuse the jobs directory itself: anyone could add a file
+    directory.chmod(0o1777)
+    assert "mode 1777" in (permission_problem(path) or "")
+    directory.chmod(0o755)
+
+    outer.chmod(0o755)
+    nobody = pwd.getpwnam("nobody")
+    os.chown(outer, nobody.pw_uid, nobody.pw_gid)
+    assert f"directory {outer} is owned by nobody" in (permission_problem(path) or "")
+
+
 def test_the_worker_s_own_user_may_own_its_files(tmp_path: Path) -> None:
     directory = jobs_dir(tmp_path)
     path = write(directory, "a.toml", "a")
