@@ -25,6 +25,7 @@ from schedctl.bench import children, measure
 from schedctl.bench.receiver import Receiver
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import bench as bench_rows
+from schedctl.storage import bench_sizes
 from schedctl.storage.jobs import new_job_id, partition_of
 from schedctl.storage.store import Store
 from schedctl.storage.tenants import TenantRepo
@@ -46,7 +47,9 @@ def bench_tenant(store: Store, concurrency: int) -> str:
 
 
 def claimed_runs(store: Store, tenant_id: str, target_type: str, target: str, count: int) -> str:
-    """One job and `count` runs of it as a claim leaves them (run + outbox rows, due now)."""
+    """One job and `count` runs of it as a claim leaves them (run + outbox rows, due now),
+    in delivery tables cleared of former runs' dead rows first."""
+    bench_sizes.clear_dead_rows(store)
     now = datetime.now(UTC)
     job_id = new_job_id()
     # read before the write transaction: on SQLite a second connection would wait for it

@@ -27,6 +27,7 @@ from schedctl.bench.dispatch import Dispatchers, bench_tenant
 from schedctl.bench.receiver import Receiver
 from schedctl.models import run_key
 from schedctl.storage import bench as bench_rows
+from schedctl.storage import bench_sizes
 from schedctl.storage.bulk import insert_once_jobs
 from schedctl.storage.store import Store
 
@@ -386,6 +387,7 @@ def _run(
     `first_due`), dispatchers, the wait (`wait_seconds` after the first due instant), the
     stop, the measurement."""
     spawns = spawn_ceiling(plan.spawn_seconds) if plan.spawn_seconds > 0 else None
+    bench_sizes.clear_dead_rows(store)
     load_before = os.getloadavg()
     bench = _Bench(store, plan)
     try:

@@ -23,6 +23,7 @@ from schedctl.bench.consumers import Consumers
 from schedctl.bench.delivery import bench_tenant
 from schedctl.bench.pipeline import spawn_ceiling
 from schedctl.storage import bench as bench_rows
+from schedctl.storage import bench_sizes
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
 
@@ -47,6 +48,7 @@ def run_worker_bench(
     url = store.engine.url.render_as_string(hide_password=False)
     consumers = Consumers(url, queue, workers=1, relays=0, concurrency=concurrency, tenant=tenant)
     try:
+        bench_sizes.clear_dead_rows(store)
         _queue_runs(store, tenant_id, queue, runs)
         # the ceiling is measured on either side of the drain, never during it
         before = spawn_ceiling(spawn_seconds)
