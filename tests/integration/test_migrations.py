@@ -84,3 +84,22 @@ def test_upgrade_from_previous_revision_keeps_data(empty_url: str) -> None:
             assert connection.execute(text("SELECT count(*) FROM queue_messages")).scalar() == 0
     finally:
         engine.dispose()
+
+
+@pytest.mark.postgres
+def test_postgres_analyzes_jobs_every_ten_thousand_changes(empty_pg_url: str) -> None:
+    """Not after a tenth of the table: the statistics must learn a new tenant's jobs soon,
+    or its lookups are planned as walks through all of them (migration 0014)."""
+    upgrade(empty_pg_url)
+    engine = make_engine(empty_pg_url)
+    try:
+        with engine.connect() as connection:
+            options = connection.execute(
+                text("SELECT reloptions FROM pg_class WHERE relname = 'jobs'")
+            ).scalar_one()
+    finally:
+        engine.dispose()
+    assert set(options) >= {
+        "autovacuum_analyze_scale_factor=0",
+        "autovacuum_analyze_threshold=10000",
+    }
