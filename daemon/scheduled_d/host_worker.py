@@ -305,8 +305,10 @@ class HostWorker:
         idle_exit: bool = False,
     ) -> int:
         """Serve until `stop` (warm: runs in flight finish), or `force` (they are killed);
-        returns the runs taken. max_runs and idle_exit apply to each queue's Worker; when one
-        of them returns, the others finish what they run and return too."""
+        returns the runs taken. max_runs and idle_exit apply to each queue's Worker. When one
+        of them returns, the others finish what they run and return too; but with idle_exit,
+        each returns when its own queue is idle (one queue's worker being idle first had
+        stopped another's before it leased what was ready there)."""
         force = force if force is not None else threading.Event()
         backend = self._make_backend()
         self.reload("start")
@@ -362,7 +364,8 @@ class HostWorker:
             thread.start()
         try:
             while any(t.is_alive() for t in threads):
-                if stop.is_set() or not all(t.is_alive() for t in threads):
+                ended = not all(t.is_alive() for t in threads)
+                if stop.is_set() or failures or (ended and not idle_exit):
                     worker_stop.set()
                 for thread in threads:
                     thread.join(0.25)

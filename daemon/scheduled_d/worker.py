@@ -329,7 +329,9 @@ class Worker:
                 if leases:
                     continue  # more may be ready: ask again before sleeping
                 self._alerts()
-                if idle_exit and self._active_count() == 0:
+                # idle: asked with nothing running and got nothing. Not when every slot was
+                # busy (nothing was asked): those runs may have ended since, with more ready
+                if idle_exit and free > 0 and active == 0 and self._active_count() == 0:
                     break
                 self._slot_freed.wait(self.poll_seconds)
         finally:
