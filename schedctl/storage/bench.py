@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, and_, case, delete, exists, func, select, update
+from sqlalchemy import Connection, Table, and_, case, delete, exists, func, select, update
 
 from schedctl.scheduling.schedules import OnceSchedule, schedule_to_dict
 from schedctl.storage import schema
@@ -169,19 +169,18 @@ def outbox_holds(store: Store, job_id: str) -> bool:
     """Whether any of the job's runs is still in the outbox: a look at one row, where a
     count read them all (the bench's poll every 20 ms took a quarter of a core from the
     relay it measured)."""
-    outbox = schema.outbox
-    with store.read() as connection:
-        return bool(
-            connection.execute(select(exists().where(outbox.c.job_id == job_id))).scalar_one()
-        )
+    return _has_job_rows(store, schema.outbox, job_id)
 
 
 def any_attempt(store: Store, job_id: str) -> bool:
     """Whether any run of the job has a recorded attempt (one index probe)."""
-    attempts = schema.run_attempts
+    return _has_job_rows(store, schema.run_attempts, job_id)
+
+
+def _has_job_rows(store: Store, table: Table, job_id: str) -> bool:
     with store.read() as connection:
         return bool(
-            connection.execute(select(exists().where(attempts.c.job_id == job_id))).scalar_one()
+            connection.execute(select(exists().where(table.c.job_id == job_id))).scalar_one()
         )
 
 
