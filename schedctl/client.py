@@ -95,9 +95,25 @@ class ApiClient(Closing):
         SchedError its code names."""
         del actor  # the server records the token id
         self._check_tenant(tenant)
-        data = self._json("POST", "/v1/jobs:batch", json={"jobs": list(bodies)})
+        return self._batch({"json": {"jobs": list(bodies)}}, len(bodies))
+
+    def import_many(self, tenant: str | None, encoded: Sequence[str]) -> list[Outcome]:
+        """create_many of bodies already encoded as JSON text (a JSON Lines file's lines),
+        answered with Prefer: return=minimal: each Outcome says created or replayed, with
+        no job (its id and name are all the server sends), or holds the error."""
+        self._check_tenant(tenant)
+        return self._batch(
+            {
+                "data": ('{"jobs":[' + ",".join(encoded) + "]}").encode(),
+                "headers": {"Content-Type": "application/json", "Prefer": "return=minimal"},
+            },
+            len(encoded),
+        )
+
+    def _batch(self, request: dict[str, Any], count: int) -> list[Outcome]:
+        data = self._json("POST", "/v1/jobs:batch", **request)
         results = data.get("results")
-        if not isinstance(results, list) or len(results) != len(bodies):
+        if not isinstance(results, list) or len(results) != count:
             raise errors.SchedError("the API answered the batch with unexpected JSON")
         return [_outcome(item) for item in results]
 
@@ -264,6 +280,8 @@ def _outcome(item: Any) -> Outcome:
         raise errors.SchedError("the API answered the batch with unexpected JSON")
     if isinstance(item.get("job"), dict):
         return Outcome(job=job_from_dict(item["job"]), created=item.get("status") == 201)
+    if item.get("status") in (200, 201) and isinstance(item.get("job_id"), str):
+        return Outcome(created=item["status"] == 201)  # Prefer: return=minimal
     error, code = item.get("error"), item.get("status")
     detail: dict[str, Any] = error if isinstance(error, dict) else {}
     status = code if isinstance(code, int) else 500

@@ -294,6 +294,25 @@ _TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}:]', re.DOTALL)
 def deep_key(text: str | bytes) -> str | None:
     """The top-level key of a JSON object under which the nesting exceeds MAX_PAYLOAD_DEPTH
     (None if the document is not an object, or the nesting is not under one key)."""
+    deep, key = _too_deep(text)
+    if not deep or key is None:
+        return None
+    try:
+        name = json.loads(key)
+    except ValueError:
+        return None
+    return name if isinstance(name, str) and len(name) <= 100 else None
+
+
+def too_deep(text: str | bytes) -> bool:
+    """Whether JSON text nests deeper than an object holding a MAX_PAYLOAD_DEPTH-deep
+    value (a payload)."""
+    return _too_deep(text)[0]
+
+
+def _too_deep(text: str | bytes) -> tuple[bool, bytes | None]:
+    """Whether the nesting exceeds MAX_PAYLOAD_DEPTH + 1, and the top-level key (as JSON
+    text) it is under, if any."""
     raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
     depth = 0
     last_string: bytes | None = None
@@ -309,18 +328,12 @@ def deep_key(text: str | bytes) -> str | None:
         elif first in (b"[", b"{"):
             depth += 1
             if depth > MAX_PAYLOAD_DEPTH + 1:
-                if key is None:
-                    return None
-                try:
-                    name = json.loads(key)
-                except ValueError:
-                    return None
-                return name if isinstance(name, str) and len(name) <= 100 else None
+                return True, key
         else:
             depth -= 1
             if depth == 1:
                 key = None
-    return None
+    return False, None
 
 
 def check_json_value(value: Any, field: str, *, max_depth: int = MAX_PAYLOAD_DEPTH) -> None:

@@ -98,6 +98,44 @@ def test_idempotent_replay_per_job(sched: Scheduler, acme: Api) -> None:
 
 
 @pytest.mark.parametrize(
+    ("prefer", "minimal"),
+    [
+        ("return=minimal", True),
+        ('respond-async, RETURN="minimal"; x=y', True),
+        ("return=representation", False),
+        (None, False),
+        ("return", False),
+        (",,;=", False),
+    ],
+)
+def test_prefer_return_minimal_answers_ids_and_names(
+    acme: Api, prefer: str | None, minimal: bool
+) -> None:
+    """RFC 7240: with return=minimal a created or replayed job's result is its id and name,
+    an error's is unchanged, and Preference-Applied says so; any other Prefer gets whole
+    jobs. Fails when the preference is ignored, misread, or a result loses its status."""
+    jobs = [
+        job_body(name="m1", idempotency_key="m1"),
+        job_body(target={"type": "queue", "name": "bad name"}),
+    ]
+    headers = {} if prefer is None else {"Prefer": prefer}
+    for expected in (201, 200):  # created, then replayed
+        response = acme.request("POST", BATCH, json={"jobs": jobs}, headers=headers)
+        assert response.status_code == 200, response.text
+        ok, refused = response.json()["results"]
+        assert refused["status"] == 422 and refused["error"]["field"] == "target.name"
+        assert ok["status"] == expected
+        job_id = acme.request("GET", "/v1/jobs/m1").json()["job_id"]
+        if minimal:
+            assert response.headers["Preference-Applied"] == "return=minimal"
+            assert ok == {"index": 0, "status": expected, "job_id": job_id, "name": "m1"}
+        else:
+            assert "Preference-Applied" not in response.headers
+            assert (ok["job"]["job_id"], ok["job"]["name"]) == (job_id, "m1")
+            assert "job_id" not in ok
+
+
+@pytest.mark.parametrize(
     ("envelope", "field"),
     [
         ({"jobs": [job_body()] * 1001}, "jobs"),

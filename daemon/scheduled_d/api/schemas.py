@@ -102,7 +102,15 @@ class BatchItemOut(BaseModel):
 
     index: int
     status: int = Field(description="201 created, 200 an idempotent replay, 4xx refused.")
-    job: JobOut | None = Field(default=None, description="The job (201 and 200).")
+    job: JobOut | None = Field(
+        default=None, description="The job (201 and 200), unless Prefer: return=minimal."
+    )
+    job_id: str | None = Field(
+        default=None, description="With Prefer: return=minimal: the job's id (201 and 200)."
+    )
+    name: str | None = Field(
+        default=None, description="With Prefer: return=minimal: the job's name (201 and 200)."
+    )
     error: ErrorDetail | None = Field(default=None, description="Why it was refused (4xx).")
     retry_after: int | None = Field(
         default=None, description="With 429: seconds until a retry can succeed."

@@ -65,6 +65,30 @@ def checked_job_id(job_id: str) -> str:
     return job_id
 
 
+PreferHeader = Annotated[
+    str | None,
+    Header(
+        alias="Prefer",
+        description=(
+            "RFC 7240. `return=minimal`: each created or replayed job's result carries its "
+            "job_id and name instead of the whole job (the answer says Preference-Applied)."
+        ),
+    ),
+]
+
+
+def prefers_minimal(prefer: str | None) -> bool:
+    """Whether a Prefer header (RFC 7240: preferences separated by commas, each
+    `token[=value]` with `;` parameters after it) asks for `return=minimal`."""
+    if not prefer:
+        return False
+    for preference in prefer.split(","):
+        token, _, value = preference.partition(";")[0].partition("=")
+        if token.strip().lower() == "return" and value.strip().strip('"').lower() == "minimal":
+            return True
+    return False
+
+
 IfMatchHeader = Annotated[
     str | None,
     Header(
