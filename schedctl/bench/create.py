@@ -52,6 +52,7 @@ class CreateBenchConfig:
     concurrency: int
     batch: bool
     batch_size: int
+    minimal: bool  # batch answers of ids, not whole jobs (Prefer: return=minimal)
     job_import: bool  # `schedctl job import` of a file of `jobs` lines, instead of clients
     max_seconds: float
     payload_bytes: int
@@ -105,6 +106,7 @@ def run(scheduler: Scheduler, database_url: str, config: CreateBenchConfig) -> d
         "batch_size": (
             limits.MAX_BATCH_JOBS if config.job_import else config.batch_size if config.batch else 1
         ),
+        "answers": "minimal" if config.batch and config.minimal else "whole jobs",
         "concurrency": config.concurrency,
         "jobs": config.jobs,
         "payload_bytes": config.payload_bytes,
@@ -218,6 +220,7 @@ def _drive(
     deadline = [math.inf]
     payload = {"bench": "x" * config.payload_bytes}
     run_id = uuid.uuid4().hex[:8]
+    prefer = {"Prefer": "return=minimal"} if config.minimal else {}
 
     def body(key: str) -> dict[str, Any]:
         return {
@@ -235,7 +238,7 @@ def _drive(
         first = number * per_request
         count = min(per_request, config.jobs - first) if prefix == run_id else per_request
         jobs = [body(f"{prefix}-{first + i}") for i in range(count)]
-        status, data = client.post("/v1/jobs:batch", {"jobs": jobs})
+        status, data = client.post("/v1/jobs:batch", {"jobs": jobs}, prefer)
         if status != 200:
             return status, [status] * count
         return status, [int(r["status"]) for r in data["results"]]
@@ -293,10 +296,11 @@ class _Client:
         self.reused = False  # the connection has answered a request: it may have gone stale
         self.stale_retries = 0
 
-    def post(self, path: str, body: Any) -> tuple[int, Any]:
+    def post(self, path: str, body: Any, headers: dict[str, str] | None = None) -> tuple[int, Any]:
         encoded = json.dumps(body).encode()
+        headers = {**self.headers, **headers} if headers else self.headers
         try:
-            return self._post(path, encoded)
+            return self._post(path, encoded, headers)
         except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
             # (RemoteDisconnected is a ConnectionResetError.) A server may close an idle
             # keep-alive connection just as the next request goes out on it (a client
@@ -307,10 +311,10 @@ class _Client:
                 raise
             self.stale_retries += 1
             self.reconnect()
-            return self._post(path, encoded)
+            return self._post(path, encoded, headers)
 
-    def _post(self, path: str, encoded: bytes) -> tuple[int, Any]:
-        self.connection.request("POST", path, encoded, self.headers)
+    def _post(self, path: str, encoded: bytes, headers: dict[str, str]) -> tuple[int, Any]:
+        self.connection.request("POST", path, encoded, headers)
         response = self.connection.getresponse()
         data = response.read()
         self.reused = True

@@ -29,6 +29,14 @@ def create(
         int,
         count("--batch-size", 1, limits.MAX_BATCH_JOBS, "Jobs per batch request, with --batch"),
     ] = limits.MAX_BATCH_JOBS,
+    minimal: Annotated[
+        bool,
+        typer.Option(
+            "--minimal",
+            help="With --batch: ask for minimal answers (Prefer: return=minimal), as "
+            "`job import` does.",
+        ),
+    ] = False,
     job_import: Annotated[
         bool,
         typer.Option(
@@ -57,6 +65,7 @@ def create(
         concurrency=concurrency,
         batch=batch,
         batch_size=batch_size,
+        minimal=minimal,
         job_import=job_import,
         max_seconds=max_seconds,
         payload_bytes=payload_bytes,

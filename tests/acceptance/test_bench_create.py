@@ -16,11 +16,12 @@ from tests.acceptance.bench_support import bench
 
 @pytest.mark.parametrize(
     "mode",
-    [[], ["--batch", "--batch-size", "7"], ["--import"]],
-    ids=["single", "batch", "import"],
+    [[], ["--batch", "--batch-size", "7"], ["--batch", "--minimal"], ["--import"]],
+    ids=["single", "batch", "batch-minimal", "import"],
 )
 def test_every_job_is_created_and_no_request_lost(sqlite_url: str, mode: list[str]) -> None:
     result = bench(sqlite_url, "create", "--jobs", "30", "--concurrency", "2", *mode)
+    assert result["answers"] == ("minimal" if "--minimal" in mode else "whole jobs")
     assert result["created"] == 30
     assert result["failures"] == {}
     assert result["refused"] == {}
