@@ -178,6 +178,10 @@ def _api_text(line: str) -> str:
         orjson.loads(text)
     except orjson.JSONDecodeError:
         limits.parse_json(text, "line")
+        try:  # stdin read with surrogateescape may hold undecodable bytes as surrogates
+            text.encode()
+        except UnicodeEncodeError:
+            raise errors.ValidationError("is not UTF-8 text", field="line") from None
     # nesting past what the server reads inside a batch's envelope would refuse the whole
     # batch; deeper than a payload may be, it is this line's error alone
     if text.count("[") + text.count("{") > limits.MAX_PAYLOAD_DEPTH and limits.too_deep(text):
