@@ -106,7 +106,10 @@ def run(scheduler: Scheduler, database_url: str, config: CreateBenchConfig) -> d
         "batch_size": (
             limits.MAX_BATCH_JOBS if config.job_import else config.batch_size if config.batch else 1
         ),
-        "answers": "minimal" if config.batch and config.minimal else "whole jobs",
+        # job import always asks for minimal answers
+        "answers": "minimal"
+        if config.job_import or (config.batch and config.minimal)
+        else "whole jobs",
         "concurrency": config.concurrency,
         "jobs": config.jobs,
         "payload_bytes": config.payload_bytes,
