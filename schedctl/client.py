@@ -95,7 +95,7 @@ class ApiClient(Closing):
         SchedError its code names."""
         del actor  # the server records the token id
         self._check_tenant(tenant)
-        return self._batch({"json": {"jobs": list(bodies)}}, len(bodies))
+        return self._batch(len(bodies), json={"jobs": list(bodies)})
 
     def import_many(self, tenant: str | None, encoded: Sequence[str]) -> list[Outcome]:
         """create_many of bodies already encoded as JSON text (a JSON Lines file's lines),
@@ -103,14 +103,13 @@ class ApiClient(Closing):
         no job (its id and name are all the server sends), or holds the error."""
         self._check_tenant(tenant)
         return self._batch(
-            {
-                "data": ('{"jobs":[' + ",".join(encoded) + "]}").encode(),
-                "headers": {"Content-Type": "application/json", "Prefer": "return=minimal"},
-            },
             len(encoded),
+            data=('{"jobs":[' + ",".join(encoded) + "]}").encode(),
+            headers={"Content-Type": "application/json", "Prefer": "return=minimal"},
         )
 
-    def _batch(self, request: dict[str, Any], count: int) -> list[Outcome]:
+    def _batch(self, count: int, **request: Any) -> list[Outcome]:
+        """POST /v1/jobs:batch (`request`: the body and headers) -> `count` outcomes."""
         data = self._json("POST", "/v1/jobs:batch", **request)
         results = data.get("results")
         if not isinstance(results, list) or len(results) != count:
