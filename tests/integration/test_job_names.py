@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,7 +20,7 @@ from schedctl import errors
 from schedctl.cli.app import app
 from schedctl.job_refs import shortest_among
 from schedctl.service import Scheduler
-from schedctl.storage import schema
+from schedctl.storage import job_create, schema
 from schedctl.storage.engine import make_engine
 from schedctl.storage.migrate import head_revision, upgrade
 from scheduled_d.api.server import ApiServer
@@ -139,6 +140,53 @@ def test_concurrent_creates_with_one_name_one_wins(pg_url: str) -> None:
             thread.join(timeout=120)
         assert sorted(results) == ["conflict"] * 5 + ["created"]
         assert len(sched.list_jobs("acme").items) == 1
+
+
+@pytest.mark.postgres
+def test_a_retried_create_reads_names_under_the_tenants_lock(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A create whose insert met a name committed after its read tries again, and that pass
+    takes the tenant's lock before reading, so another create cannot take its name in
+    between. Here another create takes exactly the default name the first is about to use,
+    at each of its reads that it can: before the fix, three passes lost and the job was
+    refused with a name conflict it never asked for."""
+    with Scheduler.open(pg_url) as sched:
+        sched.create_tenant("acme", ACTOR)
+        read = job_create._Batch._existing_keys_and_taken_names
+        main = threading.current_thread()
+        others: list[str] = []
+
+        def take_the_name(name: str) -> None:
+            try:
+                sched.create_job("acme", body(name=name), actor=ACTOR)
+                others.append("created")
+            except errors.Conflict as exc:
+                others.append(f"conflict on {exc.field}")
+
+        def racing_read(batch: Any, ids: Any) -> Any:
+            found = read(batch, ids)
+            if threading.current_thread() is main:
+                name = job_create._auto_name(batch.items[0].spec.name, ids[0])
+                other = threading.Thread(target=take_the_name, args=(name,), daemon=True)
+                other.start()
+                # it finishes unless this create holds the tenant's lock
+                other.join(timeout=1.0)
+            return found
+
+        monkeypatch.setattr(job_create._Batch, "_existing_keys_and_taken_names", racing_read)
+        job, created = sched.create_job("acme", body(), actor=ACTOR)
+        monkeypatch.undo()
+        assert created
+        deadline = time.monotonic() + 30
+        while len(others) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # the first took the name before the lock; the second waited for it, then found
+        # the name taken by the job created
+        assert others == ["created", "conflict on name"]
+        assert job.name.endswith(f"-{job.job_id[-6:]}")
+        names = {j.name for j in sched.list_jobs("acme").items}
+        assert len(names) == 2 and job.name in names
 
 
 # -- lookup ----------------------------------------------------------------------------
