@@ -361,6 +361,13 @@ class Dialect(Protocol):
         answered by one index probe per string whatever the table's size or statistics."""
         ...
 
+    def mappings_planned_now(
+        self, connection: Connection, statement: Any, params: Mapping[str, Any]
+    ) -> list[RowMapping]:
+        """`statement`'s rows as mappings, the statement planned for the table as it is now:
+        never prepared, so never answered by a plan kept from when the table was empty."""
+        ...
+
     def insert_jobs(self, connection: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
         """Insert job rows (every column of `jobs` in each) in one statement."""
         ...

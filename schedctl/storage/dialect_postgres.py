@@ -539,6 +539,23 @@ class PostgresDialect:
         probe = query.where(column == wanted.c.value).limit(literal_column("1")).lateral()
         return select(probe).select_from(wanted.join(probe, true()))
 
+    def mappings_planned_now(
+        self, connection: Connection, statement: Any, params: Mapping[str, Any]
+    ) -> list[RowMapping]:
+        # psycopg prepares a statement run five times, and Postgres may then keep one
+        # generic plan until the table's next analyze. Made while the table was empty (a
+        # fresh database, or a deleted tenant's jobs vacuumed away) it scans the table
+        # for each key: the first import's batches took 48-66 s each instead of 0.1,
+        # until autovacuum's minute came.
+        driver = connection.connection.driver_connection
+        assert driver is not None
+        threshold = driver.prepare_threshold
+        driver.prepare_threshold = None  # psycopg: neither prepare nor use a prepared one
+        try:
+            return list(connection.execute(statement, params).mappings())
+        finally:
+            driver.prepare_threshold = threshold
+
     def insert_jobs(self, connection: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
         import psycopg
 

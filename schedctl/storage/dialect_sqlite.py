@@ -381,6 +381,12 @@ class SqliteDialect:
     def select_each(self, query: Select[Any], column: Any, name: str) -> Select[Any]:
         return query.where(self.text_in(column, name))
 
+    def mappings_planned_now(
+        self, connection: Connection, statement: Any, params: Mapping[str, Any]
+    ) -> list[RowMapping]:
+        # SQLite plans each statement when it is compiled, with no statistics to go stale
+        return list(connection.execute(statement, params).mappings())
+
     def insert_jobs(self, connection: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
         connection.execute(insert(schema.jobs), list(rows))
 

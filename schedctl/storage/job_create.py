@@ -212,14 +212,15 @@ class _Batch:
         taken: dict[str, str] = {}
         lookup = _lookup(self.dialect)
         for start in range(0, max(len(keys), len(names)), IN_CHUNK):
-            rows = self.connection.execute(
+            rows = self.dialect.mappings_planned_now(
+                self.connection,
                 lookup,
                 {
                     "tenant_id": self.tenant_id,
                     "keys": keys[start : start + IN_CHUNK],
                     "names": names[start : start + IN_CHUNK],
                 },
-            ).mappings()
+            )
             for row in rows:  # a row answering both comes twice
                 if row["idempotency_key"] in wanted_keys:
                     existing[row["idempotency_key"]] = row
@@ -401,7 +402,8 @@ def _lookup(dialect: Dialect) -> CompoundSelect[Any]:
     for the value they take it for a tenant of about one job and look in every job of
     the tenant for each key (ix_jobs_tenant_status, then a filter): 0.6 ms a key at
     3,000 jobs, the import slowing as it went. Not knowing the value, it takes the
-    unique index, one probe a key."""
+    unique index, one probe a key. And it is run unprepared (mappings_planned_now): a
+    generic plan kept from when the table was empty scanned it for each key."""
     built = _LOOKUPS.get(type(dialect))
     if built is not None:
         return built
