@@ -9,8 +9,10 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from sqlalchemy import text
 
 from schedctl.bench.create import _Client
+from schedctl.storage.engine import make_engine
 from tests.acceptance.bench_support import bench
 
 
@@ -71,3 +73,25 @@ def test_a_request_on_a_closed_keep_alive_connection_is_sent_again(
         assert client.stale_retries == 2
     finally:
         client.close()
+
+
+@pytest.mark.postgres
+def test_a_run_starts_from_jobs_vacuumed_and_analyzed(pg_url: str) -> None:
+    """A former run's deleted jobs are vacuumed away and the statistics made current before
+    the clients start: autovacuum otherwise counted the table empty while the run filled
+    it, and Postgres walked every job of the tenant for each key until its next analyze
+    (imports of 150,000 jobs in 76-82 s instead of 15)."""
+    result = bench(pg_url, "create", "--jobs", "5", "--concurrency", "1")
+    assert result["created"] == 5
+    engine = make_engine(pg_url)
+    try:
+        with engine.connect() as connection:
+            done = connection.execute(
+                text(
+                    "SELECT relname, last_vacuum IS NOT NULL AND last_analyze IS NOT NULL"
+                    " FROM pg_stat_user_tables WHERE relname IN ('jobs', 'audit_log')"
+                )
+            ).all()
+    finally:
+        engine.dispose()
+    assert sorted(done) == [("audit_log", True), ("jobs", True)], done
