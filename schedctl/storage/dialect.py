@@ -384,9 +384,12 @@ class Dialect(Protocol):
         rows: Sequence[Mapping[str, Any]],
         audit_rows: Sequence[Mapping[str, Any]],
         changed: Sequence[tuple[str, int]],
-    ) -> None:
+    ) -> set[str]:
         """insert_jobs, insert_audit_entries and notify_job_changes (any may be empty) in
-        as few statements as the backend can."""
+        as few statements as the backend can. Answers the ids of the jobs left out, with
+        their audit entries and notifications, because a job of the tenant (not deleted)
+        holds their name: a create that committed after this one read the names. Where
+        writers are serialized (SQLite) none is; a name taken raises IntegrityError."""
         ...
 
 

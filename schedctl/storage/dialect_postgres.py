@@ -30,7 +30,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection, Engine, RowMapping
 from sqlalchemy.exc import IntegrityError
 
-from schedctl.models import EVERY_HOST_QUEUE_PREFIX, Lane
+from schedctl.models import EVERY_HOST_QUEUE_PREFIX, JobStatus, Lane
 from schedctl.storage import schema
 from schedctl.storage.dialect import ChangeFeed, Changes, LeasedRow, LeaseMark, Lock, OutcomeWrites
 
@@ -577,7 +577,7 @@ class PostgresDialect:
         rows: Sequence[Mapping[str, Any]],
         audit_rows: Sequence[Mapping[str, Any]],
         changed: Sequence[tuple[str, int]],
-    ) -> None:
+    ) -> set[str]:
         import psycopg
 
         # one round trip, not three (each a wait on the server and a hand-over of the
@@ -592,9 +592,14 @@ class PostgresDialect:
             "payloads": [f"{part}:{job_id}" for job_id, part in changed],
         }
         try:
-            _pg_binary(connection, _INSERT_CREATED, params)
+            ((written, _),) = _pg_binary(connection, _INSERT_CREATED, params)
         except psycopg.IntegrityError as exc:  # as insert_jobs
             raise IntegrityError(_INSERT_CREATED, None, exc) from exc
+        if written == len(rows):
+            return set()
+        ids = [row["job_id"] for row in rows]
+        kept = _pg_rows(connection, _JOBS_WRITTEN, {"ids": ids})
+        return set(ids) - {r[0] for r in kept}
 
 
 class PostgresChangeFeed:
@@ -943,12 +948,22 @@ def _insert_from_json(table: str, columns: tuple[tuple[str, str], ...], param: s
 
 
 # the jobs, their audit entries and their notifications in one statement (data-modifying
-# CTEs run whether or not the query reads them; notifications go out at commit)
+# CTEs run whether or not the query reads them; notifications go out at commit). A job
+# whose name a create committed since this one read the names is left out, with its
+# audit entry and notification; the statement answers how many jobs it wrote.
 _INSERT_CREATED = (
-    f"WITH created AS ({_insert_from_json('jobs', _JOB_ARRAYS, 'jobs')}), "
-    f"audited AS ({_insert_from_json('audit_log', _AUDIT_ARRAYS, 'audit')}) "
-    "SELECT pg_notify(%(channel)s, p) FROM unnest(CAST(%(payloads)b AS text[])) AS p"
+    f"WITH created AS ({_insert_from_json('jobs', _JOB_ARRAYS, 'jobs')}"
+    f" ON CONFLICT (tenant_id, name) WHERE status <> '{JobStatus.deleted.value}' DO NOTHING"
+    " RETURNING job_id), "
+    f"audited AS ({_insert_from_json('audit_log', _AUDIT_ARRAYS, 'audit')}"
+    " WHERE job_id IN (SELECT job_id FROM created)), "
+    "notified AS (SELECT pg_notify(%(channel)s, p) FROM unnest(CAST(%(payloads)b AS text[])) AS p"
+    " WHERE split_part(p, ':', 2) IN (SELECT job_id FROM created)) "
+    "SELECT (SELECT count(*) FROM created), (SELECT count(*) FROM notified)"
 )
+
+
+_JOBS_WRITTEN = "SELECT job_id FROM jobs WHERE job_id = ANY(CAST(%(ids)b AS text[]))"
 
 
 def _json_rows(rows: Sequence[Mapping[str, Any]]) -> str:

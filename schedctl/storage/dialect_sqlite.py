@@ -401,7 +401,7 @@ class SqliteDialect:
         rows: Sequence[Mapping[str, Any]],
         audit_rows: Sequence[Mapping[str, Any]],
         changed: Sequence[tuple[str, int]],
-    ) -> None:
+    ) -> set[str]:
         # in process: a statement costs no round trip here
         if rows:
             self.insert_jobs(connection, rows)
@@ -409,6 +409,7 @@ class SqliteDialect:
             self.insert_audit_entries(connection, audit_rows)
         if changed:
             self.notify_job_changes(connection, changed)
+        return set()
 
 
 class SqliteChangeFeed:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -142,51 +141,82 @@ def test_concurrent_creates_with_one_name_one_wins(pg_url: str) -> None:
         assert len(sched.list_jobs("acme").items) == 1
 
 
+def _race_names(
+    sched: Scheduler, monkeypatch: pytest.MonkeyPatch, names: Any
+) -> tuple[list[int], list[str]]:
+    """After each read of keys and names by this thread's creates, another create commits
+    a job named `names(batch, ids)` (the names this create is about to use) before this
+    one inserts. Answers how many reads there were (one: no pass ran again) and what the
+    other creates answered."""
+    read = job_create._Batch._existing_keys_and_taken_names
+    main = threading.current_thread()
+    reads: list[int] = []
+    others: list[str] = []
+
+    def take(name: str) -> None:
+        try:
+            sched.create_job("acme", body(name=name), actor=ACTOR)
+            others.append("created")
+        except errors.Conflict as exc:
+            others.append(f"conflict on {exc.field}")
+
+    def racing_read(batch: Any, ids: Any) -> Any:
+        found = read(batch, ids)
+        if threading.current_thread() is main:
+            reads.append(1)
+            for name in names(batch, ids):
+                other = threading.Thread(target=take, args=(name,), daemon=True)
+                other.start()
+                other.join(timeout=30)
+        return found
+
+    monkeypatch.setattr(job_create._Batch, "_existing_keys_and_taken_names", racing_read)
+    return reads, others
+
+
 @pytest.mark.postgres
-def test_a_retried_create_reads_names_under_the_tenants_lock(
+def test_a_default_name_taken_meanwhile_becomes_the_long_form(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A create whose insert met a name committed after its read tries again, and that pass
-    takes the tenant's lock before reading, so another create cannot take its name in
-    between. Here another create takes exactly the default name the first is about to use,
-    at each of its reads that it can: before the fix, three passes lost and the job was
-    refused with a name conflict it never asked for."""
+    """Another create commits the exact default name a create read as free, before that
+    create's insert: the job is written under the long default name (the whole id) in the
+    same pass. Before, the insert failed, the whole transaction ran again, and a batch that
+    lost three passes was refused with a name conflict it never asked for."""
     with Scheduler.open(pg_url) as sched:
         sched.create_tenant("acme", ACTOR)
-        read = job_create._Batch._existing_keys_and_taken_names
-        main = threading.current_thread()
-        others: list[str] = []
-
-        def take_the_name(name: str) -> None:
-            try:
-                sched.create_job("acme", body(name=name), actor=ACTOR)
-                others.append("created")
-            except errors.Conflict as exc:
-                others.append(f"conflict on {exc.field}")
-
-        def racing_read(batch: Any, ids: Any) -> Any:
-            found = read(batch, ids)
-            if threading.current_thread() is main:
-                name = job_create._auto_name(batch.items[0].spec.name, ids[0])
-                other = threading.Thread(target=take_the_name, args=(name,), daemon=True)
-                other.start()
-                # it finishes unless this create holds the tenant's lock
-                other.join(timeout=1.0)
-            return found
-
-        monkeypatch.setattr(job_create._Batch, "_existing_keys_and_taken_names", racing_read)
+        reads, others = _race_names(
+            sched,
+            monkeypatch,
+            lambda batch, ids: [job_create._auto_name(batch.items[0].spec.name, ids[0])],
+        )
         job, created = sched.create_job("acme", body(), actor=ACTOR)
         monkeypatch.undo()
-        assert created
-        deadline = time.monotonic() + 30
-        while len(others) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        # the first took the name before the lock; the second waited for it, then found
-        # the name taken by the job created
-        assert others == ["created", "conflict on name"]
-        assert job.name.endswith(f"-{job.job_id[-6:]}")
-        names = {j.name for j in sched.list_jobs("acme").items}
-        assert len(names) == 2 and job.name in names
+        assert created and others == ["created"] and reads == [1]
+        assert job.name == f"q-cron-{job.job_id}"
+        jobs = sched.list_jobs("acme").items
+        assert len(jobs) == 2 and len({j.name for j in jobs}) == 2
+        # what was written is what the answer said, audit entry and all
+        assert sched.get_job(job.job_id, "acme").name == job.name
+
+
+@pytest.mark.postgres
+def test_a_given_name_taken_meanwhile_refuses_that_job_alone(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Scheduler.open(pg_url) as sched:
+        sched.create_tenant("acme", ACTOR)
+        reads, others = _race_names(sched, monkeypatch, lambda batch, ids: ["wanted"])
+        outcomes = sched.create_many(
+            "acme", [body(name="wanted"), body(name="free"), body()], actor=ACTOR
+        )
+        monkeypatch.undo()
+        assert others == ["created"] and reads == [1]
+        refused, free, default = outcomes
+        assert refused.error is not None and refused.error.field == "name", refused
+        assert free.job is not None and free.job.name == "free" and free.created
+        assert default.job is not None and default.created
+        names = sorted(j.name for j in sched.list_jobs("acme").items)
+        assert names == sorted(["wanted", "free", default.job.name])
 
 
 # -- lookup ----------------------------------------------------------------------------
