@@ -1,0 +1,48 @@
+"""Owns the test of the pipeline benches' queue sampler: a run counts as delivered into the
+built-in queue when a look first saw its message committed, not at the message's own
+created_at (the claim's clock when its transaction began)."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+
+from schedctl.bench.pipeline import _QueueSampler
+from schedctl.storage import schema
+from schedctl.storage.store import Store
+from tests.factories import insert_tenant_row
+
+
+def test_a_message_counts_from_when_a_look_saw_it(store: Store) -> None:
+    """A claim stamps its messages with its clock when its transaction began; they are in
+    the queue only once it commits. An embedded burst's 10,000 runs, claimed in one
+    transaction, all read 0.0 s after the instant that way. Fails when the sampler keeps
+    created_at."""
+    stamped = datetime.now(UTC) - timedelta(minutes=5)  # a transaction that began long ago
+    with store.tx() as connection:
+        insert_tenant_row(connection, "t1", "t1", created_at=stamped)
+    sampler = _QueueSampler(store, "t1")
+    sampler.start()
+    try:
+        time.sleep(0.2)  # a few empty looks first
+        before_commit = datetime.now(UTC)
+        with store.tx() as connection:
+            connection.execute(
+                schema.queue_messages.insert().values(
+                    queue="q",
+                    job_id="j1",
+                    scheduled_at=stamped,
+                    tenant_id="t1",
+                    attempt=1,
+                    available_at=stamped,
+                    created_at=stamped,
+                )
+            )
+        deadline = time.monotonic() + 30
+        while not sampler.seen and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        sampler.stop()
+    assert list(sampler.seen) == [("j1", stamped)]
+    seen = sampler.seen[("j1", stamped)]
+    assert seen >= before_commit, (seen, before_commit)
