@@ -347,6 +347,10 @@ class _Bench:
             delivered = self._delivered(job_id, at, received)
             if delivered is None and started is not None and self.plan.target == "queue":
                 delivered, unseen = started.timestamp(), unseen + 1  # an upper bound
+            elif delivered is not None and started is not None and self.plan.target == "queue":
+                # seen is an upper bound too (a look every SAMPLE_SECONDS): a run was in
+                # the queue before a worker started it
+                delivered = min(delivered, started.timestamp())
             if delivered is not None:
                 stages["delivered"].append((at, delivered))
         duplicates = sum(len(times) - 1 for times in received.values())

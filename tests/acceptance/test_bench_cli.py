@@ -3,6 +3,7 @@ figures themselves are measured, never asserted)."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -27,6 +28,13 @@ def assert_whole_path(result: dict[str, Any], runs: int, *, executed: bool) -> N
     for key in STAGE_KEYS[:2] + (STAGE_KEYS[2:] if executed else []):
         assert result[key]["count"] == runs
         assert result[key]["p99"] >= result[key]["p50"]
+    if executed:
+        # per run: claimed, in the queue, started, finished, in that order (the queue's
+        # sampler looks every 50 ms; a run a worker started was in the queue before)
+        stages = [result[key] for key in STAGE_KEYS]
+        for earlier, later in itertools.pairwise(stages):
+            for figure in ("p50", "p99", "max"):
+                assert earlier[figure] <= later[figure], (figure, stages)
     assert set(result["exit_codes"].values()) == {0}
     assert result["log_trouble"] == 0
 
