@@ -133,7 +133,7 @@ class _QueueSampler:
                     # write lock past the busy timeout; look again at the next tick (this
                     # thread dying left every run unseen: 10,000 "missing")
                     break
-                for _id, job_id, at, _created in rows:
+                for _id, job_id, at in rows:
                     self.seen.setdefault((job_id, at), looked)
                 if rows:
                     after = max(after, rows[-1][0] - SAMPLE_OVERLAP)

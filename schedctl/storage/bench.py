@@ -286,18 +286,18 @@ def extra_executions(store: Store, tenant_id: str) -> int:
 
 def queued_since(
     store: Store, tenant_id: str, after_id: int, limit: int
-) -> list[tuple[int, str, datetime, datetime]]:
-    """(id, job_id, scheduled_at, created_at) of the tenant's queue messages with an id above
-    `after_id`, in id order: when each run was put in the built-in queue."""
+) -> list[tuple[int, str, datetime]]:
+    """(id, job_id, scheduled_at) of the tenant's queue messages with an id above
+    `after_id`, in id order: the runs in the built-in queue now."""
     m = schema.queue_messages
     with store.read() as connection:
         rows = connection.execute(
-            select(m.c.id, m.c.job_id, m.c.scheduled_at, m.c.created_at)
+            select(m.c.id, m.c.job_id, m.c.scheduled_at)
             .where(m.c.tenant_id == tenant_id, m.c.id > after_id)
             .order_by(m.c.id)
             .limit(limit)
         ).all()
-    return [(int(i), j, at, c) for i, j, at, c in rows]
+    return [(int(i), j, at) for i, j, at in rows]
 
 
 def jobs_of(store: Store, tenant_id: str) -> list[str]:

@@ -950,7 +950,8 @@ def _insert_from_json(table: str, columns: tuple[tuple[str, str], ...], param: s
 # the jobs, their audit entries and their notifications in one statement (data-modifying
 # CTEs run whether or not the query reads them; notifications go out at commit). A job
 # whose name a create committed since this one read the names is left out, with its
-# audit entry and notification; the statement answers how many jobs it wrote.
+# audit entry and notification; the statement answers how many jobs it wrote (and reads
+# `notified`, a plain CTE, so that it runs).
 _INSERT_CREATED = (
     f"WITH created AS ({_insert_from_json('jobs', _JOB_ARRAYS, 'jobs')}"
     f" ON CONFLICT (tenant_id, name) WHERE status <> '{JobStatus.deleted.value}' DO NOTHING"

@@ -72,7 +72,7 @@ Admit = Callable[[Connection, int], Admission]
 
 def new_job_id() -> str:
     """Time-ordered (48-bit milliseconds) then random: ids sort by creation, for paging."""
-    return f"{int(time.time() * 1000):012x}{os.urandom(10).hex()}"
+    return new_job_ids(1)[0]
 
 
 def new_job_ids(count: int) -> list[str]:
@@ -377,13 +377,13 @@ class _Batch:
         left_out = self._write(pending, now)
         if not left_out:
             return pending
-        written = [(index, row) for index, row in pending if row["job_id"] not in left_out]
+        written: list[tuple[int, dict[str, Any]]] = []
         renamed: list[tuple[int, dict[str, Any]]] = []
         for index, row in pending:
-            if row["job_id"] not in left_out:
-                continue
             item = self.items[index]
-            if item.auto_name:
+            if row["job_id"] not in left_out:
+                written.append((index, row))
+            elif item.auto_name:
                 row["name"] = _long_name(item.spec.name, row["job_id"])
                 renamed.append((index, row))
             else:
