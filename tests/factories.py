@@ -100,6 +100,23 @@ def insert_cron_job_row(
     )
 
 
+def insert_queue_message_row(
+    connection: Connection, job_id: str, tenant_id: str, *, queue: str, at: datetime
+) -> None:
+    """The first attempt of `job_id`'s run at `at` on `queue`, available and written at `at`."""
+    connection.execute(
+        schema.queue_messages.insert().values(
+            queue=queue,
+            job_id=job_id,
+            scheduled_at=at,
+            tenant_id=tenant_id,
+            attempt=1,
+            available_at=at,
+            created_at=at,
+        )
+    )
+
+
 def spec(
     schedule: Schedule,
     *,

@@ -8,9 +8,8 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from schedctl.bench.pipeline import _QueueSampler
-from schedctl.storage import schema
 from schedctl.storage.store import Store
-from tests.factories import insert_tenant_row
+from tests.factories import insert_queue_message_row, insert_tenant_row
 
 
 def test_a_message_counts_from_when_a_look_saw_it(store: Store) -> None:
@@ -27,17 +26,7 @@ def test_a_message_counts_from_when_a_look_saw_it(store: Store) -> None:
         time.sleep(0.2)  # a few empty looks first
         before_commit = datetime.now(UTC)
         with store.tx() as connection:
-            connection.execute(
-                schema.queue_messages.insert().values(
-                    queue="q",
-                    job_id="j1",
-                    scheduled_at=stamped,
-                    tenant_id="t1",
-                    attempt=1,
-                    available_at=stamped,
-                    created_at=stamped,
-                )
-            )
+            insert_queue_message_row(connection, "j1", "t1", queue="q", at=stamped)
         deadline = time.monotonic() + 30
         while not sampler.seen and time.monotonic() < deadline:
             time.sleep(0.02)

@@ -25,7 +25,12 @@ from schedctl.storage.store import Store
 from scheduled_d.__main__ import app
 from scheduled_d.metrics import export_queue_depths
 from scheduled_d.worker import Worker
-from tests.factories import insert_cron_job_row, insert_tenant_row, make_tenant
+from tests.factories import (
+    insert_cron_job_row,
+    insert_queue_message_row,
+    insert_tenant_row,
+    make_tenant,
+)
 from tests.integration.queue_support import (
     dead_letters,
     messages,
@@ -169,17 +174,7 @@ def test_migration_0005_indexes_messages_by_tenant(empty_sqlite_url: str) -> Non
                 )
             insert_cron_job_row(connection, "j2", "t2", queue="backups", at=now)
             # a message whose tenant disagrees with its job's: the job's tenant wins
-            connection.execute(
-                schema.queue_messages.insert().values(
-                    queue="backups",
-                    job_id="j2",
-                    scheduled_at=now,
-                    tenant_id="t1",
-                    attempt=1,
-                    available_at=now,
-                    created_at=now,
-                )
-            )
+            insert_queue_message_row(connection, "j2", "t1", queue="backups", at=now)
     finally:
         engine.dispose()
     assert upgrade(empty_sqlite_url) == ("0004", head_revision())
