@@ -122,11 +122,13 @@ class PostgresDialect:
         ]
 
     def leased_counts(self, connection: Connection, job_ids: Sequence[str]) -> dict[str, int]:
-        return dict(_pg_rows(connection, _LEASED_COUNTS, {"job_ids": list(job_ids)}))
+        return dict(_pg_rows(connection, _LEASED_COUNTS, {"job_ids": list(job_ids)}, prepare=False))
 
     def mark_leased(
         self, connection: Connection, leases: Sequence[LeasedRow], mark: LeaseMark
     ) -> None:
+        # unprepared, as lease_candidates: the generic plan made on a near-empty queue
+        # joined by seq scans of the queue and today's runs, 6 ms a lease at 60,000 runs
         _pg_rows(
             connection,
             _MARK_LEASED,
@@ -139,12 +141,13 @@ class PostgresDialect:
                 "leased_until": mark.leased_until,
                 "now": mark.now,
             },
+            prepare=False,
         )
 
     def held_messages(
         self, connection: Connection, ids: Sequence[int]
     ) -> tuple[datetime, Sequence[Sequence[Any]]]:
-        rows = _pg_rows(connection, _HELD_MESSAGES, {"ids": list(ids)})
+        rows = _pg_rows(connection, _HELD_MESSAGES, {"ids": list(ids)}, prepare=False)
         if not rows:
             return self.now(connection), []
         return rows[0][-1].astimezone(UTC), [
@@ -334,6 +337,10 @@ class PostgresDialect:
         if statement is None:
             statement = _RECORD_OUTCOMES[key] = _record_outcomes(table_name, aligned=aligned)
         runs = _ALIGNED_RUN_ARRAYS if aligned else _RUN_ARRAYS
+        # Planned at each execution, never prepared (as lease_candidates): a worker that
+        # settled its first runs while the queue and today's runs were near empty kept a
+        # generic plan scanning both whole for every batch; at 2,000 runs/s that scan grew
+        # with the run history until Postgres's CPU, not the workers, set the pace
         return _pg_rows(
             connection,
             statement,
@@ -346,6 +353,7 @@ class PostgresDialect:
                 **{f"r_{name}": [row[name] for row in writes.runs] for name, _ in runs},
                 "gone": list(writes.gone[1]) if writes.gone is not None else [],
             },
+            prepare=False,
         )
 
     def due_outbox_rows(
