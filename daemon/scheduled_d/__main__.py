@@ -103,13 +103,16 @@ def _preflight(config: Config) -> None:
         check_bind(config.metrics_listen, "metrics_listen")
 
 
-def _open_store(config: Config, *, upgrade: bool) -> Store:
+def _open_store(config: Config, mode: str, *, upgrade: bool) -> Store:
     # imported here: `worker --api` needs no database and loads no database code
     from schedctl.storage.engine import normalize_url, sets_itself_up
     from schedctl.storage.store import Store
 
     url = normalize_url(config.database_url)
-    return Store.open(url, upgrade=upgrade or sets_itself_up(url))
+    # the mode in pg_stat_activity: which backends serve dispatchers, relays or workers
+    return Store.open(
+        url, upgrade=upgrade or sets_itself_up(url), application_name=f"scheduled-d {mode}"
+    )
 
 
 def _run_threads(targets: list[tuple[str, Callable[[], None]]]) -> list[threading.Thread]:
@@ -145,6 +148,7 @@ def _fail(error: errors.SchedError) -> None:
 
 
 def _serve(
+    mode: str,
     run: Callable[[Store, Config], None],
     config_path: str | None,
     db: str | None,
@@ -158,7 +162,7 @@ def _serve(
     try:
         config = _config(config_path, db, log_format, **overrides)
         _preflight(config)
-        store = _open_store(config, upgrade=upgrade)
+        store = _open_store(config, mode, upgrade=upgrade)
         run(store, config)
     except errors.SchedError as error:
         _fail(error)
@@ -174,7 +178,7 @@ def all(  # the mode is named "all"
     """Dispatcher + relay + the configured workers in one process (the embedded default)."""
     from scheduled_d.runtime import run_all
 
-    _serve(run_all, config_path, db, log_format, upgrade=upgrade)
+    _serve("all", run_all, config_path, db, log_format, upgrade=upgrade)
 
 
 def _plain_mode(name: str, help_text: str) -> None:
@@ -188,7 +192,7 @@ def _plain_mode(name: str, help_text: str) -> None:
     ) -> None:
         from scheduled_d import runtime
 
-        _serve(getattr(runtime, f"run_{name}"), config_path, db, log_format)
+        _serve(name, getattr(runtime, f"run_{name}"), config_path, db, log_format)
 
     app.command(name, help=help_text)(command)
 
@@ -214,7 +218,7 @@ def api(
     from scheduled_d.runtime import run_api
 
     # flag > environment > file, like every other setting
-    _serve(run_api, config_path, db, log_format, api_listen=listen)
+    _serve("api", run_api, config_path, db, log_format, api_listen=listen)
 
 
 @app.command(context_settings={"allow_interspersed_args": False})
@@ -341,7 +345,7 @@ def worker(
             _preflight(config)
             from scheduled_d.host_worker import run_host_worker
 
-            store = _open_store(config, upgrade=False)
+            store = _open_store(config, "worker", upgrade=False)
             try:
                 run_host_worker(
                     store, host_config, lease_seconds=lease_seconds or 30.0, max_runs=max_runs
@@ -387,7 +391,7 @@ def worker(
         config = _config(config_path, db, log_format)
         spec = _worker_spec(config, queue) if not command else None
         _preflight(config)
-        store = _open_store(config, upgrade=False)
+        store = _open_store(config, "worker", upgrade=False)
         try:
             run_worker(
                 store,

@@ -33,11 +33,14 @@ def peak_rss_bytes(pid: int) -> int | None:
     return None
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of a live process so far."""
+def cpu_seconds(pid: int, *, children: bool = False) -> float | None:
+    """User + system CPU seconds of a live process so far; with `children`, those of its
+    children that have exited and been waited for instead (a worker's commands)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     except OSError:
         return None
-    # after the command's ")": state is field 3, utime 14 and stime 15 (1-based)
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    # after the command's ")": state is field 3, utime 14, stime 15, cutime 16 and cstime 17
+    # (1-based)
+    first = 13 if children else 11
+    return (int(fields[first]) + int(fields[first + 1])) / os.sysconf("SC_CLK_TCK")

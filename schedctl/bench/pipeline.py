@@ -165,6 +165,10 @@ class _Processes:
         self.pids: dict[str, int] = {}
         self.peak: dict[str, int] = {}
         self.cpu: dict[str, float] = {}
+        self.commands_cpu: dict[str, float] = {}  # a worker's exited commands
+        # a local Postgres's client backends: pid -> [application_name, first, last] CPU
+        # seconds; None once the server turned out not to be this machine's
+        self.backends: dict[int, list[Any]] | None = {}
 
     def sample(self) -> None:
         for name, pid in self.pids.items():
@@ -174,6 +178,36 @@ class _Processes:
             cpu = measure.cpu_seconds(pid)
             if cpu is not None:
                 self.cpu[name] = max(cpu, self.cpu.get(name, 0.0))
+            if "worker" in name:
+                spent = measure.cpu_seconds(pid, children=True)
+                if spent is not None:
+                    self.commands_cpu[name] = max(spent, self.commands_cpu.get(name, 0.0))
+
+    def sample_backends(self, store: Store) -> None:
+        """The CPU time of the database's sessions so far, when Postgres is on this
+        machine: what each kind of process (application_name) costs the server."""
+        if self.backends is None:
+            return
+        sessions = bench_rows.local_backends(store)
+        if sessions is None:
+            self.backends = None
+            return
+        for pid, application in sessions.items():
+            cpu = measure.cpu_seconds(pid)
+            if cpu is None:
+                continue
+            seen = self.backends.setdefault(pid, [application, cpu, cpu])
+            seen[2] = max(seen[2], cpu)
+
+    def backend_cpu(self) -> dict[str, float] | None:
+        """Postgres CPU seconds by application_name since each session was first seen."""
+        if self.backends is None:
+            return None
+        spent: dict[str, float] = {}
+        for application, first, last in self.backends.values():
+            name = application or "(unnamed)"  # psql and other tools may set none
+            spent[name] = spent.get(name, 0.0) + last - first
+        return {k: round(v, 2) for k, v in sorted(spent.items())}
 
 
 def lateness(pairs: Sequence[tuple[datetime, float]]) -> dict[str, float | int | None]:
@@ -308,6 +342,7 @@ class _Bench:
         while time.monotonic() < deadline:
             self.procs.sample()
             if time.monotonic() >= next_count:
+                self.procs.sample_backends(self.store)
                 if self._done() >= total:
                     return True
                 next_count = time.monotonic() + DONE_POLL_SECONDS
@@ -320,6 +355,7 @@ class _Bench:
 
     def stop(self) -> dict[str, int | None]:
         self.procs.sample()
+        self.procs.sample_backends(self.store)
         if self.sampler is not None:
             self.sampler.stop()
         return self.plan.dispatchers.stop() | self.consumers.stop()
@@ -423,6 +459,7 @@ def _run(
     finally:
         bench.close()
     procs = bench.procs.peak | {"bench": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    backend_cpu = bench.procs.backend_cpu()
     result.update(
         {
             "target": plan.target,
@@ -446,6 +483,15 @@ def _run(
             "cpu_seconds_per_100k_runs": {
                 k: round(v * 100_000 / max(total, 1), 2) for k, v in bench.procs.cpu.items()
             },
+            # the commands the workers started (/bin/true): the spawn's cost in the child
+            "commands_cpu_seconds": {k: round(v, 2) for k, v in bench.procs.commands_cpu.items()},
+            # a local Postgres's CPU serving each kind of process (None: not this machine's)
+            "postgres_cpu_seconds": backend_cpu,
+            "postgres_cpu_seconds_per_100k_runs": (
+                {k: round(v * 100_000 / max(total, 1), 2) for k, v in backend_cpu.items()}
+                if backend_cpu is not None
+                else None
+            ),
             "exit_codes": exits,
             "log_trouble": sum(len(v) for v in bench.consumers.trouble().values()),
             "logs": str(plan.dispatchers.logdir),

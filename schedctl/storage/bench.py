@@ -190,6 +190,22 @@ def database_settings(store: Store) -> str:
         return store.dialect.describe(connection)
 
 
+def local_backends(store: Store) -> dict[int, str] | None:
+    """The database's client sessions as {server process id: application_name}, when its
+    server runs on this machine (its processes are this machine's); None otherwise."""
+    with store.read() as connection:
+        seen = store.dialect.server_sessions(connection)
+    if seen is None or seen.server_address not in (None, "127.0.0.1", "::1"):
+        return None
+    try:
+        with open(f"/proc/{seen.own_pid}/cmdline", "rb") as cmdline:
+            if not cmdline.read().startswith(b"postgres"):
+                return None  # another machine's process numbers
+    except OSError:
+        return None
+    return seen.sessions
+
+
 def delete_queue_messages(store: Store, queue: str) -> None:
     with store.tx() as connection:
         connection.execute(

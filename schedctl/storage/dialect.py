@@ -130,6 +130,17 @@ class OutcomeWrites:
     upstreams: Sequence[str]
 
 
+@dataclass(frozen=True)
+class ServerSessions:
+    """A database server's view of its client sessions: the process serving this
+    connection, the address the server answered on (None: a Unix socket), and each client
+    session's server process id with its application_name."""
+
+    own_pid: int
+    server_address: str | None
+    sessions: dict[int, str]
+
+
 class Dialect(Protocol):
     """What storage asks of a backend. Every method runs inside the caller's transaction
     unless it says otherwise."""
@@ -329,6 +340,11 @@ class Dialect(Protocol):
     def table_bytes(self, connection: Connection, table: str) -> int | None:
         """Bytes of `table` with its indexes (and partitions), for benchmark reports; None
         where the backend cannot tell."""
+        ...
+
+    def server_sessions(self, connection: Connection) -> ServerSessions | None:
+        """The database server's client sessions, for benchmark reports of its CPU; None
+        where there is no server process (SQLite)."""
         ...
 
     def generate_once_jobs(

@@ -32,7 +32,15 @@ from sqlalchemy.exc import IntegrityError
 
 from schedctl.models import EVERY_HOST_QUEUE_PREFIX, JobStatus, Lane
 from schedctl.storage import schema
-from schedctl.storage.dialect import ChangeFeed, Changes, LeasedRow, LeaseMark, Lock, OutcomeWrites
+from schedctl.storage.dialect import (
+    ChangeFeed,
+    Changes,
+    LeasedRow,
+    LeaseMark,
+    Lock,
+    OutcomeWrites,
+    ServerSessions,
+)
 
 if TYPE_CHECKING:
     # the driver is loaded by the change feed only: a CLI command needs it not
@@ -488,6 +496,18 @@ class PostgresDialect:
         fsync = connection.execute(text("SHOW fsync")).scalar_one()
         sync = connection.execute(text("SHOW synchronous_commit")).scalar_one()
         return f"postgres (fsync={fsync}, synchronous_commit={sync})"
+
+    def server_sessions(self, connection: Connection) -> ServerSessions | None:
+        own_pid, address = connection.exec_driver_sql(
+            "SELECT pg_backend_pid(), host(inet_server_addr())"
+        ).one()
+        rows = connection.exec_driver_sql(
+            "SELECT pid, application_name FROM pg_stat_activity"
+            " WHERE datname = current_database() AND backend_type = 'client backend'"
+        ).all()
+        return ServerSessions(
+            int(own_pid), address, {int(pid): str(name or "") for pid, name in rows}
+        )
 
     def table_bytes(self, connection: Connection, table: str) -> int | None:
         value = connection.execute(

@@ -19,7 +19,15 @@ from sqlalchemy.engine import Connection, Engine, RowMapping
 from schedctl import errors
 from schedctl.models import EVERY_HOST_QUEUE_PREFIX, JobStatus, Lane, RunStatus, TargetType
 from schedctl.storage import schema
-from schedctl.storage.dialect import ChangeFeed, Changes, LeasedRow, LeaseMark, Lock, OutcomeWrites
+from schedctl.storage.dialect import (
+    ChangeFeed,
+    Changes,
+    LeasedRow,
+    LeaseMark,
+    Lock,
+    OutcomeWrites,
+    ServerSessions,
+)
 
 COUNTER_KEY = "jobs_changed"
 # bound values per IN list: well under SQLite's limit of variables in one statement
@@ -334,6 +342,9 @@ class SqliteDialect:
 
     def describe(self, connection: Connection) -> str:
         return "sqlite (WAL, synchronous=NORMAL)"
+
+    def server_sessions(self, connection: Connection) -> ServerSessions | None:
+        return None  # a file, no server
 
     def table_bytes(self, connection: Connection, table: str) -> int | None:
         try:

@@ -68,7 +68,9 @@ def database_of(url: str) -> str | None:
     return make_url(url).database
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
+def make_engine(url: str, *, application_name: str = "schedctl", **kwargs: Any) -> Engine:
+    """An engine for `url`; on Postgres its sessions carry `application_name` (the
+    process's role, as pg_stat_activity shows it) unless the URL names one."""
     url = normalize_url(url)
     try:
         parsed = make_url(url)
@@ -98,7 +100,9 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             # locks forever: a claim's FOR SHARE on a partition row would block the new
             # owner's epoch write until the paused one woke up
             "options": f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}",
-        },
+        }
+        # the URL's own ?application_name= wins: connect_args would override it
+        | ({} if "application_name" in parsed.query else {"application_name": application_name}),
     )
     engine = create_engine(url, **kwargs)
     if ping_idle:

@@ -69,9 +69,17 @@ class Store:
         self._partition_count: int | None = None
 
     @classmethod
-    def open(cls, url: str, *, upgrade: bool = False, check: bool = True) -> Store:
-        """Connect; with upgrade=True migrate to head first (the embedded default does)."""
-        store = cls(make_engine(url))
+    def open(
+        cls,
+        url: str,
+        *,
+        upgrade: bool = False,
+        check: bool = True,
+        application_name: str = "schedctl",
+    ) -> Store:
+        """Connect; with upgrade=True migrate to head first (the embedded default does).
+        `application_name`: who this process is, in Postgres's pg_stat_activity."""
+        store = cls(make_engine(url, application_name=application_name))
         if upgrade:
             # migrating loads alembic: only here, not for every CLI command
             from schedctl.storage.migrate import upgrade_engine

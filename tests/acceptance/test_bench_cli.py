@@ -87,6 +87,21 @@ def test_steady_through_the_queue_with_two_workers(sqlite_url: str) -> None:
     assert result["spawn_ceiling_per_second"] > 0
     assert result["spawn_cpu_ms_per_start"] > 0
     assert set(result["exit_codes"]) == {"dispatcher-0", "relay", "worker-0", "worker-1"}
+    assert set(result["commands_cpu_seconds"]) == {"worker-0", "worker-1"}
+    assert result["postgres_cpu_seconds"] is None  # SQLite: no server
+
+
+def test_steady_on_postgres_reports_the_servers_cpu_per_kind_of_process(pg_url: str) -> None:
+    """The server's CPU by the sessions' application_name, which each daemon mode sets:
+    the Postgres side of each stage's cost per run."""
+    result = bench(pg_url, "steady", "--rate", "20", "--duration", "2", "--workers", "1")
+    assert_whole_path(result, 40, executed=True)
+    spent = result["postgres_cpu_seconds"]
+    assert {"scheduled-d dispatcher", "scheduled-d relay", "scheduled-d worker"} <= set(spent)
+    assert "schedctl" in spent  # the bench's own reads
+    assert all(v >= 0 for v in spent.values())
+    assert set(result["postgres_cpu_seconds_per_100k_runs"]) == set(spent)
+    assert set(result["commands_cpu_seconds"]) == {"worker-0"}
 
 
 def test_steady_with_api_workers_executes_every_run_through_the_api(db_url: str) -> None:
