@@ -148,6 +148,7 @@ class PostgresDialect:
                 "owner": mark.owner,
                 "leased_until": mark.leased_until,
                 "now": mark.now,
+                **_span([x[2] for x in leases]),
             },
             prepare=False,
         )
@@ -326,7 +327,8 @@ class PostgresDialect:
         _pg_binary(
             connection,
             _UPDATE_RUNS,
-            {name: [row[name] for row in rows] for name, _ in _RUN_ARRAYS},
+            {name: [row[name] for row in rows] for name, _ in _RUN_ARRAYS}
+            | _span([row["scheduled_at"] for row in rows]),
         )
 
     def record_outcomes(
@@ -359,6 +361,10 @@ class PostgresDialect:
                     for name, _ in _ATTEMPT_ARRAYS
                 },
                 **{f"r_{name}": [row[name] for row in writes.runs] for name, _ in runs},
+                **{
+                    f"r_{k}": v
+                    for k, v in _span([row["scheduled_at"] for row in writes.runs]).items()
+                },
                 "gone": list(writes.gone[1]) if writes.gone is not None else [],
             },
             prepare=False,
@@ -731,6 +737,23 @@ _INSERT_ATTEMPTS = (
     + ", ".join(f"CAST(%({name})b AS {kind}[])" for name, kind in _ATTEMPT_ARRAYS)
     + ")"
 )
+# The span of the runs' instants, besides each run's own key: a statement planned at its
+# execution then touches the day partitions holding them only, not every partition of the
+# run history (an Append over all of them, planned and opened for a handful of rows)
+_RUNS_SPAN = (
+    " AND runs.scheduled_at BETWEEN CAST(%(first_at)b AS timestamptz)"
+    " AND CAST(%(last_at)b AS timestamptz)"
+)
+
+
+def _span(instants: Sequence[datetime]) -> dict[str, datetime | None]:
+    """_RUNS_SPAN's parameters for these instants."""
+    return {
+        "first_at": min(instants, default=None),
+        "last_at": max(instants, default=None),
+    }
+
+
 _RUN_ARRAYS = (
     ("job_id", "text"),
     ("scheduled_at", "timestamptz"),
@@ -750,11 +773,13 @@ _UPDATE_RUNS = (
     + ") AS v("
     + ", ".join(name for name, _ in _RUN_ARRAYS)
     + ") WHERE runs.job_id = v.job_id AND runs.scheduled_at = v.scheduled_at"
+    + _RUNS_SPAN
 )
 
 # A worker's lease and settle (queue.py), on the driver's cursor: constant texts, arrays in
-# binary, prepared once per connection, and the clock read inside the statement that needs
-# it (an initplan: one clock_timestamp() per statement), not in a round trip of its own.
+# binary, planned at each execution (see lease_candidates), and the clock read inside the
+# statement that needs it (an initplan: one clock_timestamp() per statement), not in a
+# round trip of its own.
 _LEASE_CANDIDATES = """
 SELECT m.id, m.job_id, m.scheduled_at, m.attempt, j.max_attempts, j.retry_base_seconds,
        j.retry_max_seconds, j.max_concurrency, j.timeout_seconds,
@@ -776,7 +801,8 @@ SELECT job_id, count(*) FROM queue_messages
  WHERE job_id = ANY(CAST(%(job_ids)b AS text[])) AND leased_until IS NOT NULL
  GROUP BY job_id
 """
-_MARK_LEASED = """
+_MARK_LEASED = (
+    """
 WITH v AS (
     SELECT * FROM unnest(CAST(%(ids)b AS bigint[]), CAST(%(job_ids)b AS text[]),
                          CAST(%(scheduled_ats)b AS timestamptz[]),
@@ -793,6 +819,8 @@ UPDATE runs SET status = 'running', attempt = v.attempt,
                 exit_code = NULL, error = NULL, output_tail = NULL
   FROM v WHERE runs.job_id = v.job_id AND runs.scheduled_at = v.scheduled_at
 """
+    + _RUNS_SPAN
+)
 _HELD_MESSAGES = """
 SELECT m.id, m.queue, m.job_id, m.scheduled_at, m.tenant_id, m.attempt, j.max_attempts,
        j.retry_base_seconds, j.retry_max_seconds, m.lease_owner, (SELECT clock_timestamp())

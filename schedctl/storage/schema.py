@@ -198,9 +198,16 @@ queue_messages = Table(
     # like outbox.payload (0009): the payload of the definition the run was claimed under
     Column("payload", Text, nullable=True),
     UniqueConstraint("job_id", "scheduled_at", name="uq_queue_messages_run"),
-    # a queue is (tenant, name): a worker reads its tenant's queue in due order
-    Index("ix_queue_messages_ready", "tenant_id", "queue", "available_at"),
-    Index("ix_queue_messages_job", "job_id"),
+    # a queue is (tenant, name): a worker reads its tenant's unleased messages in due
+    # order (0015: leased ones are not in it; reads by job_id use uq_queue_messages_run)
+    Index(
+        "ix_queue_messages_ready",
+        "tenant_id",
+        "queue",
+        "available_at",
+        postgresql_where=text("leased_until IS NULL"),
+        sqlite_where=text("leased_until IS NULL"),
+    ),
     # the lease's count of a job's leased messages reads only those (0007)
     Index(
         "ix_queue_messages_leased_job",

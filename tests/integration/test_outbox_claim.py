@@ -206,9 +206,11 @@ def test_a_settle_reads_the_database_clock_in_its_locking_statement(
         assert not any(s.strip() == "SELECT clock_timestamp()" for s in statements), statements
         assert "FOR UPDATE" in statements[0] and "clock_timestamp()" in statements[0]
         # a run per attempt: the runs' update takes the attempts' arrays, and only the runs'
-        # statuses are an array of their own
+        # statuses are an array of their own (besides the span of their instants)
         (record,) = [p for q, p in zip(statements, parameters, strict=True) if "run_attempts" in q]
-        assert {name for name in record if name.startswith("r_")} == {"r_status"}
+        arrays = {name for name, value in record.items() if isinstance(value, list)}
+        assert {name for name in arrays if name.startswith("r_")} == {"r_status"}
+        assert {"r_first_at", "r_last_at"} <= set(record)
         assert run_row(store, job, claimed[0].scheduled_at)["status"] == "succeeded"
         assert run_row(store, job, claimed[1].scheduled_at)["status"] == "failed"
     # settling the same outcomes again changes nothing: the leases are no longer theirs

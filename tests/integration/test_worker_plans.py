@@ -4,13 +4,17 @@ on Postgres, never answered by a generic plan kept from when the queue was empty
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+import psycopg
 import pytest
 from sqlalchemy import text
 
 from schedctl.storage import schema
 from schedctl.storage.dialect import LeaseMark, OutcomeWrites
+from schedctl.storage.retention import ensure_run_partitions
 from schedctl.storage.store import Store
+from tests.factories import make_tenant
 
 pytestmark = pytest.mark.postgres
 
@@ -55,3 +59,64 @@ def test_lease_and_settle_statements_are_never_prepared(pg_store: Store) -> None
         )
     kept = {name for name, phrase in STATEMENTS.items() if any(phrase in s for s in prepared)}
     assert kept == set(), kept
+
+
+def _plan(store: Store, statement: str, params: dict[str, Any]) -> str:
+    """EXPLAIN of `statement` planned with these parameters (as the worker runs it)."""
+    url = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(url) as connection:
+        rows = connection.execute("EXPLAIN " + statement, params, prepare=False).fetchall()
+    return "\n".join(row[0] for row in rows)
+
+
+def _lease_params(instants: list[datetime]) -> dict[str, Any]:
+    n = len(instants)
+    return {
+        "ids": list(range(1, n + 1)),
+        "job_ids": [f"job-{i}" for i in range(n)],
+        "scheduled_ats": instants,
+        "attempts": [1] * n,
+        "owner": "worker/1",
+        "leased_until": instants[0],
+        "now": instants[0],
+        "first_at": min(instants),
+        "last_at": max(instants),
+    }
+
+
+def test_a_lease_updates_only_the_day_partitions_of_its_runs(pg_store: Store) -> None:
+    """The run history is partitioned by day: a lease's runs are updated in the partitions
+    holding them, not in an Append over every day's (planned and opened for a handful of
+    rows). A batch across midnight touches both days. Fails without the span bounds."""
+    from schedctl.storage.dialect_postgres import _MARK_LEASED
+
+    ensure_run_partitions(pg_store)  # today's and the next days'
+    today = datetime.now(UTC).replace(hour=12, minute=0, second=0, microsecond=0)
+    one_day = _plan(pg_store, _MARK_LEASED, _lease_params([today, today + timedelta(minutes=1)]))
+    assert one_day.count("Update on runs_") == 1, one_day
+    midnight = today.replace(hour=23, minute=59, second=59)
+    two_days = _plan(
+        pg_store, _MARK_LEASED, _lease_params([midnight, midnight + timedelta(seconds=2)])
+    )
+    assert two_days.count("Update on runs_") == 2, two_days
+
+
+def test_the_lease_reads_unleased_messages_by_the_partial_ready_index(pg_store: Store) -> None:
+    """ix_queue_messages_ready holds unleased messages only (0015): the lease's candidate
+    read must state `leased_until IS NULL` for Postgres to use it at all."""
+    from schedctl.storage.dialect_postgres import _LEASE_CANDIDATES
+
+    tenant = make_tenant(pg_store, "reader")
+    url = pg_store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(url, autocommit=True) as connection:
+        connection.execute(
+            "INSERT INTO queue_messages (queue, job_id, scheduled_at, tenant_id, attempt,"
+            " available_at, created_at, leased_until)"
+            " SELECT 'q' || (i %% 50), 'job-' || i, now(), %s, 1, now(), now(),"
+            " CASE WHEN i %% 2 = 0 THEN now() END FROM generate_series(1, 20000) AS i",
+            (tenant,),
+        )
+        connection.execute("ANALYZE queue_messages")
+    plan = _plan(pg_store, _LEASE_CANDIDATES, {"tenant_id": tenant, "queue": "q1", "fetch": 20})
+    assert "ix_queue_messages_ready" in plan, plan
+    assert "Seq Scan on queue_messages m" not in plan, plan
