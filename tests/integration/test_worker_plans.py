@@ -63,10 +63,15 @@ def test_lease_and_settle_statements_are_never_prepared(pg_store: Store) -> None
     assert kept == set(), kept
 
 
+def _connect(store: Store) -> psycopg.Connection[Any]:
+    """A plain psycopg connection (autocommit) to the store's database."""
+    url = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    return psycopg.connect(url, autocommit=True)
+
+
 def _plan(store: Store, statement: str, params: dict[str, Any]) -> str:
     """EXPLAIN of `statement` planned with these parameters (as the worker runs it)."""
-    url = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(url) as connection:
+    with _connect(store) as connection:
         rows = connection.execute("EXPLAIN " + statement, params, prepare=False).fetchall()
     return "\n".join(row[0] for row in rows)
 
@@ -109,8 +114,7 @@ def test_the_lease_reads_unleased_messages_by_the_partial_ready_index(pg_store: 
     from schedctl.storage.dialect_postgres import _LEASE_CANDIDATES
 
     tenant = make_tenant(pg_store, "reader")
-    url = pg_store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(url, autocommit=True) as connection:
+    with _connect(pg_store) as connection:
         connection.execute(
             "INSERT INTO queue_messages (queue, job_id, scheduled_at, tenant_id, attempt,"
             " available_at, created_at, leased_until)"
@@ -159,8 +163,7 @@ def test_planning_a_lease_reads_nothing_of_the_jobs_index(pg_store: Store) -> No
         first_at=datetime.now(UTC) + timedelta(days=1),
         spacing=timedelta(seconds=1),
     )
-    url = pg_store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(url, autocommit=True) as connection:
+    with _connect(pg_store) as connection:
         connection.execute(
             "INSERT INTO queue_messages (queue, job_id, scheduled_at, tenant_id, attempt,"
             " available_at, created_at)"
