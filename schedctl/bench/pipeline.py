@@ -210,6 +210,11 @@ class _Processes:
         return {k: round(v, 2) for k, v in sorted(spent.items())}
 
 
+def _per_100k_runs(seconds: dict[str, float], runs: int) -> dict[str, float]:
+    """CPU seconds per process scaled to 100,000 runs: a stage's cost per run."""
+    return {k: round(v * 100_000 / max(runs, 1), 2) for k, v in seconds.items()}
+
+
 def lateness(pairs: Sequence[tuple[datetime, float]]) -> dict[str, float | int | None]:
     """{last, p50, p99, max, count} of (due instant, unix time reached) pairs: `last` is from
     the latest due instant to the latest arrival (for a burst, from the due instant to the
@@ -480,17 +485,13 @@ def _run(
             "peak_rss_bytes": procs,
             # up to the stop (start-up included, shutdown not)
             "cpu_seconds": {k: round(v, 2) for k, v in bench.procs.cpu.items()},
-            "cpu_seconds_per_100k_runs": {
-                k: round(v * 100_000 / max(total, 1), 2) for k, v in bench.procs.cpu.items()
-            },
+            "cpu_seconds_per_100k_runs": _per_100k_runs(bench.procs.cpu, total),
             # the commands the workers started (/bin/true): the spawn's cost in the child
             "commands_cpu_seconds": {k: round(v, 2) for k, v in bench.procs.commands_cpu.items()},
             # a local Postgres's CPU serving each kind of process (None: not this machine's)
             "postgres_cpu_seconds": backend_cpu,
             "postgres_cpu_seconds_per_100k_runs": (
-                {k: round(v * 100_000 / max(total, 1), 2) for k, v in backend_cpu.items()}
-                if backend_cpu is not None
-                else None
+                _per_100k_runs(backend_cpu, total) if backend_cpu is not None else None
             ),
             "exit_codes": exits,
             "log_trouble": sum(len(v) for v in bench.consumers.trouble().values()),

@@ -68,7 +68,11 @@ def database_of(url: str) -> str | None:
     return make_url(url).database
 
 
-def make_engine(url: str, *, application_name: str = "schedctl", **kwargs: Any) -> Engine:
+# who a session is in pg_stat_activity, unless the process says (scheduled-d: its mode)
+APPLICATION_NAME = "schedctl"
+
+
+def make_engine(url: str, *, application_name: str = APPLICATION_NAME, **kwargs: Any) -> Engine:
     """An engine for `url`; on Postgres its sessions carry `application_name` (the
     process's role, as pg_stat_activity shows it) unless the URL names one."""
     url = normalize_url(url)

@@ -16,6 +16,7 @@ from schedctl import errors
 from schedctl.storage import schema
 from schedctl.storage.dialect import Dialect, dialect_named, known_dialects
 from schedctl.storage.engine import (
+    APPLICATION_NAME,
     READ_ONLY_OPTION,
     check_connection,
     first_line,
@@ -75,7 +76,7 @@ class Store:
         *,
         upgrade: bool = False,
         check: bool = True,
-        application_name: str = "schedctl",
+        application_name: str = APPLICATION_NAME,
     ) -> Store:
         """Connect; with upgrade=True migrate to head first (the embedded default does).
         `application_name`: who this process is, in Postgres's pg_stat_activity."""
