@@ -143,11 +143,27 @@ class Settles(abc.ABC, Generic[L]):
         )
 
 
+class ReadyFeed(Protocol):
+    """Word that a queue has new ready runs, so an idle worker leases at once instead of at
+    its next poll. A hint only: the worker still polls, and a lost word costs one poll."""
+
+    def wait(self, timeout: float) -> bool:
+        """Block up to `timeout` seconds; True when runs may have become ready meanwhile."""
+        ...
+
+    def close(self) -> None: ...
+
+
 class LeaseBackend(Settles[LeasedRun]):
     """Where a worker leases runs and records their outcomes (ack, fail, stop_cancelled:
     Settles; many at once: settle_many). Every method raises
     schedctl.errors.StoreUnavailable when the backend cannot be reached (the worker
     retries)."""
+
+    def ready_feed(self, queue: str) -> ReadyFeed | None:
+        """A feed of `queue`'s new ready runs for one worker (its own connection), or None
+        where this backend has none (the worker then finds them by polling)."""
+        return None
 
     @abc.abstractmethod
     def lease(

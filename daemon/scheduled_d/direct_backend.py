@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from schedctl import errors
-from schedctl.leasing import Beat, LeaseBackend, LeasedRun, Settlement
+from schedctl.leasing import Beat, LeaseBackend, LeasedRun, ReadyFeed, Settlement
 
 if TYPE_CHECKING:
     from schedctl.storage.queue import Lease as StoredLease
@@ -44,6 +44,9 @@ class DirectBackend(LeaseBackend):
         # a poll says this worker serves the queue (`schedctl status`); throttled
         record_presence(self.store, self.tenant_id, queue, owner, lease_seconds)
         return leases
+
+    def ready_feed(self, queue: str) -> ReadyFeed | None:
+        return self.store.dialect.queue_feed(self.store.engine, self.tenant_id, queue)
 
     def beat(self, lease: LeasedRun, lease_seconds: float, output_tail: str | None = None) -> Beat:
         beat = self.beat_many([(lease, output_tail)], lease_seconds)[0]

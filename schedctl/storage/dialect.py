@@ -6,14 +6,15 @@ The differences: the database clock; row locks (FOR UPDATE / SKIP LOCKED / FOR S
 Postgres; SQLite's BEGIN IMMEDIATE transactions are serialized already); upserts and
 insert-or-ignore; how a lost lock race and a lost connection look; the per-job advisory
 locks of the worker lease; job-change notification (LISTEN/NOTIFY, or a counter the
-dispatcher polls); the batched claim and lane reads (arrays bound in one statement, or
-row by row); and the day partitions of run history.
+dispatcher polls); word to idle workers that their queue has ready runs (LISTEN/NOTIFY, or
+none: embedded, the claim wakes its workers in process); the batched claim and lane reads
+(arrays bound in one statement, or row by row); and the day partitions of run history.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import date, datetime
@@ -22,6 +23,7 @@ from typing import Any, Protocol
 from sqlalchemy import Select, Table
 from sqlalchemy.engine import Connection, Engine, RowMapping
 
+from schedctl.leasing import ReadyFeed
 from schedctl.models import Lane
 
 # The row of Dialect.lease_candidates: a ready message and its job's policy and status (the
@@ -235,6 +237,18 @@ class Dialect(Protocol):
 
     def change_feed(self, engine: Engine, poll_seconds: float) -> ChangeFeed:
         """A feed of job changes for one dispatcher (its own connection)."""
+        ...
+
+    def notify_queues_ready(
+        self, connection: Connection, queues: Collection[tuple[str, str]]
+    ) -> None:
+        """Tell the workers of these (tenant_id, queue) pairs (at commit) that they have new
+        ready messages. (insert_runs tells them itself.)"""
+        ...
+
+    def queue_feed(self, engine: Engine, tenant_id: str, queue: str) -> ReadyFeed | None:
+        """A feed of word that the tenant's `queue` has new ready messages, for one worker
+        (its own connection); None where workers poll."""
         ...
 
     def advance_jobs(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import UTC, date, datetime
 from typing import Any
@@ -17,6 +17,7 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Connection, Engine, RowMapping
 
 from schedctl import errors
+from schedctl.leasing import ReadyFeed
 from schedctl.models import EVERY_HOST_QUEUE_PREFIX, JobStatus, Lane, RunStatus, TargetType
 from schedctl.storage import schema
 from schedctl.storage.dialect import (
@@ -137,6 +138,14 @@ class SqliteDialect:
 
     def change_feed(self, engine: Engine, poll_seconds: float) -> ChangeFeed:
         return SqliteChangeFeed(engine, poll_seconds)
+
+    def notify_queues_ready(
+        self, connection: Connection, queues: Collection[tuple[str, str]]
+    ) -> None:
+        pass  # one machine: `scheduled-d all` wakes its workers in process; others poll
+
+    def queue_feed(self, engine: Engine, tenant_id: str, queue: str) -> ReadyFeed | None:
+        return None
 
     def advance_jobs(
         self, connection: Connection, updates: list[dict[str, Any]], now: datetime

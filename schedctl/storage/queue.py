@@ -198,6 +198,9 @@ class QueueRepo(Settles[Lease]):
                 )
             if deliver:
                 _queue_rows(connection, [r["id"] for r in deliver], now)
+                self.store.dialect.notify_queues_ready(
+                    connection, {(r["tenant_id"], r["target"]) for r in deliver}
+                )
             skip_cancelled(
                 connection,
                 o,

@@ -1,0 +1,152 @@
+"""Word to idle workers on a real Postgres: a claim that fills a built-in queue, and a relay
+moving outbox rows into one, notify that queue's workers at commit (one notification per
+queue, another tenant's queue of the same name not woken), and an idle worker whose poll
+is an hour away starts the run on that word alone."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
+from datetime import UTC, datetime
+
+import psycopg
+from sqlalchemy import text
+
+from schedctl.coordination.local import LocalCoordinator
+from schedctl.leasing import LeasedRun
+from schedctl.models import Target, TargetType
+from schedctl.storage.claim import Claimer
+from schedctl.storage.dialect_postgres import QUEUE_CHANNEL
+from schedctl.storage.queue import QueueRepo
+from schedctl.storage.store import Store
+from scheduled_d.direct_backend import DirectBackend
+from tests.factories import ago, create_job, make_tenant, once_at
+from tests.integration.queue_support import queue_job, run_row, trigger, wait_for
+from tests.integration.queue_support import queue_worker as worker
+
+HOUR = 3600.0
+
+
+@contextmanager
+def listening(pg_url: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+    dsn = pg_url.replace("postgresql+psycopg://", "postgresql://")
+    with closing(psycopg.connect(dsn, autocommit=True)) as connection:
+        connection.execute(f"LISTEN {QUEUE_CHANNEL}")
+        yield connection
+
+
+def heard(connection: psycopg.Connection[tuple[object, ...]]) -> list[str]:
+    """The payloads already delivered (a notification arrives at its sender's commit)."""
+    return [n.payload for n in connection.notifies(timeout=1.0, stop_after=100)]
+
+
+def claim_all(store: Store) -> None:
+    coordinator = LocalCoordinator(store, "d1")
+    coordinator.start()
+    claimer = Claimer(store, "d1")
+    now = datetime.now(UTC)
+    claimer.claim(claimer.load_due(range(1024), now), dict(coordinator.owned()), now)
+
+
+def test_a_claim_notifies_each_queue_it_filled_once(pg_store: Store, pg_url: str) -> None:
+    tenant = make_tenant(pg_store)
+    for _ in range(3):
+        create_job(pg_store, tenant, once_at(ago(1), queue="backups"))
+    create_job(pg_store, tenant, once_at(ago(1), queue="reports"))
+    http = Target(TargetType.http, url="https://hooks.example.com/x")
+    create_job(pg_store, tenant, dataclasses.replace(once_at(ago(1)), target=http))
+    with listening(pg_url) as connection:
+        claim_all(pg_store)
+        # the HTTP run went to the outbox: no worker's word
+        assert sorted(heard(connection)) == [f"{tenant}:backups", f"{tenant}:reports"]
+
+
+def test_moving_outbox_rows_into_a_queue_notifies_it(pg_store: Store, pg_url: str) -> None:
+    tenant = make_tenant(pg_store)
+    job = queue_job(pg_store, tenant=tenant, queue="q")
+    trigger(pg_store, job)  # a manual run: through the outbox
+    with listening(pg_url) as connection:
+        assert heard(connection) == []
+        assert QueueRepo(pg_store).move_outbox() == 1
+        assert heard(connection) == [f"{tenant}:q"]
+
+
+def test_a_feed_answers_only_for_its_own_tenants_queue(pg_store: Store) -> None:
+    mine, other = make_tenant(pg_store), make_tenant(pg_store, "other")
+    dialect, engine = pg_store.dialect, pg_store.engine
+    feeds = [dialect.queue_feed(engine, t, "q") for t in (mine, other)]
+    try:
+        assert all(feed is not None for feed in feeds)
+        own, others = [f for f in feeds if f is not None]
+        # the first wait listens, and answers True: runs queued before may be unheard
+        assert own.wait(1.0) and others.wait(1.0)
+        trigger(pg_store, queue_job(pg_store, tenant=mine, queue="q"))
+        QueueRepo(pg_store).move_outbox()
+        assert own.wait(30.0)
+        assert not others.wait(1.0)
+    finally:
+        for feed in feeds:
+            if feed is not None:
+                feed.close()
+
+
+def test_sqlite_has_no_feed_its_workers_poll(sqlite_url: str) -> None:
+    with closing(Store.open(sqlite_url)) as store:
+        assert store.dialect.queue_feed(store.engine, make_tenant(store), "q") is None
+
+
+class CountingBackend(DirectBackend):
+    """The worker's own backend, counting the leases that found nothing."""
+
+    empty_looks = 0
+
+    def lease(self, queue: str, owner: str, lease_seconds: float, limit: int) -> list[LeasedRun]:
+        leases = super().lease(queue, owner, lease_seconds, limit)
+        if not leases:
+            self.empty_looks += 1
+        return leases
+
+
+def succeeded(store: Store, job: str, at: datetime) -> Callable[[], bool]:
+    return lambda: run_row(store, job, at)["status"] == "succeeded"
+
+
+def test_an_idle_worker_starts_a_run_on_the_word_not_its_poll(pg_store: Store) -> None:
+    tenant = make_tenant(pg_store)
+    job = queue_job(pg_store, tenant=tenant, queue="q")
+    backend = CountingBackend(pg_store, tenant)
+    w = worker(backend, ["true"], poll_seconds=HOUR)  # type: ignore[arg-type]
+
+    def listening_for_runs() -> bool:
+        query = "SELECT count(*) FROM pg_stat_activity WHERE query = :listen"
+        with pg_store.read() as connection:
+            found = connection.execute(text(query), {"listen": f"LISTEN {QUEUE_CHANNEL}"})
+            return bool(found.scalar())
+
+    taken: list[int] = []
+    stop = threading.Event()
+    thread = threading.Thread(target=lambda: taken.append(w.run(stop)), daemon=True)
+    thread.start()
+    try:
+        # listening, and past its first look at the empty queue: its next poll is an
+        # hour away, so only the word can start the run within the wait
+        wait_for(listening_for_runs, "the worker's LISTEN")
+        wait_for(lambda: backend.empty_looks > 0, "the worker's first look")
+        at = trigger(pg_store, job)
+        QueueRepo(pg_store).move_outbox()
+        wait_for(succeeded(pg_store, job, at), "the run")
+    finally:
+        stop.set()
+        w.wake()  # out of its hour-long wait, to see `stop`
+        thread.join(120)
+    assert not thread.is_alive()
+    assert taken == [1]
+
+
+def test_a_worker_over_the_api_has_no_feed() -> None:
+    from schedctl.queue_client import ApiLeaseBackend
+
+    backend = ApiLeaseBackend.__new__(ApiLeaseBackend)
+    assert backend.ready_feed("q") is None
