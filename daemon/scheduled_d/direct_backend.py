@@ -46,7 +46,9 @@ class DirectBackend(LeaseBackend):
         return leases
 
     def ready_feed(self, queue: str) -> ReadyFeed | None:
-        return self.store.dialect.queue_feed(self.store.engine, self.tenant_id, queue)
+        from schedctl.storage.dialect import queue_word
+
+        return self.store.dialect.ready_feed(self.store.engine, queue_word(self.tenant_id, queue))
 
     def beat(self, lease: LeasedRun, lease_seconds: float, output_tail: str | None = None) -> Beat:
         beat = self.beat_many([(lease, output_tail)], lease_seconds)[0]

@@ -52,12 +52,14 @@ from schedctl.delivery.limits import DeliveryLimits
 from schedctl.delivery.rabbitmq import BrokerPool, Message
 from schedctl.delivery.ssrf import Resolver
 from schedctl.models import Lane, TargetType, Verdict
+from schedctl.storage.dialect import OUTBOX_WORD
 from schedctl.storage.outbox import Delivery, OutboxRepo, Outcome, TenantSettings
 from schedctl.storage.payloads import decode_payload
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.settle import unexpected_error
 from schedctl.storage.signing_secrets import SigningKeyCache
 from schedctl.storage.store import Store
+from scheduled_d.ready import ReadyListener
 
 log = logging.getLogger(__name__)
 
@@ -295,6 +297,10 @@ class Relay:
         self.alerts.start()
         backoff = retrying.Backoff(retrying.STORE_UNAVAILABLE)
         unavailable = False
+        # word of new outbox rows (Postgres): a claim's HTTP runs go out at once, not at
+        # the next poll
+        feed = self.store.dialect.ready_feed(self.store.engine, OUTBOX_WORD)
+        listener = ReadyListener(feed, self.wake, "relay-listen") if feed is not None else None
         try:
             last_full = float("-inf")
             while not stop.is_set():
@@ -327,6 +333,8 @@ class Relay:
                     continue  # a full batch: more are probably waiting
                 self._sleep(stop)
         finally:
+            if listener is not None:
+                listener.close()
             self.close()
 
     def _sleep(self, stop: threading.Event) -> None:

@@ -35,13 +35,13 @@ from schedctl.leasing import (
     Beat,
     Finish,
     LeaseBackend,
-    ReadyFeed,
     Settlement,
 )
 from schedctl.leasing import LeasedRun as Lease
 from schedctl.scheduling.timeparse import format_instant
 from scheduled_d.direct_backend import DirectBackend
 from scheduled_d.output_log import RunOutputLog
+from scheduled_d.ready import ReadyListener
 from scheduled_d.spawn import Child, spawn
 
 if TYPE_CHECKING:
@@ -237,7 +237,7 @@ class Worker:
         self.resolve = resolve
         self._supervisor: _Supervisor | None = None
         self._spawners: _Spawners | None = None
-        self._listener: _ReadyListener | None = None
+        self._listener: ReadyListener | None = None
         self._settler: _Batcher[_Ending] | None = None
         self._beater: _Batcher[_BeatRequest] | None = None
         # the base of every command's environment, read once
@@ -292,7 +292,8 @@ class Worker:
         self._supervisor = _Supervisor(self)
         self._spawners = _Spawners(self, min(self.concurrency, SPAWN_THREADS))
         feed = self.backend.ready_feed(self.queue)
-        self._listener = _ReadyListener(self, feed) if feed is not None else None
+        if feed is not None:
+            self._listener = ReadyListener(feed, self.wake, f"worker-{self.queue}-listen")
         # a batch of leases once this many slots are free (or after LEASE_LINGER_SECONDS)
         batch = max(1, self.concurrency // LEASE_BATCH_DIVISOR)
         first_free: float | None = None  # when a slot first stood free, not yet leased
@@ -767,35 +768,6 @@ class _Run:
             return True
         self.child.close_stdin()
         return False
-
-
-class _ReadyListener:
-    """The thread that wakes the lease loop when word comes that the queue has new ready
-    runs (the backend's ReadyFeed: Postgres LISTEN), so that an idle worker starts a run
-    moments after its claim, not at its next poll."""
-
-    def __init__(self, worker: Worker, feed: ReadyFeed) -> None:
-        self._feed = feed
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._serve, args=(worker,), name=f"worker-{worker.queue}-listen", daemon=True
-        )
-        self._thread.start()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(TICK_SECONDS * 40)
-
-    def _serve(self, worker: Worker) -> None:
-        try:
-            while not self._stop.is_set():
-                if self._feed.wait(TICK_SECONDS):
-                    worker.wake()
-        except Exception:
-            # a hint only: the worker still finds its runs by polling
-            log.exception("worker %s: listening for ready runs failed", worker.owner)
-        finally:
-            self._feed.close()
 
 
 class _Spawners:

@@ -17,6 +17,7 @@ from schedctl.storage import schema
 from schedctl.storage.audit import audit
 from schedctl.storage.clock import db_now
 from schedctl.storage.cursors import decode_cursor, encode_cursor
+from schedctl.storage.dialect import OUTBOX_WORD, dialect_of
 from schedctl.storage.rows import as_stored
 from schedctl.storage.settle import STOPPED_JOB_STATUSES
 from schedctl.storage.store import Store
@@ -182,6 +183,7 @@ class DeadLetterRepo:
                 created_at=now,
             )
         )
+        dialect_of(connection).notify_ready(connection, {OUTBOX_WORD})  # a relay, at once
         connection.execute(
             update(schema.runs)
             .where(

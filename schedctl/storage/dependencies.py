@@ -26,7 +26,7 @@ from schedctl import errors
 from schedctl.models import JobStatus, RunStatus, RunTrigger
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
-from schedctl.storage.dialect import Lock, dialect_of
+from schedctl.storage.dialect import OUTBOX_WORD, Lock, dialect_of
 from schedctl.storage.store import Store
 
 # bounds of every walk over the dependency graph (a tenant's jobs; cycles are refused, so
@@ -383,4 +383,6 @@ def _insert_run(
                 created_at=now,
             )
         )
+        # a relay starts the chained run at once, not at its next poll
+        dialect_of(connection).notify_ready(connection, {OUTBOX_WORD})
     return True

@@ -26,6 +26,16 @@ from sqlalchemy.engine import Connection, Engine, RowMapping
 from schedctl.leasing import ReadyFeed
 from schedctl.models import Lane
 
+# The words that new work is ready (Dialect.ready_feed): a built-in queue's new ready
+# messages, and new outbox rows for the relays.
+OUTBOX_WORD = "outbox"
+
+
+def queue_word(tenant_id: str, queue: str) -> str:
+    """The word for a tenant's queue (insert_runs writes it in SQL the same way)."""
+    return f"{tenant_id}:{queue}"
+
+
 # The row of Dialect.lease_candidates: a ready message and its job's policy and status (the
 # message's payload snapshot, else the job's).
 LEASE_COLUMNS = (
@@ -239,16 +249,14 @@ class Dialect(Protocol):
         """A feed of job changes for one dispatcher (its own connection)."""
         ...
 
-    def notify_queues_ready(
-        self, connection: Connection, queues: Collection[tuple[str, str]]
-    ) -> None:
-        """Tell the workers of these (tenant_id, queue) pairs (at commit) that they have new
-        ready messages. (insert_runs tells them itself.)"""
+    def notify_ready(self, connection: Connection, words: Collection[str]) -> None:
+        """Tell the workers and relays waiting for these words (queue_word, OUTBOX_WORD)
+        that work is ready, at commit. (insert_runs tells them itself.)"""
         ...
 
-    def queue_feed(self, engine: Engine, tenant_id: str, queue: str) -> ReadyFeed | None:
-        """A feed of word that the tenant's `queue` has new ready messages, for one worker
-        (its own connection); None where workers poll."""
+    def ready_feed(self, engine: Engine, word: str) -> ReadyFeed | None:
+        """A feed of one word (queue_word for a worker's queue, OUTBOX_WORD for a relay), on
+        its own connection; None where workers and relays poll."""
         ...
 
     def advance_jobs(

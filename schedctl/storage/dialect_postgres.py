@@ -34,6 +34,7 @@ from schedctl.leasing import ReadyFeed
 from schedctl.models import EVERY_HOST_QUEUE_PREFIX, JobStatus, Lane
 from schedctl.storage import schema
 from schedctl.storage.dialect import (
+    OUTBOX_WORD,
     ChangeFeed,
     Changes,
     LeasedRow,
@@ -53,7 +54,8 @@ log = logging.getLogger(__name__)
 # serialization_failure. Nothing was committed; the same work can be tried again.
 LOCK_RACE_SQLSTATES = frozenset({"40P01", "40001"})
 CHANNEL = "scheduled_jobs"
-# word to idle workers, payload "TENANT_ID:QUEUE": a queue has new ready messages
+# word that work is ready: payload queue_word(TENANT_ID, QUEUE) for a built-in queue's new
+# ready messages, OUTBOX_WORD for new outbox rows (dialect.py)
 QUEUE_CHANNEL = "scheduled_queues"
 
 
@@ -183,17 +185,15 @@ class PostgresDialect:
     def change_feed(self, engine: Engine, poll_seconds: float) -> ChangeFeed:
         return PostgresChangeFeed(engine)
 
-    def notify_queues_ready(
-        self, connection: Connection, queues: Collection[tuple[str, str]]
-    ) -> None:
-        if queues:
+    def notify_ready(self, connection: Connection, words: Collection[str]) -> None:
+        if words:
             connection.execute(
                 text("SELECT pg_notify(:channel, p) FROM unnest(CAST(:payloads AS text[])) AS p"),
-                {"channel": QUEUE_CHANNEL, "payloads": sorted(_queue_key(*q) for q in queues)},
+                {"channel": QUEUE_CHANNEL, "payloads": sorted(words)},
             )
 
-    def queue_feed(self, engine: Engine, tenant_id: str, queue: str) -> ReadyFeed | None:
-        return PostgresQueueFeed(engine, _queue_key(tenant_id, queue))
+    def ready_feed(self, engine: Engine, word: str) -> ReadyFeed | None:
+        return PostgresReadyFeed(engine, word)
 
     def advance_jobs(
         self, connection: Connection, updates: list[dict[str, Any]], now: datetime
@@ -290,6 +290,7 @@ class PostgresDialect:
                 SELECT job_id, scheduled_at, tenant_id, target_type, target, 1,
                        CAST(%(now)b AS timestamptz), CAST(%(now)b AS timestamptz)
                   FROM sent WHERE NOT direct
+                RETURNING 1
             ), qm AS (
                 INSERT INTO queue_messages (queue, job_id, scheduled_at, tenant_id, attempt,
                                             available_at, created_at)
@@ -299,10 +300,12 @@ class PostgresDialect:
                 ON CONFLICT (job_id, scheduled_at) DO NOTHING
                 RETURNING tenant_id, queue
             ), woken AS (
-                -- idle workers of the queues filled lease at once, not at their next poll
-                -- (sent at commit; one per queue, whatever the batch's size)
-                SELECT count(pg_notify(%(queue_channel)s, k)) AS notified
-                  FROM (SELECT DISTINCT tenant_id || ':' || queue AS k FROM qm) AS filled
+                -- idle workers of the queues filled, and the relays when the outbox got
+                -- rows, start at once, not at their next poll (sent at commit; one word
+                -- per queue and one for the outbox, whatever the batch's size)
+                SELECT count(pg_notify(%(queue_channel)s, word)) AS notified
+                  FROM (SELECT tenant_id || ':' || queue AS word FROM qm
+                        UNION SELECT %(outbox_word)s FROM ob) AS filled
             )
             -- the join with woken's one row makes Postgres run it: a CTE nothing reads
             -- is skipped unless it writes
@@ -315,6 +318,7 @@ class PostgresDialect:
                 "now": now,
                 "every_host": EVERY_HOST_QUEUE_PREFIX,
                 "queue_channel": QUEUE_CHANNEL,
+                "outbox_word": OUTBOX_WORD,
                 **{
                     name: [r[column] for r in rows]
                     for name, column in (
@@ -739,15 +743,15 @@ class PostgresChangeFeed:
         self._listener.close()
 
 
-class PostgresQueueFeed:
-    """The queue channel for one worker, answering True for word about its own queue
-    (`key`, "TENANT_ID:QUEUE"). After losing its connection it answers True once
-    reconnected, since runs queued meanwhile went unheard; while it cannot reconnect it
-    sleeps and answers False (the worker's own polling and backoff carry on)."""
+class PostgresReadyFeed:
+    """QUEUE_CHANNEL for one worker or relay, answering True for its own `word`. After
+    losing its connection it answers True once reconnected, since work readied meanwhile
+    went unheard; while it cannot reconnect it sleeps and answers False (the worker's or
+    relay's own polling and backoff carry on)."""
 
-    def __init__(self, engine: Engine, key: str) -> None:
+    def __init__(self, engine: Engine, word: str) -> None:
         self._listener = _Listener(engine, QUEUE_CHANNEL)
-        self._key = key
+        self._word = word
         self._lost = False
 
     def wait(self, timeout: float) -> bool:
@@ -758,14 +762,14 @@ class PostgresQueueFeed:
                 self._listener.connect()
             except psycopg.Error as exc:
                 if not self._lost:  # once per outage: the worker says the rest
-                    log.warning("cannot LISTEN for ready runs: %s", str(exc).splitlines()[0])
+                    log.warning("cannot LISTEN for ready work: %s", str(exc).splitlines()[0])
                 self._lost = True
                 time.sleep(max(0.0, min(timeout, 1.0)))
                 return False
             self._lost = False
             return True
         try:
-            return self._key in self._listener.payloads(timeout)
+            return self._word in self._listener.payloads(timeout)
         except psycopg.Error as exc:
             log.warning("lost the LISTEN connection: %s", str(exc).splitlines()[0])
             self._lost = True
@@ -773,11 +777,6 @@ class PostgresQueueFeed:
 
     def close(self) -> None:
         self._listener.close()
-
-
-def _queue_key(tenant_id: str, queue: str) -> str:
-    """A queue's payload on QUEUE_CHANNEL (as insert_runs writes it in SQL)."""
-    return f"{tenant_id}:{queue}"
 
 
 def _pg_rows(

@@ -139,12 +139,10 @@ class SqliteDialect:
     def change_feed(self, engine: Engine, poll_seconds: float) -> ChangeFeed:
         return SqliteChangeFeed(engine, poll_seconds)
 
-    def notify_queues_ready(
-        self, connection: Connection, queues: Collection[tuple[str, str]]
-    ) -> None:
-        pass  # one machine: `scheduled-d all` wakes its workers in process; others poll
+    def notify_ready(self, connection: Connection, words: Collection[str]) -> None:
+        pass  # one machine: `scheduled-d all` wakes its workers and relay in process
 
-    def queue_feed(self, engine: Engine, tenant_id: str, queue: str) -> ReadyFeed | None:
+    def ready_feed(self, engine: Engine, word: str) -> ReadyFeed | None:
         return None
 
     def advance_jobs(

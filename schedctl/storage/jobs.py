@@ -27,7 +27,7 @@ from schedctl.storage.audit import audit
 from schedctl.storage.changes import notify_job_change
 from schedctl.storage.clock import db_now
 from schedctl.storage.cursors import MAX_PAGE, check_page_limit, decode_cursor, encode_cursor
-from schedctl.storage.dialect import dialect_of
+from schedctl.storage.dialect import OUTBOX_WORD, dialect_of
 from schedctl.storage.job_create import (
     Admit,
     NewJob,
@@ -328,6 +328,7 @@ class JobRepo:
                     created_at=now,
                 )
             )
+            self.store.dialect.notify_ready(connection, {OUTBOX_WORD})  # a relay, at once
             audit(
                 connection,
                 at=now,

@@ -30,7 +30,7 @@ from schedctl.models import EVERY_HOST_QUEUE_PREFIX, RunStatus, TargetType, run_
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
 from schedctl.storage.clock import db_now
-from schedctl.storage.dialect import LeaseMark, dialect_of
+from schedctl.storage.dialect import LeaseMark, dialect_of, queue_word
 from schedctl.storage.payloads import decode_payload
 from schedctl.storage.settle import (
     CANCELLED_ERROR,
@@ -198,8 +198,8 @@ class QueueRepo(Settles[Lease]):
                 )
             if deliver:
                 _queue_rows(connection, [r["id"] for r in deliver], now)
-                self.store.dialect.notify_queues_ready(
-                    connection, {(r["tenant_id"], r["target"]) for r in deliver}
+                self.store.dialect.notify_ready(
+                    connection, {queue_word(r["tenant_id"], r["target"]) for r in deliver}
                 )
             skip_cancelled(
                 connection,

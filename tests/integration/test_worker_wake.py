@@ -1,7 +1,8 @@
-"""Word to idle workers on a real Postgres: a claim that fills a built-in queue, and a relay
-moving outbox rows into one, notify that queue's workers at commit (one notification per
-queue, another tenant's queue of the same name not woken), and an idle worker whose poll
-is an hour away starts the run on that word alone."""
+"""Word that work is ready, on a real Postgres: a claim that fills a built-in queue, and a
+relay moving outbox rows into one, notify that queue's workers at commit (one notification
+per queue, another tenant's queue of the same name not woken); a claim, a manual trigger,
+a dead letter's replay and a chained run notify the relays of new outbox rows; an idle
+worker, and an idle relay, whose poll is an hour away act on that word alone."""
 
 from __future__ import annotations
 
@@ -17,11 +18,15 @@ from sqlalchemy import text
 from schedctl.coordination.local import LocalCoordinator
 from schedctl.leasing import LeasedRun
 from schedctl.models import Target, TargetType
+from schedctl.storage import dependencies
 from schedctl.storage.claim import Claimer
+from schedctl.storage.dead_letters import DeadLetterRepo
+from schedctl.storage.dialect import OUTBOX_WORD, queue_word
 from schedctl.storage.dialect_postgres import QUEUE_CHANNEL
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
 from scheduled_d.direct_backend import DirectBackend
+from scheduled_d.relay import Relay
 from tests.factories import ago, create_job, make_tenant, once_at
 from tests.integration.queue_support import queue_job, run_row, trigger, wait_for
 from tests.integration.queue_support import queue_worker as worker
@@ -59,24 +64,61 @@ def test_a_claim_notifies_each_queue_it_filled_once(pg_store: Store, pg_url: str
     create_job(pg_store, tenant, dataclasses.replace(once_at(ago(1)), target=http))
     with listening(pg_url) as connection:
         claim_all(pg_store)
-        # the HTTP run went to the outbox: no worker's word
-        assert sorted(heard(connection)) == [f"{tenant}:backups", f"{tenant}:reports"]
+        # the HTTP run went to the outbox: the relays' word, once
+        words = sorted(heard(connection))
+    assert words == sorted(
+        [queue_word(tenant, "backups"), queue_word(tenant, "reports"), OUTBOX_WORD]
+    )
 
 
 def test_moving_outbox_rows_into_a_queue_notifies_it(pg_store: Store, pg_url: str) -> None:
     tenant = make_tenant(pg_store)
     job = queue_job(pg_store, tenant=tenant, queue="q")
-    trigger(pg_store, job)  # a manual run: through the outbox
     with listening(pg_url) as connection:
-        assert heard(connection) == []
+        trigger(pg_store, job)  # a manual run: through the outbox, a relay's word
+        assert heard(connection) == [OUTBOX_WORD]
         assert QueueRepo(pg_store).move_outbox() == 1
-        assert heard(connection) == [f"{tenant}:q"]
+        assert heard(connection) == [queue_word(tenant, "q")]
+
+
+def lease_and_settle(store: Store, tenant: str, *, ok: bool) -> None:
+    repo = QueueRepo(store)
+    (lease,) = repo.lease("q", "worker/1", 60, limit=5, tenant_id=tenant)
+    at = lease.leased_until
+    if ok:
+        assert repo.ack(lease, exit_code=0, output_tail="", started_at=at, finished_at=at)
+    else:
+        assert repo.fail(
+            lease, error="exit 1", exit_code=1, output_tail="", started_at=at, finished_at=at
+        )
+
+
+def test_a_chained_run_and_a_replayed_dead_letter_notify_the_relays(
+    pg_store: Store, pg_url: str
+) -> None:
+    tenant = make_tenant(pg_store)
+    upstream = queue_job(pg_store, tenant=tenant, queue="q")
+    downstream = queue_job(pg_store, tenant=tenant, queue="q", max_attempts=1)
+    with pg_store.tx() as connection:
+        dependencies.add(connection, downstream, tenant, [upstream])
+    trigger(pg_store, upstream)
+    QueueRepo(pg_store).move_outbox()
+    with listening(pg_url) as connection:
+        lease_and_settle(pg_store, tenant, ok=True)  # the downstream run: to the outbox
+        assert heard(connection) == [OUTBOX_WORD]
+        QueueRepo(pg_store).move_outbox()
+        assert heard(connection) == [queue_word(tenant, "q")]
+        lease_and_settle(pg_store, tenant, ok=False)  # one attempt: a dead letter
+        assert heard(connection) == []
+        letters = DeadLetterRepo(pg_store).list_letters(tenant_id=tenant)
+        DeadLetterRepo(pg_store).replay(letters.items[0].id, tenant_id=tenant, actor="test")
+        assert heard(connection) == [OUTBOX_WORD]
 
 
 def test_a_feed_answers_only_for_its_own_tenants_queue(pg_store: Store) -> None:
     mine, other = make_tenant(pg_store), make_tenant(pg_store, "other")
     dialect, engine = pg_store.dialect, pg_store.engine
-    feeds = [dialect.queue_feed(engine, t, "q") for t in (mine, other)]
+    feeds = [dialect.ready_feed(engine, queue_word(t, "q")) for t in (mine, other)]
     try:
         assert all(feed is not None for feed in feeds)
         own, others = [f for f in feeds if f is not None]
@@ -94,7 +136,7 @@ def test_a_feed_answers_only_for_its_own_tenants_queue(pg_store: Store) -> None:
 
 def test_sqlite_has_no_feed_its_workers_poll(sqlite_url: str) -> None:
     with closing(Store.open(sqlite_url)) as store:
-        assert store.dialect.queue_feed(store.engine, make_tenant(store), "q") is None
+        assert store.dialect.ready_feed(store.engine, OUTBOX_WORD) is None
 
 
 class CountingBackend(DirectBackend):
@@ -120,10 +162,7 @@ def test_an_idle_worker_starts_a_run_on_the_word_not_its_poll(pg_store: Store) -
     w = worker(backend, ["true"], poll_seconds=HOUR)  # type: ignore[arg-type]
 
     def listening_for_runs() -> bool:
-        query = "SELECT count(*) FROM pg_stat_activity WHERE query = :listen"
-        with pg_store.read() as connection:
-            found = connection.execute(text(query), {"listen": f"LISTEN {QUEUE_CHANNEL}"})
-            return bool(found.scalar())
+        return listeners(pg_store) > 0
 
     taken: list[int] = []
     stop = threading.Event()
@@ -143,6 +182,31 @@ def test_an_idle_worker_starts_a_run_on_the_word_not_its_poll(pg_store: Store) -
         thread.join(120)
     assert not thread.is_alive()
     assert taken == [1]
+
+
+def listeners(store: Store) -> int:
+    query = "SELECT count(*) FROM pg_stat_activity WHERE query = :listen"
+    with store.read() as connection:
+        found = connection.execute(text(query), {"listen": f"LISTEN {QUEUE_CHANNEL}"})
+        return int(found.scalar_one())
+
+
+def test_an_idle_relay_moves_a_triggered_run_on_the_word_not_its_poll(pg_store: Store) -> None:
+    tenant = make_tenant(pg_store)
+    job = queue_job(pg_store, tenant=tenant, queue="q")
+    relay = Relay(pg_store, poll_seconds=HOUR)
+    stop = threading.Event()
+    thread = threading.Thread(target=relay.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: listeners(pg_store) > 0, "the relay's LISTEN")
+        at = trigger(pg_store, job)
+        wait_for(lambda: relay.moved == 1, "the run moved into its queue")
+    finally:
+        stop.set()
+        thread.join(120)
+    assert not thread.is_alive()
+    assert run_row(pg_store, job, at)["status"] == "dispatched"
 
 
 def test_a_worker_over_the_api_has_no_feed() -> None:
