@@ -870,7 +870,6 @@ _UPDATE_RUNS = (
     + ", ".join(name for name, _ in _RUN_ARRAYS)
     + ") WHERE runs.job_id = v.job_id AND runs.scheduled_at = v.scheduled_at"
     + " AND runs.job_id = ANY(CAST(%(job_id)b AS text[]))"
-    + " AND runs.scheduled_at = ANY(CAST(%(scheduled_at)b AS timestamptz[]))"
     + _RUNS_SPAN
 )
 
@@ -927,7 +926,6 @@ UPDATE runs SET status = 'running', attempt = v.attempt,
                 exit_code = NULL, error = NULL, output_tail = NULL
   FROM v WHERE runs.job_id = v.job_id AND runs.scheduled_at = v.scheduled_at
    AND runs.job_id = ANY(CAST(%(job_ids)b AS text[]))
-   AND runs.scheduled_at = ANY(CAST(%(scheduled_ats)b AS timestamptz[]))
 """
     + _RUNS_SPAN
 )
