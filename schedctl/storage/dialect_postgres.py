@@ -142,7 +142,7 @@ class PostgresDialect:
     ) -> None:
         # unprepared, as lease_candidates: the generic plan made on a near-empty queue
         # joined by seq scans of the queue and today's runs, 6 ms a lease at 60,000 runs
-        _pg_rows(
+        _pg_keyed(
             connection,
             _MARK_LEASED,
             {
@@ -155,7 +155,6 @@ class PostgresDialect:
                 "now": mark.now,
                 **_span([x[2] for x in leases]),
             },
-            prepare=False,
         )
 
     def held_messages(
@@ -352,7 +351,7 @@ class PostgresDialect:
         )
 
     def update_runs(self, connection: Connection, rows: list[dict[str, Any]]) -> None:
-        _pg_binary(
+        _pg_keyed(
             connection,
             _UPDATE_RUNS,
             {name: [row[name] for row in rows] for name, _ in _RUN_ARRAYS}
@@ -379,7 +378,7 @@ class PostgresDialect:
         # settled its first runs while the queue and today's runs were near empty kept a
         # generic plan scanning both whole for every batch; at 2,000 runs/s that scan grew
         # with the run history until Postgres's CPU, not the workers, set the pace
-        return _pg_rows(
+        return _pg_keyed(
             connection,
             statement,
             {
@@ -395,7 +394,6 @@ class PostgresDialect:
                 },
                 "gone": list(writes.gone[1]) if writes.gone is not None else [],
             },
-            prepare=False,
         )
 
     def due_outbox_rows(
@@ -792,6 +790,24 @@ def _pg_rows(
         return cursor.fetchall() if cursor.description else []
 
 
+def _pg_keyed(connection: Connection, sql: str, params: dict[str, Any]) -> list[Any]:
+    """_pg_rows (planned now) for a statement that joins runs or messages with a batch's
+    unnested keys, with nested loops off for it. The batch's runs are new to the
+    statistics, so Postgres expects one row where the batch has hundreds; with nested
+    loops it then compared every row found with the whole batch (a join filter: 87 ms for
+    500 runs, and the relay's settles and the worker's leases went quadratic in the batch).
+    Without them it hashes the batch and reads the runs by their keys' index."""
+    driver = connection.connection.driver_connection
+    assert driver is not None
+    with driver.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_nestloop = off")
+        cursor.execute(sql, params, prepare=False)
+        rows = cursor.fetchall() if cursor.description else []
+        # (after an error the transaction's rollback undoes the SET LOCAL)
+        cursor.execute("RESET enable_nestloop")
+        return rows
+
+
 def _pg_binary(connection: Connection, sql: str, params: dict[str, Any]) -> list[Any]:
     """Run one statement on the transaction's own psycopg connection with parameters in
     binary format: big arrays dump about 7 times faster than as text."""
@@ -828,11 +844,7 @@ _INSERT_ATTEMPTS = (
 )
 # The span of the runs' instants, besides each run's own key: a statement planned at its
 # execution then touches the day partitions holding them only, not every partition of the
-# run history (an Append over all of them, planned and opened for a handful of rows). The
-# span starts at the first run's midnight (UTC, where its day partition starts), not at the
-# run: a range of a few milliseconds made Postgres expect one row of the partition and
-# loop over the whole batch for each row it found (a relay's settle of 500 runs of one job,
-# 250,000 comparisons and 100 ms a statement).
+# run history (an Append over all of them, planned and opened for a handful of rows)
 _RUNS_SPAN = (
     " AND runs.scheduled_at BETWEEN CAST(%(first_at)b AS timestamptz)"
     " AND CAST(%(last_at)b AS timestamptz)"
@@ -841,12 +853,9 @@ _RUNS_SPAN = (
 
 def _span(instants: Sequence[datetime]) -> dict[str, datetime | None]:
     """_RUNS_SPAN's parameters for these instants."""
-    if not instants:
-        return {"first_at": None, "last_at": None}
-    first = min(instants).astimezone(UTC)
     return {
-        "first_at": first.replace(hour=0, minute=0, second=0, microsecond=0),
-        "last_at": max(instants),
+        "first_at": min(instants, default=None),
+        "last_at": max(instants, default=None),
     }
 
 
