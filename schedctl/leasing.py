@@ -144,11 +144,12 @@ class Settles(abc.ABC, Generic[L]):
 
 
 class ReadyFeed(Protocol):
-    """Word that a queue has new ready runs, so an idle worker leases at once instead of at
-    its next poll. A hint only: the worker still polls, and a lost word costs one poll."""
+    """Word that work is ready (a queue's new runs for a worker, new outbox rows for a
+    relay), so an idle loop starts at once instead of at its next poll. A hint only: the
+    loop still polls, and a lost word costs one poll."""
 
     def wait(self, timeout: float) -> bool:
-        """Block up to `timeout` seconds; True when runs may have become ready meanwhile."""
+        """Block up to `timeout` seconds; True when work may have become ready meanwhile."""
         ...
 
     def close(self) -> None: ...

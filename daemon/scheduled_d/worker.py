@@ -30,13 +30,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from schedctl import errors, limits, retrying
 from schedctl.config import command_env
-from schedctl.leasing import (
-    CANCELLED_RUNNING_ERROR,
-    Beat,
-    Finish,
-    LeaseBackend,
-    Settlement,
-)
+from schedctl.leasing import CANCELLED_RUNNING_ERROR, Beat, Finish, LeaseBackend, Settlement
 from schedctl.leasing import LeasedRun as Lease
 from schedctl.scheduling.timeparse import format_instant
 from scheduled_d.direct_backend import DirectBackend

@@ -6,9 +6,9 @@ The differences: the database clock; row locks (FOR UPDATE / SKIP LOCKED / FOR S
 Postgres; SQLite's BEGIN IMMEDIATE transactions are serialized already); upserts and
 insert-or-ignore; how a lost lock race and a lost connection look; the per-job advisory
 locks of the worker lease; job-change notification (LISTEN/NOTIFY, or a counter the
-dispatcher polls); word to idle workers that their queue has ready runs (LISTEN/NOTIFY, or
-none: embedded, the claim wakes its workers in process); the batched claim and lane reads
-(arrays bound in one statement, or row by row); and the day partitions of run history.
+dispatcher polls); word to idle workers and relays that work is ready (LISTEN/NOTIFY, or
+none: embedded, the claim wakes them in process); the batched claim and lane reads (arrays
+bound in one statement, or row by row); and the day partitions of run history.
 """
 
 from __future__ import annotations

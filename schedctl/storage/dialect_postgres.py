@@ -176,20 +176,14 @@ class PostgresDialect:
     def notify_job_changes(
         self, connection: Connection, changed: Sequence[tuple[str, int]]
     ) -> None:
-        connection.execute(
-            text("SELECT pg_notify(:channel, p) FROM unnest(CAST(:payloads AS text[])) AS p"),
-            {"channel": CHANNEL, "payloads": [f"{part}:{job_id}" for job_id, part in changed]},
-        )
+        _notify_all(connection, CHANNEL, [f"{part}:{job_id}" for job_id, part in changed])
 
     def change_feed(self, engine: Engine, poll_seconds: float) -> ChangeFeed:
         return PostgresChangeFeed(engine)
 
     def notify_ready(self, connection: Connection, words: Collection[str]) -> None:
         if words:
-            connection.execute(
-                text("SELECT pg_notify(:channel, p) FROM unnest(CAST(:payloads AS text[])) AS p"),
-                {"channel": QUEUE_CHANNEL, "payloads": sorted(words)},
-            )
+            _notify_all(connection, QUEUE_CHANNEL, sorted(words))
 
     def ready_feed(self, engine: Engine, word: str) -> ReadyFeed | None:
         return PostgresReadyFeed(engine, word)
@@ -662,6 +656,14 @@ class PostgresDialect:
         return set(ids) - {r[0] for r in kept}
 
 
+def _notify_all(connection: Connection, channel: str, payloads: list[str]) -> None:
+    """NOTIFY `channel` once per payload, in one statement (sent at commit)."""
+    connection.execute(
+        text("SELECT pg_notify(:channel, p) FROM unnest(CAST(:payloads AS text[])) AS p"),
+        {"channel": channel, "payloads": payloads},
+    )
+
+
 class _Listener:
     """A dedicated autocommit connection LISTENing on one channel (opened on first use)."""
 
@@ -799,13 +801,11 @@ def _pg_keyed(connection: Connection, sql: str, params: dict[str, Any]) -> list[
     Without them it hashes the batch and reads the runs by their keys' index."""
     driver = connection.connection.driver_connection
     assert driver is not None
-    with driver.cursor() as cursor:
-        cursor.execute("SET LOCAL enable_nestloop = off")
-        cursor.execute(sql, params, prepare=False)
-        rows = cursor.fetchall() if cursor.description else []
-        # (after an error the transaction's rollback undoes the SET LOCAL)
-        cursor.execute("RESET enable_nestloop")
-        return rows
+    driver.execute("SET LOCAL enable_nestloop = off")
+    rows = _pg_rows(connection, sql, params, prepare=False)
+    # (after an error the transaction's rollback undoes the SET LOCAL)
+    driver.execute("RESET enable_nestloop")
+    return rows
 
 
 def _pg_binary(connection: Connection, sql: str, params: dict[str, Any]) -> list[Any]:

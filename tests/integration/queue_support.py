@@ -33,7 +33,7 @@ from sqlalchemy.engine import Connection
 from schedctl.models import RetryPolicy, Target, TargetType
 from schedctl.storage import schema
 from schedctl.storage.jobs import JobRepo
-from schedctl.storage.queue import QueueRepo
+from schedctl.storage.queue import Lease, QueueRepo
 from schedctl.storage.rows import run_query
 from schedctl.storage.store import Store
 from tests.factories import ahead, create_job, make_tenant, once_at, set_tenant
@@ -94,6 +94,17 @@ def add_dispatched_run(
     target_type, address = target
     row = {"target_type": target_type, "target": address, "available_at": at, "created_at": at}
     connection.execute(schema.outbox.insert().values(**key, **row))
+
+
+def settle_lease(repo: QueueRepo, lease: Lease, *, ok: bool) -> None:
+    """Ack the leased run (exit 0), or fail it (exit 1), as a worker would."""
+    at = lease.leased_until
+    if ok:
+        assert repo.ack(lease, exit_code=0, output_tail="", started_at=at, finished_at=at)
+    else:
+        assert repo.fail(
+            lease, error="exit 1", exit_code=1, output_tail="", started_at=at, finished_at=at
+        )
 
 
 def existing_tenant(store: Store) -> str:

@@ -38,6 +38,7 @@ from tests.integration.queue_support import (
     http_job,
     queue_job,
     run_row,
+    settle_lease,
     trigger,
 )
 
@@ -72,13 +73,7 @@ def run_queue(store: Store, *, ok: bool = True) -> list[str]:
     repo.move_outbox()
     leases = repo.lease("q", "worker", 60, limit=50, tenant_id=existing_tenant(store))
     for lease in leases:
-        at = lease.leased_until
-        if ok:
-            assert repo.ack(lease, exit_code=0, output_tail="", started_at=at, finished_at=at)
-        else:
-            assert repo.fail(
-                lease, error="exit 1", exit_code=1, output_tail="", started_at=at, finished_at=at
-            )
+        settle_lease(repo, lease, ok=ok)
     return [lease.job_id for lease in leases]
 
 

@@ -28,7 +28,7 @@ from schedctl.storage.store import Store
 from scheduled_d.direct_backend import DirectBackend
 from scheduled_d.relay import Relay
 from tests.factories import ago, create_job, make_tenant, once_at
-from tests.integration.queue_support import queue_job, run_row, trigger, wait_for
+from tests.integration.queue_support import queue_job, run_row, settle_lease, trigger, wait_for
 from tests.integration.queue_support import queue_worker as worker
 
 HOUR = 3600.0
@@ -84,13 +84,7 @@ def test_moving_outbox_rows_into_a_queue_notifies_it(pg_store: Store, pg_url: st
 def lease_and_settle(store: Store, tenant: str, *, ok: bool) -> None:
     repo = QueueRepo(store)
     (lease,) = repo.lease("q", "worker/1", 60, limit=5, tenant_id=tenant)
-    at = lease.leased_until
-    if ok:
-        assert repo.ack(lease, exit_code=0, output_tail="", started_at=at, finished_at=at)
-    else:
-        assert repo.fail(
-            lease, error="exit 1", exit_code=1, output_tail="", started_at=at, finished_at=at
-        )
+    settle_lease(repo, lease, ok=ok)
 
 
 def test_a_chained_run_and_a_replayed_dead_letter_notify_the_relays(
