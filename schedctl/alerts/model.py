@@ -16,7 +16,14 @@ KINDS = ("dead_letter", "failure")  # what `on` may list; no_success is set by i
 NO_SUCCESS = "no_success"
 WEBHOOK, EMAIL, COMMAND = "webhook", "email", "command"
 MAX_EMAILS = 10
-_EMAIL = re.compile(r"^[^@\s,<>]{1,64}@[A-Za-z0-9.-]{1,253}$")
+# an address matched whole (fullmatch: "$" would let "a@b.c\n" through) and ASCII only: the
+# local part RFC 5322's atext and dots, the domain DNS labels; nothing that can end a mail
+# header line or change its meaning (no space, quote, comma, angle bracket or control)
+EMAIL_ADDRESS = re.compile(
+    r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]{1,64}@(?=[A-Za-z0-9.-]{1,253}\Z)"
+    r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*",
+    re.ASCII,
+)
 _KEYS = {"on", "webhook", "email", "command", "no_success"}
 
 
@@ -85,7 +92,7 @@ def parse_alerts(value: Any, field_name: str = "alerts") -> AlertConfig:
     if (
         not isinstance(email, list)
         or len(email) > MAX_EMAILS
-        or not all(isinstance(a, str) and _EMAIL.match(a) for a in email)
+        or not all(isinstance(a, str) and EMAIL_ADDRESS.fullmatch(a) for a in email)
     ):
         raise errors.ValidationError(
             f"must be a list of at most {MAX_EMAILS} e-mail addresses",
