@@ -12,7 +12,9 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from email.header import decode_header, make_header
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -24,19 +26,24 @@ from typer.testing import CliRunner
 
 from schedctl import errors
 from schedctl.alerts.command import run_alert_commands
+from schedctl.alerts.lane import AlertLane
 from schedctl.alerts.metrics import export_last_success
 from schedctl.alerts.model import parse_alerts
+from schedctl.alerts.policy import AlertPolicy
 from schedctl.cli.app import app as cli_app
 from schedctl.delivery.email import SmtpSettings
+from schedctl.delivery.http import HttpDelivery
 from schedctl.service import Scheduler
 from schedctl.signing import verify
 from schedctl.storage import alerts as alerts_repo
 from schedctl.storage import schema
 from schedctl.storage.dead_letters import DeadLetterRepo
 from schedctl.storage.queue import QueueRepo
+from schedctl.storage.signing_secrets import SigningKeyCache
 from schedctl.storage.store import Store
 from scheduled_d.relay import Relay
 from scheduled_d.worker import Worker
+from tests.factories import make_tenant
 from tests.integration.queue_support import (
     allow_loopback_tenant,
     answer,
@@ -61,7 +68,11 @@ def store(store: Store) -> Store:
     return store
 
 
-def relay(store: Store, port: int | None) -> Relay:
+# the operator's [alerts]: mail to example.com only
+POLICY = AlertPolicy(email_domains=("example.com",), smtp_configured=True)
+
+
+def relay(store: Store, port: int | None, policy: AlertPolicy = POLICY) -> Relay:
     smtp = SmtpSettings(host="127.0.0.1", port=port or 9, timeout=2.0)
     return Relay(
         store,
@@ -70,6 +81,7 @@ def relay(store: Store, port: int | None) -> Relay:
         http_timeout=5.0,
         smtp=smtp,
         alert_poll_seconds=0.05,
+        alert_policy=policy,
     )
 
 
@@ -431,3 +443,139 @@ def test_the_last_success_series_is_only_for_jobs_with_a_no_success_alert(store:
         assert REGISTRY.get_sample_value(name, {"tenant": tenant, "job": other}) is None
     finally:
         export_last_success(None)
+
+
+# -- alerts that never block each other (issue 30) ----------------------------------------
+
+
+@contextlib.contextmanager
+def alert_lane(store: Store, port: int, policy: AlertPolicy = POLICY) -> Iterator[AlertLane]:
+    """The relay's alert lane, its passes run by the test (run_once), its HTTP client
+    closed at the end."""
+    http = HttpDelivery(timeout=5.0)
+    try:
+        yield AlertLane(
+            store,
+            http=http,
+            signing=SigningKeyCache(store),
+            smtp=SmtpSettings(host="127.0.0.1", port=port, timeout=5.0),
+            owner="test",
+            policy=policy,
+        )
+    finally:
+        http.close()
+
+
+def _queue_dead_letter(store: Store, tenant: str, job: str, at: datetime) -> None:
+    dead = alerts_repo.Failure(tenant, job, at, 1, "boom", True, "http", "u")
+    with store.tx() as connection:
+        alerts_repo.queue_for_failures(connection, [dead], store.now())
+
+
+def _set_alert(store: Store, job: str, **values: Any) -> None:
+    """Write an alert row's columns straight, as an older version (or a crash) left them."""
+    with store.tx() as connection:
+        connection.execute(
+            update(schema.alerts).where(schema.alerts.c.job_id == job).values(**values)
+        )
+
+
+def _alert_of(store: Store, job: str) -> dict[str, Any]:
+    (row,) = [a for a in alerts_repo.list_alerts(store) if a["job_id"] == job]
+    return row
+
+
+def test_a_poison_alert_of_one_tenant_never_holds_up_another_tenants(
+    store: Store, smtp: tuple[Inbox, int]
+) -> None:
+    """Tenant beta's alerts are due first, in the same batch as tenant acme's: one whose
+    job name (stored before names refused them) holds U+2028 and U+0085, one whose sending
+    raises on every attempt (at its last attempt) and one whose lease ran out at every
+    attempt. acme's mail arrives; the bad name's mail goes out with a safe subject; the
+    raising alert is given up at the limit with its reason, the abandoned one too."""
+    inbox, port = smtp
+    acme, beta = "tenant-acme", make_tenant(store, "beta")
+    earlier = store.now() - timedelta(minutes=5)
+    poison_name = http_job(store, "http://127.0.0.1:9/x", tenant=beta)
+    raising = http_job(store, "http://127.0.0.1:9/y", tenant=beta)
+    abandoned = http_job(store, "http://127.0.0.1:9/z", tenant=beta)
+    normal = http_job(store, "http://127.0.0.1:9/w", tenant=acme)
+    with store.tx() as connection:
+        connection.execute(
+            update(schema.jobs)
+            .where(schema.jobs.c.job_id == poison_name)
+            .values(name="nightly\u2028Bcc: victim@example.org\x85x")
+        )
+    mail = parse_alerts({"email": ["ops@example.com"]})
+    for tenant, job in [(beta, poison_name), (beta, raising), (beta, abandoned), (acme, normal)]:
+        alerts_repo.set_settings(store, tenant, job, mail)
+        _queue_dead_letter(store, tenant, job, datetime(2030, 1, 1, tzinfo=UTC))
+    last = alerts_repo.MAX_ALERT_ATTEMPTS
+    # an e-mail alert whose body is not an object: every attempt raises (AttributeError)
+    _set_alert(store, raising, body="[]", attempt=last - 1, available_at=earlier)
+    _set_alert(store, abandoned, attempt=last, available_at=earlier, last_error=None)
+    _set_alert(store, poison_name, available_at=earlier)
+    with alert_lane(store, port) as lane:
+        assert lane.run_once() == 3  # the abandoned one is given up, not leased
+    assert _alert_of(store, normal)["status"] == "delivered"
+    assert _alert_of(store, poison_name)["status"] == "delivered"
+    given_up = _alert_of(store, raising)
+    assert (given_up["status"], given_up["attempt"]) == ("failed", last)
+    assert given_up["lease_owner"] is None
+    assert given_up["last_error"].startswith("AttributeError")
+    gone = _alert_of(store, abandoned)
+    assert (gone["status"], gone["attempt"]) == ("failed", last)
+    assert "no attempt ended" in gone["last_error"]
+    subjects = {str(make_header(decode_header(m["Subject"]))): m for m in inbox.messages}
+    assert len(inbox.messages) == 2
+    (bad,) = [s for s in subjects if poison_name in s]
+    assert "\u2028" not in bad and "\x85" not in bad and "\ufffd" in bad
+    assert all(m["Bcc"] is None for m in inbox.messages)
+    assert any(normal in s for s in subjects)
+
+
+def test_an_address_that_is_not_whole_is_refused_and_never_mailed(
+    store: Store, smtp: tuple[Inbox, int]
+) -> None:
+    """ "a@b.c\\n" (a newline after a whole address) is refused at input naming the field
+    and changes nothing; one stored before that is given up at once, never mailed."""
+    inbox, port = smtp
+    tenant = "tenant-acme"
+    scheduler = Scheduler(store)
+    for bad in ["a@b.c\n", "a@b.c\r\nBcc: x@y.z", "a@b.c\u2028", "a@b.c\x85", "a b@c.d"]:
+        with pytest.raises(errors.ValidationError) as caught:
+            scheduler.set_alerts("acme", {"email": [bad]})
+        assert caught.value.field == "alerts.email", repr(bad)
+    assert alerts_repo.get_settings(store, tenant, "") is None
+    job = http_job(store, "http://127.0.0.1:9/x")
+    alerts_repo.set_settings(store, tenant, job, parse_alerts({"email": ["ops@example.com"]}))
+    _queue_dead_letter(store, tenant, job, datetime(2030, 1, 1, tzinfo=UTC))
+    _set_alert(store, job, destination="victim@example.org\nBcc: ops@example.com")
+    with alert_lane(store, port) as lane:
+        assert lane.run_once() == 1
+    row = _alert_of(store, job)
+    assert (row["status"], row["attempt"]) == ("failed", 1)
+    assert "not an e-mail address" in row["last_error"]
+    assert inbox.messages == []
+
+
+@pytest.mark.parametrize("char", ["\u2028", "\u2029", "\x85", "\x80", "\x9f", "\n", "\x7f"])
+def test_control_and_line_separator_characters_are_refused_in_job_names(
+    store: Store, char: str
+) -> None:
+    scheduler = Scheduler(store)
+    body = {
+        "name": f"nightly{char}x",
+        "schedule": {"delay": "PT1H"},
+        "target": {"type": "queue", "name": "q"},
+    }
+    with pytest.raises(errors.ValidationError) as caught:
+        scheduler.create_job("acme", body, actor="test")
+    assert caught.value.field == "name"
+    assert "control or line-separator" in caught.value.message
+    assert not scheduler.list_jobs("acme", limit=10).items
+    job, _ = scheduler.create_job("acme", {**body, "name": "nightly"}, actor="test")
+    with pytest.raises(errors.ValidationError) as caught:
+        scheduler.update_job(job.job_id, {"name": f"n{char}"}, "acme", actor="test")
+    assert caught.value.field == "name"
+    assert scheduler.get_job(job.job_id, "acme").name == "nightly"
