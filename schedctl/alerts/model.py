@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from schedctl import errors
+from schedctl import errors, limits
 from schedctl.scheduling.timeparse import parse_duration
 
 KINDS = ("dead_letter", "failure")  # what `on` may list; no_success is set by its duration
@@ -89,15 +89,18 @@ def parse_alerts(value: Any, field_name: str = "alerts") -> AlertConfig:
     email = value.get("email", [])
     if isinstance(email, str):
         email = [email]
-    if (
-        not isinstance(email, list)
-        or len(email) > MAX_EMAILS
-        or not all(isinstance(a, str) and EMAIL_ADDRESS.fullmatch(a) for a in email)
-    ):
+    if not isinstance(email, list) or len(email) > MAX_EMAILS:
         raise errors.ValidationError(
             f"must be a list of at most {MAX_EMAILS} e-mail addresses",
             field=f"{field_name}.email",
         )
+    for address in email:
+        if not isinstance(address, str) or not EMAIL_ADDRESS.fullmatch(address):
+            raise errors.ValidationError(
+                f"{limits.describe(address)} is not an e-mail address (user@domain, ASCII, no "
+                "spaces, quotes or control characters)",
+                field=f"{field_name}.email",
+            )
     command = value.get("command", False)
     if not isinstance(command, bool):
         raise errors.ValidationError("must be true or false", field=f"{field_name}.command")

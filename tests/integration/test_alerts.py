@@ -579,3 +579,97 @@ def test_control_and_line_separator_characters_are_refused_in_job_names(
         scheduler.update_job(job.job_id, {"name": f"n{char}"}, "acme", actor="test")
     assert caught.value.field == "name"
     assert scheduler.get_job(job.job_id, "acme").name == "nightly"
+
+
+def test_cli_refuses_a_private_webhook_and_recipients_the_operator_does_not_allow(
+    db_url: str, tmp_path: Path
+) -> None:
+    """Through the CLI: a loopback, private or metadata webhook is refused naming
+    alerts.webhook; with an SMTP server, recipients must be in [alerts] email_domains (none
+    listed: e-mail alerts are refused); a refusal changes nothing."""
+    config = tmp_path / "scheduled.toml"
+
+    def run(*args: str, code: int = 0) -> str:
+        result = runner.invoke(
+            cli_app, ["--db", db_url, "--config", str(config), "--output", "json", *args]
+        )
+        assert result.exit_code == code, result.output
+        return str(result.output)
+
+    config.write_text(
+        'smtp_host = "127.0.0.1"\n[alerts]\nemail_domains = ["example.com", "*.example.net"]\n'
+    )
+    run("tenant", "create", "acme")
+    run("tenant", "alerts", "acme", "--email", "ops@example.com", "--email", "b@sre.example.net")
+    for url in ["http://127.0.0.1:9/h", "http://10.0.0.7/h", "http://169.254.169.254/x"]:
+        assert "alerts.webhook" in run("tenant", "alerts", "acme", "--webhook", url, code=2)
+    for address in ["a@example.org", "a@example.com.evil.org", "a@example.net"]:
+        refused = run("tenant", "alerts", "acme", "--email", address, code=2)
+        assert "alerts.email" in refused and "email_domains" in refused
+    shown = json.loads(run("tenant", "alerts", "acme"))["alerts"]
+    assert shown["email"] == ["ops@example.com", "b@sre.example.net"] and "webhook" not in shown
+    config.write_text('smtp_host = "127.0.0.1"\n')  # an SMTP server and no list: none
+    refused = run("tenant", "alerts", "acme", "--email", "ops@example.com", code=2)
+    assert "alerts.email" in refused and "not enabled" in refused
+    config.write_text("")  # no SMTP server: nothing leaves, nothing to refuse
+    run("tenant", "alerts", "acme", "--email", "ops@example.org")
+
+
+def test_at_send_recipients_the_operator_does_not_allow_are_given_up(
+    store: Store, smtp: tuple[Inbox, int]
+) -> None:
+    """An alert to a domain the operator allows no longer (or never did: set before the
+    list) is given up at once with the reason; mail to an allowed domain goes."""
+    inbox, port = smtp
+    tenant = "tenant-acme"
+    allowed, other = (
+        http_job(store, "http://127.0.0.1:9/x"),
+        http_job(store, "http://127.0.0.1:9/y"),
+    )
+    alerts_repo.set_settings(store, tenant, allowed, parse_alerts({"email": ["a@example.com"]}))
+    alerts_repo.set_settings(store, tenant, other, parse_alerts({"email": ["a@example.org"]}))
+    for job in (allowed, other):
+        _queue_dead_letter(store, tenant, job, datetime(2030, 1, 1, tzinfo=UTC))
+    with alert_lane(store, port) as lane:
+        assert lane.run_once() == 2
+    assert _alert_of(store, allowed)["status"] == "delivered"
+    refused = _alert_of(store, other)
+    assert (refused["status"], refused["attempt"]) == ("failed", 1)
+    assert "email_domains" in refused["last_error"]
+    (mail,) = inbox.messages
+    assert mail["To"] == "a@example.com"
+
+
+def test_alerts_over_the_tenants_hourly_limit_are_given_up_as_rate_limited(
+    store: Store, smtp: tuple[Inbox, int]
+) -> None:
+    """max_per_tenant_per_hour: the tenant's alerts past it in the hour are not sent and
+    are recorded given up, "rate limited"; another tenant's still go."""
+    inbox, port = smtp
+    acme, beta = "tenant-acme", make_tenant(store, "beta")
+    mail = parse_alerts({"email": ["ops@example.com"]})
+    jobs = [http_job(store, f"http://127.0.0.1:9/{n}", tenant=acme) for n in range(3)]
+    jobs.append(http_job(store, "http://127.0.0.1:9/b", tenant=beta))
+    for job in jobs:
+        tenant = beta if job == jobs[-1] else acme
+        alerts_repo.set_settings(store, tenant, job, mail)
+        _queue_dead_letter(store, tenant, job, datetime(2030, 1, 1, tzinfo=UTC))
+    policy = AlertPolicy(
+        email_domains=("example.com",), max_per_tenant_per_hour=2, smtp_configured=True
+    )
+    with alert_lane(store, port, policy) as lane:
+        assert lane.run_once() == 4
+    statuses = [_alert_of(store, job)["status"] for job in jobs]
+    assert statuses == ["delivered", "delivered", "failed", "delivered"]
+    limited = _alert_of(store, jobs[2])
+    assert limited["last_error"].startswith("rate limited")
+    assert "max_per_tenant_per_hour" in limited["last_error"]
+    assert len(inbox.messages) == 3
+    # a later pass counts the hour's deliveries from the database
+    later = http_job(store, "http://127.0.0.1:9/later", tenant=acme)
+    alerts_repo.set_settings(store, acme, later, mail)
+    _queue_dead_letter(store, acme, later, datetime(2030, 1, 1, tzinfo=UTC))
+    with alert_lane(store, port, policy) as lane:
+        assert lane.run_once() == 1
+    assert _alert_of(store, later)["status"] == "failed"
+    assert len(inbox.messages) == 3
