@@ -549,8 +549,15 @@ def test_an_address_that_is_not_whole_is_refused_and_never_mailed(
     assert alerts_repo.get_settings(store, tenant, "") is None
     job = http_job(store, "http://127.0.0.1:9/x")
     alerts_repo.set_settings(store, tenant, job, parse_alerts({"email": ["ops@example.com"]}))
+    stored = {"on": ["dead_letter"], "email": ["victim@example.org\nBcc: ops@example.com"]}
+    with store.tx() as connection:  # as a version with the looser rule stored it
+        connection.execute(
+            update(schema.alert_settings)
+            .where(schema.alert_settings.c.job_id == job)
+            .values(config=json.dumps(stored))
+        )
+    # settling still works (the settings are read there) and queues the alert
     _queue_dead_letter(store, tenant, job, datetime(2030, 1, 1, tzinfo=UTC))
-    _set_alert(store, job, destination="victim@example.org\nBcc: ops@example.com")
     with alert_lane(store, port) as lane:
         assert lane.run_once() == 1
     row = _alert_of(store, job)
