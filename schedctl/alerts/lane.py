@@ -64,6 +64,11 @@ class AlertLane:
         self._next_check = 0.0
 
     def start(self) -> None:
+        if self.policy.smtp_configured and self.policy.email_domains is None:
+            log.warning(
+                "alerts: an SMTP server is configured but no recipient domains: every e-mail "
+                "alert is given up until [alerts] email_domains lists them"
+            )
         self._thread = threading.Thread(target=self._run, name="alerts", daemon=True)
         self._thread.start()
 
