@@ -94,7 +94,12 @@ class AlertLane:
         """One pass: the no-success check when due, then one batch of due alerts sent."""
         if time.monotonic() >= self._next_check:
             self._next_check = time.monotonic() + self.check_seconds
-            repo.check_no_success(self.store)
+            try:
+                repo.check_no_success(self.store)
+            except errors.StoreUnavailable:
+                raise
+            except Exception:  # a bug in the check must not stop every alert's sending
+                log.exception("alerts: the no-success check failed")
         leased = repo.claim(
             self.store, (WEBHOOK, EMAIL), self.owner, limit=BATCH, lease_seconds=LEASE_SECONDS
         )

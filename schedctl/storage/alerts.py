@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, delete, func, select, update
 from sqlalchemy.engine import Connection
 
+from schedctl import errors
 from schedctl.alerts import metrics
 from schedctl.alerts.model import (
     COMMAND,
@@ -105,7 +106,7 @@ def _effective(
     jobs = {j for _, j in pairs} | {TENANT_DEFAULT}
     s = schema.alert_settings
     found = {
-        (row.tenant_id, row.job_id): loads(row.config)
+        (row.tenant_id, row.job_id): _readable(row)
         for row in connection.execute(
             select(s.c.tenant_id, s.c.job_id, s.c.config).where(
                 s.c.tenant_id.in_(tenants), s.c.job_id.in_(jobs)
@@ -114,10 +115,28 @@ def _effective(
     }
     result: dict[tuple[str, str], AlertConfig] = {}
     for tenant, job in pairs:
-        config = found.get((tenant, job)) or found.get((tenant, TENANT_DEFAULT))
+        # a job's unreadable settings: none (never its tenant's in their place)
+        config = (
+            found[(tenant, job)] if (tenant, job) in found else found.get((tenant, TENANT_DEFAULT))
+        )
         if config is not None:
             result[(tenant, job)] = config
     return result
+
+
+def _readable(row: Any) -> AlertConfig | None:
+    """A settings row's AlertConfig; None (logged) when it cannot be read: one tenant's bad
+    row must not fail the settling of every run in a batch or every no-success check."""
+    try:
+        return loads(row.config)
+    except (ValueError, errors.SchedError) as exc:  # JSONDecodeError is a ValueError
+        log.error(
+            "alert settings of tenant %s job %r cannot be read, ignored: %s",
+            row.tenant_id,
+            row.job_id,
+            exc,
+        )
+        return None
 
 
 def _job_names(connection: Connection, job_ids: set[str]) -> dict[str, str]:
@@ -237,7 +256,9 @@ def check_no_success(store: Store, *, limit: int = NO_SUCCESS_BATCH) -> int:
         own: dict[str, AlertConfig] = {}
         defaults: dict[str, AlertConfig] = {}
         for row in settings:
-            config = loads(row.config)
+            config = _readable(row)
+            if config is None:
+                continue
             if row.job_id == TENANT_DEFAULT:
                 defaults[row.tenant_id] = config
             else:

@@ -680,3 +680,32 @@ def test_alerts_over_the_tenants_hourly_limit_are_given_up_as_rate_limited(
         assert lane.run_once() == 1
     assert _alert_of(store, later)["status"] == "failed"
     assert len(inbox.messages) == 3
+
+
+def test_one_tenants_unreadable_alert_settings_break_no_other_tenants_alerts(
+    store: Store,
+) -> None:
+    """Settings rows that cannot be read (written past the API) are ignored, logged: the
+    settle hook still queues the other tenant's alerts in the same batch, and the
+    no-success check still runs."""
+    acme, beta = "tenant-acme", make_tenant(store, "beta")
+    good = http_job(store, "http://127.0.0.1:9/x", tenant=acme)
+    bad = http_job(store, "http://127.0.0.1:9/y", tenant=beta)
+    alerts_repo.set_settings(store, acme, good, parse_alerts({"email": ["a@example.com"]}))
+    alerts_repo.set_settings(store, beta, bad, parse_alerts({"email": ["b@example.com"]}))
+    alerts_repo.set_settings(store, beta, "", parse_alerts({"email": ["c@example.com"]}))
+    with store.tx() as connection:
+        connection.execute(
+            update(schema.alert_settings)
+            .where(schema.alert_settings.c.tenant_id == beta)
+            .values(config='{"on": ["never"], "no_success": "PT1H"')
+        )
+    at = datetime(2030, 1, 1, tzinfo=UTC)
+    failures = [
+        alerts_repo.Failure(beta, bad, at, 1, "boom", True, "http", "u"),
+        alerts_repo.Failure(acme, good, at, 1, "boom", True, "http", "u"),
+    ]
+    with store.tx() as connection:
+        alerts_repo.queue_for_failures(connection, failures, store.now())
+    assert [a["job_id"] for a in alerts_repo.list_alerts(store)] == [good]
+    assert alerts_repo.check_no_success(store) == 0
