@@ -709,3 +709,17 @@ def test_one_tenants_unreadable_alert_settings_break_no_other_tenants_alerts(
         alerts_repo.queue_for_failures(connection, failures, store.now())
     assert [a["job_id"] for a in alerts_repo.list_alerts(store)] == [good]
     assert alerts_repo.check_no_success(store) == 0
+
+
+@pytest.mark.parametrize("char", ["\u2028", "\x85", "\x9b"])
+def test_cli_refuses_line_separators_in_a_job_name(db_url: str, char: str) -> None:
+    def run(*args: str, code: int = 0) -> str:
+        result = runner.invoke(cli_app, ["--db", db_url, "--output", "json", *args])
+        assert result.exit_code == code, result.output
+        return str(result.output)
+
+    run("tenant", "create", "acme")
+    args = ("job", "create", "--tenant", "acme", "--every", "1h", "--queue", "q")
+    refused = run(*args, "--name", f"nightly{char}x", code=2)
+    assert "name" in refused and "line-separator" in refused
+    assert json.loads(run("job", "list", "--tenant", "acme"))["items"] == []
