@@ -20,7 +20,7 @@ import os
 import signal
 import subprocess
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +37,7 @@ from scheduled_d.signals import add_reload_listener
 from scheduled_d.worker import INHERITED_VARIABLES, RunSpec, Worker
 
 if TYPE_CHECKING:
+    from schedctl.alerts.command import AlertCommand
     from schedctl.storage.alerts import AlertRow
     from schedctl.storage.store import Store
 
@@ -152,11 +153,13 @@ class HostWorker:
 
         return resolve
 
-    def alert_command(self, alert: AlertRow, queue: str, store: Store) -> list[str]:
-        """The argv of the `alert_command` of the job a command alert of `queue` is about:
-        the central job's payload names it ({job_file, job}), and it must be a job of this
+    def alert_command(self, alert: AlertRow, queue: str, store: Store) -> AlertCommand:
+        """The `alert_command` of the job a command alert of `queue` is about, run as that
+        job's runs are (its user, group, environment and working directory: run_spec): the
+        central job's payload names it ({job_file, job}), and it must be a job of this
         host's files that runs on this host from that queue (as for a run: HostFiles.resolve).
         NotFound when there is no such job or it has no alert_command."""
+        from schedctl.alerts.command import AlertCommand
         from schedctl.storage.jobs import JobRepo
 
         central = JobRepo(store).get(alert.job_id, alert.tenant_id)
@@ -175,12 +178,20 @@ class HostWorker:
             job.name,
             job.path,
         )
-        return list(job.alerts.command)
+        spec = run_spec(job, None)
+        return AlertCommand(
+            argv=list(job.alerts.command),
+            env=spec.env,
+            user=spec.user,
+            group=spec.group,
+            extra_groups=spec.extra_groups,
+            workdir=spec.workdir,
+        )
 
-    def alert_resolver(self, queue: str, store: Store) -> Callable[[AlertRow], Sequence[str]]:
+    def alert_resolver(self, queue: str, store: Store) -> Callable[[AlertRow], AlertCommand]:
         """The `alert_command_for` of the Worker serving `queue`."""
 
-        def command_for(alert: AlertRow) -> Sequence[str]:
+        def command_for(alert: AlertRow) -> AlertCommand:
             return self.alert_command(alert, queue, store)
 
         return command_for

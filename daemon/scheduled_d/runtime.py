@@ -116,7 +116,12 @@ def _run_all(
         from scheduled_d.api.server import ApiServer
 
         api_server = ApiServer(
-            Scheduler(store, max_payload_bytes=config.max_payload_bytes), config.api_listen
+            Scheduler(
+                store,
+                max_payload_bytes=config.max_payload_bytes,
+                alert_policy=config.alert_policy,
+            ),
+            config.api_listen,
         )
         # first, and binding at once: a taken port fails the start before anything runs
         api_server.start()
@@ -283,7 +288,12 @@ def run_api(store: Store, config: Config) -> None:
 
     with stop_on_signals() as (stop, force):
         server = ApiServer(
-            Scheduler(store, max_payload_bytes=config.max_payload_bytes), config.api_listen
+            Scheduler(
+                store,
+                max_payload_bytes=config.max_payload_bytes,
+                alert_policy=config.alert_policy,
+            ),
+            config.api_listen,
         )
         server.start()
         if config.metrics_listen:
