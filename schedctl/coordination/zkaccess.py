@@ -239,9 +239,18 @@ def _redacted(value: Any) -> Any:
         if "acl" in value._fields:
             return f"{type(value).__name__}(path={getattr(value, 'path', '?')!r}, ...)"
         return value
-    if isinstance(value, list | tuple) and any(isinstance(v, ACL) for v in value):
-        return "[ACL <redacted>]"
+    if _holds_acl(value):
+        return "<a result with ACLs, redacted>"
     return value
+
+
+def _holds_acl(value: Any, depth: int = 3) -> bool:
+    """An ACL inside `value` (a get_acls answer is a tuple of a list of ACLs and a stat)."""
+    if isinstance(value, ACL):
+        return True
+    if depth > 0 and isinstance(value, list | tuple):
+        return any(_holds_acl(item, depth - 1) for item in value)
+    return False
 
 
 class _Redacting(logging.Filter):

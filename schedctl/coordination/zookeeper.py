@@ -164,6 +164,7 @@ class ZooKeeperCoordinator:
         self._suspended_gen = 0  # gen of the last suspension; nodes need re-checking after it
         self._stable = False
         self._rounds = 0
+        self._refused: errors.SchedError | None = None  # the last round's NoAuth, if any
         self._members: tuple[str, ...] = ()
         self._assigned: frozenset[int] = frozenset()
 
@@ -222,6 +223,11 @@ class ZooKeeperCoordinator:
                     break
                 self._cond.wait(min(remaining, _SLICE_SECONDS))
             started = self._rounds > 0
+            refused = self._refused
+        if refused is not None:
+            # wrong or missing credentials do not heal by retrying: say so now
+            self.stop()
+            raise refused
         if not started:
             self.stop()
             raise errors.SchedError(
@@ -343,16 +349,20 @@ class ZooKeeperCoordinator:
         backoff = retrying.Backoff(retrying.ZOOKEEPER_ROUND)
         while not self._stop_requested.is_set():
             stable = False
+            refused = None
             with self._lock:
                 events = self._events
             try:
                 stable = self._reconcile()
             except errors.SchedError as exc:
+                if exc.field == "zookeeper_auth_file":
+                    refused = exc
                 log.warning("coordination round failed, retrying: %s", exc)
             except Exception:
                 log.exception("coordination round failed, retrying")
             with self._cond:
                 self._stable = stable and self._events == events
+                self._refused = refused
                 self._rounds += 1
                 self._cond.notify_all()
             self._notify_change()
@@ -484,6 +494,12 @@ class ZooKeeperCoordinator:
         found = self._gather({p: self._client.get_acls_async(p) for p in paths}, deadline)
         wanted = set(acl)
         for path, outcome in found.items():
+            if isinstance(outcome.error, NoAuthError):
+                raise errors.SchedError(
+                    f"ZooKeeper at {self.hosts} refused to show the ACL of {path} (NoAuth): "
+                    f"{denied_hint(self.access)}",
+                    field="zookeeper_auth_file",
+                )
             if not outcome.answered or outcome.error is not None:
                 raise errors.SchedError(
                     f"cannot read the ACL of {path}: {outcome.error or 'no answer'}",
