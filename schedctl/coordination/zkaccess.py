@@ -75,15 +75,19 @@ def parse_credentials(text: str, field_name: str, source: str) -> tuple[str, str
 
 def _read_credentials(path: str) -> tuple[str, str]:
     try:
-        with open(path, "rb") as handle:
-            mode = os.fstat(handle.fileno()).st_mode
-            raw = handle.read(_MAX_AUTH_BYTES + 1)
+        # O_NONBLOCK: a FIFO put in its place must not hang the start
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise errors.ConfigError(
             f"cannot read {path!r}: {exc.strerror}", field=AUTH_FILE_FIELD
         ) from exc
-    if not stat.S_ISREG(mode):
-        raise errors.ConfigError(f"{path!r} is not a regular file", field=AUTH_FILE_FIELD)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise errors.ConfigError(f"{path!r} is not a regular file", field=AUTH_FILE_FIELD)
+        raw = os.read(fd, _MAX_AUTH_BYTES + 1)
+    finally:
+        os.close(fd)
     if len(raw) > _MAX_AUTH_BYTES:
         raise errors.ConfigError(
             f"{path!r} is larger than {_MAX_AUTH_BYTES} bytes", field=AUTH_FILE_FIELD
