@@ -31,11 +31,13 @@ from kazoo.retry import KazooRetry
 from kazoo.security import make_digest_acl
 
 from schedctl import errors
-from schedctl.cluster_status import read_members
+from schedctl.cluster_status import gather_status, read_members
+from schedctl.config import Config
 from schedctl.coordination.zkaccess import ZooKeeperAccess
 from schedctl.coordination.zookeeper import ZooKeeperCoordinator
 from schedctl.storage.partitions import PartitionRepo
 from schedctl.storage.store import Store
+from scheduled_d.runtime import make_coordinator
 from tests.services.zookeeper import ZooKeeperEnsemble, ZooKeeperTls
 
 pytestmark = pytest.mark.zookeeper
@@ -226,6 +228,32 @@ def test_status_reads_the_members_with_the_same_credentials(start: Start, zk_hos
     assert list(members) == ["a"]
     with pytest.raises(errors.SchedError, match=r"NoAuth.*zookeeper_auth_file"):
         read_members(zk_hosts, "/scheduled", timeout=30)
+
+
+def test_schedctl_status_and_the_daemon_take_the_credentials_from_the_configuration(
+    start: Start, store: Store, zk_hosts: str, tmp_path: Path
+) -> None:
+    secret = tmp_path / "zk-auth"
+    secret.write_text(f"{USER}:{PASSWORD}\n")
+    secret.chmod(0o600)
+    config = Config(zookeeper=zk_hosts, zookeeper_auth_file=str(secret), node_name="a")
+    # the dispatcher's coordinator, as scheduled-d builds it
+    coordinator = make_coordinator(store, config)
+    assert isinstance(coordinator, ZooKeeperCoordinator)
+    assert coordinator.access == ACCESS
+    coordinator.start(timeout=30)
+    try:
+        assert coordinator.wait_until_stable(WAIT)
+        status = gather_status(store, config, zookeeper_timeout=30)
+        assert status.zookeeper_error is None
+        assert [m.name for m in status.members] == ["a"]
+        # without the credentials `schedctl status` says why, and still prints the rest
+        bare = gather_status(store, Config(zookeeper=zk_hosts), zookeeper_timeout=30)
+        assert bare.zookeeper_error is not None
+        assert "NoAuth" in bare.zookeeper_error
+        assert "zookeeper_auth_file" in bare.zookeeper_error
+    finally:
+        coordinator.stop()
 
 
 def test_the_password_never_reaches_the_log(
