@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import gc
 import ipaddress
+import json
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from dataclasses import dataclass
@@ -29,8 +30,10 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 from kazoo.retry import KazooRetry
 from kazoo.security import make_digest_acl
+from typer.testing import CliRunner
 
 from schedctl import errors
+from schedctl.cli.app import app
 from schedctl.cluster_status import gather_status, read_members
 from schedctl.config import Config
 from schedctl.coordination.zkaccess import ZooKeeperAccess
@@ -254,6 +257,37 @@ def test_schedctl_status_and_the_daemon_take_the_credentials_from_the_configurat
         assert "zookeeper_auth_file" in bare.zookeeper_error
     finally:
         coordinator.stop()
+
+
+def test_the_status_command_uses_the_credentials_of_its_environment(
+    start: Start, sqlite_url: str, zk_hosts: str, tmp_path: Path
+) -> None:
+    coordinator = start(zk_hosts, name="disp-a", access=ACCESS)
+    assert coordinator.wait_until_stable(WAIT)
+    secret = tmp_path / "zk-auth"
+    secret.write_text(f"{USER}:{PASSWORD}\n")
+    secret.chmod(0o600)
+    broken = tmp_path / "zk-auth-broken"
+    broken.write_text("no colon\n")
+
+    def status(**env: str) -> dict[str, Any]:
+        result = CliRunner().invoke(
+            app,
+            ["--db", sqlite_url, "status", "--output", "json"],
+            env={"SCHEDULED_ZOOKEEPER": zk_hosts, **env},
+        )
+        assert result.exit_code == 0, result.output
+        assert "Traceback" not in result.output and PASSWORD not in result.output
+        data: dict[str, Any] = json.loads(result.stdout)
+        return data
+
+    data = status(SCHEDULED_ZOOKEEPER_AUTH_FILE=str(secret))
+    assert data["coordinator"]["error"] is None
+    assert [(m["name"], m["live"]) for m in data["members"]] == [("disp-a", True)]
+    assert "NoAuth" in status()["coordinator"]["error"]
+    assert "NoAuth" in status(SCHEDULED_ZOOKEEPER_AUTH=f"{USER}:wrong")["coordinator"]["error"]
+    error = status(SCHEDULED_ZOOKEEPER_AUTH_FILE=str(broken))["coordinator"]["error"]
+    assert "zookeeper_auth_file" in error and "user:password" in error
 
 
 def test_the_password_never_reaches_the_log(
