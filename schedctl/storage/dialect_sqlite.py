@@ -88,14 +88,24 @@ class SqliteDialect:
     def mark_leased(
         self, connection: Connection, leases: Sequence[LeasedRow], mark: LeaseMark
     ) -> None:
-        connection.execute(
-            _mark_leased(),
-            {
-                "ids": [x[0] for x in leases],
-                "b_leased_until": mark.leased_until,
-                "b_lease_owner": mark.owner,
-            },
-        )
+        if isinstance(mark.owner, str):
+            connection.execute(
+                _mark_leased(),
+                {
+                    "ids": [x[0] for x in leases],
+                    "b_leased_until": mark.leased_until,
+                    "b_lease_owner": mark.owner,
+                },
+            )
+        else:
+            # each message its own owner (an API lease's secret): one statement run per row
+            connection.execute(
+                _mark_leased_each(),
+                [
+                    {"b_id": x[0], "b_leased_until": mark.leased_until, "b_lease_owner": owner}
+                    for x, owner in zip(leases, mark.owner, strict=True)
+                ],
+            )
         # the previous attempt's outcome lives on in run_attempts
         self.update_runs(
             connection,
@@ -544,6 +554,19 @@ def _mark_leased() -> Any:
     return (
         update(m)
         .where(m.c.id.in_(bindparam("ids", expanding=True)))
+        .values(
+            leased_until=bindparam("b_leased_until", type_=m.c.leased_until.type),
+            lease_owner=bindparam("b_lease_owner"),
+        )
+    )
+
+
+@functools.cache
+def _mark_leased_each() -> Any:
+    m = schema.queue_messages
+    return (
+        update(m)
+        .where(m.c.id == bindparam("b_id"))
         .values(
             leased_until=bindparam("b_leased_until", type_=m.c.leased_until.type),
             lease_owner=bindparam("b_lease_owner"),
