@@ -214,7 +214,7 @@ class QueueRepo(Settles[Lease]):
     def lease(
         self,
         queue: str,
-        owner: str | Sequence[str],
+        owner: str | Callable[[], str],
         lease_seconds: float,
         limit: int = 1,
         *,
@@ -224,9 +224,8 @@ class QueueRepo(Settles[Lease]):
         more messages of one job at a time than its max_concurrency; marks their runs
         running. Another tenant's queue of the same name is another queue.
 
-        `owner` holds every lease (a direct worker's id), or is one owner per lease, at
-        least `limit` of them: the i-th lease returned is held by the i-th (the API's
-        leases, each with its own secret)."""
+        `owner` holds every lease (a direct worker's id), or is called once for each lease
+        taken for that lease's own owner (the API's leases, each with its own secret)."""
         if lease_seconds <= 0:
             raise errors.ValidationError("must be positive", field="lease_seconds")
         if limit < 1:
@@ -243,7 +242,7 @@ class QueueRepo(Settles[Lease]):
         self,
         connection: Connection,
         queue: str,
-        owner: str | Sequence[str],
+        owner: str | Callable[[], str],
         lease_seconds: float,
         limit: int,
         tenant_id: str,
@@ -302,7 +301,7 @@ class QueueRepo(Settles[Lease]):
                     retry_max_seconds=c[6],
                     timeout_seconds=c[8],
                     payload=decode_payload(c[9]),
-                    owner=owner if isinstance(owner, str) else owner[len(leases)],
+                    owner=owner if isinstance(owner, str) else owner(),
                     leased_until=leased_until,
                 )
             )

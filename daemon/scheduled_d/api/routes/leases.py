@@ -263,26 +263,20 @@ def lease_runs(
             "not a queue name: a letter or digit, then up to 199 of A-Z a-z 0-9 . _ : / -",
             field="name",
         )
-    # one secret per lease, drawn in one read of the system's random source; the i-th
-    # lease returned is held by the i-th owner
-    keys = _secrets(request.limit)
+    # one secret per lease, drawn only for the leases taken (an empty poll draws none)
+    keys: dict[str, str] = {}
+
+    def owner() -> str:
+        secret = secrets.token_hex(16)
+        held_by = _owner(caller.token_id, secret)
+        keys[held_by] = secret
+        return held_by
+
     leases = QueueRepo(scheduler.store).lease(
-        name,
-        [_owner(caller.token_id, secret) for secret in keys],
-        request.lease_seconds,
-        request.limit,
-        tenant_id=caller.tenant.tenant_id,
+        name, owner, request.lease_seconds, request.limit, tenant_id=caller.tenant.tenant_id
     )
     record_presence(scheduler.store, *api_worker(caller, name), request.lease_seconds)
-    return {
-        "items": [_lease_out(lease, secret) for lease, secret in zip(leases, keys, strict=False)]
-    }
-
-
-def _secrets(count: int) -> list[str]:
-    """`count` secrets of 128 random bits each, as 32 hex digits."""
-    raw = secrets.token_hex(16 * count)
-    return [raw[i : i + 32] for i in range(0, len(raw), 32)]
+    return {"items": [_lease_out(lease, keys[lease.owner]) for lease in leases]}
 
 
 @_post(
