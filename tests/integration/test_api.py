@@ -752,6 +752,17 @@ def test_openapi_document(server: ApiServer) -> None:
         "target",
     ]
     assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+    # a job read or updated carries its version as ETag, beside the documented body
+    for path, method in (
+        ("/v1/jobs/{job_id}", "get"),
+        ("/v1/jobs/{job_id}", "patch"),
+        ("/v1/jobs/by-name/{name}", "get"),
+    ):
+        ok = doc["paths"][path][method]["responses"]["200"]
+        assert ok["headers"]["ETag"]["required"] is True
+        assert ok["content"]["application/json"]["schema"] == {
+            "$ref": "#/components/schemas/JobOut"
+        }
 
 
 def test_request_and_quota_metrics(sched: Scheduler, acme: Api) -> None:
