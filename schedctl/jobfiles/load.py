@@ -10,7 +10,10 @@ instant has passed is for whoever applies them.
 from __future__ import annotations
 
 import difflib
+import errno
+import os
 import re
+import stat
 import tomllib
 from collections.abc import Mapping
 from datetime import UTC, date, datetime, time
@@ -29,6 +32,7 @@ from schedctl.jobfiles.model import (
     RunOn,
     RunOnKind,
 )
+from schedctl.jobfiles.opening import OpenDir, Refused, open_dir
 from schedctl.jobfiles.tomllines import Path as KeyPath
 from schedctl.jobfiles.tomllines import key_lines, locate
 
@@ -70,44 +74,83 @@ class _Refused(Exception):
         self.message = message
 
 
-def load_dir(directory: str | Path = DEFAULT_DIR) -> list[JobFile]:
-    """Every *.toml file of `directory` (hidden files skipped), in name order, validated
-    together: names are unique across files. Raises JobFilesError listing every problem."""
+def load_dir(directory: str | Path = DEFAULT_DIR, uid: int | None = None) -> list[JobFile]:
+    """Every *.toml file of `directory` (hidden files skipped), in name order, each opened
+    once and judged as the host's worker judges it (schedctl.jobfiles.opening: a file or
+    directory another user owns, or group/other-writable, or a symlinked file, is refused
+    with the reason; `uid` is trusted as root is, default this process's effective user),
+    validated together: names are unique across files. Raises JobFilesError listing every
+    problem."""
     root = Path(directory)
-    if not root.is_dir():
-        raise JobFilesError([Problem(str(root), None, "jobs_dir", "is not a directory")])
-    paths = sorted(p for p in root.glob("*.toml") if not p.name.startswith("."))
-    if len(paths) > MAX_FILES:
-        raise JobFilesError(
-            [Problem(str(root), None, "jobs_dir", f"holds more than {MAX_FILES} job files")]
-        )
+    try:
+        opened = open_dir(root, uid)
+    except OSError as exc:
+        raise JobFilesError([Problem(str(root), None, "jobs_dir", _walk_error(exc))]) from None
     problems: list[Problem] = []
     files: list[JobFile] = []
-    for path in paths:
-        if not path.is_file():
-            continue
-        try:
-            files.append(load_file(path))
-        except JobFilesError as exc:
-            problems.extend(exc.problems)
+    with opened:
+        names = [n for n in opened.names() if n.endswith(".toml") and not n.startswith(".")]
+        if len(names) > MAX_FILES:
+            raise JobFilesError(
+                [Problem(str(root), None, "jobs_dir", f"holds more than {MAX_FILES} job files")]
+            )
+        for name in names:
+            try:
+                read = read_job_file(opened, name, root / name)
+            except JobFilesError as exc:
+                problems.extend(exc.problems)
+                continue
+            if read is not None:
+                files.append(read[1])
     problems.extend(_duplicates(files))
     if problems:
         raise JobFilesError(problems)
     return files
 
 
-def load_file(path: str | Path) -> JobFile:
-    """One job file, validated on its own (names unique within it)."""
-    path = Path(path)
+def _walk_error(exc: OSError) -> str:
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        return "is not a directory"
+    return f"cannot be opened: {exc.strerror or exc}"
+
+
+def read_job_file(opened: OpenDir, name: str, path: Path) -> tuple[os.stat_result, JobFile] | None:
+    """The job file `name` of the directory `opened` (named `path` in problems), opened
+    once, judged and read from that descriptor, then validated: its fstat and its jobs;
+    None for a directory (skipped, as a directory named *.toml is no job file). Raises
+    JobFilesError: refused (why it is not trusted), unreadable, or invalid."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise JobFilesError([Problem(str(path), None, "file", "is not UTF-8 text")]) from None
+        if stat.S_ISDIR(opened.lstat(name).st_mode):
+            return None
+        info, data = opened.read(name)
+    except Refused as exc:
+        raise JobFilesError([Problem(str(path), None, "file", f"refused: {exc.reason}")]) from None
     except OSError as exc:
         reason = exc.strerror or str(exc)
         invalid = Problem(str(path), None, "file", f"cannot be read: {reason}")
         raise JobFilesError([invalid]) from None
-    return parse_text(text, path)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise JobFilesError([Problem(str(path), None, "file", "is not UTF-8 text")]) from None
+    return info, parse_text(text, path)
+
+
+def load_file(path: str | Path, uid: int | None = None) -> JobFile:
+    """One job file, opened once and judged as load_dir does, validated on its own (names
+    unique within it)."""
+    path = Path(path)
+    try:
+        opened = open_dir(os.path.dirname(os.path.abspath(path)), uid)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        invalid = Problem(str(path), None, "file", f"cannot be read: {reason}")
+        raise JobFilesError([invalid]) from None
+    with opened:
+        read = read_job_file(opened, path.name, path)
+    if read is None:
+        raise JobFilesError([Problem(str(path), None, "file", "is not a regular file")])
+    return read[1]
 
 
 def parse_text(text: str, path: str | Path) -> JobFile:
