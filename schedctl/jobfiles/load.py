@@ -43,12 +43,15 @@ JOB_KEYS = (
     "command", "shell", "shell_path", "stdin",
     "user", "group", "workdir", "env",
     "timeout", "retry", "misfire_policy", "grace", "window", "max_concurrency",
-    "start", "end", "run_on",
+    "start", "end", "run_on", "output",
     "alert_email", "alert_webhook", "alert_command", "alert_on", "alert_no_success",
 )  # fmt: skip
 # passed to jobspec as they are (start and end are checked together)
 LIMIT_KEYS = ("timeout", "retry", "misfire_policy", "grace", "window", "max_concurrency")
 ALERT_EVENTS = ("dead_letter", "failure")
+# where a run's output goes: "central" (its tail in the run history, and the daemon's log),
+# or "local" (the daemon's log / journal of this host only)
+OUTPUT_PLACES = ("central", "local")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", re.ASCII)
 GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", re.ASCII)
 # POSIX-portable user and group names (useradd's own rule, plus upper case and dots)
@@ -249,6 +252,7 @@ def _job(table: dict[str, Any], path: Path, line: int, out: list[_Refused]) -> J
     if bounds:
         limits_body.update(bounds)
     run_on = check(_run_on, table)
+    output = check(_output, table)
     alerts = check(_alerts, table)
     if out:
         return None
@@ -268,6 +272,7 @@ def _job(table: dict[str, Any], path: Path, line: int, out: list[_Refused]) -> J
         env=env,
         limits=limits_body,
         run_on=run_on,
+        output=output,
         alerts=alerts,
         enabled=enabled,
         description=description,
@@ -474,6 +479,17 @@ def _run_on(table: Mapping[str, Any]) -> RunOn:
             "starting with a letter or digit",
         )
     return RunOn(kind, group or None)
+
+
+def _output(table: Mapping[str, Any]) -> str:
+    value = table.get("output", "central")
+    if value not in OUTPUT_PLACES:
+        raise _Refused(
+            ("output",),
+            'must be "central" (the output\'s tail in the run history) or "local" (this host\'s '
+            f"daemon log only), got {limits.describe(value)}",
+        )
+    return str(value)
 
 
 def _strings(table: Mapping[str, Any], key: str) -> tuple[str, ...]:
