@@ -1,5 +1,6 @@
-"""Owns what a host's worker trusts of its job files: the permission rule (cron's), the set of
-files currently loaded (rescanned on demand), the resolution of a run's reference
+"""Owns what a host's worker trusts of its job files: the permission rule (cron's, applied to
+each file as it is opened once: schedctl.jobfiles.opening), the set of files currently
+loaded (rescanned on demand), the resolution of a run's reference
 {job_file, job} to a Job of those files, and the account a job runs as.
 
 A run's payload only *names* a job: the command, user, environment and working directory

@@ -180,7 +180,7 @@ RACE_SECONDS = 60.0
 
 
 @ROOT_ONLY
-@pytest.mark.parametrize("flip", ["directory", "file"])
+@pytest.mark.parametrize("flip", ["directory", "file", "rename"])
 def test_a_symlink_flipped_while_scanning_never_loads_the_foreign_content(
     tmp_path: Path, flip: str
 ) -> None:
@@ -189,7 +189,8 @@ def test_a_symlink_flipped_while_scanning_never_loads_the_foreign_content(
     of times: what was judged is what is read, so the foreign job is never loaded.
     `directory`: the jobs directory is the link (trusted content loads when it points to
     the trusted place). `file`: the job file is the link (never loaded: a job file is
-    never a link)."""
+    never a link). `rename`: no link, the two directories take turns at the jobs
+    directory's name."""
     good = directory(tmp_path / "good")
     evil = directory(tmp_path / "evil")
     write(good / "a.toml", "trusted")
@@ -197,10 +198,15 @@ def test_a_symlink_flipped_while_scanning_never_loads_the_foreign_content(
     os.chown(evil, NOBODY.pw_uid, NOBODY.pw_gid)
     if flip == "directory":
         link, targets, jobs = tmp_path / "jobs.d", ("good", "evil"), tmp_path / "jobs.d"
-    else:
+    elif flip == "file":
         jobs = directory(tmp_path / "jobs.d")
         link, targets = jobs / "a.toml", (str(good / "a.toml"), str(evil / "a.toml"))
-    link.symlink_to(targets[0])
+    else:
+        link, targets, jobs = tmp_path / "jobs.d", ("good", "evil"), tmp_path / "jobs.d"
+    if flip == "rename":
+        good.rename(jobs)
+    else:
+        link.symlink_to(targets[0])
     stop = threading.Event()
     flips = [0]
 
@@ -208,8 +214,14 @@ def test_a_symlink_flipped_while_scanning_never_loads_the_foreign_content(
         deadline = time.monotonic() + RACE_SECONDS
         fresh = link.with_name(".flip")
         while not stop.is_set() and time.monotonic() < deadline and flips[0] < 10_000_000:
-            fresh.symlink_to(targets[flips[0] % 2])
-            os.replace(fresh, link)
+            if flip == "rename":
+                # the one at jobs.d goes back to its own name, the other takes jobs.d
+                away, come = targets[flips[0] % 2], targets[(flips[0] + 1) % 2]
+                os.rename(jobs, tmp_path / away)
+                os.rename(tmp_path / come, jobs)
+            else:
+                fresh.symlink_to(targets[flips[0] % 2])
+                os.replace(fresh, link)
             flips[0] += 1
 
     loaded: list[str] = []
@@ -230,11 +242,16 @@ def test_a_symlink_flipped_while_scanning_never_loads_the_foreign_content(
     assert not thread.is_alive()
     assert flips[0] > 0
     assert "foreign" not in loaded
-    # and the trusted content does load through the directory link once it stays put
-    os.replace(link, link.with_name(".old"))
-    link.symlink_to(targets[0])
+    # and the trusted content does load once the flipping stops on it
+    if flip == "rename":
+        if flips[0] % 2:  # evil is at jobs.d
+            os.rename(jobs, tmp_path / "evil")
+            os.rename(tmp_path / "good", jobs)
+    else:
+        os.replace(link, link.with_name(".old"))
+        link.symlink_to(targets[0])
     files.scan()
-    assert [j.name for j in files.jobs()] == (["trusted"] if flip == "directory" else [])
+    assert [j.name for j in files.jobs()] == ([] if flip == "file" else ["trusted"])
 
 
 def _load_dir_quietly(jobs: Path) -> list[JobFile]:
