@@ -233,8 +233,12 @@ def test_a_symlink_flipped_while_scanning_never_loads_the_foreign_content(
         for _ in range(SCANS):
             if time.monotonic() > deadline:
                 break
+            # one long-lived scanner (reloads what changed) and a fresh one (loads all)
             files.scan()
             loaded.extend(j.name for j in files.jobs())
+            fresh = HostFiles(jobs)
+            fresh.scan()
+            loaded.extend(j.name for j in fresh.jobs())
             loaded.extend(j.name for f in _load_dir_quietly(jobs) for j in f.jobs)
     finally:
         stop.set()
