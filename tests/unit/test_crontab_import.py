@@ -425,3 +425,17 @@ def test_a_line_with_a_nul_is_skipped_and_the_rest_imported(tmp_path: Path) -> N
     assert table.exit_code == 1
     assert "skipped line 1: contains a NUL byte: 0 1 * * * /usr/bin/a\\0rm -rf /" in table.stderr
     assert "wrote 1 job(s)" in table.stdout
+
+
+def test_a_skipped_line_is_shown_with_its_control_characters_escaped(tmp_path: Path) -> None:
+    """A skipped line goes to the terminal: an escape sequence or a line separator in it is
+    shown escaped, never acted on."""
+    source = tmp_path / "mine"
+    source.write_text("61 * * * * /x\x1b[2J\u2028forged\n0 1 * * * /usr/bin/ok\n")
+    result = runner.invoke(
+        app, ["import-crontab", str(source), "-u", "alice", "--out", str(tmp_path / "o")]
+    )
+    assert result.exit_code == 1, result.output
+    assert "skipped line 1: cron: minute: value 61" in result.stderr
+    assert "/x\\x1b[2J\\u2028forged" in result.stderr
+    assert "\x1b" not in result.stderr and "\u2028" not in result.stderr
