@@ -487,14 +487,26 @@ class PostgresDialect:
                 "and owning the tables: the runtime role must be another one",
                 field="role",
             )
-        rows = connection.execute(
+        found_rows = connection.execute(
             text(
-                "SELECT c.relname::text, c.relkind::text FROM pg_class c"
+                "SELECT c.relname::text, c.relkind::text, pg_get_userbyid(c.relowner)::text,"
+                " pg_has_role(current_user, c.relowner, 'USAGE') FROM pg_class c"
                 " JOIN pg_namespace n ON n.oid = c.relnamespace"
                 " WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p', 'S')"
                 " AND NOT c.relispartition ORDER BY c.relname"
             )
         ).all()
+        # a GRANT by a role that may not grant only warns ("no privileges were granted"):
+        # whoever runs this must own what it grants, or it would report a success
+        foreign = sorted({str(r[2]) for r in found_rows if not r[3]})
+        if foreign:
+            raise errors.ConfigError(
+                f"{owner!r} does not own the scheduler's tables (owned by "
+                f"{', '.join(map(repr, foreign))}): run it as the role that owns them "
+                "(the one that runs `schedctl db upgrade`)",
+                field="database_url",
+            )
+        rows = [(str(r[0]), str(r[1])) for r in found_rows]
         # the scheduler's tables (the version table: read, to check the schema's revision)
         version_table = "alembic_version"
         tables = [name for name, kind in rows if kind in ("r", "p") and name != version_table]
