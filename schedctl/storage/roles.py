@@ -33,14 +33,14 @@ def check_role_name(role: str) -> str:
 
 def runtime_grants(store: Store, role: str) -> RoleGrants:
     """The statements for `role` on the store's database, as the store's role would run
-    them; ValidationError where the database has no roles (a SQLite file)."""
+    them; ValidationError where the database has no roles (an embedded file)."""
     check_role_name(role)
     with store.read() as connection:
         grants = store.dialect.runtime_grants(connection, role)
     if grants is None:
         raise errors.ValidationError(
-            f"database roles do not apply to a {store.dialect.name} database: the file's "
-            "owner and mode decide who may open it",
+            "database roles do not apply to an embedded file database: the file's owner "
+            "and mode decide who may open it",
             field="database_url",
         )
     return grants

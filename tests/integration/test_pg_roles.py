@@ -109,6 +109,19 @@ def test_db_grant_apply_makes_the_grants_exact_and_is_idempotent(pg_url: str) ->
         assert privileges(pg_url, RUNTIME_ROLE) == granted
 
 
+def test_a_table_a_later_migration_creates_is_the_runtime_roles_without_a_new_grant(
+    pg_url: str, pg_runtime_url: str
+) -> None:
+    with closing(Store.open(pg_url)) as store, store.tx() as connection:
+        # as a migration would, run by the owner
+        connection.exec_driver_sql("CREATE TABLE later_table (id bigserial PRIMARY KEY, v text)")
+    with psycopg.connect(libpq(pg_runtime_url), autocommit=True) as connection:
+        connection.execute("INSERT INTO later_table (v) VALUES ('x')")
+        assert connection.execute("SELECT v FROM later_table").fetchall() == [("x",)]
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            connection.execute("TRUNCATE later_table")
+
+
 def test_db_grant_of_a_missing_role_names_it_and_changes_nothing(pg_url: str) -> None:
     before = privileges(pg_url, "nobody_here")
     result = invoke(pg_url, "db", "grant", "nobody_here", "--apply")
