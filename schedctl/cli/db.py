@@ -205,7 +205,7 @@ def maintain(
     if done.days_ahead is None:
         say("run history is one table here (not partitioned): expired rows deleted")
     else:
-        say(f"day partitions ready for {done.days_ahead} day(s) from today")
+        say(f"day partitions ready for {done.days_ahead} day(s) after today")
 
 
 @app.command("new-payload-key")

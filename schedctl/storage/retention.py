@@ -39,8 +39,8 @@ class Maintenance:
 
     created: list[str] = field(default_factory=list)
     removed: int = 0
-    # the days from today on that have their partition (today's missing: 0); None where
-    # runs is not partitioned
+    # the days after today that have their partition (days_covered); None where runs is
+    # not partitioned
     days_ahead: int | None = None
     # whether this role may make and drop partitions (False: the runtime role; the owner's
     # `schedctl db maintain` must)
@@ -52,9 +52,11 @@ class Maintenance:
 
 
 def days_covered(days: frozenset[date], today: date) -> int:
-    """How many consecutive days from `today` on have a partition."""
+    """How many consecutive days after `today` have a partition. Today itself does not
+    count: once today's runs sit in the default partition (the owner's timer was late),
+    today's partition can never be made, and that says nothing of the days to come."""
     count = 0
-    while today + timedelta(days=count) in days:
+    while today + timedelta(days=count + 1) in days:
         count += 1
     return count
 

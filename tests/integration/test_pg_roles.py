@@ -235,6 +235,24 @@ def test_runtime_maintenance_does_no_ddl_and_warns_when_partitions_run_short(
     assert not made
 
 
+def test_a_today_left_in_the_default_partition_is_no_alarm_when_days_ahead_are_ready(
+    pg_url: str, pg_runtime_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    today = datetime.now(UTC).date()
+    with closing(Store.open(pg_runtime_url)) as store:
+        insert_run(store, "today", datetime.now(UTC))  # before the owner's timer ran
+    result = invoke(pg_url, "db", "maintain", "--days-ahead", "2", "-o", "json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    # today's partition cannot be made (its rows are in the default one); the days after can
+    assert partition_name(today) not in report["created"]
+    assert report["days_ahead"] == 2
+    with closing(Store.open(pg_runtime_url)) as store:
+        with caplog.at_level(logging.WARNING, logger="scheduled_d.maintenance"):
+            maintain_once(store, retention_days=90)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
 def test_db_maintain_as_the_owner_makes_and_drops_partitions(
     pg_url: str, pg_runtime_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -250,7 +268,7 @@ def test_db_maintain_as_the_owner_makes_and_drops_partitions(
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert len(report["created"]) == 5  # yesterday, today and 3 ahead
-    assert report["removed"] == 1 and report["days_ahead"] == 4
+    assert report["removed"] == 1 and report["days_ahead"] == 3
     again = json.loads(invoke(pg_url, "db", "maintain", "--days-ahead", "3", "-o", "json").stdout)
     assert again["created"] == [] and again["removed"] == 0
     # the runtime role's maintenance now finds enough days ahead: no warning
