@@ -122,6 +122,19 @@ def test_a_table_a_later_migration_creates_is_the_runtime_roles_without_a_new_gr
             connection.execute("TRUNCATE later_table")
 
 
+def test_db_grant_notes_a_role_that_may_create_tables_in_the_schema(
+    pg_server: PostgresServer, pg_url: str
+) -> None:
+    pg_server.ensure_role("schedctl_creator")
+    with closing(Store.open(pg_url)) as store, store.tx() as connection:
+        connection.exec_driver_sql("GRANT CREATE ON SCHEMA public TO schedctl_creator")
+    result = invoke(pg_url, "db", "grant", "schedctl_creator")
+    assert result.exit_code == 0, result.output
+    assert "may create tables in schema 'public'" in result.stderr
+    assert "REVOKE CREATE ON SCHEMA" in result.stderr
+    assert "note:" not in result.stdout  # stdout stays statements only (| psql)
+
+
 def test_db_grant_of_a_missing_role_names_it_and_changes_nothing(pg_url: str) -> None:
     before = privileges(pg_url, "nobody_here")
     result = invoke(pg_url, "db", "grant", "nobody_here", "--apply")
