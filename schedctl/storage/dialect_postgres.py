@@ -481,6 +481,12 @@ class PostgresDialect:
                 field="role",
             )
         superuser, bypass_rls, is_owner, database, namespace, owner, may_create = found
+        if superuser:
+            raise errors.ValidationError(
+                f"{role!r} is a superuser: no grant limits it (ALTER ROLE {_ident(role)} "
+                "NOSUPERUSER, or another role)",
+                field="role",
+            )
         if is_owner:
             raise errors.ValidationError(
                 f"{role!r} is (or is a member of) {owner!r}, the role running this command "
@@ -507,6 +513,7 @@ class PostgresDialect:
                 field="database_url",
             )
         rows = [(str(r[0]), str(r[1])) for r in found_rows]
+        owners = sorted({str(r[2]) for r in found_rows})
         # the scheduler's tables (the version table: read, to check the schema's revision)
         version_table = "alembic_version"
         tables = [name for name, kind in rows if kind in ("r", "p") and name != version_table]
@@ -532,21 +539,18 @@ class PostgresDialect:
             statements.append(
                 f"GRANT USAGE ON SEQUENCE {', '.join(map(_ident, sequences))} TO {who}"
             )
-        # the tables and sequences a later migration (run by this same owner) creates
-        # are the runtime role's at once: no grant step to forget after `db upgrade`
-        for kind, rights in (("TABLES", dml), ("SEQUENCES", "USAGE")):
-            statements.append(
-                f"ALTER DEFAULT PRIVILEGES FOR ROLE {_ident(owner)} IN SCHEMA {where} "
-                f"GRANT {rights} ON {kind} TO {who}"
-            )
+        # the tables and sequences a later migration creates (run by the same owner) are
+        # the runtime role's at once: no grant step to forget after `db upgrade`
+        for table_owner in owners or [owner]:
+            for kind, rights in (("TABLES", dml), ("SEQUENCES", "USAGE")):
+                statements.append(
+                    f"ALTER DEFAULT PRIVILEGES FOR ROLE {_ident(table_owner)} IN SCHEMA "
+                    f"{where} GRANT {rights} ON {kind} TO {who}"
+                )
         notes = []
-        if superuser:
-            notes.append(
-                f"{role!r} is a superuser: no grant limits it (ALTER ROLE ... NOSUPERUSER)"
-            )
-        elif bypass_rls:
+        if bypass_rls:
             notes.append(f"{role!r} bypasses row-level security (ALTER ROLE NOBYPASSRLS)")
-        if may_create and not superuser:
+        if may_create:
             notes.append(
                 f"{role!r} may create tables in schema {namespace!r} (granted to it or to "
                 f"PUBLIC): REVOKE CREATE ON SCHEMA {where} FROM PUBLIC, {who}"

@@ -150,10 +150,24 @@ def test_db_grant_refuses_a_bad_role_name(pg_url: str, role: str) -> None:
     assert "role: a role name is" in result.output
 
 
-def test_db_grant_refuses_the_owner_itself(pg_url: str) -> None:
-    result = invoke(pg_url, "db", "grant", "postgres")
+def test_db_grant_refuses_the_owner_and_its_members(pg_server: PostgresServer, pg_url: str) -> None:
+    pg_server.ensure_role("schedctl_member")
+    pg_server.admin("GRANT postgres TO schedctl_member")
+    result = invoke(pg_url, "db", "grant", "schedctl_member", "--apply")
     assert result.exit_code == 2, result.output
-    assert "role: 'postgres' is (or is a member of)" in result.output
+    assert "role: 'schedctl_member' is (or is a member of) 'postgres'" in result.output
+    assert privileges(pg_url, "schedctl_member") == set()
+    itself = invoke(pg_url, "db", "grant", "postgres")  # the tests' owner is a superuser
+    assert itself.exit_code == 2 and "role: 'postgres' is a superuser" in itself.output
+
+
+def test_db_grant_refuses_a_superuser(pg_server: PostgresServer, pg_url: str) -> None:
+    pg_server.ensure_role("schedctl_super")
+    pg_server.admin("ALTER ROLE schedctl_super SUPERUSER")
+    result = invoke(pg_url, "db", "grant", "schedctl_super", "--apply")
+    assert result.exit_code == 2, result.output
+    assert "role: 'schedctl_super' is a superuser" in result.output
+    assert privileges(pg_url, "schedctl_super") == set()
 
 
 def test_db_grant_as_the_runtime_role_fails_clearly_and_grants_nothing(
@@ -172,6 +186,36 @@ def test_db_grant_on_sqlite_says_roles_do_not_apply(tmp_path: Path) -> None:
     assert result.exit_code == 2, result.output
     assert "database_url: database roles do not apply" in result.output
     assert not path.exists()
+
+
+def test_the_operator_setup_with_an_owner_that_is_no_superuser(
+    pg_server: PostgresServer, empty_pg_url: str
+) -> None:
+    """As the README says: an owner role owns the database and migrates it, grants the
+    runtime role and runs `db maintain`; the runtime role works and may not change the
+    schema."""
+    name = empty_pg_url.rsplit("/", 1)[1]
+    pg_server.ensure_role("schedctl_owner")
+    pg_server.ensure_role("schedctl_rt")
+    pg_server.admin(f'ALTER DATABASE "{name}" OWNER TO schedctl_owner')
+    owner = pg_server.url(name, user="schedctl_owner")
+    runtime = pg_server.url(name, user="schedctl_rt")
+    assert invoke(owner, "db", "upgrade").exit_code == 0
+    granted = invoke(owner, "db", "grant", "schedctl_rt", "--apply")
+    assert granted.exit_code == 0, granted.output
+    assert 'ALTER DEFAULT PRIVILEGES FOR ROLE "schedctl_owner"' in granted.stdout
+    maintained = invoke(owner, "db", "maintain", "-o", "json")
+    assert maintained.exit_code == 0, maintained.output
+    assert json.loads(maintained.stdout)["days_ahead"] == 7
+    with closing(Scheduler.open(runtime)) as sched:
+        sched.create_tenant("acme", "test")
+    with psycopg.connect(libpq(runtime), autocommit=True) as connection:
+        assert connection.execute("SELECT count(*) FROM tenants").fetchone() == (1,)
+        for statement in ("CREATE TABLE intruder (id int)", "TRUNCATE runs", "DROP TABLE jobs"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                connection.execute(statement)
+    refused = invoke(runtime, "db", "maintain")
+    assert refused.exit_code == 2, refused.output
 
 
 # -- the runtime role ------------------------------------------------------------------------
