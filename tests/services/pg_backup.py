@@ -16,10 +16,11 @@ from tests.services.postgres import PostgresServer
 
 COMMAND_TIMEOUT_SECONDS = 120.0
 
-# What the README says to restore with: replace what is there (--clean --if-exists, so an
-# empty database takes it too), all or nothing, owned by whoever restores (roles are not
-# in a pg_dump; `pg_dumpall --globals-only` keeps them).
-RESTORE_OPTIONS = ("--clean", "--if-exists", "--no-owner", "--single-transaction", "--exit-on-error")
+# What the README says to restore with, into a new empty database: all or nothing, owned by
+# whoever restores (roles are not in a pg_dump; `pg_dumpall --globals-only` keeps them).
+# Not --clean over the old database: Postgres 15's pg_restore then fails on the partitioned
+# runs table ("cannot drop inherited constraint runs_default_pkey of relation runs_default").
+RESTORE_OPTIONS = ("--no-owner", "--single-transaction", "--exit-on-error")
 
 
 def _connection(server: PostgresServer, dbname: str) -> list[str]:
@@ -49,7 +50,13 @@ def pg_dump(server: PostgresServer, dbname: str, path: Path) -> None:
     _run(server, "pg_dump", ["-Fc", "-f", str(path), *_connection(server, dbname)])
 
 
+def recreate_database(server: PostgresServer, dbname: str) -> None:
+    """`dropdb --force` and `createdb`: the empty database a dump is restored into."""
+    server.drop_database(dbname)
+    server.create_database(dbname)
+
+
 def pg_restore(server: PostgresServer, dbname: str, path: Path) -> str:
-    """Restore the custom-format dump at `path` into `dbname` with RESTORE_OPTIONS; returns
-    what pg_restore wrote to stderr (nothing when all went well)."""
+    """Restore the custom-format dump at `path` into the empty database `dbname` with
+    RESTORE_OPTIONS; returns what pg_restore wrote to stderr (nothing when all went well)."""
     return _run(server, "pg_restore", [*RESTORE_OPTIONS, *_connection(server, dbname), str(path)])
