@@ -1,11 +1,12 @@
-"""A restore of Postgres to an earlier point, on a real server with pg_dump and pg_restore as
-the README's backup section runs them: the misfire policy decides what happens to the runs
-that fell due since the dump, and nothing the restored database records is dispatched twice.
+"""A restore of Postgres to an earlier point, on real servers, the two ways the README's
+backup section describes: a `pg_dump -Fc` restored with pg_restore into the database dropped
+and created again, and a base backup plus archived WAL recovered to a point in time. The
+misfire policy decides what happens to the runs that fell due since the backup, and nothing
+the restored database records is claimed or delivered twice.
 
-The dispatcher runs against the database, a live `pg_dump -Fc` is taken, the dispatcher runs
-on (those runs are lost by the restore), stops, the database is dropped and created again
-empty and the dump restored into it (`pg_restore --no-owner --single-transaction`), and a
-new dispatcher starts on it. Three jobs, every second, one per misfire policy.
+Three jobs, every second, one per misfire policy. The dispatcher runs, the backup is taken
+while it claims, it runs on (those runs are lost by the restore) and stops; the restore is
+made and a new dispatcher starts on it.
 """
 
 from __future__ import annotations
@@ -25,10 +26,18 @@ from schedctl.coordination.local import LocalCoordinator
 from schedctl.models import run_key
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.storage import schema
+from schedctl.storage.migrate import upgrade
 from schedctl.storage.store import Store
 from scheduled_d.dispatcher import Dispatcher
 from tests.factories import create_job, every, make_tenant
-from tests.services.pg_backup import pg_dump, pg_restore, recreate_database
+from tests.services.pg_backup import (
+    ArchivingPostgres,
+    pg_dump,
+    pg_restore,
+    recovered_server,
+    recreate_database,
+    wait_writable,
+)
 from tests.services.postgres import PostgresServer
 
 pytestmark = pytest.mark.postgres
@@ -130,12 +139,13 @@ def next_runs(store: Store) -> dict[str, datetime]:
     return {row[0]: row[1] for row in rows}
 
 
-def test_a_restore_to_an_earlier_point_applies_the_misfire_policy_and_runs_nothing_twice(
-    pg_server: PostgresServer, pg_url: str, tmp_path: Path, running: list[Running]
-) -> None:
-    dbname = pg_url.rsplit("/", 1)[1]
-    dump = tmp_path / "scheduled.dump"
-    with closing(Store.open(pg_url)) as store:
+def run_through_a_backup(
+    url: str, running: list[Running], backup: Callable[[Store], None]
+) -> tuple[dict[MisfirePolicy, str], dict[Key, Row]]:
+    """A job per misfire policy, every second; the dispatcher runs, `backup` is taken while
+    it claims, then it runs on for three more runs of each job and stops. Returns the jobs
+    and every run recorded at the end (the runs after the backup are lost by the restore)."""
+    with closing(Store.open(url)) as store:
         tenant = make_tenant(store)
         anchor = store.now().replace(microsecond=0) + timedelta(seconds=1)
         jobs = {
@@ -148,27 +158,31 @@ def test_a_restore_to_an_earlier_point_applies_the_misfire_policy_and_runs_nothi
         }
         running.append(Running(store))
         wait_for(lambda: len(runs(store)) >= 2 * len(jobs), "two runs of each job")
-        pg_dump(pg_server, dbname, dump)  # live: the dispatcher goes on claiming meanwhile
-        after_dump = len(runs(store))
-        wait_for(lambda: len(runs(store)) >= after_dump + 3 * len(jobs), "runs after the dump")
+        backup(store)  # live: the dispatcher goes on claiming meanwhile
+        after = len(runs(store))
+        wait_for(lambda: len(runs(store)) >= after + 3 * len(jobs), "runs after the backup")
         running[-1].close()
-        before_restore = runs(store)
+        return jobs, runs(store)
 
-    # every daemon stopped; the database made again, empty, and the dump restored into it
-    recreate_database(pg_server, dbname)
-    assert pg_restore(pg_server, dbname, dump) == ""
-    with closing(Store.open(pg_url)) as store:
+
+def restart_and_check(
+    url: str, jobs: dict[MisfirePolicy, str], before_restore: dict[Key, Row], running: list[Running]
+) -> None:
+    """Start a dispatcher on the restored database at `url` and prove that the misfire
+    policies decide what happens to the times due since the backup, and that nothing the
+    restored database records is claimed or delivered again."""
+    with closing(Store.open(url)) as store:
         restored = runs(store)
         restored_deliveries = deliveries(store)
-        assert restored, "the dump holds no run"
-        assert set(restored) < set(before_restore), "the restore went back to the dump"
+        assert restored, "the backup holds no run"
+        assert set(restored) < set(before_restore), "the restore went back to the backup"
         lost = set(before_restore) - set(restored)
         for key, row in restored.items():
             assert row == before_restore[key]
         # the times due since the dump are past their grace when the dispatcher starts
         latest = max(next_runs(store).values())
         wait_for(
-            lambda: store.now() > latest + timedelta(seconds=GRACE + 1), "the dump's runs misfire"
+            lambda: store.now() > latest + timedelta(seconds=GRACE + 1), "the missed times misfire"
         )
         restart_at = store.now()
         running.append(Running(store))
@@ -203,7 +217,7 @@ def test_a_restore_to_an_earlier_point_applies_the_misfire_policy_and_runs_nothi
         assert times == [times[0] + timedelta(seconds=i) for i in range(len(times))], policy
         since = [(at, row) for at, row in history if at > max(dumped)]
         missed = [(at, row) for at, row in since if at <= restart_at]
-        assert missed, f"{policy}: no time fell due between the dump and the restart"
+        assert missed, f"{policy}: no time fell due between the backup and the restart"
         dispatched = [at for at, row in missed if row.status == "dispatched"]
         skipped = [at for at, row in missed if row.status == "skipped"]
         # the first claim after the restart: what it dispatched besides recording skips
@@ -224,8 +238,8 @@ def test_a_restore_to_an_earlier_point_applies_the_misfire_policy_and_runs_nothi
             assert skipped and not caught_up, policy
             assert all(at >= restart_at - timedelta(seconds=GRACE) for at in dispatched), policy
         print(
-            f"\n{policy}: {len(dumped)} runs in the dump, {len(missed)} times due between the "
-            f"dump and the restart: {len(dispatched)} dispatched, {len(skipped)} skipped"
+            f"\n{policy}: {len(dumped)} runs in the backup, {len(missed)} times due between the "
+            f"backup and the restart: {len(dispatched)} dispatched, {len(skipped)} skipped"
         )
     # a run the restore lost and that ran again reaches its target with the same key
     assert lost, "no run was lost by the restore: the test proves nothing"
@@ -234,3 +248,57 @@ def test_a_restore_to_an_earlier_point_applies_the_misfire_policy_and_runs_nothi
         f"runs lost by the restore: {len(lost)}, dispatched again after it: {len(redelivered)} "
         f"(same Idempotency-Key, e.g. {run_key(*sorted(redelivered)[0])})"
     )
+
+
+def test_a_restore_to_an_earlier_point_applies_the_misfire_policy_and_runs_nothing_twice(
+    pg_server: PostgresServer, pg_url: str, tmp_path: Path, running: list[Running]
+) -> None:
+    """pg_dump -Fc, then pg_restore into the database dropped and created again."""
+    dbname = pg_url.rsplit("/", 1)[1]
+    dump = tmp_path / "scheduled.dump"
+    jobs, before_restore = run_through_a_backup(
+        pg_url, running, lambda _: pg_dump(pg_server, dbname, dump)
+    )
+    # every daemon stopped; the database made again, empty, and the dump restored into it
+    recreate_database(pg_server, dbname)
+    assert pg_restore(pg_server, dbname, dump) == ""
+    restart_and_check(pg_url, jobs, before_restore, running)
+
+
+@pytest.fixture
+def archiving_pg() -> Iterator[ArchivingPostgres]:
+    """A Postgres of its own that archives its WAL (the test stops it)."""
+    server = ArchivingPostgres()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.cleanup()
+
+
+@pytest.mark.slow
+def test_a_point_in_time_recovery_applies_the_misfire_policy_and_runs_nothing_twice(
+    archiving_pg: ArchivingPostgres, running: list[Running]
+) -> None:
+    """A base backup plus the archived WAL, recovered to a time while the dispatcher claimed
+    (recovery_target_time, then promote), on a new server."""
+    archiving_pg.create_database("scheduled")
+    url = archiving_pg.url("scheduled")
+    upgrade(url)
+    backup = archiving_pg.base_dir / "recovered" / "data"
+    targets: list[datetime] = []
+
+    def base_backup_then_mark(store: Store) -> None:
+        archiving_pg.base_backup(backup)
+        targets.append(store.now())  # the point to recover to: after the backup ended
+
+    jobs, before_restore = run_through_a_backup(url, running, base_backup_then_mark)
+    archiving_pg.archive_current_wal()  # the WAL past the target is in the archive
+    archiving_pg.stop()  # the database is lost; the backup and the archive are not
+    recovered = recovered_server(backup, archiving_pg.archive_dir, targets[0])
+    try:
+        recovered.start()
+        wait_writable(recovered)
+        restart_and_check(recovered.url("scheduled"), jobs, before_restore, running)
+    finally:
+        recovered.stop("immediate")
