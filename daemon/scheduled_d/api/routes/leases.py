@@ -262,6 +262,8 @@ def lease_runs(
             "not a queue name: a letter or digit, then up to 199 of A-Z a-z 0-9 . _ : / -",
             field="name",
         )
+    if caller.host is not None:  # a host token: its own queues only
+        caller.host.check_queue(name)
     secret = secrets.token_hex(16)
     leases = QueueRepo(scheduler.store).lease(
         name,
