@@ -19,10 +19,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from schedctl import errors
 from schedctl.jobfiles import placement
+
+if TYPE_CHECKING:
+    from schedctl.models import Job
 
 # what `schedctl apply` puts in a central job's payload (schedctl.jobfiles.apply)
 APPLY_PAYLOAD_KEYS = frozenset({"job_file", "job", "host", "digest"})
@@ -113,14 +116,14 @@ class HostScope:
             return False
         if queue.startswith(placement.GROUP_QUEUE_PREFIX):
             # one central job per group, applied by any of its hosts
-            return name == payload["job"]
-        return payload.get("host") == self.host and name == f"{payload['job']}@{self.host}"
+            return bool(name == payload["job"])
+        return bool(payload.get("host") == self.host and name == f"{payload['job']}@{self.host}")
 
-    def owns_job(self, job: Any) -> bool:
-        """`owns` of a central job (schedctl.models.Job)."""
-        return self.owns(str(job.name), job.target.to_dict(), job.payload) is True
+    def owns_job(self, job: Job) -> bool:
+        """`owns` of a central job."""
+        return self.owns(job.name, job.target.to_dict(), job.payload)
 
-    def check_body(self, body: Any, current: Any = None) -> None:
+    def check_body(self, body: Any, current: Job | None = None) -> None:
         """A create body (`current` None) or an update body of the central job `current`
         that a host token may send: only the keys apply sends, and the job it makes is
         this host's, applied by this host. Forbidden otherwise; nothing is written."""
