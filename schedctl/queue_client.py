@@ -174,6 +174,19 @@ class ApiLeaseBackend(LeaseBackend):
             return [one(calls[0])]
         return list(self._calls.map(one, calls))
 
+    def whoami(self) -> dict[str, Any]:
+        """GET /v1/tenant: the token's tenant and, for a host token, its host and groups."""
+        response = send(self.session, "GET", self.base_url, "/v1/tenant", timeout=self.timeout)
+        if response.status_code >= 400:
+            raise _error(response)
+        try:
+            data = response.json()
+        except ValueError as exc:
+            raise errors.StoreUnavailable("the API answered without a JSON body") from exc
+        if not isinstance(data, dict):
+            raise errors.StoreUnavailable("the API answered with unexpected JSON")
+        return data
+
     def reap(self) -> int:
         # expired leases are settled server-side (by the relay): nothing to do here
         return 0
@@ -243,6 +256,8 @@ def _error(response: requests.Response) -> errors.SchedError:
         return errors.StoreUnavailable(text)
     if kind is errors.Unauthorized:
         return errors.Unauthorized(text, field="token")
+    if kind is errors.Forbidden:  # a host token outside its host's queues: stop, say why
+        return errors.Forbidden(text, field="token")
     if kind is errors.NotFound:
         return errors.NotFound(text)
     return errors.ValidationError(text)

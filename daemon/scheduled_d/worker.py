@@ -111,7 +111,8 @@ class RunSpec:
     """What one run executes, when a Worker's `resolve` decides it per run (the host worker:
     from its own job files): argv, stdin bytes, variables over the clean base, the account
     (user/group/extra_groups as subprocess takes them; None: the worker's own) and the
-    working directory (None: the worker's)."""
+    working directory (None: the worker's); its timeout (None: the lease's, the central
+    job's; 0: none) and what to call once the run is over, whatever its end (on_end)."""
 
     argv: Sequence[str]
     stdin: bytes = b""
@@ -120,6 +121,8 @@ class RunSpec:
     group: int | None = None
     extra_groups: Sequence[int] | None = None
     workdir: str | None = None
+    timeout_seconds: int | None = None
+    on_end: Callable[[], None] | None = None
 
 
 class Worker:
@@ -486,8 +489,10 @@ class Worker:
                 workdir=spec.workdir,
             )
         except OSError as exc:
+            if spec.on_end is not None:
+                spec.on_end()
             return _failed(lease, f"cannot start the command: {exc}", started_at)
-        run = _Run(self, lease, child, spec.stdin, started_at)
+        run = _Run(self, lease, child, spec.stdin, started_at, spec)
         run.feed_stdin()  # a payload that fits the pipe is written now, without a select
         return run
 
@@ -525,7 +530,7 @@ class Worker:
         if outcome.forced:
             error = "killed: the worker was forced to stop"
         elif outcome.timed_out:
-            error = f"timed out after {lease.timeout_seconds}s"
+            error = f"timed out after {run.timeout_seconds}s"
         elif code is not None and code < 0:
             error = f"killed by signal {_signal_name(-code)}"
         else:
@@ -720,9 +725,18 @@ class _Run:
     """One command being supervised: its pipes, output tails and timers."""
 
     def __init__(
-        self, worker: Worker, lease: Lease, child: Child, stdin: bytes, started_at: datetime
+        self,
+        worker: Worker,
+        lease: Lease,
+        child: Child,
+        stdin: bytes,
+        started_at: datetime,
+        spec: RunSpec | None = None,
     ) -> None:
         self.lease = lease
+        timeout = spec.timeout_seconds if spec is not None else None
+        self.timeout_seconds = lease.timeout_seconds if timeout is None else timeout
+        self._on_end = spec.on_end if spec is not None else None
         self.child = child
         self.started_at = started_at
         self.outcome = _Outcome()
@@ -734,7 +748,7 @@ class _Run:
         # each line also goes to the daemon's log, tagged with the job and the run (bounded)
         self.output_log = RunOutputLog(lease)
         begun = time.monotonic()
-        self.deadline = begun + lease.timeout_seconds if lease.timeout_seconds > 0 else None
+        self.deadline = begun + self.timeout_seconds if self.timeout_seconds > 0 else None
         self.next_heartbeat = begun + worker.heartbeat_seconds
         self.last_confirmed = begun  # when the lease was last known to be ours
         self.output_sent = (0, 0)  # output bytes of (stdout, stderr) when a heartbeat sent it
@@ -743,6 +757,12 @@ class _Run:
         self.kill_at: float | None = None
         self.exited_at: float | None = None
         self.wake = begun  # when the supervisor looks at it next
+
+    def ended(self) -> None:
+        """The command is over (or abandoned): its RunSpec's on_end, once."""
+        on_end, self._on_end = self._on_end, None
+        if on_end is not None:
+            on_end()
 
     def feed_stdin(self) -> bool:
         """Write what the pipe takes of the rest of stdin (closed once all is written, or
@@ -1007,7 +1027,7 @@ class _Supervisor:
                 "run %s attempt %d: timed out after %ss; terminating",
                 run.lease.idempotency_key,
                 run.lease.attempt,
-                run.lease.timeout_seconds,
+                run.timeout_seconds,
             )
             self._terminate(run, now)
         # unconfirmed for a whole lease: the reaper may have handed the run to another
@@ -1100,6 +1120,7 @@ class _Supervisor:
             # never leave it orphaned
             run.child.signal_group(signal.SIGKILL)
         run.outcome.returncode = run.child.wait()
+        run.ended()
         ending = self.worker._ended(run)
         if ending is None:
             self.worker._release(1)
@@ -1117,6 +1138,7 @@ class _Supervisor:
         run.child.signal_group(signal.SIGKILL)
         with contextlib.suppress(Exception):
             run.child.wait()
+        run.ended()
         self.worker._release(1)
 
 
