@@ -132,8 +132,9 @@ class HostWorker:
         self._booted = False  # once per start of the process, not per supervised restart
         self._boot_processes: set[subprocess.Popen[bytes]] = set()
         self._boot_lock = threading.Lock()
-        # runs of each job (file, name) running here now: the file's max_concurrency
-        self._running: dict[tuple[str, str], int] = {}
+        # runs of each job definition (file, name, digest) running here now: the file's
+        # max_concurrency (a run started before its file changed keeps its own count)
+        self._running: dict[tuple[str, str, str], int] = {}
         self._running_lock = threading.Lock()
 
     # -- the files ---------------------------------------------------------------------------
@@ -172,7 +173,7 @@ class HostWorker:
         runs) when the file's max_concurrency of them already run on this host, whatever
         the central job allows. Returns what ends the count."""
         limit = _file_limits(job)[1]
-        key = (str(job.path), job.name)
+        key = (str(job.path), job.name, job.digest())
         with self._running_lock:
             running = self._running.get(key, 0)
             if limit and running >= limit:
