@@ -1,11 +1,16 @@
 """Owns `schedctl apply`: a jobs.d directory in, the central jobs made to match it (as this
 host sees it), shown as a diff table or JSON; --dry-run only shows, --prune also removes
-what this host applied earlier from files that are gone."""
+what this host applied earlier from files that are gone.
+
+With `--api URL` (a cron host with its host token, no database URL) it goes through the
+REST API: the token decides the tenant, and a host token must be this host's, serve its
+groups, and be allowed every write of the plan before the first is made."""
 
 from __future__ import annotations
 
 import json
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,7 +19,9 @@ import typer
 from schedctl import errors, jobfiles
 from schedctl.cli.common import OutputOption, actor, cli_state, output_format, say
 from schedctl.cli.output import OutputFormat, emit_json, emit_table
+from schedctl.client import ApiClient
 from schedctl.config import DEFAULT_CONFIG_PATH
+from schedctl.host_scope import HostScope
 from schedctl.jobfiles import apply as applying
 from schedctl.jobfiles import placement
 
@@ -79,20 +86,34 @@ def apply(
         name = placement.check_host(host, "--host")
     if group:
         groups = tuple(group)
-    scheduler = state.database()
-    owner = tenant or _only_tenant([t.name for t in scheduler.list_tenants()])
+    scope: HostScope | None = None
+    jobs: applying.Jobs
+    if state.api_url:
+        client = state.scheduler()
+        assert isinstance(client, ApiClient)
+        me = client.whoami()
+        owner = str(me.get("name"))
+        client._check_tenant(tenant)
+        scope = _token_scope(me, name, groups)
+        jobs, now = client, datetime.now(UTC)
+    else:
+        database = state.database()
+        owner = tenant or _only_tenant([t.name for t in database.list_tenants()])
+        jobs, now = database, database.store.now()
     plan = applying.plan(
         files,
         name,
         groups,
-        applying.read_central(scheduler, owner),
+        applying.read_central(jobs, owner),
         directory=root,
-        now=scheduler.store.now(),
+        now=now,
         prune=prune,
         mail_domain=mail_domain or _fqdn_domain(),
     )
+    if scope is not None:
+        applying.check_host_scope(plan, scope)
     if not dry_run:
-        applying.execute(scheduler, owner, plan, actor=actor())
+        applying.execute(jobs, owner, plan, actor=actor())
     fmt = output_format(ctx, output)
     if fmt is OutputFormat.json:
         emit_json(plan.as_dict(applied=not dry_run))
@@ -101,6 +122,28 @@ def apply(
     counts = ", ".join(f"{len(plan.of(a))} {a.value}" for a in applying.Action)
     note = " (dry run: nothing written)" if dry_run and plan.writes else ""
     say(f"host {plan.host}: {counts}, {len(plan.skipped)} skipped{note}")
+
+
+def _token_scope(me: dict[str, Any], host: str, groups: tuple[str, ...]) -> HostScope | None:
+    """The host token's scope (None: a tenant token), which must be `host`'s and serve
+    each of its `groups`: else a ValidationError before anything is read or written."""
+    token_host = me.get("host")
+    if token_host is None:
+        return None
+    if token_host != host:
+        raise errors.ValidationError(
+            f"the API token is the host token of {token_host!r}, and this host is {host!r} "
+            "(--host, or host.name of --config)",
+            field="host",
+        )
+    token_groups = tuple(str(g) for g in me.get("groups") or ())
+    missing = sorted(set(groups) - set(token_groups))
+    if missing:
+        raise errors.ValidationError(
+            f"the host token of {host!r} does not serve group(s) {', '.join(missing)}",
+            field="group",
+        )
+    return HostScope(host, token_groups)
 
 
 def _fqdn_domain() -> str | None:

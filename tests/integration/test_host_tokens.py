@@ -7,13 +7,17 @@ covers every route of the app, so a route added later is covered without being n
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.routing import APIRoute, iter_route_contexts
+from typer.testing import CliRunner
 
 from schedctl import errors
+from schedctl.cli.app import app
 from schedctl.host_scope import HostScope
 from schedctl.service import Scheduler
 from schedctl.storage.queue import QueueRepo
@@ -223,3 +227,66 @@ def test_a_host_token_is_made_with_its_host_and_groups(sched: Scheduler) -> None
             sched.new_token("acme", actor="test", host=host, groups=groups)
         assert caught.value.field == field
     assert snapshot(sched.store) == before
+
+
+# -- schedctl apply over the API with a host token --------------------------------------
+
+FILES = """
+[[job]]
+name = "backup"
+cron = "30 2 * * *"
+command = ["/usr/local/bin/backup"]
+
+[[job]]
+name = "vacuum"
+every = "15m"
+shell = "vacuumdb"
+run_on = "host-group:db"
+"""
+
+
+def apply_cli(server: ApiServer, token: str, *args: str) -> Any:
+    """`schedctl --api URL apply ...` in this process; (exit code, output)."""
+    result = CliRunner().invoke(
+        app, ["--api", server.url, "--token", token, "-o", "json", "apply", *args]
+    )
+    assert "Traceback" not in result.output
+    return result.exit_code, result.output
+
+
+def test_apply_with_a_host_token_writes_only_its_own_jobs(
+    sched: Scheduler, server: ApiServer, acme: Api, tmp_path: Path
+) -> None:
+    jobs_d = tmp_path / "jobs.d"
+    jobs_d.mkdir()
+    (jobs_d / "host.toml").write_text(FILES)
+    web1 = host_token(sched, server, "web1", "db")
+    web2 = host_token(sched, server, "web2")
+    code, out = apply_cli(server, web1.token, str(jobs_d), "--host", "web1", "--group", "db")
+    assert code == 0, out
+    assert json.loads(out)["created"] == ["backup@web1", "vacuum"]
+    code, out = apply_cli(server, web2.token, str(jobs_d / "none"), "--host", "web2")
+    assert code != 0  # no such directory: nothing applied
+    before = snapshot(sched.store)
+    # web2 applying the same file: its own job only; the db group's is not its to write
+    code, out = apply_cli(server, web2.token, str(jobs_d), "--host", "web2")
+    assert code == 6 and "may not write it" in out and "vacuum" in out, out
+    assert snapshot(sched.store) == before  # refused before the first write
+    # a token of another host, or without this host's group, is refused before anything
+    for token, args, words in (
+        (web2.token, ("--host", "web1", "--group", "db"), "host token of 'web2'"),
+        (web1.token, ("--host", "web1", "--group", "db", "--group", "ops"), "group(s) ops"),
+    ):
+        code, out = apply_cli(server, token, str(jobs_d), *args)
+        assert code == 2 and words in out, out
+    assert snapshot(sched.store) == before
+    # web1 prunes what its files no longer define; web2 never sees web1's jobs
+    (jobs_d / "host.toml").write_text(FILES.split('[[job]]\nname = "vacuum"')[0])
+    code, out = apply_cli(
+        server, web1.token, str(jobs_d), "--host", "web1", "--group", "db", "--prune"
+    )
+    assert code == 0 and json.loads(out)["removed"] == ["vacuum"], out
+    listed = web2.request("GET", "/v1/jobs").json()["items"]
+    assert listed == []
+    names = {j["name"] for j in acme.request("GET", "/v1/jobs").json()["items"]}
+    assert names == {"backup@web1"}

@@ -129,7 +129,10 @@ def test_the_file_s_max_concurrency_wins_over_the_central_job_s(
     sched: Scheduler, server: ApiServer, acme: Api, host_api: Api, jobs: Path, shared: Path
 ) -> None:
     started, go = shared / "started", shared / "go"
-    wait_go = f"touch {started}; i=0; while [ ! -e {go} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done"
+    wait_go = (
+        f"touch {started}; i=0; "
+        f"while [ ! -e {go} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done"
+    )
     path = write_job(jobs, "once", f"shell = {json.dumps(wait_go)}\n")  # max_concurrency 1
     job_id = applied(host_api, path, "once", retry={"max_attempts": 1})
     changed = acme.request("PATCH", f"/v1/jobs/{job_id}", json={"max_concurrency": 5})
