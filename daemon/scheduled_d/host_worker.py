@@ -256,6 +256,19 @@ class HostWorker:
         except Exception:  # a scan that fails keeps the files loaded so far
             log.exception("job files: the %s failed; the files loaded before stay", why)
 
+    def _warn_alert_commands(self) -> None:
+        """Over the API there is no alert lane (command alerts are claimed from the
+        database): say so for each job of the files that has an alert_command."""
+        for job in self.files.jobs():
+            if job.alerts.command:
+                log.warning(
+                    "job %r of %s: its alert_command does not run on a host worker over the "
+                    "API (command alerts need the database mode); e-mail and webhook alerts "
+                    "do",
+                    job.name,
+                    job.path,
+                )
+
     # -- @reboot -----------------------------------------------------------------------------
 
     def run_boot_jobs(self) -> list[threading.Thread]:
@@ -367,6 +380,8 @@ class HostWorker:
         force = force if force is not None else threading.Event()
         backend = self._make_backend()
         self.reload("start")
+        if not isinstance(backend, DirectBackend):
+            self._warn_alert_commands()
         boot_threads = self.run_boot_jobs()
         inner_stop = threading.Event()
         remove_listener = add_reload_listener(self.request_reload)

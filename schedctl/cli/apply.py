@@ -4,7 +4,8 @@ what this host applied earlier from files that are gone.
 
 With `--api URL` (a cron host with its host token, no database URL) it goes through the
 REST API: the token decides the tenant, and a host token must be this host's, serve its
-groups, and be allowed every write of the plan before the first is made."""
+groups, and be allowed every write of the plan before the first is made. Without --db and
+--api, the [host] table's api_url and token_file (the worker's) say the same."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Annotated, Any
 import typer
 
 from schedctl import errors, jobfiles
-from schedctl.cli.common import OutputOption, actor, cli_state, output_format, say
+from schedctl.cli.common import CliState, OutputOption, actor, cli_state, output_format, say
 from schedctl.cli.output import OutputFormat, emit_json, emit_table
 from schedctl.client import ApiClient
 from schedctl.config import DEFAULT_CONFIG_PATH
@@ -88,6 +89,8 @@ def apply(
         groups = tuple(group)
     scope: HostScope | None = None
     jobs: applying.Jobs
+    if not state.api_url and not state.db and config is not None:
+        _api_of_host_table(state, config)  # a cron host: [host] api_url and token_file
     if state.api_url:
         client = state.scheduler()
         assert isinstance(client, ApiClient)
@@ -122,6 +125,25 @@ def apply(
     counts = ", ".join(f"{len(plan.of(a))} {a.value}" for a in applying.Action)
     note = " (dry run: nothing written)" if dry_run and plan.writes else ""
     say(f"host {plan.host}: {counts}, {len(plan.skipped)} skipped{note}")
+
+
+def _api_of_host_table(state: CliState, config: str) -> None:
+    """With neither --db nor --api: the REST API and the host token of the [host] table
+    (api_url, token_file) when it names them, as the host's worker uses them."""
+    from schedctl.config import load_config
+
+    host = load_config(config).host
+    if host is None or host.api_url is None:
+        return
+    state.api_url = host.api_url
+    if not state.api_token and host.token_file is not None:
+        try:
+            state.api_token = Path(host.token_file).read_text().strip()
+        except OSError as exc:
+            raise errors.ConfigError(
+                f"cannot read the token file {host.token_file!r}: {exc.strerror}",
+                field="host.token_file",
+            ) from exc
 
 
 def _token_scope(me: dict[str, Any], host: str, groups: tuple[str, ...]) -> HostScope | None:

@@ -290,3 +290,25 @@ def test_apply_with_a_host_token_writes_only_its_own_jobs(
     assert listed == []
     names = {j["name"] for j in acme.request("GET", "/v1/jobs").json()["items"]}
     assert names == {"backup@web1"}
+
+
+def test_apply_on_a_cron_host_takes_the_api_and_token_of_its_host_table(
+    sched: Scheduler, server: ApiServer, acme: Api, tmp_path: Path
+) -> None:
+    jobs_d = tmp_path / "jobs.d"
+    jobs_d.mkdir()
+    (jobs_d / "host.toml").write_text(FILES)
+    token = tmp_path / "host.token"
+    token.write_text(host_token(sched, server, "web1", "db").token + "\n")
+    token.chmod(0o600)
+    config = tmp_path / "scheduled.toml"
+    config.write_text(
+        f'[host]\nname = "web1"\ngroups = ["db"]\napi_url = "{server.url}"\n'
+        f'token_file = "{token}"\n'
+    )
+    result = CliRunner().invoke(app, ["--config", str(config), "-o", "json", "apply", str(jobs_d)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["created"] == ["backup@web1", "vacuum"]
+    token.unlink()
+    result = CliRunner().invoke(app, ["--config", str(config), "apply", str(jobs_d)])
+    assert result.exit_code == 2 and "host.token_file" in result.output, result.output
