@@ -15,7 +15,8 @@ URL on the host, and the token reaches only this host's queues and jobs.
 
 A command alert of a job of these queues (`"command": true`, what `schedctl apply` makes of
 a job's `alert_command`) runs that job's alert_command from the host's files, found through
-the central job's payload as a run's command is; never anything the alert says.
+the central job's payload as a run's command is; never anything the alert says. Over the
+API the alerts are leased and finished through it too (run_api_alerts).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from scheduled_d.signals import add_reload_listener
 from scheduled_d.worker import INHERITED_VARIABLES, RunSpec, Worker
 
 if TYPE_CHECKING:
+    from schedctl.queue_client import ApiAlert, ApiLeaseBackend
     from schedctl.storage.alerts import AlertRow
     from schedctl.storage.store import Store
 
@@ -256,18 +258,58 @@ class HostWorker:
         except Exception:  # a scan that fails keeps the files loaded so far
             log.exception("job files: the %s failed; the files loaded before stay", why)
 
-    def _warn_alert_commands(self) -> None:
-        """Over the API there is no alert lane (command alerts are claimed from the
-        database): say so for each job of the files that has an alert_command."""
-        for job in self.files.jobs():
-            if job.alerts.command:
-                log.warning(
-                    "job %r of %s: its alert_command does not run on a host worker over the "
-                    "API (command alerts need the database mode); e-mail and webhook alerts "
-                    "do",
-                    job.name,
-                    job.path,
-                )
+    def api_alert_lane(self, backend: LeaseBackend, queue: str) -> Callable[[], int] | None:
+        """The Worker's alert lane for `queue` over the API (None with the database, whose
+        lane is the Worker's own)."""
+        from schedctl.queue_client import ApiLeaseBackend
+
+        if not isinstance(backend, ApiLeaseBackend):
+            return None
+
+        def lane() -> int:
+            return self.run_api_alerts(backend, queue)
+
+        return lane
+
+    def run_api_alerts(self, backend: ApiLeaseBackend, queue: str) -> int:
+        """Lease the due command alerts of `queue` through the API and run, for each, the
+        alert_command of its job in this host's files (found as for a database worker:
+        the central job's {job_file, job} resolved among the jobs that run here from
+        `queue`), with the alert JSON on stdin; then report how it went. Returns how many
+        were taken."""
+        from schedctl.alerts.command import TIMEOUT_SECONDS, run_command
+
+        taken = backend.lease_alerts(queue)
+        for alert in taken:
+            error: str | None
+            try:
+                argv = self.api_alert_command(backend, alert, queue)
+            except errors.StoreUnavailable:
+                raise  # the lease runs out and the alert is due again
+            except errors.SchedError as exc:
+                error = f"no alert command on this host: {exc}"
+            else:
+                env = {n: os.environ[n] for n in ("PATH", "LANG", "TZ", "HOME") if n in os.environ}
+                env.update(SCHED_ALERT=alert.kind, SCHED_JOB_ID=alert.job_id)
+                data = json.dumps(alert.body, sort_keys=True).encode()
+                error = run_command(argv, data, env, TIMEOUT_SECONDS)
+            if error is not None:
+                log.warning("alerts: command alert of job %s failed: %s", alert.job_id, error)
+            backend.finish_alert(alert, error)
+        return len(taken)
+
+    def api_alert_command(self, backend: ApiLeaseBackend, alert: ApiAlert, queue: str) -> list[str]:
+        """alert_command's argv for an alert leased through the API."""
+        payload = backend.job_payload(alert.job_id)
+        job = self.files.resolve(payload, host=self.host.name, groups=self.host.groups, queue=queue)
+        if not job.alerts.command:
+            raise errors.NotFound(
+                f"job {job.name!r} of {str(job.path)!r} has no alert_command on this host",
+                field="alert_command",
+            )
+        log.info("alert %s of job %s: the alert_command of job %r of %s", alert.kind,
+                 alert.job_id, job.name, job.path)  # fmt: skip
+        return list(job.alerts.command)
 
     # -- @reboot -----------------------------------------------------------------------------
 
@@ -380,8 +422,6 @@ class HostWorker:
         force = force if force is not None else threading.Event()
         backend = self._make_backend()
         self.reload("start")
-        if not isinstance(backend, DirectBackend):
-            self._warn_alert_commands()
         boot_threads = self.run_boot_jobs()
         inner_stop = threading.Event()
         remove_listener = add_reload_listener(self.request_reload)
@@ -403,8 +443,9 @@ class HostWorker:
                 alert_command_for=(
                     self.alert_resolver(queue, backend.store)
                     if isinstance(backend, DirectBackend)
-                    else None  # an API worker has no alert lane
+                    else None
                 ),
+                alert_lane=self.api_alert_lane(backend, queue),
             )
             for queue in self.queues
         ]

@@ -156,6 +156,8 @@ class Worker:
     - alert_command_for: instead of (or before) `alert_command`, the host's command for each
       alert, looked up per alert (the host worker: the alert_command of the job file's job);
       None, or a SchedError it raises, when the host has none: the alert fails with why.
+    - alert_lane: instead of those (database workers), what runs this queue's due command
+      alerts when the worker is idle (the host worker over the API).
 
     Three threads besides the lease loop (the caller's): one supervises every command
     (one selector over all their pipes and exits, and their timers), one records outcomes
@@ -183,6 +185,7 @@ class Worker:
         alert_command: Sequence[str] = (),
         resolve: Callable[[Lease], RunSpec] | None = None,
         alert_command_for: Callable[[AlertRow], Sequence[str] | None] | None = None,
+        alert_lane: Callable[[], object] | None = None,
     ) -> None:
         if not command and resolve is None:
             raise errors.ConfigError("the worker needs a command to run", field="command")
@@ -231,6 +234,7 @@ class Worker:
         # the host's alert command (OnFailure=-like), run for this queue's command alerts
         self.alert_command = list(alert_command)
         self.alert_command_for = alert_command_for
+        self.alert_lane = alert_lane
         self.resolve = resolve
         self._supervisor: _Supervisor | None = None
         self._spawners: _Spawners | None = None
@@ -349,8 +353,15 @@ class Worker:
         return taken
 
     def _alerts(self) -> None:
-        """Run the host's alert commands for this queue's due command alerts (database
-        workers only: an API worker has no alert lane)."""
+        """Run the host's alert commands for this queue's due command alerts: its
+        `alert_lane` when it has one (the host worker over the API), else from the
+        database (a tenant worker over the API has no alert lane)."""
+        if self.alert_lane is not None:
+            try:
+                self.alert_lane()
+            except errors.StoreUnavailable as exc:
+                self._store_down("cannot lease alerts", exc)
+            return
         has_command = bool(self.alert_command) or self.alert_command_for is not None
         if not has_command or not isinstance(self.backend, DirectBackend):
             return

@@ -19,10 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
+from schedctl.alerts.model import parse_alerts
+from schedctl.cli.app import app
 from schedctl.config import HostConfig
 from schedctl.queue_client import ApiLeaseBackend
 from schedctl.service import Scheduler
+from schedctl.storage import alerts as alerts_repo
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.workers import WorkerRepo
 from scheduled_d.api.server import ApiServer
@@ -224,3 +228,55 @@ def test_the_host_worker_refuses_another_host_s_token(
     result = worker_process(server, host_api.token, jobs, "--host", HOST, "--db", "sqlite://")
     assert result.returncode == 2, result.stderr
     assert "--api and --db exclude each other" in result.stderr
+
+
+def test_a_dead_letter_runs_the_job_file_s_alert_command_over_the_api(
+    sched: Scheduler, server: ApiServer, acme: Api, host_api: Api, jobs: Path, shared: Path
+) -> None:
+    """`alert_command` of a job file, applied over the API with the host token: the host
+    worker over the API leases the command alert, runs the file's command with the alert
+    on stdin and finishes it; a job whose file has no alert_command runs nothing."""
+    marker = shared / "alert.json"
+    failing = 'command = ["/bin/false"]\nretry = { max_attempts = 1 }\n'
+    write_job(jobs, "noisy", failing + f'alert_command = ["/bin/sh", "-c", "cat > {marker}"]\n')
+    write_job(jobs, "silent", failing + 'alert_email = ["ops@example.com"]\n')
+    result = CliRunner().invoke(
+        app,
+        ["--api", server.url, "--token", host_api.token, "apply", str(jobs), "--host", HOST,
+         "--group", "db"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    ids = {j["name"]: j["job_id"] for j in acme.request("GET", "/v1/jobs").json()["items"]}
+    # the silent job's command alert is the tenant's default: its file has no command
+    alerts_repo.set_settings(
+        sched.store, sched.get_tenant("acme").tenant_id, ids["silent@web1"],
+        parse_alerts({"command": True}),
+    )  # fmt: skip
+    runs = {name: run_now(sched, acme, job_id) for name, job_id in ids.items()}
+
+    def alert_of(name: str) -> dict[str, Any]:
+        (row,) = [a for a in alerts_repo.list_alerts(sched.store) if a["job_id"] == ids[name]]
+        return row
+
+    worker = host_worker(server, host_api, jobs)
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        for name, at in runs.items():
+            wait_for(
+                lambda n=name, a=at: run_row(sched.store, ids[n], a)["status"] == "dead",
+                "the dead letter",
+            )
+        wait_for(lambda: alert_of("noisy@web1")["status"] == "delivered", "the alert command")
+        wait_for(lambda: alert_of("silent@web1")["last_error"] is not None, "the refusal")
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not thread.is_alive()
+    alert = json.loads(marker.read_text())
+    assert (alert["alert"], alert["job_id"]) == ("dead_letter", ids["noisy@web1"])
+    silent = alert_of("silent@web1")
+    assert (silent["status"], silent["lease_owner"]) == ("pending", None)
+    assert "has no alert_command on this host" in silent["last_error"]
+    assert sorted(p.name for p in shared.iterdir()) == ["alert.json"]

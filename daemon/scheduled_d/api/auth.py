@@ -33,6 +33,8 @@ HOST_TOKEN_ROUTES = frozenset(
         ("POST", "/v1/leases/{lease_id}/heartbeat"),
         ("POST", "/v1/leases/{lease_id}/ack"),
         ("POST", "/v1/leases/{lease_id}/fail"),
+        ("POST", "/v1/queues/{name:path}/alert-leases"),
+        ("POST", "/v1/alert-leases/{lease_id}/finish"),
         ("GET", "/v1/jobs"),
         ("POST", "/v1/jobs"),
         ("GET", "/v1/jobs/{job_id}"),
