@@ -60,20 +60,16 @@ class HostScope:
 
     @classmethod
     def make(cls, host: str, groups: Iterable[str] = ()) -> HostScope:
-        """Checked as queue names use them (ValidationError naming --host or --group)."""
-        try:
-            placement.check_host(host, "host")
-        except errors.ConfigError as exc:
-            raise errors.ValidationError(str(exc).removeprefix("host: "), field="host") from None
+        """Checked as queue names use them (ValidationError naming host or group)."""
+        shape = "1-63 letters, digits and . _ - starting with a letter or digit"
+        if not isinstance(host, str) or not placement.HOST_NAME.fullmatch(host):
+            raise errors.ValidationError(f"must be {shape}, got {host!r}", field="host")
         found = tuple(sorted(set(groups)))
         if len(found) > MAX_GROUPS:
             raise errors.ValidationError(f"at most {MAX_GROUPS} groups", field="group")
         for group in found:
-            try:
-                placement.check_host(group, "group")
-            except errors.ConfigError as exc:
-                text = str(exc).removeprefix("group: ").replace("host name", "group name")
-                raise errors.ValidationError(text, field="group") from None
+            if not isinstance(group, str) or not placement.HOST_NAME.fullmatch(group):
+                raise errors.ValidationError(f"must be {shape}, got {group!r}", field="group")
         return cls(host, found)
 
     @classmethod

@@ -312,3 +312,29 @@ def test_apply_on_a_cron_host_takes_the_api_and_token_of_its_host_table(
     token.unlink()
     result = CliRunner().invoke(app, ["--config", str(config), "apply", str(jobs_d)])
     assert result.exit_code == 2 and "host.token_file" in result.output, result.output
+
+
+def test_tenant_token_create_host_from_the_cli(sched: Scheduler, db_url: str) -> None:
+    sched.create_tenant("acme", "test")
+
+    def cli(*args: str) -> Any:
+        result = CliRunner().invoke(app, ["--db", db_url, "-o", "json", "tenant", "token", *args])
+        assert "Traceback" not in result.output
+        return result
+
+    made = cli("create", "acme", "--host", "web1", "--group", "db", "--group", "cache")
+    assert made.exit_code == 0, made.output
+    data = json.loads(made.output)
+    assert (data["host"], data["groups"]) == ("web1", ["cache", "db"])
+    assert data["token"].startswith("st_")
+    listed = json.loads(cli("list", "acme").output)
+    assert [(t["host"], t["groups"]) for t in listed] == [(None, []), ("web1", ["cache", "db"])]
+    before = snapshot(sched.store)
+    for args, words in (
+        (("--host", "web 1"), "host: must be 1-63 letters, digits and . _ -"),
+        (("--host", "web1", "--group", "a b"), "group: must be 1-63 letters"),
+        (("--group", "db"), "group: --group goes with --host"),
+    ):
+        refused = cli("create", "acme", *args)
+        assert refused.exit_code == 2 and words in refused.output, refused.output
+    assert snapshot(sched.store) == before
