@@ -17,6 +17,10 @@ BIN := $(VENV)/bin
 # Inside .venv, so deleting the venv also forgets that it was installed.
 STAMP := $(VENV)/.schedctl-deps.stamp
 ZOOKEEPER_JAR := /usr/share/java/zookeeper.jar
+# ZooKeeper's TLS client port (NettyServerCnxnFactory) needs netty-codec and its peers,
+# which zookeeper.jar's manifest does not list: libnetty-java (a dependency of zookeeper
+# today; named so that a slimmer package would not silently drop the TLS tests)
+NETTY_CODEC_JAR := /usr/share/java/netty-codec.jar
 # Tests start their own broker (tests/services/rabbitmq.py); the package's service, if apt
 # started one, is stopped again right after the install.
 RABBITMQ_SERVER := /usr/lib/rabbitmq/bin/rabbitmq-server
@@ -35,6 +39,9 @@ system-deps:
 	fi; \
 	if [ ! -f "$(ZOOKEEPER_JAR)" ] || ! command -v java >/dev/null 2>&1; then \
 		packages="$$packages zookeeper"; \
+	fi; \
+	if [ ! -f "$(NETTY_CODEC_JAR)" ]; then \
+		packages="$$packages libnetty-java"; \
 	fi; \
 	if [ ! -x "$(RABBITMQ_SERVER)" ]; then \
 		packages="$$packages rabbitmq-server"; \

@@ -16,6 +16,7 @@ from typing import Any
 import platformdirs
 
 from schedctl import errors, limits
+from schedctl.alerts.policy import AlertPolicy, parse_policy
 from schedctl.limits import MAX_LEASE_SECONDS, MAX_WORKER_CONCURRENCY, MIN_LEASE_SECONDS
 
 DEFAULT_CONFIG_PATH = Path("/etc/scheduled/scheduled.toml")
@@ -99,6 +100,15 @@ class Config:
     database_url: str = field(default_factory=default_database_url)
     zookeeper: str | None = None  # "host:port,host:port"; None: in-process coordinator
     zookeeper_root: str = "/scheduled"
+    # ZooKeeper security (schedctl/coordination/zkaccess.py): a file holding one line
+    # "user:password" for digest auth and the ACL of every node the scheduler creates (or
+    # SCHEDULED_ZOOKEEPER_AUTH; never the secret itself in this file), and TLS: on with
+    # zookeeper_tls or a CA file; a client certificate and its key if the server asks
+    zookeeper_auth_file: str | None = None
+    zookeeper_tls: bool = False
+    zookeeper_tls_ca: str | None = None
+    zookeeper_tls_cert: str | None = None
+    zookeeper_tls_key: str | None = None
     session_timeout_seconds: float = 10.0
     partition_count: int = 1024
     node_name: str = field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}")
@@ -130,13 +140,27 @@ class Config:
     smtp_from: str = "scheduled@localhost"
     smtp_starttls: bool = False
     smtp_credentials_file: str | None = None
+    # [alerts]: the recipient domains e-mail alerts may go to and the alerts a tenant may
+    # have sent per hour (schedctl.alerts.policy)
+    alerts: AlertPolicy = field(default_factory=AlertPolicy)
     source: str = "defaults"  # where the config came from, for `schedctl status`
+
+    @property
+    def alert_policy(self) -> AlertPolicy:
+        """[alerts] as it applies here: with an SMTP server, an unset domain list allows no
+        recipient."""
+        return replace(self.alerts, smtp_configured=bool(self.smtp_host))
 
 
 _SCALARS: dict[str, type] = {
     "database_url": str,
     "zookeeper": str,
     "zookeeper_root": str,
+    "zookeeper_auth_file": str,
+    "zookeeper_tls": bool,
+    "zookeeper_tls_ca": str,
+    "zookeeper_tls_cert": str,
+    "zookeeper_tls_key": str,
     "session_timeout_seconds": float,
     "partition_count": int,
     "node_name": str,
@@ -217,6 +241,15 @@ _POSITIVE = (
 )
 
 
+# files the ZooKeeper client reads (zkaccess reads and checks their content)
+_ZOOKEEPER_FILES = (
+    "zookeeper_auth_file",
+    "zookeeper_tls_ca",
+    "zookeeper_tls_cert",
+    "zookeeper_tls_key",
+)
+
+
 def _check_value(key: str, value: Any, origin: str) -> Any:
     """Range and form of one setting (after its type): a ConfigError naming the key."""
     if key in _POSITIVE and not value > 0:
@@ -236,8 +269,17 @@ def _check_value(key: str, value: Any, origin: str) -> Any:
             raise errors.ConfigError(
                 f"{origin}: unknown log format {value!r} (text or json)", field=key
             )
+    if key == "smtp_from" and limits.CONTROL_CHARS.search(value):
+        # it is the From header of every alert mail
+        raise errors.ConfigError(
+            f"{origin}: must not contain control or line-separator characters", field=key
+        )
     if key in ("database_url", "zookeeper", "node_name", "zookeeper_root") and not value.strip():
         raise errors.ConfigError(f"{origin}: must not be empty", field=key)
+    if key in _ZOOKEEPER_FILES and (not value.startswith("/") or "\0" in value):
+        raise errors.ConfigError(
+            f"{origin}: must be an absolute file path, got {limits.describe(value)}", field=key
+        )
     return value
 
 
@@ -336,16 +378,16 @@ def _file_workers(raw: Any, origin: str, text: str) -> tuple[WorkerConfig, ...]:
     return tuple(result)
 
 
-def _host_line(text: str, key: str | None) -> int | None:
-    """The line of `key` in the [host] table of `text` (of its header without a key, or when
-    the key is not found)."""
+def _host_line(text: str, key: str | None, table: str = "host") -> int | None:
+    """The line of `key` in the [host] (or other `table`) table of `text` (of its header
+    without a key, or when the key is not found)."""
     header_line = None
     for number, line in enumerate(text.splitlines(), 1):
         header = _HEADER.match(line)
         if header:
             if header_line is not None:
                 break
-            if header.group(1) == "[" and header.group(2).strip() == "host":
+            if header.group(1) == "[" and header.group(2).strip() == table:
                 header_line = number
             continue
         found = _KEY.match(line)
@@ -443,6 +485,17 @@ def _file_host(raw: Any, origin: str, text: str) -> HostConfig:
             )
         values["token_file"] = token_file
     return HostConfig(**values)
+
+
+def _file_alerts(raw: Any, origin: str, text: str) -> AlertPolicy:
+    """The [alerts] table; an error is "alerts.KEY: FILE:LINE: problem"."""
+
+    def refuse(key: str | None, problem: str) -> errors.ConfigError:
+        line = _host_line(text, key, "alerts")
+        where = f"{origin}:{line}" if line else origin
+        return errors.ConfigError(f"{where}: {problem}", field=f"alerts.{key}" if key else "alerts")
+
+    return parse_policy(raw, refuse)
 
 
 def command_env(
@@ -598,10 +651,13 @@ def load_config(
             if key == "host":
                 values["host"] = _file_host(value, origin, text)
                 continue
+            if key == "alerts":
+                values["alerts"] = _file_alerts(value, origin, text)
+                continue
             try:
                 if key not in _SCALARS:
                     raise errors.ConfigError(
-                        _unknown(key, [*_SCALARS, "worker", "host"]), field=key
+                        _unknown(key, [*_SCALARS, "worker", "host", "alerts"]), field=key
                     )
                 if not _file_type_ok(key, value):
                     expected = _SCALARS[key].__name__

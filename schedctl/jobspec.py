@@ -71,9 +71,9 @@ SCHEDULE_KEYS = frozenset({*SCHEDULE_KINDS, "timezone", "anchor"})
 RETRY_KEYS = frozenset({"max_attempts", "backoff", "base_delay", "max_delay"})
 # queue names end up in URLs, log lines and worker flags: keep them plain
 QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}")
-# the control characters no name, key or upstream reference may hold (C0 and DEL): one
+# the characters no name, key or upstream reference may hold (limits.CONTROL_CHARS): one
 # search, where a Python loop over the characters was a fifth of a body's validation
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL = limits.CONTROL_CHARS
 
 
 def parse_job_request(
@@ -422,7 +422,10 @@ def _parse_idempotency_key(value: Any) -> str | None:
         )
     if _CONTROL.search(key):
         # it also travels as an HTTP header, where control characters cannot
-        raise errors.ValidationError("must not contain control characters", field="idempotency_key")
+        raise errors.ValidationError(
+            "must not contain control or line-separator characters",
+            field="idempotency_key",
+        )
     return key
 
 
@@ -437,7 +440,9 @@ def _parse_name(value: Any, *, schedule_kind: str, target: Target) -> str:
             f"is {len(name)} characters, the limit is {MAX_NAME_LENGTH}", field="name"
         )
     if _CONTROL.search(name):
-        raise errors.ValidationError("must not contain control characters", field="name")
+        raise errors.ValidationError(
+            "must not contain control or line-separator characters", field="name"
+        )
     return name
 
 

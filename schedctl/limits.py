@@ -71,6 +71,10 @@ MAX_RUNS = 1_000_000_000
 # digits beyond which a number cannot be within any bound above (int64 has 19): refused
 # before int() sees it, so Python's 4,300-digit conversion limit is never hit
 MAX_NUMBER_DIGITS = 20
+# the characters no name, key or text that can reach a header (mail, HTTP) or a log line may
+# hold: C0, DEL, C1 and the Unicode line and paragraph separators. Python's e-mail package
+# and str.splitlines() break lines on U+0085, U+2028 and U+2029 as on a newline
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 BOUNDS: tuple[tuple[str, str, str], ...] = (
     # (what, where, range) -- the documented table (README "Limits", schedctl(1))

@@ -18,6 +18,7 @@ from typing import Any
 
 from schedctl import errors
 from schedctl.alerts.model import AlertConfig, parse_alerts
+from schedctl.alerts.policy import AlertPolicy
 from schedctl.closing import Closing
 from schedctl.create_combiner import CreateCombiner
 from schedctl.host_scope import HostScope
@@ -65,9 +66,17 @@ class OverQuota(errors.QuotaExceeded):
 
 
 class Scheduler(Closing):
-    def __init__(self, store: Store, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        alert_policy: AlertPolicy | None = None,
+    ) -> None:
         self.store = store
         self.max_payload_bytes = max_payload_bytes
+        # the operator's [alerts] policy, checked when alerts are set (Config.alert_policy)
+        self.alert_policy = alert_policy or AlertPolicy()
         self.jobs = JobRepo(store)
         self.audit_log = AuditRepo(store)
         self.tenants = TenantRepo(store)
@@ -221,6 +230,7 @@ class Scheduler(Closing):
             from schedctl.delivery.ssrf import check_at_creation
 
             check_at_creation(spec.target.url, tenant.allow_list)
+        self._check_alerts(tenant, spec.alerts)
         return NewJob(
             spec, auto_name=body.get("name") is None, actor=actor
         )  # parse checked it is a Mapping
@@ -393,9 +403,22 @@ class Scheduler(Closing):
         (job_id None). Checked first: bad settings change nothing."""
         found = self._tenant(tenant)
         config = parse_alerts(body) if body is not None else None
+        self._check_alerts(found, config)
         target = "" if job_id is None else self._job_ref(job_id, found.tenant_id)[0]
         alert_store.set_settings(self.store, found.tenant_id, target, config)
         return config
+
+    def _check_alerts(self, tenant: Tenant, config: AlertConfig | None) -> None:
+        """What parsing cannot know: the operator's recipient domains, and the SSRF guard
+        (with the tenant's allow-list) for a webhook, as for an HTTP target. A
+        ValidationError naming the field; every send checks again."""
+        if config is None:
+            return
+        self.alert_policy.check(config.email, "alerts.email")
+        if config.webhook:
+            from schedctl.delivery.ssrf import check_at_creation
+
+            check_at_creation(config.webhook, tenant.allow_list, field="alerts.webhook")
 
     def get_alerts(self, tenant: TenantRef, job_id: str | None = None) -> AlertConfig | None:
         """A job's own alerts (None: it uses the tenant default), or the tenant default."""

@@ -28,7 +28,7 @@ import os
 import signal
 import subprocess
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,7 +45,8 @@ from scheduled_d.signals import add_reload_listener
 from scheduled_d.worker import INHERITED_VARIABLES, RunSpec, Worker
 
 if TYPE_CHECKING:
-    from schedctl.queue_client import ApiAlert, ApiLeaseBackend
+    from schedctl.alerts.command import AlertCommand
+    from schedctl.queue_client import ApiLeaseBackend
     from schedctl.storage.alerts import AlertRow
     from schedctl.storage.store import Store
 
@@ -209,35 +210,44 @@ class HostWorker:
 
         return resolve
 
-    def alert_command(self, alert: AlertRow, queue: str, store: Store) -> list[str]:
-        """The argv of the `alert_command` of the job a command alert of `queue` is about:
-        the central job's payload names it ({job_file, job}), and it must be a job of this
+    def alert_command(self, alert: AlertRow, queue: str, store: Store) -> AlertCommand:
+        """The `alert_command` of the job a command alert of `queue` is about, run as that
+        job's runs are (its user, group, environment and working directory: run_spec): the
+        central job's payload names it ({job_file, job}), and it must be a job of this
         host's files that runs on this host from that queue (as for a run: HostFiles.resolve).
         NotFound when there is no such job or it has no alert_command."""
         from schedctl.storage.jobs import JobRepo
 
         central = JobRepo(store).get(alert.job_id, alert.tenant_id)
-        job = self.files.resolve(
-            central.payload, host=self.host.name, groups=self.host.groups, queue=queue
-        )
+        return self._alert_command_of(central.payload, queue, alert.kind, alert.job_id)
+
+    def _alert_command_of(self, payload: Any, queue: str, kind: str, job_id: str) -> AlertCommand:
+        """alert_command's AlertCommand, from the central job's payload (the database's or
+        the API's): the same resolution and account whichever way the alert came."""
+        from schedctl.alerts.command import AlertCommand
+
+        job = self.files.resolve(payload, host=self.host.name, groups=self.host.groups, queue=queue)
         if not job.alerts.command:
             raise errors.NotFound(
                 f"job {job.name!r} of {str(job.path)!r} has no alert_command on this host",
                 field="alert_command",
             )
-        log.info(
-            "alert %s of job %s: the alert_command of job %r of %s",
-            alert.kind,
-            alert.job_id,
-            job.name,
-            job.path,
+        log.info("alert %s of job %s: the alert_command of job %r of %s", kind, job_id,
+                 job.name, job.path)  # fmt: skip
+        spec = run_spec(job, None)
+        return AlertCommand(
+            argv=list(job.alerts.command),
+            env=spec.env,
+            user=spec.user,
+            group=spec.group,
+            extra_groups=spec.extra_groups,
+            workdir=spec.workdir,
         )
-        return list(job.alerts.command)
 
-    def alert_resolver(self, queue: str, store: Store) -> Callable[[AlertRow], Sequence[str]]:
+    def alert_resolver(self, queue: str, store: Store) -> Callable[[AlertRow], AlertCommand]:
         """The `alert_command_for` of the Worker serving `queue`."""
 
-        def command_for(alert: AlertRow) -> Sequence[str]:
+        def command_for(alert: AlertRow) -> AlertCommand:
             return self.alert_command(alert, queue, store)
 
         return command_for
@@ -283,33 +293,33 @@ class HostWorker:
         for alert in taken:
             error: str | None
             try:
-                argv = self.api_alert_command(backend, alert, queue)
+                found = self._alert_command_of(
+                    backend.job_payload(alert.job_id), queue, alert.kind, alert.job_id
+                )
             except errors.StoreUnavailable:
                 raise  # the lease runs out and the alert is due again
             except errors.SchedError as exc:
                 error = f"no alert command on this host: {exc}"
             else:
                 env = {n: os.environ[n] for n in ("PATH", "LANG", "TZ", "HOME") if n in os.environ}
+                env.update(found.env)
                 env.update(SCHED_ALERT=alert.kind, SCHED_JOB_ID=alert.job_id)
                 data = json.dumps(alert.body, sort_keys=True).encode()
-                error = run_command(argv, data, env, TIMEOUT_SECONDS)
+                # as the job's runs: its user, group, environment and working directory
+                error = run_command(
+                    found.argv,
+                    data,
+                    env,
+                    TIMEOUT_SECONDS,
+                    user=found.user,
+                    group=found.group,
+                    extra_groups=found.extra_groups,
+                    cwd=found.workdir,
+                )
             if error is not None:
                 log.warning("alerts: command alert of job %s failed: %s", alert.job_id, error)
             backend.finish_alert(alert, error)
         return len(taken)
-
-    def api_alert_command(self, backend: ApiLeaseBackend, alert: ApiAlert, queue: str) -> list[str]:
-        """alert_command's argv for an alert leased through the API."""
-        payload = backend.job_payload(alert.job_id)
-        job = self.files.resolve(payload, host=self.host.name, groups=self.host.groups, queue=queue)
-        if not job.alerts.command:
-            raise errors.NotFound(
-                f"job {job.name!r} of {str(job.path)!r} has no alert_command on this host",
-                field="alert_command",
-            )
-        log.info("alert %s of job %s: the alert_command of job %r of %s", alert.kind,
-                 alert.job_id, job.name, job.path)  # fmt: skip
-        return list(job.alerts.command)
 
     # -- @reboot -----------------------------------------------------------------------------
 

@@ -39,6 +39,7 @@ from prometheus_client import Counter, Histogram
 
 from schedctl import errors, retrying
 from schedctl.alerts.lane import AlertLane
+from schedctl.alerts.policy import AlertPolicy
 from schedctl.config import Config
 from schedctl.delivery.email import SmtpSettings
 from schedctl.delivery.http import (
@@ -162,6 +163,7 @@ class Relay:
         http: HttpDelivery | None = None,
         smtp: SmtpSettings | None = None,
         alert_poll_seconds: float = 1.0,
+        alert_policy: AlertPolicy | None = None,
     ) -> None:
         self.store = store
         self.repo = QueueRepo(store)
@@ -262,6 +264,7 @@ class Relay:
             smtp=smtp or SmtpSettings(host=None),
             owner=self.owner,
             poll_seconds=alert_poll_seconds,
+            policy=alert_policy,
         )
 
     @classmethod
@@ -280,6 +283,7 @@ class Relay:
                 starttls=config.smtp_starttls,
                 credentials_file=config.smtp_credentials_file,
             ),
+            "alert_policy": config.alert_policy,
         }
         settings.update(options)
         return cls(store, **settings)

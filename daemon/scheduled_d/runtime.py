@@ -12,6 +12,7 @@ from schedctl.alerts.metrics import export_last_success
 from schedctl.config import Config, WorkerConfig
 from schedctl.coordination.base import Coordinator
 from schedctl.coordination.local import LocalCoordinator
+from schedctl.coordination.zkaccess import ZooKeeperAccess
 from schedctl.coordination.zookeeper import ZooKeeperCoordinator
 from schedctl.storage.alerts import last_successes
 from schedctl.storage.claim import ClaimResult
@@ -40,6 +41,7 @@ def make_coordinator(store: Store, config: Config) -> Coordinator:
             node_name=config.node_name,
             root=config.zookeeper_root,
             session_timeout=config.session_timeout_seconds,
+            access=ZooKeeperAccess.from_config(config),
         )
     return LocalCoordinator(store, config.node_name)
 
@@ -116,7 +118,12 @@ def _run_all(
         from scheduled_d.api.server import ApiServer
 
         api_server = ApiServer(
-            Scheduler(store, max_payload_bytes=config.max_payload_bytes), config.api_listen
+            Scheduler(
+                store,
+                max_payload_bytes=config.max_payload_bytes,
+                alert_policy=config.alert_policy,
+            ),
+            config.api_listen,
         )
         # first, and binding at once: a taken port fails the start before anything runs
         api_server.start()
@@ -283,7 +290,12 @@ def run_api(store: Store, config: Config) -> None:
 
     with stop_on_signals() as (stop, force):
         server = ApiServer(
-            Scheduler(store, max_payload_bytes=config.max_payload_bytes), config.api_listen
+            Scheduler(
+                store,
+                max_payload_bytes=config.max_payload_bytes,
+                alert_policy=config.alert_policy,
+            ),
+            config.api_listen,
         )
         server.start()
         if config.metrics_listen:

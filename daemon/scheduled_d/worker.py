@@ -40,6 +40,7 @@ from scheduled_d.spawn import Child, spawn
 
 if TYPE_CHECKING:
     # the database layer is imported only by DirectBackend: `--api` workers never load it
+    from schedctl.alerts.command import AlertCommand
     from schedctl.storage.alerts import AlertRow
     from schedctl.storage.store import Store
 
@@ -184,7 +185,7 @@ class Worker:
         tenant: str | None = None,
         alert_command: Sequence[str] = (),
         resolve: Callable[[Lease], RunSpec] | None = None,
-        alert_command_for: Callable[[AlertRow], Sequence[str] | None] | None = None,
+        alert_command_for: Callable[[AlertRow], Sequence[str] | AlertCommand | None] | None = None,
         alert_lane: Callable[[], object] | None = None,
     ) -> None:
         if not command and resolve is None:

@@ -1,7 +1,10 @@
 """Owns the host-command alert channel (like systemd's OnFailure=): a worker of a queue
 runs an alert command of its host once per alert of that queue's jobs, with the alert JSON
 on stdin. The command comes from the host's own configuration (a [[worker]] table's
-`alert_command`, or the host's job file defining the job), never from the alert.
+`alert_command`, or the host's job file defining the job), never from the alert. A job
+file's alert command runs as the job's runs do: as its user and group (with the user's
+groups), with its environment and working directory (an AlertCommand), never as the
+worker's root when the job says `user = "nobody"`.
 
 A command runs in a session and process group of its own, its stdout discarded and its
 stderr in a temporary file of which only the end is read; when it exits or times out its
@@ -18,7 +21,8 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import IO
 
 from schedctl import errors
@@ -37,9 +41,23 @@ REAP_SECONDS = 10.0  # the longest to wait for the killed command's leader to be
 POLL_EXIT_SECONDS = 0.01  # without pidfds (an old kernel): how often to look for the exit
 _INHERITED = ("PATH", "LANG", "TZ", "HOME")
 
-# the argv of an alert's command on this host, or None when this host has none for it (a
-# SchedError other than StoreUnavailable says why)
-CommandFor = Callable[[AlertRow], Sequence[str] | None]
+
+@dataclass(frozen=True)
+class AlertCommand:
+    """An alert command with the account it runs as (None: the worker's own), the variables
+    over the inherited base and its working directory (None: the worker's)."""
+
+    argv: Sequence[str]
+    env: Mapping[str, str] = field(default_factory=dict)
+    user: int | None = None
+    group: int | None = None
+    extra_groups: Sequence[int] | None = None
+    workdir: str | None = None
+
+
+# the command of an alert on this host (an argv: run as the worker), or None when this host
+# has none for it (a SchedError other than StoreUnavailable says why)
+CommandFor = Callable[[AlertRow], Sequence[str] | AlertCommand | None]
 
 
 def run_alert_commands(
@@ -68,45 +86,85 @@ def run_alert_commands(
         destination=queue,
         tenant_id=tenant_id,
     )
-    env = {name: os.environ[name] for name in _INHERITED if name in os.environ}
+    base = {name: os.environ[name] for name in _INHERITED if name in os.environ}
     for alert in leased:
-        env.update(SCHED_ALERT=alert.kind, SCHED_JOB_ID=alert.job_id)
-        argv, error = _command(alert, command, command_for)
-        if argv:
-            data = json.dumps(alert.body, sort_keys=True).encode()
-            error = run_command(argv, data, env, timeout)
+        try:
+            error = _run_one(alert, command, command_for, base, timeout)
+        except errors.StoreUnavailable:
+            raise  # the worker's outage handling; the lease runs out and it is due again
+        except Exception as exc:  # this alert's attempt failed, not the others'
+            log.exception("alerts: the command alert %d failed", alert.id)
+            error = f"{type(exc).__name__}: {exc}"
         if error is not None:
             log.warning("alerts: command alert of job %s failed: %s", alert.job_id, error)
         repo.finish(store, f"{owner}:alerts", alert, error)
     return len(leased)
 
 
+def _run_one(
+    alert: AlertRow,
+    command: Sequence[str],
+    command_for: CommandFor | None,
+    base: dict[str, str],
+    timeout: float,
+) -> str | None:
+    """Run `alert`'s command: None when it succeeded, else why not."""
+    found, error = _command(alert, command, command_for)
+    if found is None:
+        return error
+    env = {**base, **found.env, "SCHED_ALERT": alert.kind, "SCHED_JOB_ID": alert.job_id}
+    data = json.dumps(alert.body, sort_keys=True).encode()
+    return run_command(
+        found.argv,
+        data,
+        env,
+        timeout,
+        user=found.user,
+        group=found.group,
+        extra_groups=found.extra_groups,
+        cwd=found.workdir,
+    )
+
+
 def _command(
     alert: AlertRow, command: Sequence[str], command_for: CommandFor | None
-) -> tuple[list[str], str | None]:
-    """The argv to run for `alert`, or ([], why there is none)."""
-    found: Sequence[str] | None = None
+) -> tuple[AlertCommand | None, str | None]:
+    """The command to run for `alert`, or (None, why there is none)."""
+    found: Sequence[str] | AlertCommand | None = None
     if command_for is not None:
         try:
             found = command_for(alert)
         except errors.StoreUnavailable:
             raise  # the worker's outage handling; the lease runs out and it is due again
         except errors.SchedError as exc:
-            return [], f"no alert command on this host: {exc}"
+            return None, f"no alert command on this host: {exc}"
         except Exception as exc:  # a bug must not leave the alert leased or stop the worker
             log.exception("alerts: finding the command of job %s's alert failed", alert.job_id)
-            return [], f"no alert command on this host: {type(exc).__name__}: {exc}"
+            return None, f"no alert command on this host: {type(exc).__name__}: {exc}"
+    if isinstance(found, AlertCommand):
+        if found.argv:
+            return found, None
+        found = None
     argv = list(found) if found else list(command)
     if not argv:
-        return [], f"no alert command on this host for job {alert.job_id}"
-    return argv, None
+        return None, f"no alert command on this host for job {alert.job_id}"
+    return AlertCommand(argv), None
 
 
 def run_command(
-    argv: Sequence[str], stdin: bytes, env: dict[str, str], timeout: float
+    argv: Sequence[str],
+    stdin: bytes,
+    env: dict[str, str],
+    timeout: float,
+    *,
+    user: int | None = None,
+    group: int | None = None,
+    extra_groups: Sequence[int] | None = None,
+    cwd: str | None = None,
 ) -> str | None:
-    """Run one alert command with `stdin` and exactly `env`: None when it exits 0, else the
-    error (exit code and the end of its stderr, the timeout, or why it could not start)."""
+    """Run one alert command with `stdin` and exactly `env` (as `user`, `group` and
+    `extra_groups` when given, in `cwd`): None when it exits 0, else the error (exit code
+    and the end of its stderr, the timeout, or why it could not start)."""
     try:
         with tempfile.TemporaryFile() as given, tempfile.TemporaryFile() as stderr:
             given.write(stdin)
@@ -118,11 +176,15 @@ def run_command(
                     stdout=subprocess.DEVNULL,
                     stderr=stderr,
                     env=env,
+                    user=user,
+                    group=group,
+                    extra_groups=extra_groups,
+                    cwd=cwd,
                     # its own process group: killed whole, and the worker's signals do not
                     # reach it
                     start_new_session=True,
                 )
-            except OSError as exc:
+            except (OSError, subprocess.SubprocessError) as exc:
                 return f"alert command could not start: {exc}"
             try:
                 exited = _wait_exit(process.pid, timeout)

@@ -114,7 +114,9 @@ class CliState:
 
             config = self.config()
             self._scheduler = Scheduler(
-                open_store(config), max_payload_bytes=config.max_payload_bytes
+                open_store(config),
+                max_payload_bytes=config.max_payload_bytes,
+                alert_policy=config.alert_policy,
             )
         return self._scheduler
 

@@ -613,16 +613,21 @@ class GuardCache:
 
 
 def check_at_creation(
-    url: str, allow_list: AllowList | Iterable[str], *, resolver: Resolver | None = None
+    url: str,
+    allow_list: AllowList | Iterable[str],
+    *,
+    resolver: Resolver | None = None,
+    field: str = "target.url",
 ) -> None:
-    """The creation-time check: like check_destination, but a name that does not resolve
-    now is accepted (DNS may not exist yet; every delivery checks again)."""
+    """The creation-time check of a target or an alert webhook (`field` names it): like
+    check_destination, but a name that does not resolve now is accepted (DNS may not exist
+    yet; every delivery checks again)."""
     try:
         check_destination(
             url,
             allow_list,
             resolver=resolver or timed_resolver(CREATION_RESOLVE_SECONDS),
-            field="target.url",
+            field=field,
         )
     except UnresolvableHost:
         return

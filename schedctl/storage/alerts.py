@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, delete, func, select, update
+from sqlalchemy import ColumnElement, and_, delete, func, select, update
 from sqlalchemy.engine import Connection
 
+from schedctl import errors
 from schedctl.alerts import metrics
 from schedctl.alerts.model import (
     COMMAND,
@@ -105,7 +106,7 @@ def _effective(
     jobs = {j for _, j in pairs} | {TENANT_DEFAULT}
     s = schema.alert_settings
     found = {
-        (row.tenant_id, row.job_id): loads(row.config)
+        (row.tenant_id, row.job_id): _readable(row)
         for row in connection.execute(
             select(s.c.tenant_id, s.c.job_id, s.c.config).where(
                 s.c.tenant_id.in_(tenants), s.c.job_id.in_(jobs)
@@ -114,10 +115,28 @@ def _effective(
     }
     result: dict[tuple[str, str], AlertConfig] = {}
     for tenant, job in pairs:
-        config = found.get((tenant, job)) or found.get((tenant, TENANT_DEFAULT))
+        # a job's unreadable settings: none (never its tenant's in their place)
+        config = (
+            found[(tenant, job)] if (tenant, job) in found else found.get((tenant, TENANT_DEFAULT))
+        )
         if config is not None:
             result[(tenant, job)] = config
     return result
+
+
+def _readable(row: Any) -> AlertConfig | None:
+    """A settings row's AlertConfig; None (logged) when it cannot be read: one tenant's bad
+    row must not fail the settling of every run in a batch or every no-success check."""
+    try:
+        return loads(row.config)
+    except (ValueError, errors.SchedError) as exc:  # JSONDecodeError is a ValueError
+        log.error(
+            "alert settings of tenant %s job %r cannot be read, ignored: %s",
+            row.tenant_id,
+            row.job_id,
+            exc,
+        )
+        return None
 
 
 def _job_names(connection: Connection, job_ids: set[str]) -> dict[str, str]:
@@ -237,7 +256,9 @@ def check_no_success(store: Store, *, limit: int = NO_SUCCESS_BATCH) -> int:
         own: dict[str, AlertConfig] = {}
         defaults: dict[str, AlertConfig] = {}
         for row in settings:
-            config = loads(row.config)
+            config = _readable(row)
+            if config is None:
+                continue
             if row.job_id == TENANT_DEFAULT:
                 defaults[row.tenant_id] = config
             else:
@@ -323,7 +344,9 @@ def claim(
     tenant_id: str | None = None,
 ) -> list[AlertRow]:
     """Lease up to `limit` due pending alerts of `channels` (for a command: of one tenant's
-    queue) to `owner` until the lease runs out; an expired lease makes them due again."""
+    queue) to `owner` until the lease runs out; an expired lease makes them due again. An
+    alert that has had all its attempts (each lease ran out: its sender stopped or died
+    sending it) is given up here instead, with the reason: none is retried forever."""
     a = schema.alerts
     with store.tx() as connection:
         now = db_now(connection)
@@ -335,7 +358,12 @@ def claim(
         if tenant_id is not None:
             query = query.where(a.c.tenant_id == tenant_id)
         query = query.order_by(a.c.available_at, a.c.id).limit(limit)
-        rows = connection.execute(dialect_of(connection).lock(query, skip_locked=True)).all()
+        found = connection.execute(dialect_of(connection).lock(query, skip_locked=True)).all()
+        rows = [row for row in found if row.attempt < MAX_ALERT_ATTEMPTS]
+        for row in found:
+            if row.attempt >= MAX_ALERT_ATTEMPTS:
+                why = row.last_error or "no attempt ended (its sender stopped each time)"
+                _give_up(connection, row.attempt, why, row)
         if not rows:
             return []
         connection.execute(
@@ -362,33 +390,77 @@ def claim(
     ]
 
 
-def finish(store: Store, owner: str, alert: AlertRow, error: str | None) -> None:
+def _give_up(
+    connection: Connection, attempt: int, why: str, alert: Any, *where: ColumnElement[bool]
+) -> None:
+    """Record an alert given up (status failed) with its reason, and log it."""
+    a = schema.alerts
+    done = connection.execute(
+        update(a)
+        .where(a.c.id == alert.id, a.c.status == PENDING, *where)
+        .values(status=FAILED, lease_owner=None, last_error=_stored(why))
+    )
+    if not done.rowcount:
+        return  # no longer this sender's
+    log.error(
+        "alert given up after %d attempt(s): job=%s tenant=%s kind=%s channel=%s: %s",
+        attempt,
+        alert.job_id,
+        alert.tenant_id,
+        alert.kind,
+        alert.channel,
+        why,
+    )
+
+
+def _stored(error: str) -> str:
+    """An error as last_error keeps it: its end, without NUL (no Postgres text holds one)."""
+    return error[-2000:].replace("\0", "\ufffd")
+
+
+def finish(
+    store: Store, owner: str, alert: AlertRow, error: str | None, *, give_up: bool = False
+) -> None:
     """Record how an attempt to send `alert` ended: delivered, retried after a backoff, or
-    given up after MAX_ALERT_ATTEMPTS. Ignored when the lease is no longer `owner`'s."""
+    given up (after MAX_ALERT_ATTEMPTS, or at once with `give_up`: retrying cannot help).
+    Ignored when the lease is no longer `owner`'s."""
     a = schema.alerts
     with store.tx() as connection:
         now = db_now(connection)
         where = (a.c.id == alert.id, a.c.lease_owner == owner, a.c.status == PENDING)
         if error is None:
             values: dict[str, Any] = {"status": DELIVERED, "delivered_at": now}
-        elif alert.attempt >= MAX_ALERT_ATTEMPTS:
-            values = {"status": FAILED, "last_error": error[-2000:]}
-            log.error(
-                "alert given up after %d attempts: job=%s tenant=%s kind=%s channel=%s: %s",
-                alert.attempt,
-                alert.job_id,
-                alert.tenant_id,
-                alert.kind,
-                alert.channel,
-                error,
-            )
+        elif give_up or alert.attempt >= MAX_ALERT_ATTEMPTS:
+            _give_up(connection, alert.attempt, error, alert, a.c.lease_owner == owner)
+            return
         else:
             delay = backoff_delay(alert.attempt, RETRY_BASE_SECONDS, RETRY_MAX_SECONDS, None)
             values = {
                 "available_at": now + timedelta(seconds=delay),
-                "last_error": error[-2000:],
+                "last_error": _stored(error),
             }
         connection.execute(update(a).where(*where).values(lease_owner=None, **values))
+
+
+def sent_last_hour(store: Store, tenant_ids: Iterable[str]) -> dict[str, int]:
+    """Webhook and e-mail alerts delivered in the last hour, per tenant (the rate limit)."""
+    tenants = set(tenant_ids)
+    if not tenants:
+        return {}
+    a = schema.alerts
+    with store.tx() as connection:
+        since = db_now(connection) - timedelta(hours=1)
+        rows = connection.execute(
+            select(a.c.tenant_id, func.count())
+            .where(
+                a.c.tenant_id.in_(tenants),
+                a.c.delivered_at >= since,
+                a.c.status == DELIVERED,
+                a.c.channel.in_(["webhook", "email"]),
+            )
+            .group_by(a.c.tenant_id)
+        ).all()
+    return {tenant: int(count) for tenant, count in rows}
 
 
 def list_alerts(store: Store, tenant_id: str | None = None) -> list[dict[str, Any]]:

@@ -124,9 +124,11 @@ LeasedRow = tuple[int, str, datetime, int]
 @dataclass(frozen=True)
 class LeaseMark:
     """What a lease writes on its messages and runs: the holder, until when it holds them,
-    and the runs' start (the database's now)."""
+    and the runs' start (the database's now). `owner` is one holder for every message, or
+    each message's own (in the order of the leased rows): an API lease's owner holds a
+    digest of that lease's own secret."""
 
-    owner: str
+    owner: str | Sequence[str]
     leased_until: datetime
     now: datetime
 

@@ -150,7 +150,9 @@ class PostgresDialect:
                 "job_ids": [x[1] for x in leases],
                 "scheduled_ats": [x[2] for x in leases],
                 "attempts": [x[3] for x in leases],
-                "owner": mark.owner,
+                "owners": (
+                    [mark.owner] * len(leases) if isinstance(mark.owner, str) else mark.owner
+                ),
                 "leased_until": mark.leased_until,
                 "now": mark.now,
                 **_span([x[2] for x in leases]),
@@ -921,12 +923,11 @@ _MARK_LEASED = (
 WITH v AS (
     SELECT * FROM unnest(CAST(%(ids)b AS bigint[]), CAST(%(job_ids)b AS text[]),
                          CAST(%(scheduled_ats)b AS timestamptz[]),
-                         CAST(%(attempts)b AS integer[]))
-        AS v(id, job_id, scheduled_at, attempt)
+                         CAST(%(attempts)b AS integer[]), CAST(%(owners)b AS text[]))
+        AS v(id, job_id, scheduled_at, attempt, owner)
 ), leased AS (
     UPDATE queue_messages
-       SET leased_until = CAST(%(leased_until)b AS timestamptz),
-           lease_owner = CAST(%(owner)b AS text)
+       SET leased_until = CAST(%(leased_until)b AS timestamptz), lease_owner = v.owner
       FROM v WHERE queue_messages.id = v.id
        AND queue_messages.id = ANY(CAST(%(ids)b AS bigint[]))
 )

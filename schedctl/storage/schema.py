@@ -311,6 +311,8 @@ alerts = Table(
         "job_id", "scheduled_at", "kind", "run_attempt", "channel", name="uq_alerts_dedupe"
     ),
     Index("ix_alerts_due", "status", "channel", "available_at"),
+    # the per-tenant hourly limit counts the tenant's recent deliveries (0019)
+    Index("ix_alerts_tenant_delivered", "tenant_id", "delivered_at"),
 )
 
 # `after`: a job's upstream jobs (schedctl.storage.dependencies). A settled upstream run

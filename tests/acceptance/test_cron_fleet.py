@@ -215,7 +215,11 @@ def test_a_real_crontab_on_two_hosts(fleet: Fleet, smtp: tuple[Inbox, int]) -> N
 
     # web1: the whole daemon (dispatcher, relay with the SMTP server, its host worker);
     # web2: only a host worker
-    smtp_conf = f'smtp_host = "127.0.0.1"\nsmtp_port = {smtp_port}\n'
+    # (with an SMTP server, mail goes only to the domains the operator lists)
+    smtp_conf = (
+        f'smtp_host = "127.0.0.1"\nsmtp_port = {smtp_port}\n'
+        '[alerts]\nemail_domains = ["example.com"]\n'
+    )
     fleet.start("web1", "all", smtp_conf)
     fleet.start("web2", "worker")
     for host in ("web1", "web2"):

@@ -6,6 +6,7 @@ units through systemd-analyze (verify; security at most 4.0)."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -557,6 +558,50 @@ def test_units_are_notify_services_after_the_network_without_a_shell() -> None:
         assert "ExecReload=/bin/kill -HUP $MAINPID" in settings, name
         exec_start = next(s for s in settings if s.startswith("ExecStart="))
         assert "/bin/sh" not in exec_start and "$" not in exec_start, (name, exec_start)
+
+
+def ip_address_deny(unit: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """The unit's IPAddressDeny= list as systemd builds it: each line adds its entries, an
+    empty one clears the list."""
+    denied: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+    for line in (REPO / "systemd" / unit).read_text().splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "IPAddressDeny":
+            if not value.strip():
+                denied.clear()
+            denied.extend(ipaddress.ip_network(entry) for entry in value.split())
+    return denied
+
+
+@pytest.mark.parametrize("unit", ["scheduled-d-relay.service", "scheduled-d-all.service"])
+def test_the_relay_units_deny_link_local_and_metadata_addresses(unit: str) -> None:
+    denied = ip_address_deny(unit)
+
+    def blocked(address: str) -> bool:
+        ip = ipaddress.ip_address(address)
+        return any(ip.version == net.version and ip in net for net in denied)
+
+    metadata = [
+        "169.254.169.254",  # AWS, GCP, Azure, OCI, DigitalOcean
+        "169.254.170.2",  # AWS ECS task credentials
+        "169.254.170.23",  # AWS EKS pod identity
+        "169.254.0.1",  # any IPv4 link-local
+        "168.63.129.16",  # Azure WireServer
+        "100.100.100.200",  # Alibaba
+        "192.0.0.192",  # OCI legacy
+        "fd00:ec2::254",  # AWS IMDS over IPv6
+        "fd00:ec2::23",  # AWS EKS pod identity over IPv6
+        "fd20:ce::254",  # GCP metadata over IPv6
+        "fe80::1",  # any IPv6 link-local
+        "febf::1",
+    ]
+    assert [a for a in metadata if not blocked(a)] == []
+    # the databases, ZooKeeper and webhooks stay reachable: loopback, private, public
+    reachable = ["127.0.0.1", "::1", "10.0.0.5", "192.168.1.10", "fd00::5", "93.184.216.34"]
+    assert [a for a in reachable if blocked(a)] == []
+    # an allow list would win over the deny list in systemd, undoing it
+    settings = (REPO / "systemd" / unit).read_text().splitlines()
+    assert not any(line.startswith("IPAddressAllow=") for line in settings)
 
 
 @needs_analyze

@@ -12,7 +12,9 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from email.header import decode_header, make_header
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -24,19 +26,24 @@ from typer.testing import CliRunner
 
 from schedctl import errors
 from schedctl.alerts.command import run_alert_commands
+from schedctl.alerts.lane import AlertLane
 from schedctl.alerts.metrics import export_last_success
 from schedctl.alerts.model import parse_alerts
+from schedctl.alerts.policy import AlertPolicy
 from schedctl.cli.app import app as cli_app
 from schedctl.delivery.email import SmtpSettings
+from schedctl.delivery.http import HttpDelivery
 from schedctl.service import Scheduler
 from schedctl.signing import verify
 from schedctl.storage import alerts as alerts_repo
 from schedctl.storage import schema
 from schedctl.storage.dead_letters import DeadLetterRepo
 from schedctl.storage.queue import QueueRepo
+from schedctl.storage.signing_secrets import SigningKeyCache
 from schedctl.storage.store import Store
 from scheduled_d.relay import Relay
 from scheduled_d.worker import Worker
+from tests.factories import make_tenant
 from tests.integration.queue_support import (
     allow_loopback_tenant,
     answer,
@@ -61,7 +68,11 @@ def store(store: Store) -> Store:
     return store
 
 
-def relay(store: Store, port: int | None) -> Relay:
+# the operator's [alerts]: mail to example.com only
+POLICY = AlertPolicy(email_domains=("example.com",), smtp_configured=True)
+
+
+def relay(store: Store, port: int | None, policy: AlertPolicy = POLICY) -> Relay:
     smtp = SmtpSettings(host="127.0.0.1", port=port or 9, timeout=2.0)
     return Relay(
         store,
@@ -70,6 +81,7 @@ def relay(store: Store, port: int | None) -> Relay:
         http_timeout=5.0,
         smtp=smtp,
         alert_poll_seconds=0.05,
+        alert_policy=policy,
     )
 
 
@@ -431,3 +443,283 @@ def test_the_last_success_series_is_only_for_jobs_with_a_no_success_alert(store:
         assert REGISTRY.get_sample_value(name, {"tenant": tenant, "job": other}) is None
     finally:
         export_last_success(None)
+
+
+# -- alerts that never block each other (issue 30) ----------------------------------------
+
+
+@contextlib.contextmanager
+def alert_lane(store: Store, port: int, policy: AlertPolicy = POLICY) -> Iterator[AlertLane]:
+    """The relay's alert lane, its passes run by the test (run_once), its HTTP client
+    closed at the end."""
+    http = HttpDelivery(timeout=5.0)
+    try:
+        yield AlertLane(
+            store,
+            http=http,
+            signing=SigningKeyCache(store),
+            smtp=SmtpSettings(host="127.0.0.1", port=port, timeout=5.0),
+            owner="test",
+            policy=policy,
+        )
+    finally:
+        http.close()
+
+
+def _queue_dead_letter(store: Store, tenant: str, job: str, at: datetime) -> None:
+    dead = alerts_repo.Failure(tenant, job, at, 1, "boom", True, "http", "u")
+    with store.tx() as connection:
+        alerts_repo.queue_for_failures(connection, [dead], store.now())
+
+
+def _set_alert(store: Store, job: str, **values: Any) -> None:
+    """Write an alert row's columns straight, as an older version (or a crash) left them."""
+    with store.tx() as connection:
+        connection.execute(
+            update(schema.alerts).where(schema.alerts.c.job_id == job).values(**values)
+        )
+
+
+def _alert_of(store: Store, job: str) -> dict[str, Any]:
+    (row,) = [a for a in alerts_repo.list_alerts(store) if a["job_id"] == job]
+    return row
+
+
+def test_a_poison_alert_of_one_tenant_never_holds_up_another_tenants(
+    store: Store, smtp: tuple[Inbox, int]
+) -> None:
+    """Tenant beta's alerts are due first, in the same batch as tenant acme's: one whose
+    job name (stored before names refused them) holds U+2028 and U+0085, one whose sending
+    raises on every attempt (at its last attempt) and one whose lease ran out at every
+    attempt. acme's mail arrives; the bad name's mail goes out with a safe subject; the
+    raising alert is given up at the limit with its reason, the abandoned one too."""
+    inbox, port = smtp
+    acme, beta = "tenant-acme", make_tenant(store, "beta")
+    earlier = store.now() - timedelta(minutes=5)
+    poison_name = http_job(store, "http://127.0.0.1:9/x", tenant=beta)
+    raising = http_job(store, "http://127.0.0.1:9/y", tenant=beta)
+    abandoned = http_job(store, "http://127.0.0.1:9/z", tenant=beta)
+    normal = http_job(store, "http://127.0.0.1:9/w", tenant=acme)
+    with store.tx() as connection:
+        connection.execute(
+            update(schema.jobs)
+            .where(schema.jobs.c.job_id == poison_name)
+            .values(name="nightly\u2028Bcc: victim@example.org\x85x")
+        )
+    mail = parse_alerts({"email": ["ops@example.com"]})
+    for tenant, job in [(beta, poison_name), (beta, raising), (beta, abandoned), (acme, normal)]:
+        alerts_repo.set_settings(store, tenant, job, mail)
+        _queue_dead_letter(store, tenant, job, datetime(2030, 1, 1, tzinfo=UTC))
+    last = alerts_repo.MAX_ALERT_ATTEMPTS
+    # an e-mail alert whose body is not an object: every attempt raises (AttributeError)
+    _set_alert(store, raising, body="[]", attempt=last - 1, available_at=earlier)
+    _set_alert(store, abandoned, attempt=last, available_at=earlier, last_error=None)
+    _set_alert(store, poison_name, available_at=earlier)
+    with alert_lane(store, port) as lane:
+        assert lane.run_once() == 3  # the abandoned one is given up, not leased
+    assert _alert_of(store, normal)["status"] == "delivered"
+    assert _alert_of(store, poison_name)["status"] == "delivered"
+    given_up = _alert_of(store, raising)
+    assert (given_up["status"], given_up["attempt"]) == ("failed", last)
+    assert given_up["lease_owner"] is None
+    assert given_up["last_error"].startswith("AttributeError")
+    gone = _alert_of(store, abandoned)
+    assert (gone["status"], gone["attempt"]) == ("failed", last)
+    assert "no attempt ended" in gone["last_error"]
+    subjects = {str(make_header(decode_header(m["Subject"]))): m for m in inbox.messages}
+    assert len(inbox.messages) == 2
+    (bad,) = [s for s in subjects if poison_name in s]
+    assert "\u2028" not in bad and "\x85" not in bad and "\ufffd" in bad
+    assert all(m["Bcc"] is None for m in inbox.messages)
+    assert any(normal in s for s in subjects)
+
+
+def test_an_address_that_is_not_whole_is_refused_and_never_mailed(
+    store: Store, smtp: tuple[Inbox, int]
+) -> None:
+    """ "a@b.c\\n" (a newline after a whole address) is refused at input naming the field
+    and changes nothing; one stored before that is given up at once, never mailed."""
+    inbox, port = smtp
+    tenant = "tenant-acme"
+    scheduler = Scheduler(store)
+    for bad in ["a@b.c\n", "a@b.c\r\nBcc: x@y.z", "a@b.c\u2028", "a@b.c\x85", "a b@c.d"]:
+        with pytest.raises(errors.ValidationError) as caught:
+            scheduler.set_alerts("acme", {"email": [bad]})
+        assert caught.value.field == "alerts.email", repr(bad)
+    assert alerts_repo.get_settings(store, tenant, "") is None
+    job = http_job(store, "http://127.0.0.1:9/x")
+    alerts_repo.set_settings(store, tenant, job, parse_alerts({"email": ["ops@example.com"]}))
+    stored = {"on": ["dead_letter"], "email": ["victim@example.org\nBcc: ops@example.com"]}
+    with store.tx() as connection:  # as a version with the looser rule stored it
+        connection.execute(
+            update(schema.alert_settings)
+            .where(schema.alert_settings.c.job_id == job)
+            .values(config=json.dumps(stored))
+        )
+    # settling still works (the settings are read there) and queues the alert
+    _queue_dead_letter(store, tenant, job, datetime(2030, 1, 1, tzinfo=UTC))
+    with alert_lane(store, port) as lane:
+        assert lane.run_once() == 1
+    row = _alert_of(store, job)
+    assert (row["status"], row["attempt"]) == ("failed", 1)
+    assert "not an e-mail address" in row["last_error"]
+    assert inbox.messages == []
+
+
+@pytest.mark.parametrize("char", ["\u2028", "\u2029", "\x85", "\x80", "\x9f", "\n", "\x7f"])
+def test_control_and_line_separator_characters_are_refused_in_job_names(
+    store: Store, char: str
+) -> None:
+    scheduler = Scheduler(store)
+    body = {
+        "name": f"nightly{char}x",
+        "schedule": {"delay": "PT1H"},
+        "target": {"type": "queue", "name": "q"},
+    }
+    with pytest.raises(errors.ValidationError) as caught:
+        scheduler.create_job("acme", body, actor="test")
+    assert caught.value.field == "name"
+    assert "control or line-separator" in caught.value.message
+    assert not scheduler.list_jobs("acme", limit=10).items
+    job, _ = scheduler.create_job("acme", {**body, "name": "nightly"}, actor="test")
+    with pytest.raises(errors.ValidationError) as caught:
+        scheduler.update_job(job.job_id, {"name": f"n{char}"}, "acme", actor="test")
+    assert caught.value.field == "name"
+    assert scheduler.get_job(job.job_id, "acme").name == "nightly"
+
+
+def test_cli_refuses_a_private_webhook_and_recipients_the_operator_does_not_allow(
+    db_url: str, tmp_path: Path
+) -> None:
+    """Through the CLI: a loopback, private or metadata webhook is refused naming
+    alerts.webhook; with an SMTP server, recipients must be in [alerts] email_domains (none
+    listed: e-mail alerts are refused); a refusal changes nothing."""
+    config = tmp_path / "scheduled.toml"
+
+    def run(*args: str, code: int = 0) -> str:
+        result = runner.invoke(
+            cli_app, ["--db", db_url, "--config", str(config), "--output", "json", *args]
+        )
+        assert result.exit_code == code, result.output
+        return str(result.output)
+
+    config.write_text(
+        'smtp_host = "127.0.0.1"\n[alerts]\nemail_domains = ["example.com", "*.example.net"]\n'
+    )
+    run("tenant", "create", "acme")
+    run("tenant", "alerts", "acme", "--email", "ops@example.com", "--email", "b@sre.example.net")
+    for url in ["http://127.0.0.1:9/h", "http://10.0.0.7/h", "http://169.254.169.254/x"]:
+        assert "alerts.webhook" in run("tenant", "alerts", "acme", "--webhook", url, code=2)
+    for address in ["a@example.org", "a@example.com.evil.org", "a@example.net"]:
+        refused = run("tenant", "alerts", "acme", "--email", address, code=2)
+        assert "alerts.email" in refused and "email_domains" in refused
+    shown = json.loads(run("tenant", "alerts", "acme"))["alerts"]
+    assert shown["email"] == ["ops@example.com", "b@sre.example.net"] and "webhook" not in shown
+    config.write_text('smtp_host = "127.0.0.1"\n')  # an SMTP server and no list: none
+    refused = run("tenant", "alerts", "acme", "--email", "ops@example.com", code=2)
+    assert "alerts.email" in refused and "not enabled" in refused
+    config.write_text("")  # no SMTP server: nothing leaves, nothing to refuse
+    run("tenant", "alerts", "acme", "--email", "ops@example.org")
+
+
+def test_at_send_recipients_the_operator_does_not_allow_are_given_up(
+    store: Store, smtp: tuple[Inbox, int]
+) -> None:
+    """An alert to a domain the operator allows no longer (or never did: set before the
+    list) is given up at once with the reason; mail to an allowed domain goes."""
+    inbox, port = smtp
+    tenant = "tenant-acme"
+    allowed, other = (
+        http_job(store, "http://127.0.0.1:9/x"),
+        http_job(store, "http://127.0.0.1:9/y"),
+    )
+    alerts_repo.set_settings(store, tenant, allowed, parse_alerts({"email": ["a@example.com"]}))
+    alerts_repo.set_settings(store, tenant, other, parse_alerts({"email": ["a@example.org"]}))
+    for job in (allowed, other):
+        _queue_dead_letter(store, tenant, job, datetime(2030, 1, 1, tzinfo=UTC))
+    with alert_lane(store, port) as lane:
+        assert lane.run_once() == 2
+    assert _alert_of(store, allowed)["status"] == "delivered"
+    refused = _alert_of(store, other)
+    assert (refused["status"], refused["attempt"]) == ("failed", 1)
+    assert "email_domains" in refused["last_error"]
+    (mail,) = inbox.messages
+    assert mail["To"] == "a@example.com"
+
+
+def test_alerts_over_the_tenants_hourly_limit_are_given_up_as_rate_limited(
+    store: Store, smtp: tuple[Inbox, int]
+) -> None:
+    """max_per_tenant_per_hour: the tenant's alerts past it in the hour are not sent and
+    are recorded given up, "rate limited"; another tenant's still go."""
+    inbox, port = smtp
+    acme, beta = "tenant-acme", make_tenant(store, "beta")
+    mail = parse_alerts({"email": ["ops@example.com"]})
+    jobs = [http_job(store, f"http://127.0.0.1:9/{n}", tenant=acme) for n in range(3)]
+    jobs.append(http_job(store, "http://127.0.0.1:9/b", tenant=beta))
+    for job in jobs:
+        tenant = beta if job == jobs[-1] else acme
+        alerts_repo.set_settings(store, tenant, job, mail)
+        _queue_dead_letter(store, tenant, job, datetime(2030, 1, 1, tzinfo=UTC))
+    policy = AlertPolicy(
+        email_domains=("example.com",), max_per_tenant_per_hour=2, smtp_configured=True
+    )
+    with alert_lane(store, port, policy) as lane:
+        assert lane.run_once() == 4
+    statuses = [_alert_of(store, job)["status"] for job in jobs]
+    assert statuses == ["delivered", "delivered", "failed", "delivered"]
+    limited = _alert_of(store, jobs[2])
+    assert limited["last_error"].startswith("rate limited")
+    assert "max_per_tenant_per_hour" in limited["last_error"]
+    assert len(inbox.messages) == 3
+    # a later pass counts the hour's deliveries from the database
+    later = http_job(store, "http://127.0.0.1:9/later", tenant=acme)
+    alerts_repo.set_settings(store, acme, later, mail)
+    _queue_dead_letter(store, acme, later, datetime(2030, 1, 1, tzinfo=UTC))
+    with alert_lane(store, port, policy) as lane:
+        assert lane.run_once() == 1
+    assert _alert_of(store, later)["status"] == "failed"
+    assert len(inbox.messages) == 3
+
+
+def test_one_tenants_unreadable_alert_settings_break_no_other_tenants_alerts(
+    store: Store,
+) -> None:
+    """Settings rows that cannot be read (written past the API) are ignored, logged: the
+    settle hook still queues the other tenant's alerts in the same batch, and the
+    no-success check still runs."""
+    acme, beta = "tenant-acme", make_tenant(store, "beta")
+    good = http_job(store, "http://127.0.0.1:9/x", tenant=acme)
+    bad = http_job(store, "http://127.0.0.1:9/y", tenant=beta)
+    alerts_repo.set_settings(store, acme, good, parse_alerts({"email": ["a@example.com"]}))
+    alerts_repo.set_settings(store, beta, bad, parse_alerts({"email": ["b@example.com"]}))
+    alerts_repo.set_settings(store, beta, "", parse_alerts({"email": ["c@example.com"]}))
+    with store.tx() as connection:
+        connection.execute(
+            update(schema.alert_settings)
+            .where(schema.alert_settings.c.tenant_id == beta)
+            .values(config='{"on": ["never"], "no_success": "PT1H"')
+        )
+    at = datetime(2030, 1, 1, tzinfo=UTC)
+    failures = [
+        alerts_repo.Failure(beta, bad, at, 1, "boom", True, "http", "u"),
+        alerts_repo.Failure(acme, good, at, 1, "boom", True, "http", "u"),
+    ]
+    with store.tx() as connection:
+        alerts_repo.queue_for_failures(connection, failures, store.now())
+    assert [a["job_id"] for a in alerts_repo.list_alerts(store)] == [good]
+    assert alerts_repo.check_no_success(store) == 0
+
+
+@pytest.mark.parametrize("char", ["\u2028", "\x85", "\x9b"])
+def test_cli_refuses_line_separators_in_a_job_name(db_url: str, char: str) -> None:
+    def run(*args: str, code: int = 0) -> str:
+        result = runner.invoke(cli_app, ["--db", db_url, "--output", "json", *args])
+        assert result.exit_code == code, result.output
+        return str(result.output)
+
+    run("tenant", "create", "acme")
+    args = ("job", "create", "--tenant", "acme", "--every", "1h", "--queue", "q")
+    refused = run(*args, "--name", f"nightly{char}x", code=2)
+    assert "name" in refused and "line-separator" in refused
+    assert json.loads(run("job", "list", "--tenant", "acme"))["items"] == []

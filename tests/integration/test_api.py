@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import requests
@@ -21,11 +22,13 @@ from typer.testing import CliRunner
 
 from schedctl.cli.app import app as cli_app
 from schedctl.crypto import KEYS_ENV, PayloadCipher, is_encrypted
+from schedctl.delivery.ssrf import normalize_entry
 from schedctl.service import Scheduler
 from schedctl.storage import schema
 from schedctl.storage.payloads import configure_payload_cipher, reset_payload_cipher
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
+from schedctl.storage.tenant_delivery import TenantDeliveryRepo
 from scheduled_d.api.server import ApiServer
 from tests.integration.api_support import MARKER, QUEUE, Api, job_body, serving, snapshot
 
@@ -752,6 +755,17 @@ def test_openapi_document(server: ApiServer) -> None:
         "target",
     ]
     assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+    # a job read or updated carries its version as ETag, beside the documented body
+    for path, method in (
+        ("/v1/jobs/{job_id}", "get"),
+        ("/v1/jobs/{job_id}", "patch"),
+        ("/v1/jobs/by-name/{name}", "get"),
+    ):
+        ok = doc["paths"][path][method]["responses"]["200"]
+        assert ok["headers"]["ETag"]["required"] is True
+        assert ok["content"]["application/json"]["schema"] == {
+            "$ref": "#/components/schemas/JobOut"
+        }
 
 
 def test_request_and_quota_metrics(sched: Scheduler, acme: Api) -> None:
@@ -789,6 +803,56 @@ def test_job_alerts_in_the_create_body_and_their_own_routes(acme: Api, other: Ap
     assert cleared.status_code == 200 and cleared.json()["alerts"] is None
     refused = acme.create(job_body(alerts={"email": "nope"}))
     assert refused.status_code == 422 and refused.json()["error"]["field"] == "alerts.email"
+
+
+@pytest.mark.parametrize("char", ["\u2028", "\u2029", "\x85", "\x80", "\x9f", "\r"])
+def test_control_and_line_separator_characters_in_names_are_refused(
+    acme: Api, sched: Scheduler, char: str
+) -> None:
+    """A job name reaches alert mail headers: U+2028, U+0085, C1 (and C0) are refused on
+    create and on rename, naming the field, and nothing changes."""
+    before = snapshot(sched.store)
+    refused = acme.create(job_body(name=f"nightly{char}Bcc: x@example.org"))
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"]["field"] == "name"
+    assert snapshot(sched.store) == before
+    job = acme.new_job(job_body(name="nightly"))
+    renamed = acme.request("PATCH", f"/v1/jobs/{job['job_id']}", json={"name": f"n{char}"})
+    assert renamed.status_code == 422 and renamed.json()["error"]["field"] == "name"
+    assert acme.request("GET", f"/v1/jobs/{job['job_id']}").json()["name"] == "nightly"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:8080/hook",
+        "http://localhost/hook",
+        "http://10.1.2.3/hook",
+        "http://169.254.169.254/latest/meta-data",
+        "http://[::1]/hook",
+    ],
+)
+def test_an_alert_webhook_is_checked_by_the_ssrf_guard_at_creation(
+    acme: Api, sched: Scheduler, url: str
+) -> None:
+    """Loopback, private and metadata webhooks are refused when set (job body, the job's
+    alerts route), naming alerts.webhook, nothing stored; the tenant's allow-list admits
+    what it lists, as for an HTTP target."""
+    before = snapshot(sched.store)
+    refused = acme.create(job_body(alerts={"webhook": url}))
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"]["field"] == "alerts.webhook"
+    assert snapshot(sched.store) == before
+    job = acme.new_job()
+    path = f"/v1/jobs/{job['job_id']}/alerts"
+    put = acme.request("PUT", path, json={"webhook": url})
+    assert put.status_code == 422 and put.json()["error"]["field"] == "alerts.webhook"
+    assert acme.request("GET", path).json()["alerts"] is None
+    host = urlsplit(url).hostname
+    assert host is not None
+    TenantDeliveryRepo(sched.store).allow("acme", normalize_entry(host), actor="test")
+    allowed = acme.request("PUT", path, json={"webhook": url})
+    assert allowed.status_code == 200, allowed.text
 
 
 def test_schedctl_job_alerts_goes_through_the_api(acme: Api, server: ApiServer) -> None:

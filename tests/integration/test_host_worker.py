@@ -344,6 +344,70 @@ def test_a_dead_letter_runs_the_alert_command_of_the_job_s_file_on_its_host(
     ]  # nothing ran for the silent job's alert
 
 
+def test_an_alert_command_runs_as_the_job_s_user_and_group_with_its_environment(
+    store: Store, tmp_path: Path, shared: Path
+) -> None:
+    """A job with `user = "nobody"` (and a group): its alert_command runs as nobody with
+    that group, nobody's HOME and USER, the job's [job.env] and workdir, never as the
+    worker's root."""
+    directory = jobs_dir(tmp_path)
+    out = shared / "alert-id"
+    line = f'echo "$(id -u) $(id -g) $HOME $USER $GREETING $(pwd)" > {out}'
+    job_file(
+        directory,
+        "who",
+        '[[job]]\nname = "who"\ncron = "0 3 * * *"\ncommand = ["/bin/false"]\n'
+        'retry = { max_attempts = 1 }\nuser = "nobody"\ngroup = "daemon"\n'
+        f'workdir = "{shared}"\n'
+        f"alert_command = {json.dumps(['/bin/sh', '-c', line])}\n"
+        '[job.env]\nGREETING = "hello"\n',
+    )
+    sched = Scheduler(store)
+    plan = applying.plan(
+        jobfiles.load_dir(directory),
+        HOST,
+        (),
+        applying.read_central(sched, "acme"),
+        directory=directory,
+        now=store.now(),
+    )
+    applying.execute(sched, "acme", plan, actor="test")
+    (job,) = [j.job_id for j in sched.list_jobs("acme", limit=10).items]
+    at = trigger(store, job)
+    QueueRepo(store).move_outbox()
+    worker = HostWorker(
+        store,
+        HostConfig(name=HOST, jobs_dir=str(directory)),
+        lease_seconds=3.0,
+        heartbeat_seconds=0.5,
+        poll_seconds=0.1,
+    )
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: run_row(store, job, at)["status"] == "dead", "the dead letter")
+        wait_for(
+            lambda: any(a["status"] == "delivered" for a in alerts_repo.list_alerts(store)),
+            "the alert command",
+        )
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not thread.is_alive()
+    nobody = pwd.getpwnam("nobody")
+    daemon_gid = grp.getgrnam("daemon").gr_gid
+    assert out.read_text().split() == [
+        str(nobody.pw_uid),
+        str(daemon_gid),
+        nobody.pw_dir,
+        "nobody",
+        "hello",
+        str(shared),
+    ]
+    assert out.stat().st_uid == nobody.pw_uid
+
+
 # -- the real daemon ---------------------------------------------------------------------------
 
 

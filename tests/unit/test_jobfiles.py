@@ -323,3 +323,18 @@ def test_resolve_reads_a_reference_back_from_the_directory_only(tmp_path: Path) 
             resolve(JobRef(str(path), "backup"), jobs_d)
     with pytest.raises(errors.NotFound, match="no job 'gone'"):
         resolve(JobRef(str(jobs_d / "host.toml"), "gone"), jobs_d)
+
+
+@pytest.mark.parametrize("escape", ["\\u2028", "\\u2029", "\\u0085", "\\u0080", "\\u009f", "\\n"])
+def test_control_and_line_separator_characters_are_refused_in_names_and_addresses(
+    escape: str,
+) -> None:
+    """A name reaches alert mail headers (as NAME@HOST): no control or line-separator
+    character (the TOML escape stands for the character); nor may an address hold one."""
+    text = f'[[job]]\nname = "nightly{escape}x"\ncron = "0 * * * *"\ncommand = ["/bin/true"]\n'
+    problem = _one(text)
+    assert (problem.key, problem.line) == ("job.name", 2)
+    assert "letters, digits" in problem.message
+    problem = _one(_job(f'command = ["/bin/true"]\nalert_email = ["a@b.c{escape}"]\n'))
+    assert (problem.key, problem.line) == ("job.alert_email", 5)
+    assert "e-mail address" in problem.message

@@ -290,24 +290,27 @@ def test_an_upstream_reference_with_a_control_character_is_refused_naming_after(
 
 
 # the characters jobspec's one control-character search refuses in names, idempotency keys
-# and upstream references: exactly C0 and DEL; C1 (0x80-0x9f) and the rest are text
-CONTROL = [chr(c) for c in (*range(32), 127)]
-NOT_CONTROL = [" ", "~", "\x80", "\x9f", "\xa0", "é", "\u2028", "\U0001f600"]
+# and upstream references: C0, DEL, C1 (0x80-0x9f) and U+2028/U+2029 (a name reaches mail
+# headers, where Python breaks lines on U+0085 and U+2028 too); the rest is text
+CONTROL = [chr(c) for c in (*range(32), *range(127, 160), 0x2028, 0x2029)]
+NOT_CONTROL = [" ", "~", "\xa0", "é", "\u2027", "\u202a", "\U0001f600"]
 
 
 @pytest.mark.parametrize("field", ["name", "idempotency_key"])
-def test_exactly_the_c0_controls_and_del_are_refused_in_names_and_keys(field: str) -> None:
+def test_exactly_the_controls_and_line_separators_are_refused_in_names_and_keys(
+    field: str,
+) -> None:
     for char in CONTROL:
         with pytest.raises(errors.ValidationError) as info:
             parse_job_request(body(**{field: f"a{char}b"}), now=NOW)
         assert info.value.field == field, repr(char)
-        assert ("NUL" if char == "\x00" else "control characters") in info.value.message
+        assert ("NUL" if char == "\x00" else "control or line-separator") in info.value.message
     for char in NOT_CONTROL:
         spec = parse_job_request(body(**{field: f"a{char}b"}), now=NOW)
         assert getattr(spec, field) == f"a{char}b"
 
 
-def test_exactly_the_c0_controls_and_del_are_refused_in_upstream_references() -> None:
+def test_exactly_the_controls_and_line_separators_are_refused_in_upstream_references() -> None:
     for char in CONTROL:
         with pytest.raises(errors.ValidationError) as info:
             parse_job_request({"after": [f"up{char}"], "target": body()["target"]}, now=NOW)

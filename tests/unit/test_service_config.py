@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from schedctl import errors
+from schedctl.alerts.policy import DEFAULT_MAX_PER_TENANT_PER_HOUR
 from schedctl.config import load_config, locate, parse_listen
 from scheduled_d.logsetup import JournalFormatter, JsonFormatter
 from scheduled_d.sdnotify import Notifier
@@ -181,3 +182,49 @@ def test_smtp_keys_and_a_workers_alert_command(tmp_path: Path) -> None:
     with pytest.raises(errors.ConfigError) as info:
         load_config(bad, environ={})
     assert info.value.field == "worker.alert_command"
+
+
+def test_the_alerts_table_and_its_mistakes(tmp_path: Path) -> None:
+    """[alerts]: recipient domains and the hourly limit per tenant; with an SMTP server and
+    no list, no recipient is allowed; each mistake names alerts.KEY and its line."""
+    plain = load_config(write(tmp_path, ""), environ={})
+    assert plain.alert_policy.max_per_tenant_per_hour == DEFAULT_MAX_PER_TENANT_PER_HOUR
+    assert plain.alert_policy.refused_recipients(["a@example.org"]) is None  # no SMTP
+    smtp_only = load_config(write(tmp_path, 'smtp_host = "127.0.0.1"\n'), environ={})
+    assert "email_domains" in str(smtp_only.alert_policy.refused_recipients(["a@example.com"]))
+    config = load_config(
+        write(
+            tmp_path,
+            'smtp_host = "127.0.0.1"\n[alerts]\nemail_domains = ["Example.com", "*.ops.net"]\n'
+            "max_per_tenant_per_hour = 5\n",
+        ),
+        environ={},
+    )
+    policy = config.alert_policy
+    assert (policy.email_domains, policy.max_per_tenant_per_hour) == (
+        ("example.com", "*.ops.net"),
+        5,
+    )
+    assert policy.refused_recipients(["a@EXAMPLE.com", "b@x.ops.net"]) is None
+    for address in ["a@ops.net", "a@example.com.evil.org", "a@sub.example.com"]:
+        assert policy.refused_recipients([address]) is not None, address
+    anything = load_config(write(tmp_path, '[alerts]\nemail_domains = ["*"]\n'), environ={})
+    assert anything.alert_policy.refused_recipients(["a@anywhere.org"]) is None
+    for text, field, line in [
+        (
+            'retention_days = 9\n[alerts]\nemail_domains = "example.com"\n',
+            "alerts.email_domains",
+            3,
+        ),
+        ('[alerts]\nemail_domains = ["exa mple.com"]\n', "alerts.email_domains", 2),
+        ("[alerts]\nmax_per_tenant_per_hour = 0\n", "alerts.max_per_tenant_per_hour", 2),
+        ("[alerts]\nmax_per_tenant_per_hour = true\n", "alerts.max_per_tenant_per_hour", 2),
+        ("[alerts]\nrate = 3\n", "alerts.rate", 2),
+        ("alerts = 3\n", "alerts", None),
+        ('smtp_from = "s@example.com\\u2028Bcc: x@y.z"\n', "smtp_from", 1),
+    ]:
+        with pytest.raises(errors.ConfigError) as info:
+            load_config(write(tmp_path, text), environ={})
+        assert info.value.field == field, text
+        if line is not None:
+            assert f"scheduled.toml:{line}:" in str(info.value), str(info.value)

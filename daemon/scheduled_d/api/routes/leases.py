@@ -2,9 +2,10 @@
 heartbeat, ack and fail them (`scheduled-d worker --api URL`, schedctl.queue_client), and
 lease and finish the command alerts of a queue's jobs (a host worker's alert_command).
 
-A lease id is `MESSAGE_ID.SECRET`: the secret is 128 random bits the API generated when it
-leased the run, and the message's lease owner is `api:TOKEN_ID:DIGEST` (a SHA-256 digest
-of the secret: the owner shows in the run history, the secret never does). A lease is looked up
+A lease id is `MESSAGE_ID.SECRET`: the secret is 128 random bits the API generated for that
+one lease (each lease of a call has its own, so holding one lease's id acts on no other),
+and the message's lease owner is `api:TOKEN_ID:DIGEST` (a SHA-256 digest of the secret:
+the owner shows in the run history, the secret never does). A lease is looked up
 by message id AND the caller's tenant AND that owner, so a lease id cannot be guessed or
 forged from a message id, another tenant's lease is 404 (the same as one that does not
 exist), and a lease that expired and was handed to another worker is 404 too (a worker
@@ -267,16 +268,20 @@ def lease_runs(
         )
     if caller.host is not None:  # a host token: its own queues only
         caller.host.check_queue(name)
-    secret = secrets.token_hex(16)
+    # one secret per lease, drawn only for the leases taken (an empty poll draws none)
+    keys: dict[str, str] = {}
+
+    def owner() -> str:
+        secret = secrets.token_hex(16)
+        held_by = _owner(caller.token_id, secret)
+        keys[held_by] = secret
+        return held_by
+
     leases = QueueRepo(scheduler.store).lease(
-        name,
-        _owner(caller.token_id, secret),
-        request.lease_seconds,
-        request.limit,
-        tenant_id=caller.tenant.tenant_id,
+        name, owner, request.lease_seconds, request.limit, tenant_id=caller.tenant.tenant_id
     )
     record_presence(scheduler.store, *api_worker(caller, name), request.lease_seconds)
-    return {"items": [_lease_out(lease, secret) for lease in leases]}
+    return {"items": [_lease_out(lease, keys[lease.owner]) for lease in leases]}
 
 
 @_post(
@@ -430,18 +435,24 @@ def lease_alerts(
         raise errors.ValidationError("not a queue name", field="name")
     if caller.host is not None:
         caller.host.check_queue(name)
-    secret = secrets.token_hex(16)
-    leased = alert_store.claim(
-        scheduler.store,
-        (COMMAND,),
-        _owner(caller.token_id, secret),
-        limit=request.limit,
-        lease_seconds=request.lease_seconds,
-        destination=name,
-        tenant_id=caller.tenant.tenant_id,
-    )
-    return {
-        "items": [
+    items: list[dict[str, Any]] = []
+    for _ in range(request.limit):
+        # one claim per alert, each with a secret of its own: one alert's lease id never
+        # settles another's
+        secret = secrets.token_hex(16)
+        claimed = alert_store.claim(
+            scheduler.store,
+            (COMMAND,),
+            _owner(caller.token_id, secret),
+            limit=1,
+            lease_seconds=request.lease_seconds,
+            destination=name,
+            tenant_id=caller.tenant.tenant_id,
+        )
+        if not claimed:
+            break
+        alert = claimed[0]
+        items.append(
             {
                 "lease_id": f"{alert.id}.{secret}",
                 "job_id": alert.job_id,
@@ -449,9 +460,8 @@ def lease_alerts(
                 "attempt": alert.attempt,
                 "body": alert.body,
             }
-            for alert in leased
-        ]
-    }
+        )
+    return {"items": items}
 
 
 @_post(

@@ -1,0 +1,24 @@
+"""The per-tenant alert rate limit counts a tenant's alerts delivered in the last hour at
+every pass of the alert lane: ix_alerts_tenant_delivered answers it from the index instead
+of reading the whole alerts table (it is never pruned).
+
+Revision ID: 0019
+Revises: 0016 (re-chained after 0016_host_tokens when hostapi merged main)
+"""
+
+from __future__ import annotations
+
+from alembic import op
+
+revision = "0019"
+down_revision = "0016"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_index("ix_alerts_tenant_delivered", "alerts", ["tenant_id", "delivered_at"])
+
+
+def downgrade() -> None:
+    op.drop_index("ix_alerts_tenant_delivered", table_name="alerts")
