@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -230,15 +231,22 @@ def test_the_host_worker_refuses_another_host_s_token(
     assert "--api and --db exclude each other" in result.stderr
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs the alert command as nobody: root")
 def test_a_dead_letter_runs_the_job_file_s_alert_command_over_the_api(
     sched: Scheduler, server: ApiServer, acme: Api, host_api: Api, jobs: Path, shared: Path
 ) -> None:
     """`alert_command` of a job file, applied over the API with the host token: the host
     worker over the API leases the command alert, runs the file's command with the alert
     on stdin and finishes it; a job whose file has no alert_command runs nothing."""
+    shared.chmod(0o777)  # the alert command writes here as nobody
     marker = shared / "alert.json"
     failing = 'command = ["/bin/false"]\nretry = { max_attempts = 1 }\n'
-    write_job(jobs, "noisy", failing + f'alert_command = ["/bin/sh", "-c", "cat > {marker}"]\n')
+    noisy = f"cat > {marker}; id -u > {marker}.uid"
+    write_job(
+        jobs,
+        "noisy",
+        failing + f'user = "nobody"\nalert_command = ["/bin/sh", "-c", "{noisy}"]\n',
+    )
     write_job(jobs, "silent", failing + 'alert_email = ["ops@example.com"]\n')
     result = CliRunner().invoke(
         app,
@@ -279,4 +287,6 @@ def test_a_dead_letter_runs_the_job_file_s_alert_command_over_the_api(
     silent = alert_of("silent@web1")
     assert (silent["status"], silent["lease_owner"]) == ("pending", None)
     assert "has no alert_command on this host" in silent["last_error"]
-    assert sorted(p.name for p in shared.iterdir()) == ["alert.json"]
+    # as the job's user, as its runs (not as the worker's root)
+    assert int(Path(f"{marker}.uid").read_text()) == pwd.getpwnam("nobody").pw_uid
+    assert sorted(p.name for p in shared.iterdir()) == ["alert.json", "alert.json.uid"]
