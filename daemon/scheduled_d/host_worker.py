@@ -300,6 +300,9 @@ class HostWorker:
                 raise  # the lease runs out and the alert is due again
             except errors.SchedError as exc:
                 error = f"no alert command on this host: {exc}"
+            except Exception as exc:  # this alert's attempt fails, not the worker
+                log.exception("alerts: finding the command of job %s's alert failed", alert.job_id)
+                error = f"no alert command on this host: {type(exc).__name__}: {exc}"
             else:
                 env = {n: os.environ[n] for n in ("PATH", "LANG", "TZ", "HOME") if n in os.environ}
                 env.update(found.env)
