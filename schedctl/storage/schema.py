@@ -68,6 +68,9 @@ api_tokens = Table(
     Column("token_hash", String(64), nullable=False, unique=True),
     Column("created_at", UTCDateTime, nullable=False),
     Column("revoked_at", UTCDateTime, nullable=True),
+    # a host token's host and groups (JSON list); NULL for a tenant token (migration 0016)
+    Column("host", String(63), nullable=True),
+    Column("groups", Text, nullable=True),
 )
 
 jobs = Table(

@@ -734,6 +734,8 @@ def test_openapi_document(server: ApiServer) -> None:
         ("POST", "/v1/leases/{lease_id}/heartbeat"),
         ("POST", "/v1/leases/{lease_id}/ack"),
         ("POST", "/v1/leases/{lease_id}/fail"),
+        ("POST", "/v1/queues/{name}/alert-leases"),
+        ("POST", "/v1/alert-leases/{lease_id}/finish"),
         ("GET", "/v1/jobs/{job_id}/alerts"),
         ("PUT", "/v1/jobs/{job_id}/alerts"),
     }
@@ -741,6 +743,7 @@ def test_openapi_document(server: ApiServer) -> None:
         for operation in item.values():
             if path.startswith("/v1/"):
                 assert "401" in operation["responses"]
+                assert "403" in operation["responses"]  # a host token outside its scope
                 assert operation["responses"]["401"]["content"]["application/json"]["schema"] == {
                     "$ref": "#/components/schemas/ErrorBody"
                 }

@@ -3,7 +3,7 @@ every pass of the alert lane: ix_alerts_tenant_delivered answers it from the ind
 of reading the whole alerts table (it is never pruned).
 
 Revision ID: 0019
-Revises: 0015
+Revises: 0016 (re-chained after 0016_host_tokens when hostapi merged main)
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from alembic import op
 
 revision = "0019"
-down_revision = "0015"
+down_revision = "0016"
 branch_labels = None
 depends_on = None
 
