@@ -311,7 +311,7 @@ alerts = Table(
         "job_id", "scheduled_at", "kind", "run_attempt", "channel", name="uq_alerts_dedupe"
     ),
     Index("ix_alerts_due", "status", "channel", "available_at"),
-    # the per-tenant hourly limit counts the tenant's recent deliveries (0019)
+    # the per-tenant hourly limit counts the tenant's recent deliveries (0017)
     Index("ix_alerts_tenant_delivered", "tenant_id", "delivered_at"),
 )
 

@@ -2,15 +2,15 @@
 every pass of the alert lane: ix_alerts_tenant_delivered answers it from the index instead
 of reading the whole alerts table (it is never pruned).
 
-Revision ID: 0019
-Revises: 0016 (re-chained after 0016_host_tokens when hostapi merged main)
+Revision ID: 0017
+Revises: 0016
 """
 
 from __future__ import annotations
 
 from alembic import op
 
-revision = "0019"
+revision = "0017"
 down_revision = "0016"
 branch_labels = None
 depends_on = None
