@@ -120,6 +120,7 @@ def _run_all(
                 store,
                 max_payload_bytes=config.max_payload_bytes,
                 alert_policy=config.alert_policy,
+                metrics_max_jobs=config.metrics_max_jobs_per_tenant,
             ),
             config.api_listen,
         )
@@ -292,6 +293,7 @@ def run_api(store: Store, config: Config) -> None:
                 store,
                 max_payload_bytes=config.max_payload_bytes,
                 alert_policy=config.alert_policy,
+                metrics_max_jobs=config.metrics_max_jobs_per_tenant,
             ),
             config.api_listen,
         )

@@ -39,11 +39,13 @@ JOB_KEYS = (
     "command", "shell", "shell_path", "stdin",
     "user", "group", "workdir", "env",
     "timeout", "retry", "misfire_policy", "grace", "window", "max_concurrency",
-    "start", "end", "run_on",
+    "metrics", "start", "end", "run_on",
     "alert_email", "alert_webhook", "alert_command", "alert_on", "alert_no_success",
 )  # fmt: skip
 # passed to jobspec as they are (start and end are checked together)
-LIMIT_KEYS = ("timeout", "retry", "misfire_policy", "grace", "window", "max_concurrency")
+LIMIT_KEYS = (
+    "timeout", "retry", "misfire_policy", "grace", "window", "max_concurrency", "metrics",
+)  # fmt: skip
 ALERT_EVENTS = ("dead_letter", "failure")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", re.ASCII)
 GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", re.ASCII)
