@@ -27,6 +27,7 @@ from schedctl.scheduling.schedules import AfterSchedule, schedule_to_dict
 from schedctl.scheduling.windows import fire_time
 from schedctl.storage import dependencies, job_lookup, schema
 from schedctl.storage.clock import db_now
+from schedctl.storage.dialect import Lock, dialect_of
 from schedctl.storage.job_create import count_metrics_jobs, metrics_bound_error
 from schedctl.storage.jobs import JobRepo, reschedule_values, write_job
 from schedctl.storage.payloads import encode_payload
@@ -159,7 +160,10 @@ def _check_metrics_bound(connection: Connection, tenant_id: str, bound: int) -> 
     """Refuse (naming `metrics`) one more job with metrics = true over the bound. The
     tenant's row lock serializes this with the tenant's creates and other such updates."""
     t = schema.tenants
-    connection.execute(select(t.c.tenant_id).where(t.c.tenant_id == tenant_id).with_for_update())
+    # as a create's quota take: FOR NO KEY UPDATE (other writers' key checks pass)
+    dialect_of(connection).lock_rows(
+        connection, select(t.c.tenant_id).where(t.c.tenant_id == tenant_id), Lock.no_key_update
+    )
     refused = metrics_bound_error(count_metrics_jobs(connection, tenant_id), bound)
     if refused is not None:
         raise refused
