@@ -6,18 +6,22 @@ while the database is unreachable, and scheduled_store_up that says so."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy import func, select, update
+from typer.testing import CliRunner
 
 from schedctl import errors
 from schedctl.alerts.metrics import export_last_success
 from schedctl.alerts.model import parse_alerts
+from schedctl.cli.app import app as cli
 from schedctl.service import Scheduler
 from schedctl.storage import alerts as alerts_repo
 from schedctl.storage import schema
@@ -224,3 +228,34 @@ def test_the_cluster_gauges_count_unowned_partitions_and_live_workers(store: Sto
         assert REGISTRY.get_sample_value("scheduled_dead_letters_pending", {}) == 0.0
     finally:
         export_queue_depths(None)
+
+
+def test_the_cli_sets_metrics_and_the_configured_bound_refuses(
+    db_url: str, store: Store, tmp_path: Path
+) -> None:
+    make_tenant(store, "acme")
+    runner = CliRunner()
+    base = ["--db", db_url]
+    create = ["job", "create", "--tenant", "acme", "--every", "1h", "--queue", "q"]
+    made = runner.invoke(cli, [*base, *create, "--name", "w", "--metrics", "-o", "json"])
+    assert made.exit_code == 0, made.output
+    job = json.loads(made.stdout)
+    assert job["metrics"] is True
+    off = runner.invoke(cli, [*base, "job", "update", job["job_id"], "--no-metrics", "-o", "json"])
+    assert off.exit_code == 0, off.output
+    assert json.loads(off.stdout)["metrics"] is False
+    # the operator allows none: refused, naming the field, and nothing is written
+    config = tmp_path / "scheduled.toml"
+    config.write_text("metrics_max_jobs_per_tenant = 0\n")
+    before = job_rows(store)
+    refused = runner.invoke(
+        cli, [*base, "--config", str(config), *create, "--name", "x", "--metrics"]
+    )
+    assert refused.exit_code == 2, refused.output
+    assert "metrics" in refused.output and "Traceback" not in refused.output
+    assert job_rows(store) == before
+    # a bad bound is a configuration error naming its key
+    config.write_text("metrics_max_jobs_per_tenant = -1\n")
+    bad = runner.invoke(cli, [*base, "--config", str(config), *create, "--name", "y"])
+    assert bad.exit_code != 0 and "metrics_max_jobs_per_tenant" in bad.output
+    assert job_rows(store) == before
