@@ -94,6 +94,15 @@ class Config:
     database_url: str = field(default_factory=default_database_url)
     zookeeper: str | None = None  # "host:port,host:port"; None: in-process coordinator
     zookeeper_root: str = "/scheduled"
+    # ZooKeeper security (schedctl/coordination/zkaccess.py): a file holding one line
+    # "user:password" for digest auth and the ACL of every node the scheduler creates (or
+    # SCHEDULED_ZOOKEEPER_AUTH; never the secret itself in this file), and TLS: on with
+    # zookeeper_tls or a CA file; a client certificate and its key if the server asks
+    zookeeper_auth_file: str | None = None
+    zookeeper_tls: bool = False
+    zookeeper_tls_ca: str | None = None
+    zookeeper_tls_cert: str | None = None
+    zookeeper_tls_key: str | None = None
     session_timeout_seconds: float = 10.0
     partition_count: int = 1024
     node_name: str = field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}")
@@ -144,6 +153,11 @@ _SCALARS: dict[str, type] = {
     "database_url": str,
     "zookeeper": str,
     "zookeeper_root": str,
+    "zookeeper_auth_file": str,
+    "zookeeper_tls": bool,
+    "zookeeper_tls_ca": str,
+    "zookeeper_tls_cert": str,
+    "zookeeper_tls_key": str,
     "session_timeout_seconds": float,
     "partition_count": int,
     "node_name": str,
@@ -225,6 +239,15 @@ _POSITIVE = (
 )
 
 
+# files the ZooKeeper client reads (zkaccess reads and checks their content)
+_ZOOKEEPER_FILES = (
+    "zookeeper_auth_file",
+    "zookeeper_tls_ca",
+    "zookeeper_tls_cert",
+    "zookeeper_tls_key",
+)
+
+
 def _check_value(key: str, value: Any, origin: str) -> Any:
     """Range and form of one setting (after its type): a ConfigError naming the key."""
     if key in _POSITIVE and not value > 0:
@@ -255,6 +278,10 @@ def _check_value(key: str, value: Any, origin: str) -> Any:
         )
     if key in ("database_url", "zookeeper", "node_name", "zookeeper_root") and not value.strip():
         raise errors.ConfigError(f"{origin}: must not be empty", field=key)
+    if key in _ZOOKEEPER_FILES and (not value.startswith("/") or "\0" in value):
+        raise errors.ConfigError(
+            f"{origin}: must be an absolute file path, got {limits.describe(value)}", field=key
+        )
     return value
 
 

@@ -67,6 +67,7 @@ def run_spec(job: Job, payload: Any) -> RunSpec:
         group=account.gid if account else None,
         extra_groups=list(account.groups) if account else None,
         workdir=job.workdir,
+        keep_output=job.output == "local",  # the daemon's log (the journal) only
     )
 
 

@@ -112,7 +112,8 @@ class RunSpec:
     """What one run executes, when a Worker's `resolve` decides it per run (the host worker:
     from its own job files): argv, stdin bytes, variables over the clean base, the account
     (user/group/extra_groups as subprocess takes them; None: the worker's own) and the
-    working directory (None: the worker's)."""
+    working directory (None: the worker's); keep_output: the output stays on this host (the
+    daemon's log only: no tail in heartbeats nor in the run history)."""
 
     argv: Sequence[str]
     stdin: bytes = b""
@@ -121,6 +122,7 @@ class RunSpec:
     group: int | None = None
     extra_groups: Sequence[int] | None = None
     workdir: str | None = None
+    keep_output: bool = False
 
 
 class Worker:
@@ -488,7 +490,7 @@ class Worker:
             )
         except OSError as exc:
             return _failed(lease, f"cannot start the command: {exc}", started_at)
-        run = _Run(self, lease, child, spec.stdin, started_at)
+        run = _Run(self, lease, child, spec.stdin, started_at, keep_output=spec.keep_output)
         run.feed_stdin()  # a payload that fits the pipe is written now, without a select
         return run
 
@@ -497,7 +499,7 @@ class Worker:
         lease was lost)."""
         lease, outcome = run.lease, run.outcome
         finished_at = datetime.now(UTC)
-        tail = _combine_tails(run.stdout.text(), run.stderr.text())
+        tail = None if run.keep_output else _combine_tails(run.stdout.text(), run.stderr.text())
         code = outcome.returncode
         exit_code = code if code is not None and code >= 0 else None
         if outcome.cancelled and not outcome.lease_lost:
@@ -721,14 +723,24 @@ class _Run:
     """One command being supervised: its pipes, output tails and timers."""
 
     def __init__(
-        self, worker: Worker, lease: Lease, child: Child, stdin: bytes, started_at: datetime
+        self,
+        worker: Worker,
+        lease: Lease,
+        child: Child,
+        stdin: bytes,
+        started_at: datetime,
+        *,
+        keep_output: bool = False,
     ) -> None:
         self.lease = lease
         self.child = child
         self.started_at = started_at
         self.outcome = _Outcome()
-        self.stdout = TailBuffer(worker.output_tail_bytes)
-        self.stderr = TailBuffer(worker.output_tail_bytes)
+        # output kept on the host: no tail is held, so none can be sent
+        self.keep_output = keep_output
+        tail_bytes = 0 if keep_output else worker.output_tail_bytes
+        self.stdout = TailBuffer(tail_bytes)
+        self.stderr = TailBuffer(tail_bytes)
         self.sinks: dict[int, TailBuffer] = {child.stdout: self.stdout, child.stderr: self.stderr}
         self.streams = {child.stdout: "stdout", child.stderr: "stderr"}
         self.pending = memoryview(stdin)
@@ -1024,7 +1036,7 @@ class _Supervisor:
             output_seen = (run.stdout.total, run.stderr.total)
             tail = (
                 _combine_tails(run.stdout.text(), run.stderr.text())
-                if output_seen != run.output_sent
+                if output_seen != run.output_sent and not run.keep_output
                 else None
             )
             assert worker._beater is not None

@@ -774,6 +774,17 @@ def test_openapi_document(server: ApiServer) -> None:
     assert body["properties"]["metrics"]["type"] == "boolean"
     job_out = doc["components"]["schemas"]["JobOut"]["properties"]["metrics"]
     assert (job_out["type"], job_out["default"]) == ("boolean", False)
+    # a job read or updated carries its version as ETag, beside the documented body
+    for path, method in (
+        ("/v1/jobs/{job_id}", "get"),
+        ("/v1/jobs/{job_id}", "patch"),
+        ("/v1/jobs/by-name/{name}", "get"),
+    ):
+        ok = doc["paths"][path][method]["responses"]["200"]
+        assert ok["headers"]["ETag"]["required"] is True
+        assert ok["content"]["application/json"]["schema"] == {
+            "$ref": "#/components/schemas/JobOut"
+        }
 
 
 def test_request_and_quota_metrics(sched: Scheduler, acme: Api) -> None:

@@ -1,9 +1,10 @@
 """Owns the tenant workers' routes of the REST API: lease runs of the caller's built-in queue,
 heartbeat, ack and fail them (`scheduled-d worker --api URL`, schedctl.queue_client).
 
-A lease id is `MESSAGE_ID.SECRET`: the secret is 128 random bits the API generated when it
-leased the run, and the message's lease owner is `api:TOKEN_ID:DIGEST` (a SHA-256 digest
-of the secret: the owner shows in the run history, the secret never does). A lease is looked up
+A lease id is `MESSAGE_ID.SECRET`: the secret is 128 random bits the API generated for that
+one lease (each lease of a call has its own, so holding one lease's id acts on no other),
+and the message's lease owner is `api:TOKEN_ID:DIGEST` (a SHA-256 digest of the secret:
+the owner shows in the run history, the secret never does). A lease is looked up
 by message id AND the caller's tenant AND that owner, so a lease id cannot be guessed or
 forged from a message id, another tenant's lease is 404 (the same as one that does not
 exist), and a lease that expired and was handed to another worker is 404 too (a worker
@@ -262,16 +263,20 @@ def lease_runs(
             "not a queue name: a letter or digit, then up to 199 of A-Z a-z 0-9 . _ : / -",
             field="name",
         )
-    secret = secrets.token_hex(16)
+    # one secret per lease, drawn only for the leases taken (an empty poll draws none)
+    keys: dict[str, str] = {}
+
+    def owner() -> str:
+        secret = secrets.token_hex(16)
+        held_by = _owner(caller.token_id, secret)
+        keys[held_by] = secret
+        return held_by
+
     leases = QueueRepo(scheduler.store).lease(
-        name,
-        _owner(caller.token_id, secret),
-        request.lease_seconds,
-        request.limit,
-        tenant_id=caller.tenant.tenant_id,
+        name, owner, request.lease_seconds, request.limit, tenant_id=caller.tenant.tenant_id
     )
     record_presence(scheduler.store, *api_worker(caller, name), request.lease_seconds)
-    return {"items": [_lease_out(lease, secret) for lease in leases]}
+    return {"items": [_lease_out(lease, keys[lease.owner]) for lease in leases]}
 
 
 @_post(
