@@ -1,8 +1,8 @@
 """jobs.metrics: a job that asks for per-job run counts and durations on /metrics
 (`"metrics": true`); false for every job that exists.
 
-Revision ID: 0020
-Revises: 0019
+Revision ID: 0018
+Revises: 0017
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0020"
-down_revision = "0019"
+revision = "0018"
+down_revision = "0017"
 branch_labels = None
 depends_on = None
 
