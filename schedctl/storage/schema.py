@@ -106,7 +106,7 @@ jobs = Table(
     Column("request_hash", String(64), nullable=False),
     Column("created_at", UTCDateTime, nullable=False),
     Column("updated_at", UTCDateTime, nullable=False),
-    # per-job run counts and durations on /metrics (0020; bounded per tenant by the
+    # per-job run counts and durations on /metrics (0018; bounded per tenant by the
     # operator's metrics_max_jobs_per_tenant)
     Column("metrics", Boolean, nullable=False, server_default=false()),
     UniqueConstraint("tenant_id", "idempotency_key", name="uq_jobs_tenant_idempotency"),
