@@ -1,8 +1,7 @@
 # The two documented commands are `make demo` and `make test`; the rest are their parts.
 # `deps` is idempotent: on a fresh Debian 12 machine (as root) it installs PostgreSQL,
 # ZooKeeper, RabbitMQ and Patroni from apt, creates .venv and installs the project; on
-# later runs it
-# does nothing.
+# later runs it does nothing.
 # Operators: `make install` / `make uninstall` (as root; PREFIX=/usr/local, DESTDIR= stages
 # below a directory and leaves the machine alone), and `make onefile`: dist/scheduled.pyz,
 # schedctl and scheduled-d in one executable file. Both are described at their targets
