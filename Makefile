@@ -1,7 +1,7 @@
 # The two documented commands are `make demo` and `make test`; the rest are their parts.
 # `deps` is idempotent: on a fresh Debian 12 machine (as root) it installs PostgreSQL,
-# ZooKeeper and RabbitMQ from apt, creates .venv and installs the project; on later runs it
-# does nothing.
+# ZooKeeper, RabbitMQ and Patroni from apt, creates .venv and installs the project; on
+# later runs it does nothing.
 # Operators: `make install` / `make uninstall` (as root; PREFIX=/usr/local, DESTDIR= stages
 # below a directory and leaves the machine alone), and `make onefile`: dist/scheduled.pyz,
 # schedctl and scheduled-d in one executable file. Both are described at their targets
@@ -24,6 +24,9 @@ NETTY_CODEC_JAR := /usr/share/java/netty-codec.jar
 # Tests start their own broker (tests/services/rabbitmq.py); the package's service, if apt
 # started one, is stopped again right after the install.
 RABBITMQ_SERVER := /usr/lib/rabbitmq/bin/rabbitmq-server
+# The Postgres failover tests (tests/chaos/test_patroni.py) run a 2-node Patroni cluster on
+# the tests' ZooKeeper: Debian's patroni runs on /usr/bin/python3, which needs kazoo for it.
+PATRONI := /usr/bin/patroni
 
 .PHONY: deps system-deps lint test demo clean distclean
 
@@ -48,6 +51,9 @@ system-deps:
 	fi; \
 	if ! command -v promtool >/dev/null 2>&1; then \
 		packages="$$packages prometheus"; \
+	fi; \
+	if [ ! -x "$(PATRONI)" ] || ! /usr/bin/python3 -c 'import kazoo' >/dev/null 2>&1; then \
+		packages="$$packages patroni python3-kazoo"; \
 	fi; \
 	if [ ! -x "$(BIN)/python" ] && ! $(PYTHON) -c 'import ensurepip, venv' >/dev/null 2>&1; then \
 		packages="$$packages python3-venv"; \
