@@ -25,6 +25,8 @@ RABBITMQ_SERVER := /usr/lib/rabbitmq/bin/rabbitmq-server
 
 deps: system-deps $(STAMP)
 
+# chromium and chromium-driver: the web console's browser test
+# (tests/integration/test_console_browser.py)
 system-deps:
 	@packages=""; \
 	bindir="$$(pg_config --bindir 2>/dev/null || true)"; \
@@ -38,6 +40,9 @@ system-deps:
 	fi; \
 	if [ ! -x "$(RABBITMQ_SERVER)" ]; then \
 		packages="$$packages rabbitmq-server"; \
+	fi; \
+	if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+		packages="$$packages chromium chromium-driver"; \
 	fi; \
 	if [ ! -x "$(BIN)/python" ] && ! $(PYTHON) -c 'import ensurepip, venv' >/dev/null 2>&1; then \
 		packages="$$packages python3-venv"; \

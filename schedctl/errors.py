@@ -135,6 +135,14 @@ class Unauthorized(SchedError):
     code = "unauthorized"
 
 
+class Forbidden(Unauthorized):
+    """Credentials that do not allow this request: the web console's missing or wrong CSRF
+    token, a cross-site Origin, a token the console does not take."""
+
+    http_status = 403
+    code = "forbidden"
+
+
 class StoreUnavailable(SchedError):
     """The database cannot be reached.
 
