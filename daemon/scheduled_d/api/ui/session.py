@@ -36,7 +36,9 @@ SECURITY_HEADERS: Mapping[str, str] = {
     ),
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # same-origin, not no-referrer: under no-referrer a browser sends `Origin: null` with a
+    # form's POST, and the origin check needs the real one
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
 
