@@ -46,18 +46,21 @@ INSERT INTO runs (job_id, scheduled_at, tenant_id, partition, trigger, status, a
                   fire_at, dispatched_at, started_at, finished_at, exit_code, error,
                   output_tail)
 SELECT j.job_id, r.at, j.tenant_id, j.partition, 'schedule',
-       CASE WHEN r.i % {failed} = 0 THEN 'failed'
-            WHEN r.i % {skipped} = 0 THEN 'skipped' ELSE 'succeeded' END,
+       CASE WHEN r.n % {failed} = 0 THEN 'failed'
+            WHEN r.n % {skipped} = 0 THEN 'skipped' ELSE 'succeeded' END,
        1, r.at, r.at + interval '1 second', r.at + interval '2 seconds',
        r.at + interval '12 seconds',
-       CASE WHEN r.i % {failed} = 0 THEN 1 ELSE 0 END,
-       CASE WHEN r.i % {skipped} = 0 THEN 'missed by more than its grace period'
-            WHEN r.i % {failed} = 0 THEN 'exit code 1' END,
+       CASE WHEN r.n % {failed} = 0 THEN 1 ELSE 0 END,
+       CASE WHEN r.n % {skipped} = 0 THEN 'missed by more than its grace period'
+            WHEN r.n % {failed} = 0 THEN 'exit code 1' END,
        'bench output line'
 FROM (SELECT job_id, tenant_id, partition FROM jobs
       WHERE tenant_id = :tenant_id AND job_id >= :low AND job_id < :high) AS j
 CROSS JOIN LATERAL (
-    SELECT i, date_trunc('second', CAST(:now AS timestamptz) - i * CAST(:spacing AS interval)
+    -- n: the run's number shifted per job, so that failures fall on every day
+    SELECT i + ('x' || substr(j.job_id, 17, 8))::bit(32)::bigint % 9973 AS n,
+           date_trunc('second', CAST(:now AS timestamptz) - interval '1 minute'
+           - (i - 1) * CAST(:spacing AS interval)
            - (('x' || substr(j.job_id, 25, 8))::bit(32)::bigint % 3600) * interval '1 second')
            AS at
     FROM generate_series(1, :per_job) AS i
@@ -176,8 +179,10 @@ def _load_runs(store: Store, tenant_id: str, per_job: int, now: datetime) -> Non
     batch: list[dict[str, Any]] = []
     for job_id, partition in rows:
         for i in range(1, per_job + 1):
-            at = (now - i * spacing).replace(microsecond=0)
-            failed, skipped = i % FAILED_EVERY == 0, i % SKIPPED_EVERY == 0
+            offset = timedelta(minutes=1, seconds=int(job_id[24:32], 16) % 3600)
+            at = (now - offset - (i - 1) * spacing).replace(microsecond=0)  # as in _PG_RUNS
+            n = i + int(job_id[16:24], 16) % 9973  # as in _PG_RUNS
+            failed, skipped = n % FAILED_EVERY == 0, n % SKIPPED_EVERY == 0
             batch.append(
                 {
                     "job_id": job_id,
