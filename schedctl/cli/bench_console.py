@@ -35,6 +35,7 @@ def console(
     state = cli_state(ctx)
     store = state.database().store
     url = state.database_url()
+    fmt = output_format(ctx, output)
     result = run_console_bench(
         store,
         lambda: _api_process(url),
@@ -42,9 +43,9 @@ def console(
         runs=runs,
         requests=requests,
         keep=keep,
-        progress=lambda message: say(message),
+        # progress lines only around a table: JSON output is the report alone
+        progress=None if fmt is OutputFormat.json else say,
     )
-    fmt = output_format(ctx, output)
     if fmt is OutputFormat.json:
         emit(result, fmt)
         return
