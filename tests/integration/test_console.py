@@ -213,3 +213,27 @@ def test_a_bad_or_revoked_token_does_not_sign_in(sched: Scheduler, app_client: B
 
     VERIFIED_TOKENS.clear()
     assert app_client.get("/ui/jobs").status_code == 303
+
+
+def test_the_cookie_is_secure_behind_tls(sched: Scheduler, app_client: Browserish) -> None:
+    # a TLS-terminating proxy on this machine says so (uvicorn trusts loopback's headers)
+    a = seed(sched, "acme")
+    response = app_client.post(
+        "/ui/signin", data={"token": a.token}, headers={"X-Forwarded-Proto": "https"}
+    )
+    assert response.status_code == 303
+    cookie = response.headers["set-cookie"]
+    assert "Secure" in cookie and "HttpOnly" in cookie and "SameSite=strict" in cookie
+
+
+def test_the_script_and_stylesheet_are_served_from_the_package(app_client: Browserish) -> None:
+    script = app_client.get("/ui/static/console.js")
+    assert script.status_code == 200 and "text/javascript" in script.headers["content-type"]
+    assert script.headers["x-content-type-options"] == "nosniff"
+    assert "sd_tz" in script.text
+    assert app_client.get("/ui/static/console.css").status_code == 200
+    assert app_client.get("/ui/static/..%2Fpages.py").status_code == 404
+    # the sign-in page loads no script but the package's own
+    page = app_client.get("/ui/signin").text
+    assert '<script src="/ui/static/console.js" defer></script>' in page
+    assert page.count("<script") == 1

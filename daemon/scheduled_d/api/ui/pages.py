@@ -446,7 +446,11 @@ def _timeline(job: Job, runs: list[Run], fires: list[datetime], now: datetime) -
         )
     ticks = [Bar(x(at), 2.0, "fire", f"{format_instant(at)} next", None) for at in fires]
     hours = [
-        {"x": x(start + timedelta(hours=h)), "label": f"{h - TIMELINE_HOURS:+d}h"}
+        # the labels at both ends kept inside the drawing
+        {
+            "x": min(TIMELINE_WIDTH - 14, max(14.0, x(start + timedelta(hours=h)))),
+            "label": f"{h - TIMELINE_HOURS:+d}h",
+        }
         for h in range(0, 2 * TIMELINE_HOURS + 1, 6)
     ]
     return {
