@@ -17,6 +17,10 @@ BIN := $(VENV)/bin
 # Inside .venv, so deleting the venv also forgets that it was installed.
 STAMP := $(VENV)/.schedctl-deps.stamp
 ZOOKEEPER_JAR := /usr/share/java/zookeeper.jar
+# ZooKeeper's TLS client port (NettyServerCnxnFactory) needs netty-codec and its peers,
+# which zookeeper.jar's manifest does not list: libnetty-java (a dependency of zookeeper
+# today; named so that a slimmer package would not silently drop the TLS tests)
+NETTY_CODEC_JAR := /usr/share/java/netty-codec.jar
 # Tests start their own broker (tests/services/rabbitmq.py); the package's service, if apt
 # started one, is stopped again right after the install.
 RABBITMQ_SERVER := /usr/lib/rabbitmq/bin/rabbitmq-server
@@ -37,6 +41,9 @@ system-deps:
 	fi; \
 	if [ ! -f "$(ZOOKEEPER_JAR)" ] || ! command -v java >/dev/null 2>&1; then \
 		packages="$$packages zookeeper"; \
+	fi; \
+	if [ ! -f "$(NETTY_CODEC_JAR)" ]; then \
+		packages="$$packages libnetty-java"; \
 	fi; \
 	if [ ! -x "$(RABBITMQ_SERVER)" ]; then \
 		packages="$$packages rabbitmq-server"; \
@@ -118,7 +125,7 @@ SYSCONF := /etc/scheduled
 STATE_DIR := /var/lib/scheduled
 # written into the venv by install; uninstall removes only a venv that has it
 VENV_MARK := .scheduled-install
-UNIT_FILES := $(notdir $(wildcard systemd/*.service))
+UNIT_FILES := $(notdir $(wildcard systemd/*.service systemd/*.timer))
 MAN_PAGES := $(notdir $(wildcard man/*.[158]))
 # true when the real machine is the target (no DESTDIR)
 LIVE := $(if $(DESTDIR),false,true)
@@ -167,7 +174,7 @@ install:
 	done
 	install -d "$(DESTDIR)$(SYSTEMD_DIR)"
 	for unit in $(UNIT_FILES); do \
-		sed 's|/usr/local/bin/scheduled-d|$(PREFIX)/bin/scheduled-d|g' "systemd/$$unit" \
+		sed 's|/usr/local/bin/|$(PREFIX)/bin/|g' "systemd/$$unit" \
 			> "$(DESTDIR)$(SYSTEMD_DIR)/$$unit"; \
 		chmod 0644 "$(DESTDIR)$(SYSTEMD_DIR)/$$unit"; \
 	done
@@ -209,9 +216,9 @@ uninstall:
 	fi
 	@# stop and disable our units (worker instances included) before their files go
 	if $(LIVE) && [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then \
-		units="$$(systemctl list-units --all --plain --no-legend --type=service \
+		units="$$(systemctl list-units --all --plain --no-legend --type=service,timer \
 			'scheduled-d-*' | awk '{print $$1}')"; \
-		enabled="$$(find $(SYSTEMD_DIR) -path '*.wants/scheduled-d-*.service' \
+		enabled="$$(find $(SYSTEMD_DIR) -path '*.wants/scheduled-d-*' \
 			-printf '%f\n' 2>/dev/null | sort -u)"; \
 		if [ -n "$$units$$enabled" ]; then \
 			systemctl disable --now $$units $$enabled || true; \

@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from schedctl import errors
 from schedctl.config import Config
@@ -35,6 +35,9 @@ from schedctl.storage.status import (
 )
 from schedctl.storage.store import Store
 from schedctl.storage.workers import WorkerRepo
+
+if TYPE_CHECKING:
+    from schedctl.coordination.zkaccess import ZooKeeperAccess
 
 # One bound for the whole ZooKeeper read (connect, list, read each member).
 ZOOKEEPER_TIMEOUT_SECONDS = 5.0
@@ -185,25 +188,32 @@ def _instant(value: datetime | None) -> str | None:
 
 
 def read_members(
-    hosts: str, root: str, *, timeout: float = ZOOKEEPER_TIMEOUT_SECONDS
+    hosts: str,
+    root: str,
+    *,
+    timeout: float = ZOOKEEPER_TIMEOUT_SECONDS,
+    access: ZooKeeperAccess | None = None,
 ) -> dict[str, MemberInfo]:
     """The registered members under `{root}/members`, read by a client that lives for this
-    call only; every step bounded by `timeout` in all. SchedError when ZooKeeper does not
-    answer in time (kazoo's plain calls would block forever without a quorum)."""
+    call only, with the daemons' credentials and TLS (`access`); every step bounded by
+    `timeout` in all. SchedError when ZooKeeper does not answer in time (kazoo's plain
+    calls would block forever without a quorum) or refuses the read."""
     from kazoo.client import KazooClient
-    from kazoo.exceptions import NoNodeError
+    from kazoo.exceptions import KazooException, NoAuthError, NoNodeError
     from kazoo.handlers.threading import KazooTimeoutError
     from kazoo.retry import KazooRetry
 
+    from schedctl.coordination.zkaccess import ZooKeeperAccess, denied_hint
     from schedctl.coordination.zookeeper import check_hosts
 
     check_hosts(hosts)
+    access = access or ZooKeeperAccess()
     client = KazooClient(
         hosts=hosts,
         timeout=max(timeout, 1.0),
         connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0),
         command_retry=KazooRetry(max_tries=0),
-        logger=_quiet,
+        **{**access.client_kwargs(), "logger": _quiet},
     )
     path = f"{root}/members"
     try:
@@ -226,6 +236,14 @@ def read_members(
     except KazooTimeoutError as exc:
         raise errors.SchedError(
             f"ZooKeeper at {hosts} did not answer within {timeout:g} s"
+        ) from exc
+    except NoAuthError as exc:
+        raise errors.SchedError(
+            f"ZooKeeper refused to list {path} (NoAuth): {denied_hint(access)}"
+        ) from exc
+    except KazooException as exc:
+        raise errors.SchedError(
+            f"ZooKeeper at {hosts} refused to list {path}: {type(exc).__name__}"
         ) from exc
     finally:
         try:
@@ -275,9 +293,14 @@ def gather_status(
     live: Mapping[str, MemberInfo] | None = None
     zookeeper_error: str | None = None
     if config.zookeeper:
-        reader = members_reader or (
-            lambda hosts, root: read_members(hosts, root, timeout=zookeeper_timeout)
-        )
+
+        def read_with_config(hosts: str, root: str) -> Mapping[str, MemberInfo]:
+            from schedctl.coordination.zkaccess import ZooKeeperAccess
+
+            access = ZooKeeperAccess.from_config(config)
+            return read_members(hosts, root, timeout=zookeeper_timeout, access=access)
+
+        reader = members_reader or read_with_config
         try:
             live = reader(config.zookeeper, config.zookeeper_root)
         except errors.SchedError as exc:

@@ -50,6 +50,8 @@ HOST_KEYS = (
     "concurrency",
     "output_bytes",
     "rescan_seconds",
+    "api_url",
+    "token_file",
 )
 MAX_HOST_OUTPUT_BYTES = 1024 * 1024
 MAX_RESCAN_SECONDS = 86_400.0
@@ -87,6 +89,10 @@ class HostConfig:
     concurrency: int = 4  # commands at once, per queue served
     output_bytes: int = 65536  # of each run's output kept in the run history
     rescan_seconds: float = 10.0  # how often the job files are checked for changes
+    # the REST API to lease through with a host token (no database URL on the host), and
+    # the file holding that token (else SCHEDULED_API_TOKEN)
+    api_url: str | None = None
+    token_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,15 @@ class Config:
     database_url: str = field(default_factory=default_database_url)
     zookeeper: str | None = None  # "host:port,host:port"; None: in-process coordinator
     zookeeper_root: str = "/scheduled"
+    # ZooKeeper security (schedctl/coordination/zkaccess.py): a file holding one line
+    # "user:password" for digest auth and the ACL of every node the scheduler creates (or
+    # SCHEDULED_ZOOKEEPER_AUTH; never the secret itself in this file), and TLS: on with
+    # zookeeper_tls or a CA file; a client certificate and its key if the server asks
+    zookeeper_auth_file: str | None = None
+    zookeeper_tls: bool = False
+    zookeeper_tls_ca: str | None = None
+    zookeeper_tls_cert: str | None = None
+    zookeeper_tls_key: str | None = None
     session_timeout_seconds: float = 10.0
     partition_count: int = 1024
     node_name: str = field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}")
@@ -141,6 +156,11 @@ _SCALARS: dict[str, type] = {
     "database_url": str,
     "zookeeper": str,
     "zookeeper_root": str,
+    "zookeeper_auth_file": str,
+    "zookeeper_tls": bool,
+    "zookeeper_tls_ca": str,
+    "zookeeper_tls_cert": str,
+    "zookeeper_tls_key": str,
     "session_timeout_seconds": float,
     "partition_count": int,
     "node_name": str,
@@ -221,6 +241,15 @@ _POSITIVE = (
 )
 
 
+# files the ZooKeeper client reads (zkaccess reads and checks their content)
+_ZOOKEEPER_FILES = (
+    "zookeeper_auth_file",
+    "zookeeper_tls_ca",
+    "zookeeper_tls_cert",
+    "zookeeper_tls_key",
+)
+
+
 def _check_value(key: str, value: Any, origin: str) -> Any:
     """Range and form of one setting (after its type): a ConfigError naming the key."""
     if key in _POSITIVE and not value > 0:
@@ -247,6 +276,10 @@ def _check_value(key: str, value: Any, origin: str) -> Any:
         )
     if key in ("database_url", "zookeeper", "node_name", "zookeeper_root") and not value.strip():
         raise errors.ConfigError(f"{origin}: must not be empty", field=key)
+    if key in _ZOOKEEPER_FILES and (not value.startswith("/") or "\0" in value):
+        raise errors.ConfigError(
+            f"{origin}: must be an absolute file path, got {limits.describe(value)}", field=key
+        )
     return value
 
 
@@ -437,6 +470,20 @@ def _file_host(raw: Any, origin: str, text: str) -> HostConfig:
                 f"got {limits.describe(value)}",
             )
         values["rescan_seconds"] = float(value)
+    if "api_url" in raw:
+        api_url = raw["api_url"]
+        if not isinstance(api_url, str) or not api_url.startswith(("http://", "https://")):
+            raise refuse(
+                "api_url", f"must be an http:// or https:// URL, got {limits.describe(api_url)}"
+            )
+        values["api_url"] = api_url
+    if "token_file" in raw:
+        token_file = raw["token_file"]
+        if not isinstance(token_file, str) or not token_file.startswith("/") or "\0" in token_file:
+            raise refuse(
+                "token_file", f"must be an absolute file path, got {limits.describe(token_file)}"
+            )
+        values["token_file"] = token_file
     return HostConfig(**values)
 
 

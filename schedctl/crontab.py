@@ -28,10 +28,12 @@ MAX_LINES = 100_000
 MAX_LINE_LENGTH = 64 * 1024
 SYSTEM_PATHS = ("/etc/crontab",)
 SYSTEM_DIRS = ("/etc/cron.d",)
+SPOOL_DIRS = ("/var/spool/cron/crontabs", "/var/spool/cron")
 _ENV = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*?)\s*$", re.ASCII)
-_FIVE = re.compile(r"\s*(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)(?:\s+(.*))?$")
-_MACRO = re.compile(r"\s*(@\S+)(?:\s+(.*))?$")
-_USER = re.compile(r"(\S+)(?:\s+(.*))?$", re.DOTALL)
+# ASCII: cron's fields are split at C's isspace, not at Unicode's separators
+_FIVE = re.compile(r"\s*(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)(?:\s+(.*))?$", re.ASCII)
+_MACRO = re.compile(r"\s*(@\S+)(?:\s+(.*))?$", re.ASCII)
+_USER = re.compile(r"(\S+)(?:\s+(.*))?$", re.DOTALL | re.ASCII)
 _NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+", re.ASCII)
 # words before the program that says what a line does (cd /; test -x X || ...; nice ...)
 _WRAPPERS = frozenset(
@@ -88,6 +90,15 @@ def is_system_crontab(path: str) -> bool:
     return str(pure) in SYSTEM_PATHS or str(pure.parent) in SYSTEM_DIRS
 
 
+def spool_user(path: str) -> str | None:
+    """The user whose crontab `path` is, when it is a file of cron's spool
+    (/var/spool/cron/crontabs/NAME, Debian's; /var/spool/cron/NAME, cronie's), else None."""
+    pure = PurePath(path)
+    if str(pure.parent) in SPOOL_DIRS and ACCOUNT.fullmatch(pure.name):
+        return pure.name
+    return None
+
+
 def convert(
     text: str,
     *,
@@ -112,7 +123,11 @@ def convert(
             f"{host_group!r} must be 1-63 letters, digits and . _ -", field="--host-group"
         )
     load_zone(timezone, "--tz")
-    lines = text.splitlines()
+    # cron ends a line at "\n" only: str.splitlines would also split at VT, FF, FS, GS,
+    # RS, NEL, LS and PS, and make an active entry of what follows one in a comment
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
     if len(lines) > MAX_LINES:
         raise errors.ValidationError(f"has more than {MAX_LINES} lines", field="crontab")
     result = Conversion()
@@ -126,6 +141,10 @@ def convert(
         if not stripped or stripped.startswith("#"):
             continue
         try:
+            if "\0" in line:
+                # cron's C strings end at a NUL: whatever it would make of the line, it is
+                # not what the line shows
+                raise _Skip("contains a NUL byte")
             if len(line) > MAX_LINE_LENGTH:
                 raise _Skip(f"is longer than {MAX_LINE_LENGTH} characters")
             env = _ENV.match(line)
@@ -135,7 +154,7 @@ def convert(
                 continue
             job = _entry(line, state, system=system, user=user, host_group=host_group)
         except _Skip as skip:
-            result.skipped.append(Skipped(number, stripped, skip.reason))
+            result.skipped.append(Skipped(number, stripped.replace("\0", "\\0"), skip.reason))
             continue
         job["name"] = _unique(_base_name(job), names)
         result.jobs.append(job)

@@ -135,10 +135,12 @@ class Unauthorized(SchedError):
     code = "unauthorized"
 
 
-class Forbidden(Unauthorized):
-    """Credentials that do not allow this request: the web console's missing or wrong CSRF
-    token, a cross-site Origin, a token the console does not take."""
+class Forbidden(SchedError):
+    """The credentials are valid but may not do this: a host token outside its host's
+    queues and jobs (schedctl.host_scope), or on the web console; the console's missing or
+    wrong CSRF token, or a cross-site Origin."""
 
+    exit_code = 6
     http_status = 403
     code = "forbidden"
 

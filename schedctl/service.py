@@ -21,6 +21,7 @@ from schedctl.alerts.model import AlertConfig, parse_alerts
 from schedctl.alerts.policy import AlertPolicy
 from schedctl.closing import Closing
 from schedctl.create_combiner import CreateCombiner
+from schedctl.host_scope import HostScope
 from schedctl.jobpatch import JobPatch, parse_job_patch
 from schedctl.jobspec import parse_job_request, parse_schedule
 from schedctl.limits import DEFAULT_MAX_PAYLOAD_BYTES
@@ -120,9 +121,20 @@ class Scheduler(Closing):
             tenant, max_jobs=max_jobs, create_rate_per_minute=create_rate_per_minute, actor=actor
         )
 
-    def new_token(self, tenant: str, *, actor: str) -> str:
-        """Another API token for the tenant (shown this once); the old ones stay valid."""
-        return self.tenants.new_token(tenant, actor=actor)
+    def new_token(
+        self,
+        tenant: str,
+        *,
+        actor: str,
+        host: str | None = None,
+        groups: Sequence[str] = (),
+    ) -> str:
+        """Another API token for the tenant (shown this once); the old ones stay valid. With
+        `host`: a host token, limited to that host's queues and jobs (and its `groups`')."""
+        if host is None and groups:
+            raise errors.ValidationError("--group goes with --host", field="group")
+        scope = HostScope.make(host, groups) if host is not None else None
+        return self.tenants.new_token(tenant, actor=actor, host=scope)
 
     def list_tokens(self, tenant: str) -> list[TokenInfo]:
         return self.tenants.list_tokens(tenant)

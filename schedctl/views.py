@@ -114,6 +114,8 @@ def token_to_dict(token: TokenInfo) -> dict[str, Any]:
         "created_at": format_instant(token.created_at),
         "revoked_at": _instant(token.revoked_at),
         "active": token.revoked_at is None,
+        "host": token.host.host if token.host is not None else None,
+        "groups": list(token.host.groups) if token.host is not None else [],
     }
 
 

@@ -74,6 +74,7 @@ def check_configuration(file: str | None, *, bind: bool = True) -> str:
         except OSError:  # pragma: no cover - load_config just read it
             text = ""
     _check_database_url(config, path, text)
+    zookeeper = _check_zookeeper(config, path, text)
     for index, spec in enumerate(config.workers):
         problem = _command_problem(spec.command[0])
         if problem:
@@ -105,7 +106,28 @@ def check_configuration(file: str | None, *, bind: bool = True) -> str:
         count = sum(len(f.jobs) for f in files)
         jobs = f", [host] {config.host.name}: {len(files)} job file(s), {count} job(s)"
     where = path or "no configuration file (defaults and environment)"
-    return f"{where}: ok ({len(config.workers)} [[worker]] table(s){jobs})"
+    return f"{where}: ok ({len(config.workers)} [[worker]] table(s){jobs}{zookeeper})"
+
+
+def _check_zookeeper(config: Config, path: Path | None, text: str) -> str:
+    """The connection string, the credentials (file readable, one user:password line) and
+    the TLS files (they load), as the dispatcher will use them; the summary's ZooKeeper
+    part (what protects the connection, never the secret)."""
+    from schedctl.coordination.zkaccess import ZooKeeperAccess
+    from schedctl.coordination.zookeeper import check_hosts
+
+    if not config.zookeeper:
+        return ""
+    try:
+        check_hosts(config.zookeeper)
+        access = ZooKeeperAccess.from_config(config)
+    except errors.ConfigError as exc:
+        key = exc.field or "zookeeper"
+        problem = str(exc).removeprefix(f"{key}: ")
+        error = errors.ConfigError(_at(path, text, key, problem))
+        error.field = key
+        raise error from exc
+    return f", zookeeper {config.zookeeper}: {access.describe()}"
 
 
 def _check_database_url(config: Config, path: Path | None, text: str) -> None:

@@ -12,6 +12,7 @@ from schedctl.alerts.metrics import export_last_success
 from schedctl.config import Config, WorkerConfig
 from schedctl.coordination.base import Coordinator
 from schedctl.coordination.local import LocalCoordinator
+from schedctl.coordination.zkaccess import ZooKeeperAccess
 from schedctl.coordination.zookeeper import ZooKeeperCoordinator
 from schedctl.storage.alerts import last_successes
 from schedctl.storage.claim import ClaimResult
@@ -40,6 +41,7 @@ def make_coordinator(store: Store, config: Config) -> Coordinator:
             node_name=config.node_name,
             root=config.zookeeper_root,
             session_timeout=config.session_timeout_seconds,
+            access=ZooKeeperAccess.from_config(config),
         )
     return LocalCoordinator(store, config.node_name)
 

@@ -23,6 +23,7 @@ MAX_BYTES = 16 * 1024 * 1024
 # below this many lines the conversion is instant and a bar would only flicker
 PROGRESS_MIN_LINES = 2000
 _FILE_CHARS = re.compile(r"[^A-Za-z0-9._-]+", re.ASCII)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _ZONE_LINE = re.compile(r"^\s*(?:CRON_TZ|TZ)\s*=", re.MULTILINE)
 
 
@@ -33,7 +34,12 @@ def import_crontab(
     ],
     user: Annotated[
         str | None,
-        typer.Option("--user", "-u", help="User the jobs of a user crontab run as."),
+        typer.Option(
+            "--user",
+            "-u",
+            help="User the jobs of a user crontab run as (required for a user crontab, "
+            "unless the file is cron's spool file of that user: /var/spool/cron/crontabs/NAME).",
+        ),
     ] = None,
     host_group: Annotated[
         str | None,
@@ -62,9 +68,20 @@ def import_crontab(
     force: Annotated[bool, typer.Option("--force", help="Replace an existing file.")] = False,
     output: OutputOption = None,
 ) -> None:
-    """Convert a crontab into a jobs.d file (apply it with `schedctl apply`)."""
+    """Convert a crontab into a jobs.d file (apply it with `schedctl apply`). Exits 1 when
+    it skipped lines (each listed with its number and reason), after writing the rest."""
     text = _read(file)
     is_system = crontab.is_system_crontab(file) if system is None else system
+    if not is_system and user is None:
+        user = crontab.spool_user(file) if file != "-" else None
+        if user is None:
+            # without a user the jobs would run as the worker's own user: root
+            raise errors.ValidationError(
+                "a user crontab (no user column) needs --user, the user its jobs run as "
+                "(else they would run as the worker's own user, root); a file with a user "
+                "column is a system crontab: --system",
+                field="--user",
+            )
     zone = tz or ("UTC" if _ZONE_LINE.search(text) else host_zone())
     with _progress(text.count("\n") + 1) as progress:
         result = crontab.convert(
@@ -97,6 +114,7 @@ def import_crontab(
                 "file": str(target),
                 "written": bool(result.jobs) and not dry_run,
                 "system": is_system,
+                "user": user,
                 "timezone": zone,
                 "jobs": [
                     {
@@ -117,16 +135,10 @@ def import_crontab(
             sys.stdout.flush()
         for skip in result.skipped:
             err_console.print(
-                f"skipped line {skip.line}: {skip.reason}: {skip.text}",
+                f"skipped line {skip.line}: {skip.reason}: {_shown(skip.text)}",
                 markup=False,
                 highlight=False,
                 soft_wrap=True,
-            )
-        if result.jobs and not is_system and user is None:
-            err_console.print(
-                "note: no --user: the jobs run as the worker's own user",
-                markup=False,
-                highlight=False,
             )
         if not dry_run and result.jobs:
             say(
@@ -135,6 +147,14 @@ def import_crontab(
             )
     if not result.jobs and result.skipped:
         raise errors.ValidationError("no line could be converted", field="crontab")
+    if result.skipped:
+        raise typer.Exit(1)  # the rest is written; the skipped lines are listed above
+
+
+def _shown(text: str) -> str:
+    """A line as the terminal may show it: control and line-separator characters escaped
+    (a VT, an ESC sequence or a NEL cannot redraw the screen or forge a line)."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def host_zone() -> str:
@@ -208,12 +228,15 @@ def _check_names(out: Path, target: Path, jobs: list[dict[str, Any]], *, force: 
 def _write(target: Path, content: str, *, force: bool) -> None:
     try:
         target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        # written whole or not at all: a worker may read the directory at any moment
+        # written whole or not at all: a worker may read the directory at any moment.
+        # 0600 from its creation (mkstemp's mode): a crontab's lines may hold secrets
+        # (passwords in commands, tokens in variables), and no one but its owner may read
+        # them, not even for a moment; the worker (root, or this file's owner) still can
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".import-", suffix=".tmp")
         try:
+            os.fchmod(fd, 0o600)
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(content)
-            os.chmod(tmp, 0o644)  # workers refuse job files others can write
             if not force and target.exists():
                 raise errors.Conflict(f"{target} exists (--force replaces it)", field="--out")
             os.replace(tmp, target)

@@ -5,6 +5,12 @@ Layout under `root` (inside the connection string's chroot, if any):
     members/{node}       ephemeral, JSON {"host", "pid"}: the member list assignment uses
     owners/{partition}   ephemeral, data = node name: the partition's current owner
 
+With credentials (`zkaccess`), every one of these nodes (the root and the two parents
+included) is created with the ACL "our digest identity: ALL", and at start the root and the
+two parents are set to it if they exist with another ACL (a tree made before auth was
+turned on), so no client without the credentials can add a member, take or free a
+partition, or change who owns one.
+
 Every member computes the same assignment from the member list (rendezvous hashing, see
 `assignment`). A member owns a partition once it has created the partition's owner node
 AND written that node's creation zxid (czxid) to the partitions table as the fencing
@@ -32,13 +38,14 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
 from kazoo.hosts import collect_hosts
 from kazoo.protocol.states import KazooState
 from kazoo.retry import KazooRetry
 
 from schedctl import errors, retrying
 from schedctl.coordination.assignment import partitions_for
+from schedctl.coordination.zkaccess import ZooKeeperAccess, denied_hint
 from schedctl.storage.partitions import PartitionRepo
 from schedctl.storage.store import Store
 
@@ -118,6 +125,7 @@ class ZooKeeperCoordinator:
         partition_count: int | None = None,
         session_timeout: float = 10.0,
         on_change: Callable[[], None] | None = None,
+        access: ZooKeeperAccess | None = None,
     ) -> None:
         check_hosts(hosts)
         if not node_name or "/" in node_name:
@@ -135,6 +143,7 @@ class ZooKeeperCoordinator:
         )
         self.session_timeout = session_timeout
         self.on_change = on_change
+        self.access = access or ZooKeeperAccess()
         self._repo = PartitionRepo(store)
         self._members_path = f"{root}/members"
         self._owners_path = f"{root}/owners"
@@ -155,6 +164,7 @@ class ZooKeeperCoordinator:
         self._suspended_gen = 0  # gen of the last suspension; nodes need re-checking after it
         self._stable = False
         self._rounds = 0
+        self._refused: errors.SchedError | None = None  # the last round's NoAuth, if any
         self._members: tuple[str, ...] = ()
         self._assigned: frozenset[int] = frozenset()
 
@@ -185,6 +195,7 @@ class ZooKeeperCoordinator:
             # leader is found quickly (kazoo's default backoff grows to an hour)
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0),
             command_retry=KazooRetry(max_tries=3, delay=0.1, backoff=2, max_delay=1.0),
+            **self.access.client_kwargs(),
         )
         client.add_listener(self._on_state)
         self._client = client
@@ -212,6 +223,11 @@ class ZooKeeperCoordinator:
                     break
                 self._cond.wait(min(remaining, _SLICE_SECONDS))
             started = self._rounds > 0
+            refused = self._refused
+        if refused is not None:
+            # wrong or missing credentials do not heal by retrying: say so now
+            self.stop()
+            raise refused
         if not started:
             self.stop()
             raise errors.SchedError(
@@ -333,16 +349,20 @@ class ZooKeeperCoordinator:
         backoff = retrying.Backoff(retrying.ZOOKEEPER_ROUND)
         while not self._stop_requested.is_set():
             stable = False
+            refused = None
             with self._lock:
                 events = self._events
             try:
                 stable = self._reconcile()
             except errors.SchedError as exc:
+                if exc.field == "zookeeper_auth_file":
+                    refused = exc
                 log.warning("coordination round failed, retrying: %s", exc)
             except Exception:
                 log.exception("coordination round failed, retrying")
             with self._cond:
                 self._stable = stable and self._events == events
+                self._refused = refused
                 self._rounds += 1
                 self._cond.notify_all()
             self._notify_change()
@@ -447,15 +467,59 @@ class ZooKeeperCoordinator:
         return f"{self._owners_path}/{partition}"
 
     def _ensure_paths(self, deadline: float) -> None:
+        # ensure_path creates missing parents with the client's default ACL (ours)
         for path in (self._members_path, self._owners_path):
             outcome = self._await(self._client.ensure_path_async(path), deadline)
+            if isinstance(outcome.error, NoAuthError):
+                raise errors.SchedError(
+                    f"ZooKeeper at {self.hosts} refused to create {path} (NoAuth): "
+                    f"{denied_hint(self.access)}",
+                    field="zookeeper_auth_file",
+                )
             if not outcome.answered or outcome.error is not None:
                 raise errors.SchedError(
                     f"cannot create {path} in ZooKeeper at {self.hosts}: "
                     f"{outcome.error or 'no answer'} (does the chroot exist?)",
                     field="zookeeper",
                 )
+        if self.access.acl is not None:
+            self._restrict(self.access.acl, deadline)
         self._paths_ok = True
+
+    def _restrict(self, acl: list[Any], deadline: float) -> None:
+        """The root and its two parents get our ACL if they have another one (made before
+        credentials were configured, or by someone else): an open parent would let anyone
+        create member or owner nodes."""
+        paths = (self.root, self._members_path, self._owners_path)
+        found = self._gather({p: self._client.get_acls_async(p) for p in paths}, deadline)
+        wanted = set(acl)
+        for path, outcome in found.items():
+            if isinstance(outcome.error, NoAuthError):
+                raise errors.SchedError(
+                    f"ZooKeeper at {self.hosts} refused to show the ACL of {path} (NoAuth): "
+                    f"{denied_hint(self.access)}",
+                    field="zookeeper_auth_file",
+                )
+            if not outcome.answered or outcome.error is not None:
+                raise errors.SchedError(
+                    f"cannot read the ACL of {path}: {outcome.error or 'no answer'}",
+                    field="zookeeper",
+                )
+            if set(outcome.value[0]) == wanted:
+                continue
+            changed = self._await(self._client.set_acls_async(path, acl), deadline)
+            if isinstance(changed.error, NoAuthError):
+                raise errors.SchedError(
+                    f"{path} in ZooKeeper at {self.hosts} has an ACL that does not let "
+                    f"{self.access.user!r} administer it (NoAuth): {denied_hint(self.access)}",
+                    field="zookeeper_auth_file",
+                )
+            if not changed.answered or changed.error is not None:
+                raise errors.SchedError(
+                    f"cannot set the ACL of {path}: {changed.error or 'no answer'}",
+                    field="zookeeper",
+                )
+            log.warning("%s had another ACL: now only %r may use it", path, self.access.user)
 
     def _register(self, session: int, deadline: float) -> None:
         path = self._member_path()
@@ -466,6 +530,12 @@ class ZooKeeperCoordinator:
             if created.answered and created.error is None:
                 self._registered = True
                 return
+            if isinstance(created.error, NoAuthError):
+                self._paths_ok = False  # look at the parents' ACL again next round
+                raise errors.SchedError(
+                    f"ZooKeeper refused to register {path} (NoAuth): {denied_hint(self.access)}",
+                    field="zookeeper_auth_file",
+                )
             if not isinstance(created.error, NodeExistsError):
                 raise errors.SchedError(f"cannot register {path}: {created.error or 'no answer'}")
             found = self._await(self._client.exists_async(path), deadline)
@@ -567,8 +637,9 @@ class ZooKeeperCoordinator:
                 self._nodes[p] = _stat(outcome.value[1]).czxid
             elif isinstance(outcome.error, NodeExistsError):
                 taken.append(p)
-            elif isinstance(outcome.error, NoNodeError):
-                self._paths_ok = False  # someone deleted our tree
+            elif isinstance(outcome.error, NoNodeError | NoAuthError):
+                # someone deleted our tree, or its ACL is not ours: _ensure_paths says which
+                self._paths_ok = False
                 settled = False
             else:
                 self._uncertain.add(p)  # connection trouble: it may have been created

@@ -265,7 +265,8 @@ _IPV6_SPECIAL: tuple[tuple[str, str], ...] = (
 # Cloud instance metadata and host services, refused by name: AWS/GCP/Azure/OCI/DigitalOcean
 # (169.254.169.254), AWS ECS and EKS credentials (169.254.170.2, .23), Azure WireServer
 # (168.63.129.16: a public address!), Alibaba (100.100.100.200), OCI legacy (192.0.0.192),
-# AWS IMDS, DNS and EKS over IPv6 (fd00:ec2::254, ::253, ::23). Only an allow-list CIDR
+# AWS IMDS, DNS and EKS over IPv6 (fd00:ec2::254, ::253, ::23), GCP over IPv6 (fd20:ce::254).
+# Only an allow-list CIDR
 # containing one of them lets it through, never an allowed host name (whose DNS the tenant
 # may control).
 _METADATA_ADDRESSES: tuple[str, ...] = (
@@ -278,6 +279,7 @@ _METADATA_ADDRESSES: tuple[str, ...] = (
     "fd00:ec2::254",
     "fd00:ec2::253",
     "fd00:ec2::23",
+    "fd20:ce::254",
 )
 METADATA_REASON = "cloud metadata service"
 

@@ -1,5 +1,6 @@
-"""Owns what a host's worker trusts of its job files: the permission rule (cron's), the set of
-files currently loaded (rescanned on demand), the resolution of a run's reference
+"""Owns what a host's worker trusts of its job files: the permission rule (cron's, applied to
+each file as it is opened once: schedctl.jobfiles.opening), the set of files currently
+loaded (rescanned on demand), the resolution of a run's reference
 {job_file, job} to a Job of those files, and the account a job runs as.
 
 A run's payload only *names* a job: the command, user, environment and working directory
@@ -21,82 +22,42 @@ from pathlib import Path
 from typing import Any
 
 from schedctl import errors
-from schedctl.jobfiles.load import MAX_FILES, load_file
+from schedctl.jobfiles.load import MAX_FILES, load_dir, read_job_file
 from schedctl.jobfiles.model import Job, JobFile, JobFilesError, Problem
+from schedctl.jobfiles.opening import OpenDir, Refused, account_name, file_stamp, open_dir
 from schedctl.jobfiles.placement import queue_for, runs_here
 
 log = logging.getLogger(__name__)
 
-# group- or other-writable: anyone in the group could make the worker run their command
-UNSAFE_MODE = stat.S_IWGRP | stat.S_IWOTH
-
-
-def _account_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
-
-
-def _judged(path: str | Path) -> tuple[Path, list[Path], list[Path]]:
-    """What permission_problem judges of `path`: the file after symlinks; the directories
-    holding it and holding the entry itself (the two differ only for a symlink); and every
-    directory above those, up to /."""
-    real = Path(os.path.realpath(path))
-    holder = Path(os.path.realpath(os.path.dirname(os.path.abspath(path))))
-    near = list(dict.fromkeys((holder, real.parent)))
-    above = list(dict.fromkeys(a for d in near for a in d.parents if a not in near))
-    return real, near, above
+_account_name = account_name
 
 
 def permission_problem(path: str | Path, uid: int | None = None) -> str | None:
-    """Why the job file `path` must not be trusted, or None. As cron does: the file (after
-    symlinks), the directory holding it and the directory holding `path` itself must be
-    owned by root or by `uid` (default: this process's effective user) and writable by
-    neither group nor others. As OpenSSH's StrictModes does: so must every directory above
-    them, up to /, or a writable one may have the sticky bit (as /tmp does), which keeps
-    others from renaming or removing what they do not own."""
-    uid = os.geteuid() if uid is None else uid
-    real, near, above = _judged(path)
-    # near: in a directory anyone can write, anyone could put a job file, or a symlink to
-    # any root-owned job file. Above: anyone who can write one could rename the jobs
-    # directory away and put their own in its place
-    judged = [*(("directory", d, False) for d in near), *(("directory", d, True) for d in above)]
-    for what, target, sticky_will_do in (*judged, ("file", real, False)):
+    """Why the job file `path` must not be trusted, or None: as the worker judges it when
+    it loads it (schedctl.jobfiles.opening): the file is a regular file, not a symlink; it
+    and every directory from / down to it are owned by root or by `uid` (default: this
+    process's effective user) and writable by neither group nor others, except that a
+    directory above the jobs directory may be writable with the sticky bit (as /tmp)."""
+    path = os.path.abspath(path)
+    try:
+        opened = open_dir(os.path.dirname(path), uid)
+    except OSError as exc:
+        return f"directory {os.path.dirname(path)} cannot be read: {exc.strerror or exc}"
+    with opened:
         try:
-            info = os.stat(target)
+            opened.read(os.path.basename(path))
+        except Refused as exc:
+            return exc.reason
         except OSError as exc:
-            return f"{what} {target} cannot be read: {exc.strerror or exc}"
-        if what == "file" and not stat.S_ISREG(info.st_mode):
-            return f"{real} is not a regular file"
-        if info.st_uid not in (0, uid):
-            return (
-                f"{what} {target} is owned by {_account_name(info.st_uid)}, not by root or "
-                f"the worker's user ({_account_name(uid)})"
-            )
-        if info.st_mode & UNSAFE_MODE and not (sticky_will_do and info.st_mode & stat.S_ISVTX):
-            return (
-                f"{what} {target} is writable by group or others (mode "
-                f"{stat.S_IMODE(info.st_mode):04o}; chmod go-w)"
-            )
+            return f"file {path} cannot be read: {exc.strerror or exc}"
     return None
 
 
-def _signature(path: Path) -> tuple[object, ...] | None:
-    """What changes when the file, its target, or a directory permission_problem judges is
-    edited, replaced, re-owned or chmod-ed (None: gone)."""
-    try:
-        real, near, above = _judged(path)
-        file = os.stat(real)
-        directories = [os.stat(d) for d in (*near, *above)]
-    except OSError:
-        return None
-    return (
-        str(real),  # first: _entry matches a reference's real path against it
-        *(file.st_ino, file.st_size, file.st_mtime_ns, file.st_ctime_ns),
-        *(file.st_mode, file.st_uid),
-        *((d.st_ino, d.st_mode, d.st_uid) for d in directories),
-    )
+def _signature(opened: OpenDir, name: str, info: os.stat_result) -> tuple[object, ...]:
+    """What changes when the file (`info`: its lstat or fstat), or a directory walked to
+    it, is edited, replaced, re-owned or chmod-ed."""
+    # the real path first: _entry matches a reference's real path against it
+    return (opened.path_of(name), *file_stamp(info), *opened.stamps)
 
 
 def placement_problem(job: Job, host: str, groups: Iterable[str], queue: str) -> str | None:
@@ -156,9 +117,9 @@ class HostFiles:
     def __post_init__(self) -> None:
         self.directory = Path(os.path.abspath(self.directory))
 
-    def _paths(self) -> list[Path]:
+    def _open(self) -> OpenDir | None:
         try:
-            names = sorted(os.listdir(self.directory))
+            opened = open_dir(self.directory, self.uid)
         except OSError as exc:
             if not self._missing_logged:
                 log.warning(
@@ -167,34 +128,52 @@ class HostFiles:
                     exc.strerror or exc,
                 )
                 self._missing_logged = True
-            return []
+            return None
         self._missing_logged = False
-        paths = [self.directory / n for n in names if n.endswith(".toml") and n[0] != "."]
-        if len(paths) > MAX_FILES:
-            log.error("job files: %s holds more than %d files; only the first are read",
-                      self.directory, MAX_FILES)  # fmt: skip
-        return [p for p in paths[:MAX_FILES] if p.is_file()]
+        return opened
 
     def scan(self) -> Changes:
-        """Reload the files that were added or changed, forget the removed ones."""
+        """Reload the files that were added or changed, forget the removed ones. The
+        directory is walked once (opening.open_dir) and each file is opened, judged and
+        read through one descriptor: what is loaded is what was judged."""
         added: list[str] = []
         changed: list[str] = []
         refused: list[Problem] = []
         seen: set[str] = set()
-        for path in self._paths():
-            key = str(path)
-            seen.add(key)
-            signature = _signature(path)
-            with self._lock:
-                old = self._entries.get(key)
-            if old is not None and old.signature == signature:
-                refused.extend(old.problems)
-                continue
-            entry = self._load(path, signature)
-            refused.extend(entry.problems)
-            with self._lock:
-                self._entries[key] = entry
-            (changed if old is not None else added).append(key)
+        opened = self._open()
+        try:
+            names = opened.names() if opened is not None else []
+        except OSError:
+            names = []
+        names = [n for n in names if n.endswith(".toml") and n[0] != "."]
+        if len(names) > MAX_FILES:
+            log.error("job files: %s holds more than %d files; only the first are read",
+                      self.directory, MAX_FILES)  # fmt: skip
+        try:
+            for name in names[:MAX_FILES]:
+                assert opened is not None
+                try:
+                    info = opened.lstat(name)
+                except OSError:
+                    continue  # gone since the listing
+                if stat.S_ISDIR(info.st_mode):
+                    continue
+                key = str(self.directory / name)
+                seen.add(key)
+                signature = _signature(opened, name, info)
+                with self._lock:
+                    old = self._entries.get(key)
+                if old is not None and old.signature == signature:
+                    refused.extend(old.problems)
+                    continue
+                entry = self._load(opened, name, Path(key), signature)
+                refused.extend(entry.problems)
+                with self._lock:
+                    self._entries[key] = entry
+                (changed if old is not None else added).append(key)
+        finally:
+            if opened is not None:
+                opened.close()
         with self._lock:
             removed = sorted(k for k in self._entries if k not in seen)
             for key in removed:
@@ -204,23 +183,26 @@ class HostFiles:
             log.info("job files: %s removed; its jobs are no longer defined here", key)
         return changes
 
-    def _load(self, path: Path, signature: tuple[object, ...] | None) -> _Entry:
-        problem = permission_problem(path, self.uid)
-        if problem is not None:
-            log.error("job files: %s refused: %s", path, problem)
-            return _Entry(signature, problems=(Problem(str(path), None, "file", problem),))
+    def _load(
+        self, opened: OpenDir, name: str, path: Path, signature: tuple[object, ...]
+    ) -> _Entry:
         try:
-            loaded = load_file(path)
+            read = read_job_file(opened, name, path)
         except JobFilesError as exc:
             for each in exc.problems:
                 log.error("job files: %s not loaded: %s", path, each)
             return _Entry(signature, problems=exc.problems)
+        if read is None:  # a directory since the lstat
+            return _Entry(None)
+        # the descriptor's own fstat: what was judged and read (a change since the lstat
+        # makes the next scan read it again)
+        info, loaded = read
         log.info(
             "job files: %s loaded (%s)",
             path,
             ", ".join(j.name for j in loaded.jobs) or "no jobs",
         )
-        return _Entry(signature, file=loaded)
+        return _Entry(_signature(opened, name, info), file=loaded)
 
     def files(self) -> list[JobFile]:
         with self._lock:
@@ -305,26 +287,10 @@ class HostFiles:
 
 def check_dir(directory: str | Path, uid: int | None = None) -> list[JobFile]:
     """`scheduled-d check-config`: every job file of `directory` as the worker would load
-    it, validated together (names unique across files); the permission refusals and every
-    validation problem raised at once as JobFilesError (FILE:LINE: key)."""
-    from schedctl.jobfiles.load import load_dir
-
-    root = Path(directory)
-    problems: list[Problem] = []
-    if root.is_dir():
-        for path in sorted(root.glob("*.toml")):
-            if not path.name.startswith(".") and path.is_file():
-                reason = permission_problem(path, uid)
-                if reason:
-                    problems.append(Problem(str(path), None, "file", f"refused: {reason}"))
-    try:
-        files = load_dir(root)
-    except JobFilesError as exc:
-        problems.extend(exc.problems)
-        files = []
-    if problems:
-        raise JobFilesError(problems)
-    return files
+    it (the same opening and judgement), validated together (names unique across files);
+    the permission refusals and every validation problem raised at once as JobFilesError
+    (FILE:LINE: key)."""
+    return load_dir(directory, uid)
 
 
 @dataclass(frozen=True)

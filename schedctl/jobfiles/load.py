@@ -10,7 +10,10 @@ instant has passed is for whoever applies them.
 from __future__ import annotations
 
 import difflib
+import errno
+import os
 import re
+import stat
 import tomllib
 from collections.abc import Mapping
 from datetime import UTC, date, datetime, time
@@ -29,6 +32,7 @@ from schedctl.jobfiles.model import (
     RunOn,
     RunOnKind,
 )
+from schedctl.jobfiles.opening import OpenDir, Refused, open_dir
 from schedctl.jobfiles.tomllines import Path as KeyPath
 from schedctl.jobfiles.tomllines import key_lines, locate
 
@@ -39,12 +43,15 @@ JOB_KEYS = (
     "command", "shell", "shell_path", "stdin",
     "user", "group", "workdir", "env",
     "timeout", "retry", "misfire_policy", "grace", "window", "max_concurrency",
-    "start", "end", "run_on",
+    "start", "end", "run_on", "output",
     "alert_email", "alert_webhook", "alert_command", "alert_on", "alert_no_success",
 )  # fmt: skip
 # passed to jobspec as they are (start and end are checked together)
 LIMIT_KEYS = ("timeout", "retry", "misfire_policy", "grace", "window", "max_concurrency")
 ALERT_EVENTS = ("dead_letter", "failure")
+# where a run's output goes: "central" (its tail in the run history, and the daemon's log),
+# or "local" (the daemon's log / journal of this host only)
+OUTPUT_PLACES = ("central", "local")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", re.ASCII)
 GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", re.ASCII)
 # POSIX-portable user and group names (useradd's own rule, plus upper case and dots)
@@ -70,44 +77,83 @@ class _Refused(Exception):
         self.message = message
 
 
-def load_dir(directory: str | Path = DEFAULT_DIR) -> list[JobFile]:
-    """Every *.toml file of `directory` (hidden files skipped), in name order, validated
-    together: names are unique across files. Raises JobFilesError listing every problem."""
+def load_dir(directory: str | Path = DEFAULT_DIR, uid: int | None = None) -> list[JobFile]:
+    """Every *.toml file of `directory` (hidden files skipped), in name order, each opened
+    once and judged as the host's worker judges it (schedctl.jobfiles.opening: a file or
+    directory another user owns, or group/other-writable, or a symlinked file, is refused
+    with the reason; `uid` is trusted as root is, default this process's effective user),
+    validated together: names are unique across files. Raises JobFilesError listing every
+    problem."""
     root = Path(directory)
-    if not root.is_dir():
-        raise JobFilesError([Problem(str(root), None, "jobs_dir", "is not a directory")])
-    paths = sorted(p for p in root.glob("*.toml") if not p.name.startswith("."))
-    if len(paths) > MAX_FILES:
-        raise JobFilesError(
-            [Problem(str(root), None, "jobs_dir", f"holds more than {MAX_FILES} job files")]
-        )
+    try:
+        opened = open_dir(root, uid)
+    except OSError as exc:
+        raise JobFilesError([Problem(str(root), None, "jobs_dir", _walk_error(exc))]) from None
     problems: list[Problem] = []
     files: list[JobFile] = []
-    for path in paths:
-        if not path.is_file():
-            continue
-        try:
-            files.append(load_file(path))
-        except JobFilesError as exc:
-            problems.extend(exc.problems)
+    with opened:
+        names = [n for n in opened.names() if n.endswith(".toml") and not n.startswith(".")]
+        if len(names) > MAX_FILES:
+            raise JobFilesError(
+                [Problem(str(root), None, "jobs_dir", f"holds more than {MAX_FILES} job files")]
+            )
+        for name in names:
+            try:
+                read = read_job_file(opened, name, root / name)
+            except JobFilesError as exc:
+                problems.extend(exc.problems)
+                continue
+            if read is not None:
+                files.append(read[1])
     problems.extend(_duplicates(files))
     if problems:
         raise JobFilesError(problems)
     return files
 
 
-def load_file(path: str | Path) -> JobFile:
-    """One job file, validated on its own (names unique within it)."""
-    path = Path(path)
+def _walk_error(exc: OSError) -> str:
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        return "is not a directory"
+    return f"cannot be opened: {exc.strerror or exc}"
+
+
+def read_job_file(opened: OpenDir, name: str, path: Path) -> tuple[os.stat_result, JobFile] | None:
+    """The job file `name` of the directory `opened` (named `path` in problems), opened
+    once, judged and read from that descriptor, then validated: its fstat and its jobs;
+    None for a directory (skipped, as a directory named *.toml is no job file). Raises
+    JobFilesError: refused (why it is not trusted), unreadable, or invalid."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise JobFilesError([Problem(str(path), None, "file", "is not UTF-8 text")]) from None
+        if stat.S_ISDIR(opened.lstat(name).st_mode):
+            return None
+        info, data = opened.read(name)
+    except Refused as exc:
+        raise JobFilesError([Problem(str(path), None, "file", f"refused: {exc.reason}")]) from None
     except OSError as exc:
         reason = exc.strerror or str(exc)
         invalid = Problem(str(path), None, "file", f"cannot be read: {reason}")
         raise JobFilesError([invalid]) from None
-    return parse_text(text, path)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise JobFilesError([Problem(str(path), None, "file", "is not UTF-8 text")]) from None
+    return info, parse_text(text, path)
+
+
+def load_file(path: str | Path, uid: int | None = None) -> JobFile:
+    """One job file, opened once and judged as load_dir does, validated on its own (names
+    unique within it)."""
+    path = Path(path)
+    try:
+        opened = open_dir(os.path.dirname(os.path.abspath(path)), uid)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        invalid = Problem(str(path), None, "file", f"cannot be read: {reason}")
+        raise JobFilesError([invalid]) from None
+    with opened:
+        read = read_job_file(opened, path.name, path)
+    if read is None:
+        raise JobFilesError([Problem(str(path), None, "file", "is not a regular file")])
+    return read[1]
 
 
 def parse_text(text: str, path: str | Path) -> JobFile:
@@ -206,6 +252,7 @@ def _job(table: dict[str, Any], path: Path, line: int, out: list[_Refused]) -> J
     if bounds:
         limits_body.update(bounds)
     run_on = check(_run_on, table)
+    output = check(_output, table)
     alerts = check(_alerts, table)
     if out:
         return None
@@ -225,6 +272,7 @@ def _job(table: dict[str, Any], path: Path, line: int, out: list[_Refused]) -> J
         env=env,
         limits=limits_body,
         run_on=run_on,
+        output=output,
         alerts=alerts,
         enabled=enabled,
         description=description,
@@ -431,6 +479,17 @@ def _run_on(table: Mapping[str, Any]) -> RunOn:
             "starting with a letter or digit",
         )
     return RunOn(kind, group or None)
+
+
+def _output(table: Mapping[str, Any]) -> str:
+    value = table.get("output", "central")
+    if value not in OUTPUT_PLACES:
+        raise _Refused(
+            ("output",),
+            'must be "central" (the output\'s tail in the run history) or "local" (this host\'s '
+            f"daemon log only), got {limits.describe(value)}",
+        )
+    return str(value)
 
 
 def _strings(table: Mapping[str, Any], key: str) -> tuple[str, ...]:

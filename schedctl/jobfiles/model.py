@@ -99,6 +99,9 @@ class Job:
     # the limits in the REST shape, only those the file sets (timeout, retry, grace, ...)
     limits: dict[str, Any] = field(default_factory=dict, hash=False)
     run_on: RunOn = RunOn()
+    # "central": the output's tail goes to the run history; "local": it stays on the host
+    # (the daemon's log, i.e. the journal), the run history gets none
+    output: str = "central"
     alerts: Alerts = Alerts()
     enabled: bool = True
     description: str | None = None
@@ -151,6 +154,9 @@ class Job:
         data = asdict(self)
         data.pop("path")
         data.pop("line")
+        # where the output goes is the host's alone: nothing central changes with it (and
+        # the digests of the jobs applied before the key existed stay the same)
+        data.pop("output")
         text = json.dumps(data, sort_keys=True, default=str, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
 

@@ -111,7 +111,8 @@ def key_lines(text: str) -> dict[Path, int]:
     arrays: dict[tuple[str, ...], int] = {}  # array-of-tables path -> index of its last table
     table: Path = ()
     scanner = _Scanner()
-    for number, line in enumerate(text.splitlines(), 1):
+    # TOML's lines end at LF (or CRLF) only: a U+2028 or U+0085 inside a string is no newline
+    for number, line in enumerate((t.removesuffix("\r") for t in text.split("\n")), 1):
         if not scanner.at_top:
             scanner.scan(line)
             continue

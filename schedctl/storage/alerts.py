@@ -488,3 +488,30 @@ def count_failures(failures: Sequence[Failure]) -> None:
                 f.attempt,
                 f.error,
             )
+
+
+def held_alert(store: Store, alert_id: int, owner: str, tenant_id: str) -> AlertRow | None:
+    """The pending alert `alert_id` of the tenant while its lease is `owner`'s (an API
+    worker settling the command alert it claimed), else None."""
+    a = schema.alerts
+    with store.read() as connection:
+        row = connection.execute(
+            select(a).where(
+                a.c.id == alert_id,
+                a.c.tenant_id == tenant_id,
+                a.c.lease_owner == owner,
+                a.c.status == PENDING,
+            )
+        ).first()
+    if row is None:
+        return None
+    return AlertRow(
+        id=row.id,
+        tenant_id=row.tenant_id,
+        job_id=row.job_id,
+        kind=row.kind,
+        channel=row.channel,
+        destination=row.destination,
+        body=json.loads(row.body),
+        attempt=row.attempt,
+    )

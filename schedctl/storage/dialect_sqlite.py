@@ -6,13 +6,27 @@ claim and the lane reads go row by row; run history is one table, pruned by rete
 from __future__ import annotations
 
 import functools
+import json
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
-from datetime import UTC, date, datetime
+from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Select, Table, bindparam, delete, func, insert, or_, select, text, update
+from sqlalchemy import (
+    Integer,
+    Select,
+    Table,
+    bindparam,
+    cast,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Connection, Engine, RowMapping
 
@@ -27,6 +41,8 @@ from schedctl.storage.dialect import (
     LeaseMark,
     Lock,
     OutcomeWrites,
+    RoleGrants,
+    RunPartitions,
     ServerSessions,
 )
 
@@ -88,14 +104,27 @@ class SqliteDialect:
     def mark_leased(
         self, connection: Connection, leases: Sequence[LeasedRow], mark: LeaseMark
     ) -> None:
-        connection.execute(
-            _mark_leased(),
-            {
-                "ids": [x[0] for x in leases],
-                "b_leased_until": mark.leased_until,
-                "b_lease_owner": mark.owner,
-            },
-        )
+        if isinstance(mark.owner, str):
+            connection.execute(
+                _mark_leased(),
+                {
+                    "ids": [x[0] for x in leases],
+                    "b_leased_until": mark.leased_until,
+                    "b_lease_owner": mark.owner,
+                },
+            )
+        else:
+            # each message its own owner (an API lease's secret): still one statement, the
+            # owners a JSON object by message id
+            connection.execute(
+                _mark_leased_each(),
+                {
+                    "b_leased_until": mark.leased_until,
+                    "b_owners": json.dumps(
+                        {str(x[0]): owner for x, owner in zip(leases, mark.owner, strict=True)}
+                    ),
+                },
+            )
         # the previous attempt's outcome lives on in run_attempts
         self.update_runs(
             connection,
@@ -325,8 +354,11 @@ class SqliteDialect:
     ) -> tuple[datetime | None, dict[int, tuple[str | None, int]]] | None:
         return None  # no row locks, and a local clock
 
-    def run_partition_days(self, today: date, days_ahead: int) -> list[date]:
-        return []  # one runs table; retention deletes old rows
+    def runtime_grants(self, connection: Connection, role: str) -> RoleGrants | None:
+        return None  # a file: who may open it is the file system's business
+
+    def run_partitions(self, connection: Connection) -> RunPartitions | None:
+        return None  # one runs table; retention deletes old rows
 
     def create_run_partition(
         self, connection: Connection, name: str, start: datetime, end: datetime
@@ -547,6 +579,20 @@ def _mark_leased() -> Any:
         .values(
             leased_until=bindparam("b_leased_until", type_=m.c.leased_until.type),
             lease_owner=bindparam("b_lease_owner"),
+        )
+    )
+
+
+@functools.cache
+def _mark_leased_each() -> Any:
+    m = schema.queue_messages
+    owners = func.json_each(bindparam("b_owners")).table_valued("key", "value")
+    return (
+        update(m)
+        .where(m.c.id == cast(owners.c.key, Integer))
+        .values(
+            leased_until=bindparam("b_leased_until", type_=m.c.leased_until.type),
+            lease_owner=owners.c.value,
         )
     )
 

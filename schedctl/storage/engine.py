@@ -1,7 +1,11 @@
-"""Database engines: URL normalisation, SQLite pragmas (WAL, immediate transactions)."""
+"""Database engines: URL normalisation, SQLite pragmas (WAL, immediate transactions), the
+SQLite file's mode (0600 for the owner alone)."""
 
 from __future__ import annotations
 
+import logging
+import os
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +20,10 @@ IDLE_IN_TRANSACTION_MS = 5000
 # A pooled connection idle longer than this is pinged when checked out; one in steady use
 # is not (a pre-ping on every checkout was a round trip per transaction of a busy worker).
 PING_AFTER_IDLE_SECONDS = 1.0
+# the embedded database holds payloads, token digests and signing secrets: its owner's alone
+SQLITE_FILE_MODE = 0o600
+
+log = logging.getLogger(__name__)
 
 
 def normalize_url(url: str) -> str:
@@ -35,6 +43,15 @@ def sets_itself_up(url: str) -> bool:
     """The embedded SQLite default migrates itself when opened; a shared Postgres is
     upgraded on purpose (`schedctl db upgrade`)."""
     return normalize_url(url).startswith("sqlite")
+
+
+def has_roles(url: str) -> bool:
+    """Whether the database at `url` has roles and grants (Postgres), not a file's owner
+    and mode (SQLite)."""
+    try:
+        return make_url(normalize_url(url)).get_backend_name() == "postgresql"
+    except ArgumentError:
+        return False
 
 
 # libpq takes a password as a query parameter too (?password=...)
@@ -148,7 +165,7 @@ READ_ONLY_OPTION = "schedctl_read_only"
 
 def _sqlite_engine(url: str, database: str | None, **kwargs: Any) -> Engine:
     if database and database != ":memory:":
-        Path(database).parent.mkdir(parents=True, exist_ok=True)
+        private_sqlite_file(Path(database))
     kwargs.setdefault("hide_parameters", True)
     engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, **kwargs)
 
@@ -178,6 +195,47 @@ def _sqlite_engine(url: str, database: str | None, **kwargs: Any) -> Engine:
         connection.connection.driver_connection.execute(begin)
 
     return engine
+
+
+def private_sqlite_file(path: Path) -> None:
+    """Make sure the SQLite database at `path` is readable by its owner alone, whatever the
+    umask: a new one is created here with mode 0600 before SQLite opens it (SQLite gives its
+    -wal and -shm files the database file's mode); an existing one (and its -wal and -shm)
+    readable or writable by group or others is tightened to the owner's bits, with a
+    warning, as a file left by an older release or copied in with a loose mode would be."""
+    # a new directory is the owner's alone too: its files' names and sizes say something
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, SQLITE_FILE_MODE)
+    except FileExistsError:
+        pass
+    else:
+        os.close(fd)  # empty: SQLite takes a file of no bytes as a new database
+        return
+    for each in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        try:
+            mode = stat.S_IMODE(each.stat().st_mode)
+        except OSError:
+            continue  # no -wal or -shm (yet): made with the database file's mode
+        if not mode & 0o077:
+            continue
+        try:
+            os.chmod(each, mode & 0o700)
+        except OSError as exc:
+            log.warning(
+                "the SQLite file %s is readable by group or others (mode %04o) and could "
+                "not be tightened (%s): chmod 600 it",
+                each,
+                mode,
+                exc.strerror,
+            )
+        else:
+            log.warning(
+                "the SQLite file %s was readable by group or others (mode %04o): tightened to %04o",
+                each,
+                mode,
+                mode & 0o700,
+            )
 
 
 def check_connection(engine: Engine) -> None:

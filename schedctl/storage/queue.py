@@ -212,11 +212,20 @@ class QueueRepo(Settles[Lease]):
     # -- workers ---------------------------------------------------------------------------
 
     def lease(
-        self, queue: str, owner: str, lease_seconds: float, limit: int = 1, *, tenant_id: str
+        self,
+        queue: str,
+        owner: str | Callable[[], str],
+        lease_seconds: float,
+        limit: int = 1,
+        *,
+        tenant_id: str,
     ) -> list[Lease]:
         """Lease up to `limit` ready messages of the tenant's `queue`, oldest first, never
         more messages of one job at a time than its max_concurrency; marks their runs
-        running. Another tenant's queue of the same name is another queue."""
+        running. Another tenant's queue of the same name is another queue.
+
+        `owner` holds every lease (a direct worker's id), or is called once for each lease
+        taken for that lease's own owner (the API's leases, each with its own secret)."""
         if lease_seconds <= 0:
             raise errors.ValidationError("must be positive", field="lease_seconds")
         if limit < 1:
@@ -233,7 +242,7 @@ class QueueRepo(Settles[Lease]):
         self,
         connection: Connection,
         queue: str,
-        owner: str,
+        owner: str | Callable[[], str],
         lease_seconds: float,
         limit: int,
         tenant_id: str,
@@ -292,7 +301,7 @@ class QueueRepo(Settles[Lease]):
                     retry_max_seconds=c[6],
                     timeout_seconds=c[8],
                     payload=decode_payload(c[9]),
-                    owner=owner,
+                    owner=owner if isinstance(owner, str) else owner(),
                     leased_until=leased_until,
                 )
             )
@@ -301,7 +310,11 @@ class QueueRepo(Settles[Lease]):
             dialect.mark_leased(
                 connection,
                 [(x.message_id, x.job_id, x.scheduled_at, x.attempt) for x in leases],
-                LeaseMark(owner, leased_until, now),
+                LeaseMark(
+                    owner if isinstance(owner, str) else [x.owner for x in leases],
+                    leased_until,
+                    now,
+                ),
             )
         return leases
 

@@ -68,6 +68,9 @@ api_tokens = Table(
     Column("token_hash", String(64), nullable=False, unique=True),
     Column("created_at", UTCDateTime, nullable=False),
     Column("revoked_at", UTCDateTime, nullable=True),
+    # a host token's host and groups (JSON list); NULL for a tenant token (migration 0016)
+    Column("host", String(63), nullable=True),
+    Column("groups", Text, nullable=True),
 )
 
 jobs = Table(
@@ -308,7 +311,7 @@ alerts = Table(
         "job_id", "scheduled_at", "kind", "run_attempt", "channel", name="uq_alerts_dedupe"
     ),
     Index("ix_alerts_due", "status", "channel", "available_at"),
-    # the per-tenant hourly limit counts the tenant's recent deliveries (0019)
+    # the per-tenant hourly limit counts the tenant's recent deliveries (0017)
     Index("ix_alerts_tenant_delivered", "tenant_id", "delivered_at"),
 )
 

@@ -78,3 +78,35 @@ def test_apply_on_two_hosts_from_the_console_script(tmp_path: Path) -> None:
     (jobs_d / "bad.toml").write_text('[[job]]\nname = "x"\nevery = "1h"\n')
     bad = run("apply", str(jobs_d), "--host", "web1", code=2)
     assert f"job.command: {jobs_d / 'bad.toml'}:1:" in bad.stderr
+
+
+def test_apply_refuses_what_the_worker_refuses(tmp_path: Path) -> None:
+    """`schedctl apply` loads a directory as the host's worker does (opened once, judged):
+    a group-writable job file or a symlink is refused with the worker's reason, exit 2, and
+    nothing is written."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULED_")}
+    env["XDG_DATA_HOME"] = str(tmp_path / "data")
+    env["SCHEDULED_DATABASE_URL"] = f"sqlite:///{tmp_path / 'central.db'}"
+    jobs_d = tmp_path / "jobs.d"
+    jobs_d.mkdir(mode=0o755)
+    (jobs_d / "host.toml").write_text(FILE)
+    (jobs_d / "host.toml").chmod(0o664)
+    (tmp_path / "elsewhere.toml").write_text(FILE.replace('"backup"', '"other"'))
+    (jobs_d / "link.toml").symlink_to(tmp_path / "elsewhere.toml")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*schedctl_command(), *args], capture_output=True, text=True, env=env, timeout=120
+        )
+
+    assert run("tenant", "create", "acme").returncode == 0
+    done = run("apply", str(jobs_d), "--host", "web1")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert (
+        f"file: {jobs_d / 'host.toml'}: refused: file {jobs_d / 'host.toml'} is writable by "
+        "group or others (mode 0664; chmod go-w)"
+    ) in done.stderr
+    assert f"refused: {jobs_d / 'link.toml'} is a symbolic link" in done.stderr
+    listed = run("job", "list", "-o", "json")
+    assert json.loads(listed.stdout)["items"] == []

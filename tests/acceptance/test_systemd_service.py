@@ -6,6 +6,7 @@ units through systemd-analyze (verify; security at most 4.0)."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -518,7 +519,9 @@ def test_all_with_the_api_runs_without_writable_executable_memory(
 
 # -- the units -------------------------------------------------------------------------------------
 
-UNITS = sorted(p.name for p in (REPO / "systemd").glob("*.service"))
+# the daemons' services; the owner's maintenance is a oneshot service and its timer
+MAINTENANCE = ("scheduled-d-maintain.service", "scheduled-d-maintain.timer")
+UNITS = sorted(p.name for p in (REPO / "systemd").glob("*.service") if p.name not in MAINTENANCE)
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
 needs_analyze = pytest.mark.skipif(
     SYSTEMD_ANALYZE is None, reason="systemd-analyze is not installed (apt install systemd)"
@@ -531,9 +534,10 @@ def installed_units(tmp_path: Path) -> Path:
     Documentation=); the worker template instantiated for a queue."""
     units = tmp_path / "units"
     units.mkdir()
-    for name in UNITS:
+    for name in (*UNITS, *MAINTENANCE):
         text = (REPO / "systemd" / name).read_text()
         text = text.replace("/usr/local/bin/scheduled-d", str(SCHEDULED_D))
+        text = text.replace("/usr/local/bin/schedctl", str(BIN / "schedctl"))
         (units / name).write_text(text)
     template = units / "scheduled-d-worker@.service"
     shutil.copy(template, units / "scheduled-d-worker@backups.service")
@@ -559,11 +563,67 @@ def test_units_are_notify_services_after_the_network_without_a_shell() -> None:
         assert "/bin/sh" not in exec_start and "$" not in exec_start, (name, exec_start)
 
 
+def ip_address_deny(unit: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """The unit's IPAddressDeny= list as systemd builds it: each line adds its entries, an
+    empty one clears the list."""
+    denied: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+    for line in (REPO / "systemd" / unit).read_text().splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "IPAddressDeny":
+            if not value.strip():
+                denied.clear()
+            denied.extend(ipaddress.ip_network(entry) for entry in value.split())
+    return denied
+
+
+@pytest.mark.parametrize("unit", ["scheduled-d-relay.service", "scheduled-d-all.service"])
+def test_the_relay_units_deny_link_local_and_metadata_addresses(unit: str) -> None:
+    denied = ip_address_deny(unit)
+
+    def blocked(address: str) -> bool:
+        ip = ipaddress.ip_address(address)
+        return any(ip.version == net.version and ip in net for net in denied)
+
+    metadata = [
+        "169.254.169.254",  # AWS, GCP, Azure, OCI, DigitalOcean
+        "169.254.170.2",  # AWS ECS task credentials
+        "169.254.170.23",  # AWS EKS pod identity
+        "169.254.0.1",  # any IPv4 link-local
+        "168.63.129.16",  # Azure WireServer
+        "100.100.100.200",  # Alibaba
+        "192.0.0.192",  # OCI legacy
+        "fd00:ec2::254",  # AWS IMDS over IPv6
+        "fd00:ec2::23",  # AWS EKS pod identity over IPv6
+        "fd20:ce::254",  # GCP metadata over IPv6
+        "fe80::1",  # any IPv6 link-local
+        "febf::1",
+    ]
+    assert [a for a in metadata if not blocked(a)] == []
+    # the databases, ZooKeeper and webhooks stay reachable: loopback, private, public
+    reachable = ["127.0.0.1", "::1", "10.0.0.5", "192.168.1.10", "fd00::5", "93.184.216.34"]
+    assert [a for a in reachable if blocked(a)] == []
+    # an allow list would win over the deny list in systemd, undoing it
+    settings = (REPO / "systemd" / unit).read_text().splitlines()
+    assert not any(line.startswith("IPAddressAllow=") for line in settings)
+
+
+def test_the_maintenance_timer_runs_db_maintain_as_the_owner() -> None:
+    service = (REPO / "systemd" / "scheduled-d-maintain.service").read_text().splitlines()
+    timer = (REPO / "systemd" / "scheduled-d-maintain.timer").read_text().splitlines()
+    assert "Type=oneshot" in service
+    assert "ExecStart=/usr/local/bin/schedctl db maintain --days-ahead 7" in service
+    # the owner's URL comes last, so it overrides the daemons' runtime-role URL
+    files = [line for line in service if line.startswith("EnvironmentFile=")]
+    assert files[-1] == "EnvironmentFile=/etc/scheduled/owner.env"
+    assert "Persistent=true" in timer and "WantedBy=timers.target" in timer
+
+
 @needs_analyze
 def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
     units = installed_units(tmp_path)
     paths = [str(units / n) for n in UNITS if n != "scheduled-d-worker@.service"]
     paths.append(str(units / "scheduled-d-worker@backups.service"))
+    paths.extend(str(units / n) for n in MAINTENANCE)
     result = subprocess.run(
         [str(SYSTEMD_ANALYZE), "verify", *paths],
         capture_output=True,
@@ -590,6 +650,8 @@ def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
         # the cron replacement runs as root, as cron does, so that jobs run as their users:
         # kernel-facing settings only (the unit says how to tighten it for one user)
         ("scheduled-d-host.service", 8.0),
+        # holds the database owner's URL: as tight as the daemons
+        ("scheduled-d-maintain.service", 4.0),
     ],
 )
 def test_units_security_exposure(tmp_path: Path, unit: str, limit: float) -> None:

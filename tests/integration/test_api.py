@@ -734,6 +734,8 @@ def test_openapi_document(server: ApiServer) -> None:
         ("POST", "/v1/leases/{lease_id}/heartbeat"),
         ("POST", "/v1/leases/{lease_id}/ack"),
         ("POST", "/v1/leases/{lease_id}/fail"),
+        ("POST", "/v1/queues/{name}/alert-leases"),
+        ("POST", "/v1/alert-leases/{lease_id}/finish"),
         ("GET", "/v1/jobs/{job_id}/alerts"),
         ("PUT", "/v1/jobs/{job_id}/alerts"),
     }
@@ -741,6 +743,7 @@ def test_openapi_document(server: ApiServer) -> None:
         for operation in item.values():
             if path.startswith("/v1/"):
                 assert "401" in operation["responses"]
+                assert "403" in operation["responses"]  # a host token outside its scope
                 assert operation["responses"]["401"]["content"]["application/json"]["schema"] == {
                     "$ref": "#/components/schemas/ErrorBody"
                 }
@@ -752,6 +755,17 @@ def test_openapi_document(server: ApiServer) -> None:
         "target",
     ]
     assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+    # a job read or updated carries its version as ETag, beside the documented body
+    for path, method in (
+        ("/v1/jobs/{job_id}", "get"),
+        ("/v1/jobs/{job_id}", "patch"),
+        ("/v1/jobs/by-name/{name}", "get"),
+    ):
+        ok = doc["paths"][path][method]["responses"]["200"]
+        assert ok["headers"]["ETag"]["required"] is True
+        assert ok["content"]["application/json"]["schema"] == {
+            "$ref": "#/components/schemas/JobOut"
+        }
 
 
 def test_request_and_quota_metrics(sched: Scheduler, acme: Api) -> None:

@@ -394,6 +394,33 @@ def test_another_tenants_lease_id_is_404(env: Env) -> None:
     assert outcome(env, env.acme, lease_id, "ack").status_code == 404
 
 
+def test_each_lease_of_one_call_has_its_own_secret(env: Env) -> None:
+    runs = [ready_run(env, env.acme) for _ in range(3)]
+    response = env.post(env.acme, "/v1/queues/q/leases", {"limit": 10, "lease_seconds": 30})
+    assert response.status_code == 200, response.text
+    leases = response.json()["items"]
+    assert len(leases) == 3
+    ids = [lease["lease_id"].split(".") for lease in leases]
+    assert len({secret for _, secret in ids}) == 3
+    assert all(len(secret) == 32 for _, secret in ids)  # 128 bits each
+    # the database holds a different digest for each, never a secret
+    owners = {m["id"]: m["lease_owner"] for m in messages(env.sched.store)}
+    assert len(set(owners.values())) == 3
+    assert not any(secret in owner for _, secret in ids for owner in owners.values())
+    # one lease's secret with another's message id acts on nothing
+    (_, first_secret), (second_id, _) = ids[0], ids[1]
+    borrowed = f"{second_id}.{first_secret}"
+    beat = env.post(env.acme, f"/v1/leases/{borrowed}/heartbeat", {"lease_seconds": 30})
+    assert beat.status_code == 404, beat.text
+    assert outcome(env, env.acme, borrowed, "ack").status_code == 404
+    assert outcome(env, env.acme, borrowed, "fail", error="x").status_code == 404
+    assert [run_row(env.sched.store, job, at)["status"] for job, at in runs] == ["running"] * 3
+    # each lease's own id still settles it
+    for lease in leases:
+        assert outcome(env, env.acme, lease["lease_id"], "ack").json() == {"status": "succeeded"}
+    assert [run_row(env.sched.store, job, at)["status"] for job, at in runs] == ["succeeded"] * 3
+
+
 def test_text_no_database_can_hold_is_replaced_or_refused(env: Env) -> None:
     job, at = ready_run(env, env.acme, max_attempts=2)
     (lease,) = env.post(env.acme, "/v1/queues/q/leases", {}).json()["items"]

@@ -237,3 +237,14 @@ def test_the_script_and_stylesheet_are_served_from_the_package(app_client: Brows
     page = app_client.get("/ui/signin").text
     assert '<script src="/ui/static/console.js" defer></script>' in page
     assert page.count("<script") == 1
+
+
+def test_a_host_token_does_not_sign_in(sched: Scheduler, app_client: Browserish) -> None:
+    a = seed(sched, "acme")
+    host_token = sched.new_token(a.tenant.name, actor="test", host="web-1")
+    refused = app_client.post("/ui/signin", data={"token": host_token})
+    assert refused.status_code == 403 and "set-cookie" not in refused.headers
+    assert '<b class="field" id="error-field">token</b>' in refused.text
+    # nor does a cookie holding one open a page
+    app_client.session.cookies.set("sd_console", host_token, path="/ui")
+    assert app_client.get("/ui/jobs").status_code == 303

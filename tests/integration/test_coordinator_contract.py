@@ -19,6 +19,7 @@ from sqlalchemy import func, select
 
 from schedctl.coordination.base import Coordinator
 from schedctl.coordination.local import LocalCoordinator
+from schedctl.coordination.zkaccess import ZooKeeperAccess
 from schedctl.coordination.zookeeper import ZooKeeperCoordinator
 from schedctl.storage import schema
 from schedctl.storage.claim import Claimer
@@ -43,6 +44,8 @@ def store(store: Store) -> Store:
     params=[
         pytest.param("local", id="local"),
         pytest.param("zookeeper", id="zookeeper", marks=pytest.mark.zookeeper),
+        # with digest credentials: every node the members create carries their ACL
+        pytest.param("zookeeper-auth", id="zookeeper-auth", marks=pytest.mark.zookeeper),
     ]
 )
 def make(request: pytest.FixtureRequest, store: Store) -> Iterator[Make]:
@@ -56,7 +59,12 @@ def make(request: pytest.FixtureRequest, store: Store) -> Iterator[Make]:
             coordinator.start()
         else:
             hosts = request.getfixturevalue("zk_hosts")
-            zk = ZooKeeperCoordinator(store, hosts, node_name=name, partition_count=P)
+            access = ZooKeeperAccess(user="contract", password="contract-secret")
+            if request.param == "zookeeper":
+                access = ZooKeeperAccess()
+            zk = ZooKeeperCoordinator(
+                store, hosts, node_name=name, partition_count=P, access=access
+            )
             zk.start(timeout=30)
             # the contract speaks of a settled member; a ZooKeeper one settles in rounds
             assert zk.wait_until_stable(WAIT), f"{name} did not settle"

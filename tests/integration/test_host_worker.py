@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import grp
 import json
+import logging
 import os
 import pwd
 import shutil
@@ -35,7 +36,7 @@ from schedctl.storage.workers import WorkerRepo
 from scheduled_d import signals
 from scheduled_d.host_worker import HostWorker
 from tests.factories import make_tenant
-from tests.integration.queue_support import queued_run, run_row, trigger, wait_for
+from tests.integration.queue_support import attempts, queued_run, run_row, trigger, wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs jobs as other users: root")
 BIN = Path(sys.executable).parent
@@ -123,7 +124,9 @@ def test_a_run_runs_the_command_of_the_host_s_file(
     assert env["SCHED_JOB_ID"] == job
     assert not [n for n in env if n.startswith("SCHEDULED_")]
     assert "AWS_SECRET_ACCESS_KEY" not in env
-    assert json.loads(Path(f"{out}.stdin").read_text()) == payload  # no stdin text: payload
+    # no stdin text: the file's own reference, never the central payload (the API can
+    # change that)
+    assert json.loads(Path(f"{out}.stdin").read_text()) == {"job_file": str(path), "job": "dump"}
     assert Path(f"{out}.pwd").read_text().strip() == str(shared)
 
 
@@ -151,6 +154,34 @@ def test_a_job_runs_as_its_user_and_group_with_its_stdin(
         "from the file",
     ]
     assert out.stat().st_uid == nobody.pw_uid
+
+
+def test_output_local_keeps_the_output_on_the_host(
+    store: Store, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`output = "local"`: the run's output goes to the daemon's log only; its central run
+    record (and attempts, and heartbeats meanwhile) hold none of it, while a job without
+    the key has its tail there as before."""
+    directory = jobs_dir(tmp_path)
+    # printed, then a pause long enough for heartbeats to carry output if any would
+    line = 'echo "out-of-$0"; echo "err-of-$0" >&2; sleep 1.2'
+    path = job_file(
+        directory,
+        "both",
+        shell_job("loud", line.replace("$0", "loud"))
+        + shell_job("quiet", line.replace("$0", "quiet"), 'output = "local"\n'),
+    )
+    loud = queued_run(store, queue=QUEUE, payload=ref(path, "loud"), max_attempts=1)
+    quiet = queued_run(store, queue=QUEUE, payload=ref(path, "quiet"), max_attempts=1)
+    with caplog.at_level(logging.INFO, logger="scheduled_d.output"):
+        assert serve_until_idle(store, directory) == 2
+    loud_row, quiet_row = run_row(store, *loud), run_row(store, *quiet)
+    assert (loud_row["status"], quiet_row["status"]) == ("succeeded", "succeeded")
+    assert "out-of-loud" in loud_row["output_tail"] and "err-of-loud" in loud_row["output_tail"]
+    assert quiet_row["output_tail"] is None
+    assert all(a["output_tail"] is None for a in attempts(store, *quiet))
+    logged = caplog.text
+    assert "out-of-quiet" in logged and "err-of-quiet" in logged  # the journal has it
 
 
 def test_a_payload_naming_no_job_of_the_host_fails_and_runs_nothing(

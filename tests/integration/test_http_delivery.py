@@ -30,7 +30,7 @@ from schedctl.delivery.http import HttpDelivery, parse_retry_after
 from schedctl.models import Verdict
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.service import Scheduler
-from schedctl.signing import IDEMPOTENCY_HEADER, SIGNATURE_HEADER, verify
+from schedctl.signing import IDEMPOTENCY_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
 from schedctl.storage import schema
 from schedctl.storage.jobs import JobRepo
 from schedctl.storage.payloads import configure_payload_cipher, reset_payload_cipher
@@ -128,9 +128,16 @@ def test_a_handler_verifies_a_real_delivery(store: Store) -> None:
         check(request.headers, request.body, path="/jobs/run?source=other")
     with pytest.raises(errors.SignatureError, match="does not match"):
         check(request.headers, request.body, path="/jobs/other?source=sched")
+    # the window is measured from the signed timestamp (whole seconds, rounded down when
+    # signed), not from when the request arrived: the two can lie either side of a
+    # second's boundary, so an arrival + 299 s could be 300.x s after the timestamp
+    signed_at = int(request.headers[TIMESTAMP_HEADER])
     with pytest.raises(errors.SignatureError, match="replay"):
-        check(request.headers, request.body, now=request.at + 301)
-    check(request.headers, request.body, now=request.at + 299)
+        check(request.headers, request.body, now=signed_at + 300.001)
+    check(request.headers, request.body, now=signed_at + 300)
+    check(request.headers, request.body, now=signed_at + 299.999)
+    with pytest.raises(errors.SignatureError, match="future"):
+        check(request.headers, request.body, now=signed_at - 300.001)
     # receivers still on v1 (the old call form) keep working during the deprecation period
     with pytest.warns(DeprecationWarning):
         verify(SECRET, request.headers, request.body)

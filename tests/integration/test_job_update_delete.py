@@ -473,6 +473,51 @@ def test_api_update_delete_and_the_cli_through_it(sched: Scheduler, api: tuple[s
     assert gone.status_code == 204 and gone.content == b""
 
 
+def test_a_read_sends_the_version_as_etag_and_if_match_takes_it_or_a_star(
+    sched: Scheduler, api: tuple[str, str]
+) -> None:
+    url, token = api
+    session = requests.Session()
+    session.headers["Authorization"] = f"Bearer {token}"
+    body = {"name": "tagged", "schedule": {"every": "1h"}, "target": dict(QUEUE)}
+    job = session.post(url + "/v1/jobs", json=body, timeout=30).json()
+    path = f"{url}/v1/jobs/{job['job_id']}"
+    got = session.get(path, timeout=30)
+    assert got.headers["ETag"] == f'"{job["version"]}"'
+    assert (
+        session.get(url + "/v1/jobs/by-name/tagged", timeout=30).headers["ETag"]
+        == (got.headers["ETag"])
+    )
+    # the tag read, as a client sends it back
+    changed = session.patch(
+        path, json={"timeout": "5m"}, headers={"If-Match": got.headers["ETag"]}, timeout=30
+    )
+    assert changed.status_code == 200, changed.text
+    assert changed.headers["ETag"] == f'"{changed.json()["version"]}"' != got.headers["ETag"]
+    # the tag read before that change is stale: 409 and nothing changes
+    stale = session.patch(
+        path, json={"timeout": "9m"}, headers={"If-Match": got.headers["ETag"]}, timeout=30
+    )
+    assert stale.status_code == 409 and stale.json()["error"]["field"] == "version"
+    # * matches whatever version the job has
+    star = session.patch(path, json={"timeout": "7m"}, headers={"If-Match": "*"}, timeout=30)
+    assert star.status_code == 200, star.text
+    assert star.json()["timeout_seconds"] == 420
+    assert star.headers["ETag"] == session.get(path, timeout=30).headers["ETag"]
+    # but not a job that does not exist
+    missing = f"{url}/v1/jobs/{'0' * len(job['job_id'])}"
+    assert (
+        session.patch(missing, json={"timeout": "7m"}, headers={"If-Match": "*"}, timeout=30)
+    ).status_code == 404
+    # a malformed tag is still a 422 naming the header
+    bad = session.patch(path, json={"timeout": "7m"}, headers={"If-Match": "**"}, timeout=30)
+    assert bad.status_code == 422 and bad.json()["error"]["field"] == "If-Match"
+    assert session.get(path, timeout=30).json()["timeout_seconds"] == 420
+    gone = session.delete(path, headers={"If-Match": "*"}, timeout=30)
+    assert gone.status_code == 204
+    assert session.get(path, timeout=30).status_code == 404
+
+
 def test_update_and_delete_take_a_name_or_prefix_and_renames_stay_unique(
     sched: Scheduler,
 ) -> None:

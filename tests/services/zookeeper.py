@@ -7,6 +7,11 @@ judged from the ``srvr`` four-letter command's ``Mode:`` line, every probe with 
 socket timeout because a status command sent during startup can hang (ZOOKEEPER-5051).
 Servers are numbered from 0 (myid is index + 1). Starting, waiting and stopping are
 tests.services.process's.
+
+With `tls`, each server also serves a TLS client port (``secure_hosts``) through Netty, with
+PEM key and trust stores (ZooKeeper 3.8 reads PEM directly; Debian's libnetty-java, a
+dependency of the zookeeper package, has the jars). The plain port stays, for the readiness
+probe. Authentication needs nothing on the server: digest auth and ACLs are stock.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ ZOOKEEPER_JAR = JAVA_DIR / "zookeeper.jar"
 # zookeeper.jar's manifest Class-Path pulls in jute, netty, slf4j-api, metrics, etc.;
 # slf4j-simple is the logging backend (to stderr, which goes to the server's log file).
 CLASSPATH = [ZOOKEEPER_JAR, JAVA_DIR / "slf4j-simple.jar"]
+# NettyServerCnxnFactory (the TLS port) also needs what netty-handler needs; the manifest
+# leaves these two out
+NETTY_CLASSPATH = [JAVA_DIR / "netty-codec.jar", JAVA_DIR / "netty-resolver.jar"]
 MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 TICK_TIME_MS = 500
 MIN_SESSION_TIMEOUT_MS = 1000
@@ -79,6 +87,17 @@ def parse_mode(srvr_reply: str | None) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class ZooKeeperTls:
+    """The TLS client port's settings: `keystore` is one PEM file with the server's private
+    key (PKCS#8) and certificate chain, `truststore` a PEM of the CA(s) client certificates
+    are checked against; `client_auth` is ZooKeeper's ssl.clientAuth (none, want, need)."""
+
+    keystore: Path
+    truststore: Path
+    client_auth: str = "none"
+
+
 @dataclass
 class _Server:
     index: int
@@ -86,6 +105,7 @@ class _Server:
     peer_port: int
     election_port: int
     directory: Path
+    secure_port: int | None = None
 
     @property
     def myid(self) -> int:
@@ -107,7 +127,9 @@ class _Server:
 class ZooKeeperEnsemble(Service):
     """``size`` ZooKeeper servers on 127.0.0.1: standalone if 1, a quorum ensemble if more."""
 
-    def __init__(self, size: int = 1, base_dir: Path | None = None) -> None:
+    def __init__(
+        self, size: int = 1, base_dir: Path | None = None, tls: ZooKeeperTls | None = None
+    ) -> None:
         if size < 1:
             raise ValueError("an ensemble needs at least one server")
         if not ZOOKEEPER_JAR.is_file():
@@ -121,14 +143,17 @@ class ZooKeeperEnsemble(Service):
         self.base_dir = (
             base_dir if base_dir is not None else Path(tempfile.mkdtemp(prefix="schedctl-zk-"))
         )
-        ports = free_ports(3 * size)
+        self.tls = tls
+        per = 4 if tls is not None else 3
+        ports = free_ports(per * size)
         self._servers = [
             _Server(
                 index=i,
-                client_port=ports[3 * i],
-                peer_port=ports[3 * i + 1],
-                election_port=ports[3 * i + 2],
+                client_port=ports[per * i],
+                peer_port=ports[per * i + 1],
+                election_port=ports[per * i + 2],
                 directory=self.base_dir / f"server{i + 1}",
+                secure_port=ports[per * i + 3] if tls is not None else None,
             )
             for i in range(size)
         ]
@@ -157,6 +182,13 @@ class ZooKeeperEnsemble(Service):
     def host(self, i: int) -> str:
         """``127.0.0.1:port`` of server ``i`` alone."""
         return f"127.0.0.1:{self._server(i).client_port}"
+
+    @property
+    def secure_hosts(self) -> str:
+        """The connection string of every server's TLS port (only with `tls`)."""
+        if self.tls is None:
+            raise ServiceError("this ensemble has no TLS port (start it with tls=...)")
+        return ",".join(f"127.0.0.1:{s.secure_port}" for s in self._servers)
 
     @property
     def client_ports(self) -> list[int]:
@@ -197,7 +229,7 @@ class ZooKeeperEnsemble(Service):
             "-Dorg.slf4j.simpleLogger.showDateTime=true",
             "-Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS",
             "-cp",
-            ":".join(str(jar) for jar in CLASSPATH),
+            ":".join(str(jar) for jar in [*CLASSPATH, *(NETTY_CLASSPATH if self.tls else [])]),
             MAIN_CLASS,
             str(server.cfg_path),
         ]
@@ -345,6 +377,17 @@ class ZooKeeperEnsemble(Service):
                 "4lw.commands.whitelist=*",
                 "forceSync=no",
             ]
+            if self.tls is not None:
+                lines += [
+                    f"secureClientPort={server.secure_port}",
+                    "secureClientPortAddress=127.0.0.1",
+                    "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
+                    f"ssl.keyStore.location={self.tls.keystore}",
+                    "ssl.keyStore.type=PEM",
+                    f"ssl.trustStore.location={self.tls.truststore}",
+                    "ssl.trustStore.type=PEM",
+                    f"ssl.clientAuth={self.tls.client_auth}",
+                ]
             if self.size > 1:
                 lines += ["cnxTimeout=1000", *quorum]
                 (server.data_dir / "myid").write_text(f"{server.myid}\n")

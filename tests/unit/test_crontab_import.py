@@ -5,6 +5,8 @@ listed with its number and reason; what is written loads back through the valida
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -225,7 +227,7 @@ def test_cli_writes_a_file_that_loads(tmp_path: Path) -> None:
     result = runner.invoke(
         app, ["-o", "json", "import-crontab", str(source), "--user", "alice", "--out", str(out)]
     )
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output  # lines were skipped; the rest is written
     report = json.loads(result.stdout)
     assert report["written"] is True and report["file"] == str(out / "crontab-alice.toml")
     assert len(report["jobs"]) == 11
@@ -238,12 +240,10 @@ def test_cli_writes_a_file_that_loads(tmp_path: Path) -> None:
     }
     files = load_dir(out)
     assert len(files[0].jobs) == 11
-    assert (out / "crontab-alice.toml").stat().st_mode & 0o777 == 0o644
+    assert (out / "crontab-alice.toml").stat().st_mode & 0o777 == 0o600
     # a second import does not overwrite, and names are unique across the directory
-    again = runner.invoke(app, ["import-crontab", str(source), "--out", str(out)])
+    again = runner.invoke(app, ["import-crontab", str(source), "-u", "alice", "--out", str(out)])
     assert again.exit_code == 4 and "--force" in again.output
-    dry = runner.invoke(app, ["import-crontab", str(source), "--dry-run"])
-    assert "note: no --user: the jobs run as the worker's own user" in dry.stderr
     (tmp_path / "copy").write_text(USER_CRONTAB)
     clash = runner.invoke(
         app, ["import-crontab", str(tmp_path / "copy"), "-u", "alice", "--out", str(out)]
@@ -252,7 +252,7 @@ def test_cli_writes_a_file_that_loads(tmp_path: Path) -> None:
     forced = runner.invoke(
         app, ["import-crontab", str(source), "-u", "bob", "--out", str(out), "--force"]
     )
-    assert forced.exit_code == 0, forced.output
+    assert forced.exit_code == 1, forced.output
     assert load_dir(out)[0].jobs[0].user == "bob"
 
 
@@ -284,12 +284,13 @@ def test_cli_dry_run_prints_the_file_and_writes_nothing(tmp_path: Path) -> None:
 def test_cli_lists_skipped_lines_and_fails_when_nothing_converts(tmp_path: Path) -> None:
     source = tmp_path / "bad"
     source.write_text("0 0 * *\n61 * * * * x\n")
-    result = runner.invoke(app, ["import-crontab", str(source), "--out", str(tmp_path / "o")])
+    result = runner.invoke(
+        app, ["import-crontab", str(source), "-u", "alice", "--out", str(tmp_path / "o")]
+    )
     assert result.exit_code == 2
     assert "skipped line 1: is neither a schedule" in result.stderr
     assert "skipped line 2: cron: minute: value 61" in result.stderr
     assert "no line could be converted" in result.stderr
-    assert "note: no --user" not in result.stderr
     missing = runner.invoke(app, ["import-crontab", str(tmp_path / "none")])
     assert missing.exit_code == 2 and "cannot read" in missing.stderr
 
@@ -319,3 +320,122 @@ def test_progress_bar_only_on_a_terminal_for_big_files(monkeypatch: pytest.Monke
         assert progress is not None
         for done in range(1, total + 1):
             progress(done, total)
+
+
+# -- issue 30: the user, the file's mode, cron's lines, NUL -------------------------------
+
+
+def test_a_user_crontab_needs_user_and_nothing_is_written(tmp_path: Path) -> None:
+    """Without --user the jobs would run as the worker's own user (root): refused, with
+    the field named, in both output formats, and nothing written."""
+    source = tmp_path / "mine"
+    source.write_text("0 3 * * * /usr/bin/backup\n")
+    out = tmp_path / "jobs.d"
+    for before, after in (([], []), (["-o", "json"], []), ([], ["--dry-run"])):
+        args = [*before, "import-crontab", str(source), "--out", str(out), *after]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, result.output
+        assert "--user: a user crontab (no user column) needs --user" in result.stderr
+        assert result.stdout == ""
+        assert not out.exists()
+    # a system crontab names its users: no --user needed
+    source.write_text("0 3 * * * backup /usr/bin/backup\n")
+    system = runner.invoke(
+        app, ["import-crontab", str(source), "--system", "--out", str(out), "--dry-run"]
+    )
+    assert system.exit_code == 0, system.output
+    assert 'user = "backup"' in system.stdout
+
+
+def test_the_user_of_cron_s_spool_file_is_its_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert crontab.spool_user("/var/spool/cron/crontabs/alice") == "alice"
+    assert crontab.spool_user("/var/spool/cron/bob") == "bob"
+    assert crontab.spool_user("/home/alice/crontab") is None
+    assert crontab.spool_user("/var/spool/cron/crontabs/a b") is None
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    (spool / "carol").write_text("@daily /usr/bin/report\n")
+    monkeypatch.setattr(crontab, "SPOOL_DIRS", (str(spool),))
+    out = tmp_path / "jobs.d"
+    result = runner.invoke(
+        app, ["-o", "json", "import-crontab", str(spool / "carol"), "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["user"] == "carol"
+    assert load_dir(out)[0].jobs[0].user == "carol"
+
+
+def test_the_written_file_is_0600_whatever_the_umask(tmp_path: Path) -> None:
+    source = tmp_path / "mine"
+    source.write_text("PGPASSWORD=secret\n0 3 * * * pg_dump app\n")
+    out = tmp_path / "jobs.d"
+    old = os.umask(0)
+    try:
+        result = runner.invoke(
+            app, ["import-crontab", str(source), "-u", "alice", "--out", str(out)]
+        )
+    finally:
+        os.umask(old)
+    assert result.exit_code == 0, result.output
+    (written,) = out.iterdir()  # no temporary file left behind
+    assert stat.S_IMODE(written.stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize(
+    "separator", ["\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
+)
+def test_lines_end_only_at_a_newline(separator: str) -> None:
+    """cron ends a line at "\\n" only: an entry after another separator in a comment stays
+    commented out, and one inside a command stays part of it."""
+    text = f"# 0 1 * * * /usr/bin/old{separator}0 2 * * * /usr/bin/evil\n0 3 * * * /usr/bin/ok\n"
+    result = crontab.convert(text, user="alice")
+    assert [j["shell"] for j in result.jobs] == ["/usr/bin/ok"]
+    assert result.lines == [2] and result.skipped == []
+    inside = crontab.convert(f"0 4 * * * /usr/bin/say a{separator}b\n", user="alice")
+    (job,) = inside.jobs
+    assert job["shell"] == f"/usr/bin/say a{separator}b"
+    (loaded,) = parse_text(render(inside.jobs), "x.toml").jobs  # and it loads back
+    assert loaded.shell == job["shell"]
+
+
+def test_a_line_with_a_nul_is_skipped_and_the_rest_imported(tmp_path: Path) -> None:
+    text = "0 1 * * * /usr/bin/a\0rm -rf /\n0 2 * * * /usr/bin/ok\nX=1\0\n"
+    result = crontab.convert(text, user="alice")
+    assert [j["shell"] for j in result.jobs] == ["/usr/bin/ok"]
+    assert [(s.line, s.reason) for s in result.skipped] == [
+        (1, "contains a NUL byte"),
+        (3, "contains a NUL byte"),
+    ]
+    source = tmp_path / "mine"
+    source.write_bytes(text.encode())
+    out = tmp_path / "jobs.d"
+    args = ["import-crontab", str(source), "-u", "alice", "--out", str(out)]
+    as_json = runner.invoke(app, ["-o", "json", *args])
+    assert as_json.exit_code == 1, as_json.output  # lines were skipped
+    report = json.loads(as_json.stdout)
+    assert report["written"] is True
+    assert report["skipped"] == [
+        {"line": 1, "reason": "contains a NUL byte", "text": "0 1 * * * /usr/bin/a\\0rm -rf /"},
+        {"line": 3, "reason": "contains a NUL byte", "text": "X=1\\0"},
+    ]
+    assert [j.shell for j in load_dir(out)[0].jobs] == ["/usr/bin/ok"]
+    table = runner.invoke(app, [*args, "--force"])
+    assert table.exit_code == 1
+    assert "skipped line 1: contains a NUL byte: 0 1 * * * /usr/bin/a\\0rm -rf /" in table.stderr
+    assert "wrote 1 job(s)" in table.stdout
+
+
+def test_a_skipped_line_is_shown_with_its_control_characters_escaped(tmp_path: Path) -> None:
+    """A skipped line goes to the terminal: an escape sequence or a line separator in it is
+    shown escaped, never acted on."""
+    source = tmp_path / "mine"
+    source.write_text("61 * * * * /x\x1b[2J\u2028forged\n0 1 * * * /usr/bin/ok\n")
+    result = runner.invoke(
+        app, ["import-crontab", str(source), "-u", "alice", "--out", str(tmp_path / "o")]
+    )
+    assert result.exit_code == 1, result.output
+    assert "skipped line 1: cron: minute: value 61" in result.stderr
+    assert "/x\\x1b[2J\\u2028forged" in result.stderr
+    assert "\x1b" not in result.stderr and "\u2028" not in result.stderr

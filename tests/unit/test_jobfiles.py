@@ -17,6 +17,7 @@ from schedctl.jobfiles import (
     RunOnKind,
     load_dir,
     parse_text,
+    render,
     resolve,
 )
 from schedctl.jobfiles.tomllines import key_lines
@@ -198,6 +199,9 @@ def test_digest_follows_the_definition() -> None:
         ),
         ('command = ["/bin/true"]\nstart = 2026-01-01T00:00:00\n', 5, "job.start", "offset"),
         ('command = ["/bin/true"]\nevery = "5m"\n', 5, "job.every", "one schedule"),
+        ('command = ["/bin/true"]\noutput = "journal"\n', 5, "job.output", '"local"'),
+        ('command = ["/bin/true"]\noutput = true\n', 5, "job.output", "got True"),
+        ('command = ["/bin/true"]\noutput = "Local"\n', 5, "job.output", '"central"'),
     ],
 )
 def test_each_mistake_names_file_line_and_key(body: str, line: int, key: str, message: str) -> None:
@@ -338,3 +342,24 @@ def test_control_and_line_separator_characters_are_refused_in_names_and_addresse
     problem = _one(_job(f'command = ["/bin/true"]\nalert_email = ["a@b.c{escape}"]\n'))
     assert (problem.key, problem.line) == ("job.alert_email", 5)
     assert "e-mail address" in problem.message
+
+
+def test_output_is_central_unless_the_file_keeps_it_local() -> None:
+    """`output = "local"` keeps a run's output on its host; the default is the run history
+    (as before). Where the output goes is the host's alone: the digest (what apply sends)
+    does not change with it."""
+    central = parse_text(_job('command = ["/bin/true"]\n'), "jobs.toml").jobs[0]
+    local = parse_text(_job('command = ["/bin/true"]\noutput = "local"\n'), "jobs.toml").jobs[0]
+    explicit = parse_text(_job('command = ["/bin/true"]\noutput = "central"\n'), "jobs.toml")
+    assert (central.output, local.output, explicit.jobs[0].output) == (
+        "central",
+        "local",
+        "central",
+    )
+    assert central.digest() == local.digest()
+    assert (
+        render([{"name": "j", "cron": "0 * * * *", "shell": "x", "output": "local"}]).count(
+            'output = "local"'
+        )
+        == 1
+    )

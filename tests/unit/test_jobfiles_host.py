@@ -70,6 +70,12 @@ def test_the_host_table_loads_with_its_defaults(tmp_path: Path) -> None:
         65536,
         10.0,
     )
+    path.write_text(
+        '[host]\napi_url = "https://api.example:8080"\ntoken_file = "/etc/scheduled/token"\n'
+    )
+    host = load_config(path, environ={}).host
+    assert host is not None
+    assert (host.api_url, host.token_file) == ("https://api.example:8080", "/etc/scheduled/token")
     path.write_text('log_level = "INFO"\n')
     assert load_config(path, environ={}).host is None
 
@@ -85,6 +91,9 @@ def test_the_host_table_loads_with_its_defaults(tmp_path: Path) -> None:
         ("output_bytes = 2000000", "host.output_bytes", 4, "1048576"),
         ("rescan_seconds = 0", "host.rescan_seconds", 4, "above 0"),
         ("tenant = 3", "host.tenant", 4, "tenant name"),
+        ('api_url = "ftp://api:8080"', "host.api_url", 4, "http:// or https://"),
+        ("api_url = 8080", "host.api_url", 4, "http:// or https://"),
+        ('token_file = "token"', "host.token_file", 4, "absolute file path"),
     ],
 )
 def test_a_bad_host_key_is_an_error_naming_key_file_and_line(
@@ -144,7 +153,8 @@ def test_a_directory_writable_by_others_refuses_every_file(tmp_path: Path) -> No
 @ROOT_ONLY
 def test_a_symlink_in_a_directory_writable_by_others_is_refused(tmp_path: Path) -> None:
     """The directory holding the link is checked, not only the target's: anyone could have
-    put the link there, to any root-owned job file elsewhere."""
+    put the link there, to any root-owned job file elsewhere. Closed, the link is still
+    refused: a job file is never opened through a link."""
     safe = jobs_dir(tmp_path)
     target = write(safe, "root.toml", "root")
     directory = tmp_path / "open.d"
@@ -159,14 +169,13 @@ def test_a_symlink_in_a_directory_writable_by_others_is_refused(tmp_path: Path) 
     changes = files.scan()
     assert files.jobs() == []
     assert [Path(p.path).name for p in changes.refused] == ["link.toml"]
-    # the link's directory is part of what a scan compares: closed, the link loads; opened
-    # again after it was loaded, the next scan drops it
+    # the link's directory is part of what a scan compares: closed, the link is judged
+    # again, and refused as a link
     directory.chmod(0o755)
-    assert files.scan().changed == (str(link),)
-    assert [j.name for j in files.jobs()] == ["root"]
-    directory.chmod(0o777)
-    assert files.scan().changed == (str(link),)
+    changes = files.scan()
+    assert changes.changed == (str(link),)
     assert files.jobs() == []
+    assert "is a symbolic link" in changes.refused[0].message
 
 
 @ROOT_ONLY

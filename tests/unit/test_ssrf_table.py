@@ -106,6 +106,7 @@ METADATA = [
     "168.63.129.16",
     "100.100.100.200",
     "fd00:ec2::254",
+    "fd20:ce::254",
     "192.0.0.192",
 ]
 # public, and most of them right next to a special block

@@ -1,6 +1,10 @@
 """Owns the /v1/jobs routes: create (with idempotency keys; one, or up to 1,000 in a batch),
 list, read (by id, name or id prefix), update (PATCH, with If-Match), delete, cancel, pause,
-resume and trigger a job of the caller's tenant, and its dependencies (after)."""
+resume and trigger a job of the caller's tenant, and its dependencies (after).
+
+A job's version is its entity tag: a read or update answers `ETag: "VERSION"` (strong), and
+PATCH and DELETE take `If-Match` with that tag, the bare version, or `*` (any version of
+a job that exists)."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from schedctl import errors, limits
-from schedctl.models import Outcome
+from schedctl.models import Job, Outcome
 from schedctl.service import Scheduler
 from schedctl.views import job_to_dict, run_to_dict
 from scheduled_d.api.auth import (
@@ -53,6 +57,26 @@ from scheduled_d.api.schemas import (
 )
 
 router = APIRouter(prefix="/v1")
+
+# the 200 of a route answering one job, with the job's version as its entity tag
+_WITH_ETAG: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "Successful Response",
+        "headers": {
+            "ETag": {
+                "description": 'The job\'s version, quoted ("3"): send it back as If-Match.',
+                "schema": {"type": "string"},
+                "required": True,
+            }
+        },
+    }
+}
+
+
+def _tagged(job: Job, response: Response) -> dict[str, Any]:
+    """The job as the API shows it, its version as the response's ETag."""
+    response.headers["ETag"] = f'"{job.version}"'
+    return job_to_dict(job)
 
 
 @router.post(
@@ -100,6 +124,8 @@ def _create_job(
                 field="idempotency_key",
             )
         body = {**body, "idempotency_key": idempotency_key}
+    if caller.host is not None:
+        caller.host.check_body(body)
     job, created = scheduler.create_job(caller.tenant, body, actor=caller.actor)
     if created:
         status, headers = 201, {"Location": f"/v1/jobs/{job.job_id}"}
@@ -218,21 +244,47 @@ def list_jobs(
     """Jobs in creation order. A cursor stays valid while jobs are added: new jobs come
     after every job already listed, so no page shifts or repeats."""
     page = scheduler.list_jobs(caller.tenant, status, limit=limit, cursor=cursor)
-    return {"items": [job_to_dict(j) for j in page.items], "next_cursor": page.next_cursor}
+    items = list(page.items)
+    if caller.host is not None:  # a host sees only its own jobs (a page may come out short)
+        items = [j for j in items if caller.host.owns_job(j)]
+    return {"items": [job_to_dict(j) for j in items], "next_cursor": page.next_cursor}
 
 
 @router.get(
-    "/jobs/{job_id}", response_model=JobOut, summary="One job", responses=error_responses(404, 422)
+    "/jobs/{job_id}",
+    response_model=JobOut,
+    summary="One job",
+    responses={**_WITH_ETAG, **error_responses(404, 422)},
 )
-def get_job(job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep) -> dict[str, Any]:
-    return job_to_dict(scheduler.get_job(checked_job_id(job_id), caller.tenant))
+def get_job(
+    job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep, response: Response
+) -> dict[str, Any]:
+    return _tagged(_get_job(scheduler, caller, checked_job_id(job_id)), response)
+
+
+def _get_job(scheduler: Scheduler, caller: Caller, job_id: str) -> Job:
+    """The caller's job; for a host token only a job its host's files define (another is
+    404, as one that does not exist)."""
+    job = scheduler.get_job(job_id, caller.tenant)
+    if caller.host is not None and not caller.host.owns_job(job):
+        raise errors.NotFound(f"no job {job_id!r}", field="job_id")
+    return job
+
+
+def caller_job_id(scheduler: Scheduler, caller: Caller, job_id: str) -> str:
+    """`job_id` (checked) of a job the caller may act on: for a tenant token any of its
+    tenant's (the service says 404 for another's), for a host token only its own."""
+    job_id = checked_job_id(job_id)
+    if caller.host is None:
+        return job_id
+    return _get_job(scheduler, caller, job_id).job_id
 
 
 @router.patch(
     "/jobs/{job_id}",
     response_model=JobOut,
     summary="Update a job",
-    responses=error_responses(400, 404, 409, 413, 415, 422),
+    responses={**_WITH_ETAG, **error_responses(400, 404, 409, 413, 415, 422)},
     openapi_extra=json_request_body(JOB_UPDATE_SCHEMA, JOB_UPDATE_EXAMPLES),
 )
 def update_job(
@@ -240,19 +292,24 @@ def update_job(
     scheduler: SchedulerDep,
     caller: CallerDep,
     body: BodyDep,
+    response: Response,
     if_match: IfMatchHeader = None,
 ) -> dict[str, Any]:
     """Change the fields the body names (the others keep their values), validated as on
     create, in one transaction with the version bump. A new schedule recomputes the next
     run; a new target or payload applies to runs not yet claimed. With If-Match, a job at
-    another version is 409 and nothing changes."""
+    another version is 409 and nothing changes; `If-Match: *` matches any version."""
     job_id = checked_job_id(job_id)
     if not isinstance(body, Mapping):
         raise errors.ValidationError("must be an object of the fields to change", field="body")
+    if caller.host is not None:
+        current = _get_job(scheduler, caller, job_id)
+        caller.host.check_body(body, current)
+        job_id = current.job_id
     job = scheduler.update_job(
         job_id, body, caller.tenant, if_version=_version(if_match), actor=caller.actor
     )
-    return job_to_dict(job)
+    return _tagged(job, response)
 
 
 @router.delete(
@@ -273,7 +330,10 @@ def delete_job(
     /v1/jobs/{id}/runs and its idempotency key stays taken (409) until retention. Deleting
     it again is 404."""
     scheduler.delete_job(
-        checked_job_id(job_id), caller.tenant, if_version=_version(if_match), actor=caller.actor
+        caller_job_id(scheduler, caller, job_id),
+        caller.tenant,
+        if_version=_version(if_match),
+        actor=caller.actor,
     )
     return Response(status_code=204)
 
@@ -286,7 +346,8 @@ def _lifecycle_route(
 
     def route(job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep) -> dict[str, Any]:
         change_job = getattr(scheduler, f"{change}_job")
-        return job_to_dict(change_job(checked_job_id(job_id), caller.tenant, actor=caller.actor))
+        job_id = caller_job_id(scheduler, caller, job_id)
+        return job_to_dict(change_job(job_id, caller.tenant, actor=caller.actor))
 
     # the name is the OpenAPI operationId's stem, as for a route written out by hand
     route.__name__ = route.__qualname__ = f"{change}_job"
@@ -332,12 +393,14 @@ def trigger_job(job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep) -
     "/jobs/by-name/{name:path}",
     response_model=JobOut,
     summary="One job, by its name",
-    responses=error_responses(404),
+    responses={**_WITH_ETAG, **error_responses(404)},
 )
-def get_job_by_name(name: str, scheduler: SchedulerDep, caller: CallerDep) -> dict[str, Any]:
+def get_job_by_name(
+    name: str, scheduler: SchedulerDep, caller: CallerDep, response: Response
+) -> dict[str, Any]:
     """The caller's job (not deleted) with this name; names are unique per tenant. Another
     tenant's name is 404, like an unknown one."""
-    return job_to_dict(scheduler.get_job_by_name(checked_job_id(name), caller.tenant))
+    return _tagged(scheduler.get_job_by_name(checked_job_id(name), caller.tenant), response)
 
 
 @router.get(
@@ -353,7 +416,9 @@ def get_job_dependencies(
 
 
 def _version(if_match: str | None) -> int | None:
-    if if_match is None:
+    """The version If-Match requires; None for none, or for `*`: any version of a job that
+    exists (a job that does not is 404 either way)."""
+    if if_match is None or if_match.strip() == "*":
         return None
     text = if_match.strip().removeprefix("W/").strip('"')
     if not (text.isascii() and text.isdigit() and len(text) < 19):

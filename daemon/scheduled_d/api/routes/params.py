@@ -93,6 +93,7 @@ IfMatchHeader = Annotated[
     str | None,
     Header(
         alias="If-Match",
-        description="The job's version as read (a number, quotes allowed): another is 409.",
+        description="The job's version as read (its ETag, or the bare number), or * for "
+        "any version: another version is 409.",
     ),
 ]

@@ -105,7 +105,7 @@ def _render(
 
 
 def _error_page(request: Request, exc: errors.SchedError, viewer: Viewer | None) -> Response:
-    if isinstance(exc, errors.Unauthorized) and not isinstance(exc, errors.Forbidden):
+    if isinstance(exc, errors.Unauthorized):
         return _to_signin(request)
     status = exc.http_status if exc.http_status < 500 or exc.http_status == 503 else 500
     message = exc.public_message if status != 500 else "internal error (see the server's log)"
@@ -277,9 +277,7 @@ async def signin(request: Request) -> Response:
         if not token:
             raise errors.ValidationError("paste the tenant's API token (st_...)", field="token")
         await session.authenticate(request, token)
-    except errors.Unauthorized as exc:
-        if isinstance(exc, errors.Forbidden):
-            return _error_page(request, exc, None)
+    except errors.Unauthorized:
         return _render(
             request,
             "signin.html",

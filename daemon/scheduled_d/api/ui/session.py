@@ -82,7 +82,7 @@ async def signed_in(request: Request) -> Caller | None:
         return None
     try:
         return await authenticate(request, token)
-    except errors.Unauthorized:
+    except (errors.Unauthorized, errors.Forbidden):
         return None
 
 
@@ -93,9 +93,13 @@ async def authenticate(request: Request, token: str) -> Caller:
     found = tenants.cached_tenant(token)
     if found is None:
         found = await run_in_threadpool(tenants.authenticate_tenant, token)
-    tenant, token_id = found
-    # a host token (issued to one host's worker, when the token store has them) is no
-    # console login: only a tenant's own API tokens sign in. This base has no host tokens.
+    tenant, token_id, scope = found
+    if scope is not None:
+        # a host token is one host's worker's, for its own runs and job files: it sees
+        # nothing of the tenant's other hosts here either. Only plain tenant tokens sign in.
+        raise errors.Forbidden(
+            "a host token cannot sign in to the console: use a tenant API token", field="token"
+        )
     return Caller(tenant, token_id)
 
 
