@@ -117,6 +117,9 @@ class Config:
     preload_window_seconds: float = 60.0
     max_payload_bytes: int = 64 * 1024
     retention_days: int = 90
+    # jobs with `metrics = true` (per-job series on /metrics) a tenant may have at once:
+    # each such job adds a few series to every scrape; 0: none may
+    metrics_max_jobs_per_tenant: int = 100
     metrics_listen: str | None = None  # "host:port" for /metrics and /healthz
     api_listen: str = "127.0.0.1:8080"
     api_enabled: bool = False
@@ -169,6 +172,7 @@ _SCALARS: dict[str, type] = {
     "preload_window_seconds": float,
     "max_payload_bytes": int,
     "retention_days": int,
+    "metrics_max_jobs_per_tenant": int,
     "metrics_listen": str,
     "api_listen": str,
     "api_enabled": bool,
@@ -256,6 +260,10 @@ def _check_value(key: str, value: Any, origin: str) -> Any:
         raise errors.ConfigError(f"{origin}: must be greater than 0, got {value!r}", field=key)
     if key in ("metrics_listen", "api_listen"):
         parse_listen(value, key)
+    if key == "metrics_max_jobs_per_tenant" and not 0 <= value <= limits.MAX_QUOTA:
+        raise errors.ConfigError(
+            f"{origin}: must be between 0 and {limits.MAX_QUOTA}, got {value!r}", field=key
+        )
     if key == "log_level":
         value = value.upper()
         if value not in LOG_LEVELS:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     Float,
     ForeignKey,
@@ -15,6 +16,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 
@@ -104,6 +106,9 @@ jobs = Table(
     Column("request_hash", String(64), nullable=False),
     Column("created_at", UTCDateTime, nullable=False),
     Column("updated_at", UTCDateTime, nullable=False),
+    # per-job run counts and durations on /metrics (0018; bounded per tenant by the
+    # operator's metrics_max_jobs_per_tenant)
+    Column("metrics", Boolean, nullable=False, server_default=false()),
     UniqueConstraint("tenant_id", "idempotency_key", name="uq_jobs_tenant_idempotency"),
     # the due index: "due before T in partitions S" is a range read per partition
     Index("ix_jobs_due", "partition", "next_fire_at"),

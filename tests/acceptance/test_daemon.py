@@ -22,6 +22,7 @@ from sqlalchemy import select
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.storage import schema
 from schedctl.storage.store import Store
+from scheduled_d.worker import RECORD_BACKLOG_DIVISOR
 from tests.acceptance.process_support import wait_for
 from tests.factories import bulk_once_jobs, create_job, every, make_tenant, once_at
 from tests.services.ports import free_port
@@ -198,7 +199,9 @@ def test_kill_9_and_restart_loses_no_run_and_claims_none_twice(daemon: Daemon) -
         twice = {key for key, n in executions.items() if n > 1}
         lost_keys = {f"{j}:{at.isoformat().replace('+00:00', 'Z')}" for j, at in lost_attempts}
         assert twice <= lost_keys
-        assert len(twice) <= 4  # at most the worker's concurrency was in flight
+        # at most the worker's concurrency (4) in flight plus its record backlog: outcomes
+        # of finished runs handed to the settler and not recorded yet (worker.py)
+        assert len(twice) <= 4 + max(1, 4 // RECORD_BACKLOG_DIVISOR)
     finally:
         store.close()
 
