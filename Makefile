@@ -32,6 +32,8 @@ PATRONI := /usr/bin/patroni
 
 deps: system-deps $(STAMP)
 
+# chromium and chromium-driver: the web console's browser test
+# (tests/integration/test_console_browser.py)
 system-deps:
 	@packages=""; \
 	bindir="$$(pg_config --bindir 2>/dev/null || true)"; \
@@ -48,6 +50,9 @@ system-deps:
 	fi; \
 	if [ ! -x "$(RABBITMQ_SERVER)" ]; then \
 		packages="$$packages rabbitmq-server"; \
+	fi; \
+	if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+		packages="$$packages chromium chromium-driver"; \
 	fi; \
 	if ! command -v promtool >/dev/null 2>&1; then \
 		packages="$$packages prometheus"; \
