@@ -263,3 +263,40 @@ $(ONEFILE): $(ONEFILE_SOURCES) | $(SHIV_VENV)/bin/shiv
 		--output-file $@.tmp . --disable-pip-version-check
 	mv -f $@.tmp $@
 	@ls -l $@
+
+# ---------------------------------------------------------------------------------------
+# deb: dist/scheduled_VERSION_ARCH.deb (VERSION from pyproject.toml, or DEB_VERSION=), the
+# install target's tree with PREFIX=/usr and the units in /lib/systemd/system, made into a
+# Debian package by packaging/deb/build.sh: the venv in /opt/scheduled (built against
+# /usr/bin/python3; Depends pins its minor version), /usr/bin/schedctl and scheduled-d, the
+# man pages, the units (none enabled), /etc/scheduled/scheduled.toml as a conffile; the
+# maintainer scripts in packaging/deb create the scheduled user, restart the running units
+# one at a time on an upgrade, keep the data on remove and delete it on purge. The wheels
+# come from pip's own configuration (here: the local file indexes of /etc/xdg/pip/pip.conf,
+# so it builds offline). Always rebuilt from scratch: a minute or two.
+
+PROJECT_VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml | head -n 1)
+DEB_VERSION ?= $(PROJECT_VERSION)
+DEB_ARCH := $(shell dpkg --print-architecture 2>/dev/null || echo amd64)
+DEB_MAINTAINER ?= schedctl maintainers <maintainers@schedctl.org>
+DEB_STAGE := build/deb
+DEB_FILE ?= dist/scheduled_$(DEB_VERSION)_$(DEB_ARCH).deb
+
+.PHONY: deb
+
+deb:
+	@for tool in dpkg-deb dpkg-shlibdeps; do \
+		command -v $$tool >/dev/null 2>&1 || { \
+			echo "make deb: $$tool is missing: apt-get install dpkg-dev" >&2; exit 1; }; \
+	done
+	@if [ ! -x /usr/bin/python3 ]; then \
+		echo "make deb: needs Debian's /usr/bin/python3 (the venv is built against it)" >&2; \
+		exit 1; \
+	fi
+	rm -rf $(DEB_STAGE)
+	$(MAKE) --no-print-directory install DESTDIR=$(CURDIR)/$(DEB_STAGE)/root PREFIX=/usr \
+		SYSTEMD_DIR=/lib/systemd/system INSTALL_PYTHON=/usr/bin/python3 >/dev/null
+	packaging/deb/build.sh $(DEB_STAGE)/root '$(DEB_VERSION)' $(DEB_ARCH) \
+		'$(DEB_MAINTAINER)' $(DEB_FILE)
+	rm -rf $(DEB_STAGE)
+	@ls -l $(DEB_FILE)
