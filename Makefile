@@ -3,9 +3,10 @@
 # ZooKeeper and RabbitMQ from apt, creates .venv and installs the project; on later runs it
 # does nothing.
 # Operators: `make install` / `make uninstall` (as root; PREFIX=/usr/local, DESTDIR= stages
-# below a directory and leaves the machine alone), and `make onefile`: dist/scheduled.pyz,
-# schedctl and scheduled-d in one executable file. Both are described at their targets
-# below and in README.md ("Install").
+# below a directory and leaves the machine alone), `make onefile`: dist/scheduled.pyz,
+# schedctl and scheduled-d in one executable file, and `make deb`: the Debian package
+# dist/scheduled_VERSION_amd64.deb (needs dpkg-dev; lintian checks it). All are described
+# at their targets below and in README.md ("Install").
 
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
@@ -48,6 +49,12 @@ system-deps:
 	fi; \
 	if [ ! -x "$(BIN)/python" ] && ! $(PYTHON) -c 'import ensurepip, venv' >/dev/null 2>&1; then \
 		packages="$$packages python3-venv"; \
+	fi; \
+	if ! command -v dpkg-shlibdeps >/dev/null 2>&1; then \
+		packages="$$packages dpkg-dev"; \
+	fi; \
+	if ! command -v lintian >/dev/null 2>&1; then \
+		packages="$$packages lintian"; \
 	fi; \
 	if [ -n "$$packages" ]; then \
 		if [ "$$(id -u)" != 0 ]; then \
@@ -272,13 +279,16 @@ $(ONEFILE): $(ONEFILE_SOURCES) | $(SHIV_VENV)/bin/shiv
 # man pages, the units (none enabled), /etc/scheduled/scheduled.toml as a conffile; the
 # maintainer scripts in packaging/deb create the scheduled user, restart the running units
 # one at a time on an upgrade, keep the data on remove and delete it on purge. The wheels
-# come from pip's own configuration (here: the local file indexes of /etc/xdg/pip/pip.conf,
-# so it builds offline). Always rebuilt from scratch: a minute or two.
+# come from pip's own configuration (here: the local wheel cache and file indexes of
+# /etc/xdg/pip/pip.conf, so it builds offline; tests/acceptance/test_deb.py builds it).
+# Always rebuilt from scratch: a minute or two. DEB_XZ_LEVEL (default 1) trades build time
+# for size: 9 saves a few MB and takes minutes.
 
 PROJECT_VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml | head -n 1)
 DEB_VERSION ?= $(PROJECT_VERSION)
 DEB_ARCH := $(shell dpkg --print-architecture 2>/dev/null || echo amd64)
 DEB_MAINTAINER ?= schedctl maintainers <maintainers@schedctl.org>
+DEB_XZ_LEVEL ?= 1
 DEB_STAGE := build/deb
 DEB_FILE ?= dist/scheduled_$(DEB_VERSION)_$(DEB_ARCH).deb
 
@@ -296,7 +306,7 @@ deb:
 	rm -rf $(DEB_STAGE)
 	$(MAKE) --no-print-directory install DESTDIR=$(CURDIR)/$(DEB_STAGE)/root PREFIX=/usr \
 		SYSTEMD_DIR=/lib/systemd/system INSTALL_PYTHON=/usr/bin/python3 >/dev/null
-	packaging/deb/build.sh $(DEB_STAGE)/root '$(DEB_VERSION)' $(DEB_ARCH) \
+	DEB_XZ_LEVEL=$(DEB_XZ_LEVEL) packaging/deb/build.sh $(DEB_STAGE)/root '$(DEB_VERSION)' $(DEB_ARCH) \
 		'$(DEB_MAINTAINER)' $(DEB_FILE)
 	rm -rf $(DEB_STAGE)
 	@ls -l $(DEB_FILE)
