@@ -97,7 +97,7 @@ clean:
 		-o -name __pycache__ -prune -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) wheelhouse
 
 # ---------------------------------------------------------------------------------------
 # install / uninstall: the project on this machine (as root), or staged below DESTDIR.
@@ -279,9 +279,11 @@ $(ONEFILE): $(ONEFILE_SOURCES) | $(SHIV_VENV)/bin/shiv
 # man pages, the units (none enabled), /etc/scheduled/scheduled.toml as a conffile; the
 # maintainer scripts in packaging/deb create the scheduled user, restart the running units
 # one at a time on an upgrade, keep the data on remove and delete it on purge. The wheels
-# come from pip's own configuration (here: the local wheel cache and file indexes of
-# /etc/xdg/pip/pip.conf, so it builds offline; tests/acceptance/test_deb.py builds it).
-# Always rebuilt from scratch: a minute or two. DEB_XZ_LEVEL (default 1) trades build time
+# come only from the wheelhouse (WHEELHOUSE, default ./wheelhouse): `make wheelhouse`
+# fills it once per pyproject.toml change through pip's own configuration (the local wheel
+# cache and indexes, else the package index), and from then on `make deb` builds offline
+# (pip --no-index; tests/acceptance/test_deb.py builds it without a network).
+# The package is always rebuilt from scratch: a minute or two. DEB_XZ_LEVEL (default 1) trades build time
 # for size: 9 saves a few MB and takes minutes.
 
 PROJECT_VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml | head -n 1)
@@ -291,10 +293,32 @@ DEB_MAINTAINER ?= schedctl maintainers <maintainers@schedctl.org>
 DEB_XZ_LEVEL ?= 1
 DEB_STAGE := build/deb
 DEB_FILE ?= dist/scheduled_$(DEB_VERSION)_$(DEB_ARCH).deb
+WHEELHOUSE ?= wheelhouse
+WHEELHOUSE_STAMP := $(WHEELHOUSE)/.filled.stamp
 
-.PHONY: deb
+.PHONY: deb wheelhouse
 
-deb:
+wheelhouse: $(WHEELHOUSE_STAMP)
+
+# The dependencies' wheels for /usr/bin/python3 (the interpreter of the package's venv) and
+# hatchling (`pip install .` builds the project with it); the project's own wheel is built
+# by every `make deb` from the tree, so it is not kept here.
+$(WHEELHOUSE_STAMP): pyproject.toml
+	@if [ ! -x /usr/bin/python3 ]; then \
+		echo "make wheelhouse: needs Debian's /usr/bin/python3" >&2; exit 1; \
+	fi
+	rm -rf build/wheelhouse-venv
+	/usr/bin/python3 -m venv build/wheelhouse-venv
+	mkdir -p $(WHEELHOUSE)
+	build/wheelhouse-venv/bin/pip download -q --disable-pip-version-check \
+		--dest $(WHEELHOUSE) hatchling
+	build/wheelhouse-venv/bin/pip wheel -q --disable-pip-version-check \
+		--wheel-dir $(WHEELHOUSE) .
+	rm -f $(WHEELHOUSE)/schedctl-*.whl
+	rm -rf build/wheelhouse-venv
+	touch $@
+
+deb: $(WHEELHOUSE_STAMP)
 	@for tool in dpkg-deb dpkg-shlibdeps; do \
 		command -v $$tool >/dev/null 2>&1 || { \
 			echo "make deb: $$tool is missing: apt-get install dpkg-dev" >&2; exit 1; }; \
@@ -304,7 +328,9 @@ deb:
 		exit 1; \
 	fi
 	rm -rf $(DEB_STAGE)
-	$(MAKE) --no-print-directory install DESTDIR=$(CURDIR)/$(DEB_STAGE)/root PREFIX=/usr \
+	@# offline: every wheel from the wheelhouse, no index asked
+	PIP_NO_INDEX=1 PIP_FIND_LINKS=$(abspath $(WHEELHOUSE)) \
+		$(MAKE) --no-print-directory install DESTDIR=$(CURDIR)/$(DEB_STAGE)/root PREFIX=/usr \
 		SYSTEMD_DIR=/lib/systemd/system INSTALL_PYTHON=/usr/bin/python3 >/dev/null
 	DEB_XZ_LEVEL=$(DEB_XZ_LEVEL) packaging/deb/build.sh $(DEB_STAGE)/root '$(DEB_VERSION)' $(DEB_ARCH) \
 		'$(DEB_MAINTAINER)' $(DEB_FILE)

@@ -1,4 +1,5 @@
-"""`make deb`: the scheduled Debian package, built once per session, checked by lintian
+"""`make deb`: the scheduled Debian package, built once per session (without a network,
+from the wheelhouse), checked by lintian
 (no errors), then installed, upgraded, removed and purged by the real dpkg with its real
 maintainer scripts (adduser, chgrp, the rolling restart) -- on this machine, but inside a
 private mount namespace whose /etc, /usr, /var and /opt are overlays on directories below
@@ -79,6 +80,13 @@ def live_state() -> dict[str, object]:
     return state
 
 
+def can_unshare(*namespace: str) -> bool:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", *namespace, "true"], capture_output=True, timeout=60)
+    return probe.returncode == 0
+
+
 @pytest.fixture(scope="module")
 def packages(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The session's package (`make deb`) and its rebuild as UPGRADE_VERSION."""
@@ -86,8 +94,16 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         pytest.skip("needs dpkg-deb and dpkg-shlibdeps (make system-deps)")
     out = tmp_path_factory.mktemp("deb")
     first = out / f"scheduled_{__version__}_amd64.deb"
+    make = ["make", "--no-print-directory", "-C", str(REPO)]
+    # the wheels, once per pyproject.toml (from the local cache or the index); then the
+    # package without a network where a network namespace can be made: offline
+    filled = subprocess.run(
+        [*make, "wheelhouse"], capture_output=True, text=True, timeout=1200, env=clean_env()
+    )
+    assert filled.returncode == 0, filled.stdout[-4000:] + filled.stderr[-4000:]
+    offline = ["unshare", "--net"] if can_unshare("--net") else []
     built = subprocess.run(
-        ["make", "--no-print-directory", "-C", str(REPO), "deb", f"DEB_FILE={first}"],
+        [*offline, *make, "deb", f"DEB_FILE={first}"],
         capture_output=True,
         text=True,
         timeout=1500,
@@ -292,15 +308,10 @@ cat "$state/calls"
 def test_install_upgrade_remove_and_purge_with_dpkg(
     packages: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("runuser") is None:
-        pytest.skip("needs root, unshare and runuser")
-    probe = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", "--fork", "true"],
-        capture_output=True,
-        timeout=60,
-    )
-    if probe.returncode != 0:
-        pytest.skip("cannot make a mount namespace here")
+    if shutil.which("runuser") is None or not can_unshare(
+        "--mount", "--propagation", "private", "--fork"
+    ):
+        pytest.skip("needs root, runuser and a mount namespace")
     if subprocess.run(["getent", "passwd", "scheduled"], capture_output=True).returncode == 0:
         pytest.skip("this machine has a scheduled user already: the first install would not add it")
     (tmp_path / "fake-systemctl").write_text(FAKE_SYSTEMCTL)
