@@ -1,12 +1,12 @@
-"""`make deb`: the scheduled Debian package, built once per session (without a network,
-from the wheelhouse), checked by lintian
-(no errors), then installed, upgraded, removed and purged by the real dpkg with its real
-maintainer scripts (adduser, chgrp, the rolling restart) -- on this machine, but inside a
-private mount namespace whose /etc, /usr, /var and /opt are overlays on directories below
-tmp_path and whose /run is a fresh tmpfs. Every write (dpkg's database, /etc/passwd, the
-venv, /usr/bin) lands in the overlays and vanishes with the namespace; the script stops
-before dpkg unless all four overlays are in place, and the test asserts that the machine's
-own paths (dpkg's status, /etc/passwd, /opt/scheduled, ...) did not change.
+"""`make deb`: the scheduled Debian package, built once per session (without a network, from
+the wheelhouse), checked by lintian (no errors), then installed, upgraded, removed and
+purged by the real dpkg with its real maintainer scripts (adduser, chgrp, the rolling
+restart) -- on this machine, but inside a private mount namespace whose /etc, /usr, /var and
+/opt are overlays on directories below tmp_path and whose /run is a fresh tmpfs. Every write
+(dpkg's database, /etc/passwd, the venv, /usr/bin) lands in the overlays and vanishes with
+the namespace; the script stops before dpkg unless all four overlays are in place, and the
+test asserts that the machine's own paths (dpkg's status, /etc/passwd, /opt/scheduled, ...)
+did not change.
 
 (`dpkg --root=DIR` would need a whole Debian system below DIR for its chroot -- /bin/sh,
 adduser, perl, python3 -- which the test machine cannot make offline; `dpkg -x` would not
@@ -87,30 +87,9 @@ def can_unshare(*namespace: str) -> bool:
     return probe.returncode == 0
 
 
-@pytest.fixture(scope="module")
-def packages(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The session's package (`make deb`) and its rebuild as UPGRADE_VERSION."""
-    if shutil.which("dpkg-deb") is None or shutil.which("dpkg-shlibdeps") is None:
-        pytest.skip("needs dpkg-deb and dpkg-shlibdeps (make system-deps)")
-    out = tmp_path_factory.mktemp("deb")
-    first = out / f"scheduled_{__version__}_amd64.deb"
-    make = ["make", "--no-print-directory", "-C", str(REPO)]
-    # the wheels, once per pyproject.toml (from the local cache or the index); then the
-    # package without a network where a network namespace can be made: offline
-    filled = subprocess.run(
-        [*make, "wheelhouse"], capture_output=True, text=True, timeout=1200, env=clean_env()
-    )
-    assert filled.returncode == 0, filled.stdout[-4000:] + filled.stderr[-4000:]
-    offline = ["unshare", "--net"] if can_unshare("--net") else []
-    built = subprocess.run(
-        [*offline, *make, "deb", f"DEB_FILE={first}"],
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        env=clean_env(),
-    )
-    assert built.returncode == 0, built.stdout[-4000:] + built.stderr[-4000:]
-
+def rebuild_as_upgrade(first: Path, out: Path) -> Path:
+    """``first`` rebuilt as UPGRADE_VERSION with ADDED_TO_SHIPPED_CONFIG in its example
+    configuration, in ``out``."""
     tree = out / "upgrade-tree"
     subprocess.run(["dpkg-deb", "-R", str(first), str(tree)], check=True, timeout=300)
     control = tree / "DEBIAN/control"
@@ -138,7 +117,34 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         timeout=300,
     )
     shutil.rmtree(tree)
-    return first, second
+    return second
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The session's package (`make deb`) and its rebuild as UPGRADE_VERSION."""
+    if shutil.which("dpkg-deb") is None or shutil.which("dpkg-shlibdeps") is None:
+        pytest.skip("needs dpkg-deb and dpkg-shlibdeps (make system-deps)")
+    out = tmp_path_factory.mktemp("deb")
+    first = out / f"scheduled_{__version__}_amd64.deb"
+    make = ["make", "--no-print-directory", "-C", str(REPO)]
+    # the wheels, once per pyproject.toml (from the local cache or the index); then the
+    # package without a network where a network namespace can be made: offline
+    filled = subprocess.run(
+        [*make, "wheelhouse"], capture_output=True, text=True, timeout=1200, env=clean_env()
+    )
+    assert filled.returncode == 0, filled.stdout[-4000:] + filled.stderr[-4000:]
+    offline = ["unshare", "--net"] if can_unshare("--net") else []
+    built = subprocess.run(
+        [*offline, *make, "deb", f"DEB_FILE={first}"],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        env=clean_env(),
+    )
+    assert built.returncode == 0, built.stdout[-4000:] + built.stderr[-4000:]
+
+    return first, rebuild_as_upgrade(first, out)
 
 
 def test_the_package_has_the_files_and_the_control_data(packages: tuple[Path, Path]) -> None:
@@ -276,6 +282,26 @@ stat -c '%U:%G %a %n' /etc/scheduled/scheduled.toml
 cat /var/lib/scheduled/scheduled.db
 cat "$state/calls"
 
+echo "== failed restart"
+# a unit that does not come back: the rollout stops there, dpkg reports the failure
+echo scheduled-d-dispatcher.service >"$state/broken"
+: >"$state/calls"
+if dpkg -i --force-confdef --force-confold "$second" >"$work/reinstall.log" 2>&1; then
+    echo "reinstall succeeded"
+else
+    echo "reinstall failed"
+fi
+dpkg-query -W -f='${Status}\n' scheduled
+cat "$state/calls"
+
+echo "== configure again"
+# fixed: the operator's `dpkg --configure -a` finishes the rollout
+: >"$state/broken"
+: >"$state/calls"
+dpkg --configure -a >"$work/configure.log" 2>&1
+dpkg-query -W -f='${Status}\n' scheduled
+cat "$state/calls"
+
 echo "== remove"
 : >"$state/calls"
 dpkg -r scheduled >"$work/remove.log" 2>&1
@@ -382,6 +408,17 @@ def test_install_upgrade_remove_and_purge_with_dpkg(
         "is-active --quiet scheduled-d-worker@backups.service",
         "is-active --quiet scheduled-d-worker@backups.service",
     ], upgrade
+
+    list_active = restarts[1]
+    assert sections["failed restart"] == [
+        "reinstall failed",
+        "install ok half-configured",
+        "daemon-reload",
+        list_active,
+        # the first unit failed: the second one keeps running its old process
+        "try-restart scheduled-d-dispatcher.service",
+    ], result.stdout
+    assert sections["configure again"] == ["install ok installed", *restarts], result.stdout
 
     remove = sections["remove"]
     assert remove[:5] == [
