@@ -111,6 +111,9 @@ class Config:
     preload_window_seconds: float = 60.0
     max_payload_bytes: int = 64 * 1024
     retention_days: int = 90
+    dead_letter_retention_days: int = 30
+    alert_retention_days: int = 30
+    audit_retention_days: int = 365
     metrics_listen: str | None = None  # "host:port" for /metrics and /healthz
     api_listen: str = "127.0.0.1:8080"
     api_enabled: bool = False
@@ -163,6 +166,9 @@ _SCALARS: dict[str, type] = {
     "preload_window_seconds": float,
     "max_payload_bytes": int,
     "retention_days": int,
+    "dead_letter_retention_days": int,
+    "alert_retention_days": int,
+    "audit_retention_days": int,
     "metrics_listen": str,
     "api_listen": str,
     "api_enabled": bool,
@@ -232,6 +238,9 @@ _POSITIVE = (
     "preload_window_seconds",
     "max_payload_bytes",
     "retention_days",
+    "dead_letter_retention_days",
+    "alert_retention_days",
+    "audit_retention_days",
 )
 
 

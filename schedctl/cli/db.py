@@ -177,20 +177,37 @@ def maintain(
     output: OutputOption = None,
 ) -> None:
     """Run-history maintenance as the database owner (from scheduled-d-maintain.timer):
-    make the day partitions of runs up to --days-ahead days ahead and drop those older than
-    the retention period, delete older rows. The daemons run as the runtime role, which may
-    not do DDL: they only delete expired rows, and warn when fewer than 2 days ahead have
-    their partition (a missing day's runs go to the default partition: none is lost)."""
-    from schedctl.storage.retention import maintain_runs
+        make the day partitions of runs up to --days-ahead days ahead and drop those older than
+        the retention period, delete older rows, and dead letters, sent alerts and audit entries
+    older than dead_letter_retention_days, alert_retention_days and audit_retention_days. The
+    daemons run as the runtime role, which may
+        not do DDL: they only delete expired rows, and warn when fewer than 2 days ahead have
+        their partition (a missing day's runs go to the default partition: none is lost)."""
+    from schedctl.storage.retention import RecordRetention, maintain_runs
 
     state = cli_state(ctx)
-    keep = retention_days if retention_days is not None else state.config().retention_days
+    config = state.config()
+    keep = retention_days if retention_days is not None else config.retention_days
+    records = RecordRetention(
+        dead_letter_days=config.dead_letter_retention_days,
+        alert_days=config.alert_retention_days,
+        audit_days=config.audit_retention_days,
+    )
     done = maintain_runs(
-        state.store(), retention_days=keep, days_ahead=days_ahead, require_owner=True
+        state.store(),
+        retention_days=keep,
+        days_ahead=days_ahead,
+        require_owner=True,
+        records=records,
     )
     result = {
         "created": done.created,
         "removed": done.removed,
+        "pruned": {
+            "dead_letters": done.pruned.dead_letters,
+            "alerts": done.pruned.alerts,
+            "audit_log": done.pruned.audit_log,
+        },
         "days_ahead": done.days_ahead,
         "retention_days": keep,
     }
@@ -201,6 +218,10 @@ def maintain(
     say(
         f"{len(done.created)} day partition(s) created, {done.removed} expired partition(s) "
         "and row(s) removed"
+    )
+    say(
+        f"{done.pruned.dead_letters} dead letter(s), {done.pruned.alerts} alert(s) and "
+        f"{done.pruned.audit_log} audit entr(ies) past their retention deleted"
     )
     if done.days_ahead is None:
         say("run history is one table here (not partitioned): expired rows deleted")
