@@ -163,7 +163,12 @@ def _serve(
         config = _config(config_path, db, log_format, **overrides)
         _preflight(config)
         store = _open_store(config, mode, upgrade=upgrade)
-        run(store, config)
+        try:
+            run(store, config)
+        finally:
+            # a clean stop (SIGTERM, SIGINT) closes the store: SQLite's WAL is checkpointed
+            # into the database file, which then holds every run on its own
+            store.close()
     except errors.SchedError as error:
         _fail(error)
 

@@ -3,6 +3,7 @@ the DB clock."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +26,8 @@ from schedctl.storage.engine import (
 )
 
 DEFAULT_PARTITION_COUNT = 1024
+
+log = logging.getLogger(__name__)
 
 
 def is_lock_race(exc: BaseException | None) -> bool:
@@ -98,6 +101,17 @@ class Store:
         return self.dialect.name == "postgresql"
 
     def close(self) -> None:
+        """Checkpoint (SQLite: the -wal file folded into the database file, so the file
+        alone holds every committed row) and close every pooled connection. A checkpoint
+        that fails is logged, never raised: closing must not fail a command that worked."""
+        try:
+            if not self.dialect.checkpoint(self.engine):
+                log.info(
+                    "the database's write-ahead log was not checkpointed: another process "
+                    "is using it (it checkpoints when it stops)"
+                )
+        except Exception as exc:  # the driver's own errors too (a read-only file, a lock)
+            log.warning("checkpoint at close failed: %s", first_line(exc))
         self.engine.dispose()
 
     def require_current_schema(self) -> None:
