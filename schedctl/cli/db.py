@@ -1,7 +1,7 @@
 """Owns `schedctl db`: schema migrations (upgrade, idempotent), the schema status, the
 runtime role's grants and the owner's run-history maintenance (day partitions made ahead,
-expired ones dropped), and payload encryption keys (make a new key, re-encrypt every
-payload and signing secret after a rotation)."""
+expired ones dropped), backup and restore, and payload encryption keys (make a new key,
+re-encrypt every payload and signing secret after a rotation)."""
 
 from __future__ import annotations
 
@@ -278,3 +278,71 @@ def rotate_payload_key(ctx: typer.Context, output: OutputOption = None) -> None:
     )
     if data["keys"] and int(data["keys"]) > 1:
         say("the older keys can now be removed from the key file (then restart the daemons)")
+
+
+FileArgument = Annotated[str, typer.Argument(help="The backup file.", metavar="FILE")]
+ForceOption = Annotated[
+    bool, typer.Option("--force", help="Replace an existing FILE (backup) or database (restore).")
+]
+
+
+@app.command()
+def backup(
+    ctx: typer.Context, file: FileArgument, force: ForceOption = False, output: OutputOption = None
+) -> None:
+    """Write a backup of the database to FILE (mode 0600: it holds token digests, secrets
+    and payloads). SQLite: a consistent copy through its online backup API, safe while the
+    daemons run. Postgres: pg_dump in its custom format (the client tools of the server's
+    major version must be on PATH; the password goes through the environment, never the
+    command line). An existing FILE is replaced only with --force."""
+    from schedctl.storage.backup import backup as make_backup
+
+    state = cli_state(ctx)
+    done = make_backup(state.database_url(), file, force=force)
+    fmt = output_format(ctx, output)
+    if fmt is OutputFormat.json:
+        emit({"file": done.file, "database": done.database, "bytes": done.bytes}, fmt)
+        return
+    say(f"{done.database}: backed up to {done.file} ({done.bytes} bytes)")
+
+
+@app.command()
+def restore(
+    ctx: typer.Context, file: FileArgument, force: ForceOption = False, output: OutputOption = None
+) -> None:
+    """Replace the database's contents with the backup FILE. Stop every scheduled-d first:
+    it is refused while a dispatcher holds the database's partitions, and a database that
+    already holds a scheduler is replaced only with --force. SQLite: through the online
+    backup API, all or nothing, the file kept 0600. Postgres: pg_restore --clean --if-exists
+    --no-owner --no-privileges --single-transaction, run as the owner's URL; grants are
+    not restored: run `schedctl db grant ROLE --apply` again for the runtime role. Then
+    `schedctl db upgrade` if the backup is from an older version."""
+    from schedctl.storage.backup import restore as restore_backup
+    from schedctl.storage.engine import make_engine
+    from schedctl.storage.migrate import current_revision, head_revision
+
+    state = cli_state(ctx)
+    url = state.database_url()
+    done = restore_backup(url, file, force=force)
+    engine = make_engine(url)
+    try:
+        revision = current_revision(engine)
+    finally:
+        engine.dispose()
+    head = head_revision()
+    result = {
+        "file": done.file,
+        "database": done.database,
+        "revision": revision,
+        "head": head,
+        "up_to_date": revision == head,
+    }
+    fmt = output_format(ctx, output)
+    if fmt is OutputFormat.json:
+        emit(result, fmt)
+        return
+    say(f"{done.database}: restored from {done.file} (schema revision {revision})")
+    if revision != head:
+        say(f"run `schedctl db upgrade`: this version needs revision {head}")
+    if done.backend == "postgresql":
+        say("grants are not restored: run `schedctl db grant ROLE --apply` for the runtime role")
