@@ -363,35 +363,46 @@ def _pg_list(source: Path) -> list[tuple[str, str]]:
 
 
 def _pg_restore(url: str, source: Path, tables: list[tuple[str, str]]) -> None:
-    """Into the configured database as its owner. The backup's tables are dropped first,
-    in one transaction (pg_restore's own --clean cannot drop a partitioned table's
-    partitions' constraints); the restore itself is --single-transaction, all or nothing.
-    --no-owner makes this URL's role own everything, --no-privileges leaves grants out
-    (roles are the cluster's, not the database's: re-run `schedctl db grant ROLE --apply`).
-    The file was read by `pg_restore --list` before: a bad file changes nothing."""
-    from sqlalchemy import text
-
-    engine = make_engine(url)
-    try:
-        with engine.begin() as connection:
-            for schema_name, table in tables:
-                quoted = ".".join(
-                    '"' + part.replace('"', '""') + '"' for part in (schema_name, table)
-                )
-                connection.execute(text(f"DROP TABLE IF EXISTS {quoted} CASCADE"))
-    finally:
-        engine.dispose()
+    """Into the configured database as its owner, all or nothing: pg_restore writes the
+    backup as SQL (--no-owner: this URL's role owns everything; --no-privileges: grants
+    left out, as roles are the cluster's, not the database's: re-run `schedctl db grant
+    ROLE --apply`), and psql runs DROP TABLE of the backup's tables and then that SQL in
+    one transaction that stops at the first error (pg_restore's own --clean cannot drop a
+    partitioned table's partitions' constraints). The SQL is written to a private file
+    first: a pg_restore that fails half-way must not have its half committed."""
     conninfo, env = libpq_target(url)
-    _run_pg_tool(
-        [
-            _tool("pg_restore"),
-            "--no-owner",
-            "--no-privileges",
-            "--single-transaction",
-            "--exit-on-error",
-            f"--dbname={conninfo}",
-            str(source),
-        ],
-        env,
-        "pg_restore",
+    drops = "".join(
+        "DROP TABLE IF EXISTS "
+        + ".".join('"' + part.replace('"', '""') + '"' for part in (schema_name, table))
+        + " CASCADE;\n"
+        for schema_name, table in tables
     )
+    with tempfile.TemporaryDirectory(prefix="schedctl-restore-") as scratch:
+        drop_file, script = Path(scratch) / "drop.sql", Path(scratch) / "restore.sql"
+        drop_file.write_text(drops)
+        _run_pg_tool(
+            [
+                _tool("pg_restore"),
+                "--no-owner",
+                "--no-privileges",
+                f"--file={script}",
+                str(source),
+            ],
+            {},
+            "pg_restore",
+        )
+        os.chmod(script, SQLITE_FILE_MODE)  # the backup's rows, in plain text
+        _run_pg_tool(
+            [
+                _tool("psql"),
+                "--no-psqlrc",
+                "--quiet",
+                "--single-transaction",
+                "--set=ON_ERROR_STOP=1",
+                f"--file={drop_file}",
+                f"--file={script}",
+                f"--dbname={conninfo}",
+            ],
+            env,
+            "psql (the restore)",
+        )

@@ -206,3 +206,29 @@ def test_the_postgres_password_never_reaches_the_command_line() -> None:
     )
     _conninfo, env = libpq_target("postgresql://owner@db.internal/sched?password=q")
     assert env == {"PGPASSWORD": "q"} and "q" not in _conninfo.split("=")[-1]
+
+
+@pytest.mark.postgres
+def test_a_postgres_restore_that_fails_half_way_changes_nothing(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """The drop of the old tables and the restore are one transaction: an error in the
+    middle (here a name the backup's index needs, taken in the target) leaves the
+    database as it was."""
+    from sqlalchemy import text
+
+    file = tmp_path / "scheduler.backup"
+    assert invoke(pg_url, "db", "backup", str(file)).exit_code == 0
+    populate(pg_url)
+    store = Store.open(pg_url)
+    try:
+        with store.tx() as connection:
+            connection.execute(text("DROP INDEX ix_audit_log_tenant"))
+            connection.execute(text("CREATE SEQUENCE ix_audit_log_tenant"))
+    finally:
+        store.close()
+    before = contents(pg_url)
+    failed = invoke(pg_url, "db", "restore", "--force", str(file))
+    assert failed.exit_code == 7, failed.output
+    assert "ix_audit_log_tenant" in failed.stderr
+    assert contents(pg_url) == before
