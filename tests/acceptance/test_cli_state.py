@@ -92,3 +92,24 @@ def test_an_explicit_database_is_still_made_by_any_command(fresh: Path, tmp_path
     result = invoke("--db", f"sqlite:///{db}", "job", "list")
     assert result.exit_code == 0, result.output
     assert db.exists()
+
+
+def test_schedctl_checkpoints_after_writes_so_the_file_alone_holds_them(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """Another connection stays open (as a running daemon's would), so SQLite does not
+    checkpoint on its own when schedctl's last connection closes."""
+    import contextlib
+    import shutil
+    import sqlite3
+
+    path = Path(sqlite_url.removeprefix("sqlite:///"))
+    with contextlib.closing(sqlite3.connect(path)) as other:
+        other.execute("SELECT count(*) FROM tenants").fetchone()
+        result = invoke("--db", sqlite_url, "tenant", "create", "kept")
+        assert result.exit_code == 0, result.output
+        copy = tmp_path / "copy.db"
+        shutil.copyfile(path, copy)  # the main file alone
+        with contextlib.closing(sqlite3.connect(f"file:{copy}?immutable=1", uri=True)) as alone:
+            names = [row[0] for row in alone.execute("SELECT name FROM tenants")]
+    assert names == ["kept"]
