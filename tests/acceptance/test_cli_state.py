@@ -113,3 +113,18 @@ def test_schedctl_checkpoints_after_writes_so_the_file_alone_holds_them(
         with contextlib.closing(sqlite3.connect(f"file:{copy}?immutable=1", uri=True)) as alone:
             names = [row[0] for row in alone.execute("SELECT name FROM tenants")]
     assert names == ["kept"]
+
+
+def test_scheduled_d_refuses_a_system_configuration_without_a_database(
+    fresh: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from scheduled_d.__main__ import app as daemon_app
+
+    system = tmp_path / "etc" / "scheduled.toml"
+    system.parent.mkdir()
+    system.write_text('log_level = "INFO"\n')
+    monkeypatch.setattr(schedctl.config, "DEFAULT_CONFIG_PATH", system)
+    result = runner.invoke(daemon_app, ["all"])
+    assert result.exit_code == 2, result.output
+    assert "database_url" in result.stderr and str(system) in result.stderr
+    assert not fresh.exists()
