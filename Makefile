@@ -46,6 +46,9 @@ system-deps:
 	if [ ! -x "$(RABBITMQ_SERVER)" ]; then \
 		packages="$$packages rabbitmq-server"; \
 	fi; \
+	if ! command -v promtool >/dev/null 2>&1; then \
+		packages="$$packages prometheus"; \
+	fi; \
 	if [ ! -x "$(BIN)/python" ] && ! $(PYTHON) -c 'import ensurepip, venv' >/dev/null 2>&1; then \
 		packages="$$packages python3-venv"; \
 	fi; \
@@ -60,6 +63,12 @@ system-deps:
 		case "$$packages" in *rabbitmq-server*) \
 			if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then \
 				systemctl stop rabbitmq-server.service epmd.socket epmd.service || true; \
+			fi;; \
+		esac; \
+		case "$$packages" in *prometheus*) \
+			if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then \
+				systemctl disable --now prometheus.service prometheus-node-exporter.service \
+					>/dev/null 2>&1 || true; \
 			fi;; \
 		esac; \
 	fi

@@ -242,6 +242,11 @@ SECTIONS: tuple[Section, ...] = (
                 "Serve Prometheus /metrics and /healthz on this address (unset: none).",
                 ('"127.0.0.1:9464"',),
             ),
+            Key(
+                "metrics_max_jobs_per_tenant",
+                "Jobs of one tenant that may have `metrics = true` (per-job run counts and "
+                "durations on /metrics) at once; 0: none may.",
+            ),
             Key("api_enabled", "Run the REST API inside `scheduled-d all`."),
             Key("api_listen", "The REST API's address (`scheduled-d api`, api_enabled)."),
         ),
@@ -279,7 +284,11 @@ SECTIONS: tuple[Section, ...] = (
     ),
     Section(
         "This host's worker for job files (scheduled-jobs(5)), started by `scheduled-d all` "
-        "and by `scheduled-d worker` without --queue; `schedctl apply` reads the same table.",
+        "and by `scheduled-d worker` without --queue; `schedctl apply` reads the same table. "
+        "A cron host's worker for job files (scheduled-d-host.service). In the fleet's setup "
+        "a cron host holds no database_url: its worker and `schedctl --api URL apply` go "
+        "through the REST API with a host token (schedctl tenant token create TENANT --host "
+        "NAME --group GROUP), kept in a root-only 0600 file.",
         (
             Key(
                 "name",
@@ -302,6 +311,16 @@ SECTIONS: tuple[Section, ...] = (
             Key(
                 "rescan_seconds",
                 "How often the job files are checked for changes (SIGHUP checks at once).",
+            ),
+            Key(
+                "api_url",
+                "The REST API to lease through with a host token (no database URL on the host).",
+                ('"https://api.internal:8080"',),
+            ),
+            Key(
+                "token_file",
+                "The file holding that host token (else SCHEDULED_API_TOKEN).",
+                ('"/etc/scheduled/host.token"',),
             ),
         ),
         table="host",

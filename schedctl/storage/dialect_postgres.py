@@ -1207,6 +1207,7 @@ _JOB_ARRAYS = (
     ("request_hash", "text"),
     ("created_at", "timestamptz"),
     ("updated_at", "timestamptz"),
+    ("metrics", "boolean"),
 )
 _AUDIT_ARRAYS = (
     ("at", "timestamptz"),
