@@ -5,6 +5,7 @@ file."""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -124,7 +125,20 @@ def test_scheduled_d_refuses_a_system_configuration_without_a_database(
     system.parent.mkdir()
     system.write_text('log_level = "INFO"\n')
     monkeypatch.setattr(schedctl.config, "DEFAULT_CONFIG_PATH", system)
-    result = runner.invoke(daemon_app, ["all"])
+    # scheduled-d sets up logging on the root logger, here to CliRunner's stream, which is
+    # closed afterwards: the next tests' log lines must not go there
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        result = runner.invoke(daemon_app, ["all"])
+    finally:
+        for handler in list(root.handlers):
+            if handler not in handlers:
+                root.removeHandler(handler)
+        for handler in handlers:
+            if handler not in root.handlers:
+                root.addHandler(handler)
+        root.setLevel(level)
     assert result.exit_code == 2, result.output
     assert "database_url" in result.stderr and str(system) in result.stderr
     assert not fresh.exists()
