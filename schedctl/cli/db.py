@@ -20,8 +20,8 @@ SCHEMA_BEHIND_EXIT = 2  # `db status`: the schema is not this version's (see --h
 
 app = typer.Typer(
     help=(
-        "Database schema: upgrade to this version's schema, or show its status; payload "
-        "encryption keys."
+        "Database schema: upgrade to this version's schema, or show its status; backup and "
+        "restore; retention and grants; payload encryption keys."
     ),
     no_args_is_help=True,
 )
