@@ -239,6 +239,8 @@ dead_letters = Table(
     Column("created_at", UTCDateTime, nullable=False),
     Column("replayed_at", UTCDateTime, nullable=True),
     Index("ix_dead_letters_tenant", "tenant_id", "id"),
+    # retention deletes by age (0019)
+    Index("ix_dead_letters_created", "created_at"),
 )
 
 partitions = Table(
@@ -261,6 +263,7 @@ audit_log = Table(
     Column("job_id", String(40), nullable=True),
     Column("detail", Text, nullable=True),  # JSON; never the payload
     Index("ix_audit_log_tenant", "tenant_id", "id"),
+    Index("ix_audit_log_at", "at"),  # retention deletes by age (0019)
 )
 
 # Worker presence (0008): the workers of each tenant's built-in queue, by name, with when
@@ -318,6 +321,7 @@ alerts = Table(
     Index("ix_alerts_due", "status", "channel", "available_at"),
     # the per-tenant hourly limit counts the tenant's recent deliveries (0017)
     Index("ix_alerts_tenant_delivered", "tenant_id", "delivered_at"),
+    Index("ix_alerts_created", "created_at"),  # retention deletes by age (0019)
 )
 
 # `after`: a job's upstream jobs (schedctl.storage.dependencies). A settled upstream run
