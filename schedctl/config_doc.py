@@ -86,9 +86,15 @@ SECTIONS: tuple[Section, ...] = (
             Key(
                 "database_url",
                 "postgresql://USER@HOST:PORT/DB or sqlite:////PATH (default: a SQLite file in "
-                "the user's data directory; not used where this file exists and names none).",
+                "the user's data directory; not used where this file exists and names none). "
+                "A primary and a standby (Patroni): list both hosts with "
+                "target_session_attrs=read-write, and every connection goes to the writable "
+                "one.",
                 (
                     '"postgresql://scheduled_runtime@db.internal:5432/scheduled?'
+                    'sslmode=verify-full&sslrootcert=/etc/scheduled/db-ca.crt"',
+                    '"postgresql://scheduled_runtime@/scheduled?host=db1.internal:5432&'
+                    "host=db2.internal:5432&target_session_attrs=read-write&"
                     'sslmode=verify-full&sslrootcert=/etc/scheduled/db-ca.crt"',
                     '"sqlite:////var/lib/scheduled/scheduled.db"',
                 ),
