@@ -212,6 +212,12 @@ def settle(
                     dead=status is RunStatus.dead,
                     target_type=held.target_type,
                     target=held.target,
+                    max_attempts=held.max_attempts or None,
+                    started_at=attempt.started_at,
+                    finished_at=attempt.finished_at,
+                    exit_code=attempt.exit_code,
+                    output_tail=attempt.output_tail,
+                    worker=attempt.worker,
                 )
             )
         if delay is None:  # the run ends with this attempt
@@ -265,8 +271,8 @@ def settle(
     if dead:
         connection.execute(insert(schema.dead_letters), dead)
     # the alerts hook: queued in this transaction, so a settled failure is never unalerted
-    alerts.queue_for_failures(connection, failures, now)
-    alerts.count_failures(failures)
+    contexts = alerts.queue_for_failures(connection, failures, now)
+    alerts.count_failures(failures, contexts)
     # in this transaction: the upstream's outcome and its dependents' runs commit together
     dependencies.on_settled(connection, succeeded=ok, ended=ended, now=now, edges=edges)
     return result
