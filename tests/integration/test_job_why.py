@@ -144,3 +144,61 @@ def test_job_why_over_the_api_and_not_another_tenants(
         f"{url}/v1/jobs/{job_id}/why", headers={"Authorization": f"Bearer {other}"}, timeout=30
     )
     assert answer.status_code == 404
+
+
+def _dead_letter(sched: Scheduler, tenant_id: str, job_id: str, error: str) -> None:
+    from sqlalchemy import insert
+
+    from schedctl.storage import schema
+
+    with sched.store.tx() as connection:
+        connection.execute(
+            insert(schema.dead_letters).values(
+                job_id=job_id,
+                scheduled_at=datetime(2030, 1, 1, tzinfo=UTC),
+                tenant_id=tenant_id,
+                target_type="queue",
+                target="backups",
+                attempts=3,
+                last_error=error,
+                created_at=datetime.now(UTC),
+            )
+        )
+
+
+def _narrow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An 80-column terminal from now on."""
+    from schedctl.cli import output
+
+    monkeypatch.setenv("COLUMNS", "80")  # the CLI then keeps the terminal's width
+    monkeypatch.setattr(output.console, "width", 80)
+
+
+def test_dlq_list_names_jobs_and_80_columns_keep_unique_id_prefixes(
+    sched: Scheduler, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tenant, _ = sched.create_tenant("acme", ACTOR)
+    jobs = []
+    for name in ("nightly-backup-of-the-main-database", "health-5min"):
+        body = {"name": name, "schedule": {"every": "1h"}, "target": {"type": "queue", "name": "q"}}
+        job, _ = sched.create_job("acme", body, actor=ACTOR)
+        jobs.append(job)
+        _dead_letter(sched, tenant.tenant_id, job.job_id, "exit code 3: " + "x" * 200)
+    listed = json.loads(cli(db_url, "dlq", "list", "-o", "json").stdout)["items"]
+    assert {i["job"] for i in listed} == {j.name for j in jobs}
+    wide = cli(db_url, "dlq", "list")
+    assert wide.exit_code == 0, wide.output
+    assert all(j.name in wide.output for j in jobs)
+    _narrow(monkeypatch)
+    table = cli(db_url, "dlq", "list")
+    assert table.exit_code == 0, table.output
+    short = sched.short_job_ids("acme", [j.job_id for j in jobs])
+    lines = table.output.splitlines()
+    assert max(len(line) for line in lines) <= 80, table.output
+    for job in jobs:
+        # the whole unique prefix on one line of the table, never cut or wrapped
+        assert any(short[job.job_id] in line for line in lines), (short, table.output)
+    listed_jobs = cli(db_url, "job", "list", "--tenant", "acme")
+    assert listed_jobs.exit_code == 0, listed_jobs.output
+    for job in jobs:
+        assert any(short[job.job_id] in line for line in listed_jobs.output.splitlines())
