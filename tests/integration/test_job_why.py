@@ -202,3 +202,26 @@ def test_dlq_list_names_jobs_and_80_columns_keep_unique_id_prefixes(
     assert listed_jobs.exit_code == 0, listed_jobs.output
     for job in jobs:
         assert any(short[job.job_id] in line for line in listed_jobs.output.splitlines())
+
+
+def test_the_times_missed_while_paused_are_recorded_skipped_at_resume(
+    sched: Scheduler, db_url: str
+) -> None:
+    tenant, _ = sched.create_tenant("acme", ACTOR)
+    job_id = create_job(sched.store, tenant.tenant_id, spec(CronSchedule.parse("* * * * *", "UTC")))
+    sched.pause_job(job_id, "acme", actor=ACTOR)
+    # paused five minutes ago (its next run then)
+    paused_from = (datetime.now(UTC) - timedelta(minutes=5)).replace(second=0, microsecond=0)
+    move_next_run(sched.store, job_id, paused_from)
+    sched.resume_job(job_id, "acme", actor=ACTOR)
+    runs = sched.runs(job_id, "acme", limit=100).items
+    assert 4 <= len(runs) <= 7 and min(r.scheduled_at for r in runs) == paused_from
+    assert all(r.status is RunStatus.skipped for r in runs)
+    assert all(r.error and r.error.startswith("job paused at this time") for r in runs)
+    data = json.loads(cli(db_url, "job", "why", job_id, "-o", "json").stdout)
+    assert data["paused"] is False
+    assert any("was skipped: job paused" in line for line in data["explanation"])
+    # a second pause and resume at once records nothing new
+    sched.pause_job(job_id, "acme", actor=ACTOR)
+    sched.resume_job(job_id, "acme", actor=ACTOR)
+    assert len(sched.runs(job_id, "acme", limit=100).items) == len(runs)
