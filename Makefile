@@ -46,6 +46,9 @@ system-deps:
 	if [ ! -x "$(RABBITMQ_SERVER)" ]; then \
 		packages="$$packages rabbitmq-server"; \
 	fi; \
+	if ! command -v promtool >/dev/null 2>&1; then \
+		packages="$$packages prometheus"; \
+	fi; \
 	if [ ! -x "$(BIN)/python" ] && ! $(PYTHON) -c 'import ensurepip, venv' >/dev/null 2>&1; then \
 		packages="$$packages python3-venv"; \
 	fi; \
@@ -60,6 +63,12 @@ system-deps:
 		case "$$packages" in *rabbitmq-server*) \
 			if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then \
 				systemctl stop rabbitmq-server.service epmd.socket epmd.service || true; \
+			fi;; \
+		esac; \
+		case "$$packages" in *prometheus*) \
+			if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then \
+				systemctl disable --now prometheus.service prometheus-node-exporter.service \
+					>/dev/null 2>&1 || true; \
 			fi;; \
 		esac; \
 	fi
@@ -120,7 +129,7 @@ SYSCONF := /etc/scheduled
 STATE_DIR := /var/lib/scheduled
 # written into the venv by install; uninstall removes only a venv that has it
 VENV_MARK := .scheduled-install
-UNIT_FILES := $(notdir $(wildcard systemd/*.service))
+UNIT_FILES := $(notdir $(wildcard systemd/*.service systemd/*.timer))
 MAN_PAGES := $(notdir $(wildcard man/*.[158]))
 # true when the real machine is the target (no DESTDIR)
 LIVE := $(if $(DESTDIR),false,true)
@@ -169,7 +178,7 @@ install:
 	done
 	install -d "$(DESTDIR)$(SYSTEMD_DIR)"
 	for unit in $(UNIT_FILES); do \
-		sed 's|/usr/local/bin/scheduled-d|$(PREFIX)/bin/scheduled-d|g' "systemd/$$unit" \
+		sed 's|/usr/local/bin/|$(PREFIX)/bin/|g' "systemd/$$unit" \
 			> "$(DESTDIR)$(SYSTEMD_DIR)/$$unit"; \
 		chmod 0644 "$(DESTDIR)$(SYSTEMD_DIR)/$$unit"; \
 	done
@@ -211,9 +220,9 @@ uninstall:
 	fi
 	@# stop and disable our units (worker instances included) before their files go
 	if $(LIVE) && [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then \
-		units="$$(systemctl list-units --all --plain --no-legend --type=service \
+		units="$$(systemctl list-units --all --plain --no-legend --type=service,timer \
 			'scheduled-d-*' | awk '{print $$1}')"; \
-		enabled="$$(find $(SYSTEMD_DIR) -path '*.wants/scheduled-d-*.service' \
+		enabled="$$(find $(SYSTEMD_DIR) -path '*.wants/scheduled-d-*' \
 			-printf '%f\n' 2>/dev/null | sort -u)"; \
 		if [ -n "$$units$$enabled" ]; then \
 			systemctl disable --now $$units $$enabled || true; \

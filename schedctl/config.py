@@ -50,6 +50,8 @@ HOST_KEYS = (
     "concurrency",
     "output_bytes",
     "rescan_seconds",
+    "api_url",
+    "token_file",
 )
 MAX_HOST_OUTPUT_BYTES = 1024 * 1024
 MAX_RESCAN_SECONDS = 86_400.0
@@ -87,6 +89,10 @@ class HostConfig:
     concurrency: int = 4  # commands at once, per queue served
     output_bytes: int = 65536  # of each run's output kept in the run history
     rescan_seconds: float = 10.0  # how often the job files are checked for changes
+    # the REST API to lease through with a host token (no database URL on the host), and
+    # the file holding that token (else SCHEDULED_API_TOKEN)
+    api_url: str | None = None
+    token_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,9 @@ class Config:
     preload_window_seconds: float = 60.0
     max_payload_bytes: int = 64 * 1024
     retention_days: int = 90
+    # jobs with `metrics = true` (per-job series on /metrics) a tenant may have at once:
+    # each such job adds a few series to every scrape; 0: none may
+    metrics_max_jobs_per_tenant: int = 100
     metrics_listen: str | None = None  # "host:port" for /metrics and /healthz
     api_listen: str = "127.0.0.1:8080"
     api_enabled: bool = False
@@ -163,6 +172,7 @@ _SCALARS: dict[str, type] = {
     "preload_window_seconds": float,
     "max_payload_bytes": int,
     "retention_days": int,
+    "metrics_max_jobs_per_tenant": int,
     "metrics_listen": str,
     "api_listen": str,
     "api_enabled": bool,
@@ -250,6 +260,10 @@ def _check_value(key: str, value: Any, origin: str) -> Any:
         raise errors.ConfigError(f"{origin}: must be greater than 0, got {value!r}", field=key)
     if key in ("metrics_listen", "api_listen"):
         parse_listen(value, key)
+    if key == "metrics_max_jobs_per_tenant" and not 0 <= value <= limits.MAX_QUOTA:
+        raise errors.ConfigError(
+            f"{origin}: must be between 0 and {limits.MAX_QUOTA}, got {value!r}", field=key
+        )
     if key == "log_level":
         value = value.upper()
         if value not in LOG_LEVELS:
@@ -464,6 +478,20 @@ def _file_host(raw: Any, origin: str, text: str) -> HostConfig:
                 f"got {limits.describe(value)}",
             )
         values["rescan_seconds"] = float(value)
+    if "api_url" in raw:
+        api_url = raw["api_url"]
+        if not isinstance(api_url, str) or not api_url.startswith(("http://", "https://")):
+            raise refuse(
+                "api_url", f"must be an http:// or https:// URL, got {limits.describe(api_url)}"
+            )
+        values["api_url"] = api_url
+    if "token_file" in raw:
+        token_file = raw["token_file"]
+        if not isinstance(token_file, str) or not token_file.startswith("/") or "\0" in token_file:
+            raise refuse(
+                "token_file", f"must be an absolute file path, got {limits.describe(token_file)}"
+            )
+        values["token_file"] = token_file
     return HostConfig(**values)
 
 

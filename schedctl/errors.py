@@ -135,6 +135,15 @@ class Unauthorized(SchedError):
     code = "unauthorized"
 
 
+class Forbidden(SchedError):
+    """The credentials are valid but may not do this: a host token outside its host's
+    queues and jobs (schedctl.host_scope)."""
+
+    exit_code = 6
+    http_status = 403
+    code = "forbidden"
+
+
 class StoreUnavailable(SchedError):
     """The database cannot be reached.
 

@@ -76,6 +76,20 @@ class ApiLease:
         )
 
 
+@dataclass(frozen=True)
+class ApiAlert:
+    """A command alert leased through the API; `lease_id` is what finishes it."""
+
+    lease_id: str
+    job_id: str
+    kind: str
+    attempt: int
+    body: Any
+
+    def __repr__(self) -> str:
+        return f"ApiAlert(job_id={self.job_id!r}, kind={self.kind!r}, attempt={self.attempt})"
+
+
 class ApiLeaseBackend(LeaseBackend):
     """LeaseBackend over the tenant REST API at `base_url`, authenticated by `token`.
 
@@ -174,6 +188,59 @@ class ApiLeaseBackend(LeaseBackend):
             return [one(calls[0])]
         return list(self._calls.map(one, calls))
 
+    # -- command alerts and the jobs they are about (the host worker) -------------------
+
+    def lease_alerts(self, queue: str, limit: int = 10) -> list[ApiAlert]:
+        """Due command alerts of the jobs of `queue` (POST .../alert-leases)."""
+        data = self._post(f"/v1/queues/{quote(queue, safe='/')}/alert-leases", {"limit": limit})
+        assert data is not None
+        return [
+            ApiAlert(
+                lease_id=str(item["lease_id"]),
+                job_id=str(item["job_id"]),
+                kind=str(item["kind"]),
+                attempt=int(item["attempt"]),
+                body=item.get("body"),
+            )
+            for item in data["items"]
+        ]
+
+    def finish_alert(self, alert: ApiAlert, error: str | None) -> bool:
+        """Record the alert command's outcome; False when the lease was no longer held."""
+        body = {"error": error[-MAX_ERROR_CHARS:] if error is not None else None}
+        path = f"/v1/alert-leases/{quote(alert.lease_id, safe='')}/finish"
+        return self._post(path, body) is not None
+
+    def job_payload(self, job_id: str) -> Any:
+        """The central job's payload (GET /v1/jobs/{id}); NotFound when the token cannot
+        see the job."""
+        response = send(
+            self.session,
+            "GET",
+            self.base_url,
+            f"/v1/jobs/{quote(job_id, safe='')}",
+            timeout=self.timeout,
+        )
+        if response.status_code >= 400:
+            raise _error(response)
+        try:
+            return response.json()["payload"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise errors.StoreUnavailable("the API answered with unexpected JSON") from exc
+
+    def whoami(self) -> dict[str, Any]:
+        """GET /v1/tenant: the token's tenant and, for a host token, its host and groups."""
+        response = send(self.session, "GET", self.base_url, "/v1/tenant", timeout=self.timeout)
+        if response.status_code >= 400:
+            raise _error(response)
+        try:
+            data = response.json()
+        except ValueError as exc:
+            raise errors.StoreUnavailable("the API answered without a JSON body") from exc
+        if not isinstance(data, dict):
+            raise errors.StoreUnavailable("the API answered with unexpected JSON")
+        return data
+
     def reap(self) -> int:
         # expired leases are settled server-side (by the relay): nothing to do here
         return 0
@@ -183,7 +250,7 @@ class ApiLeaseBackend(LeaseBackend):
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
         """The JSON answer; None on a 404 of a lease route (the lease is not held)."""
         response = send(self.session, "POST", self.base_url, path, timeout=self.timeout, json=body)
-        if response.status_code == 404 and path.startswith("/v1/leases/"):
+        if response.status_code == 404 and path.startswith(("/v1/leases/", "/v1/alert-leases/")):
             return None
         if response.status_code >= 400:
             raise _error(response)
@@ -243,6 +310,8 @@ def _error(response: requests.Response) -> errors.SchedError:
         return errors.StoreUnavailable(text)
     if kind is errors.Unauthorized:
         return errors.Unauthorized(text, field="token")
+    if kind is errors.Forbidden:  # a host token outside its host's queues: stop, say why
+        return errors.Forbidden(text, field="token")
     if kind is errors.NotFound:
         return errors.NotFound(text)
     return errors.ValidationError(text)

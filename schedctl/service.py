@@ -21,6 +21,7 @@ from schedctl.alerts.model import AlertConfig, parse_alerts
 from schedctl.alerts.policy import AlertPolicy
 from schedctl.closing import Closing
 from schedctl.create_combiner import CreateCombiner
+from schedctl.host_scope import HostScope
 from schedctl.jobpatch import JobPatch, parse_job_patch
 from schedctl.jobspec import parse_job_request, parse_schedule
 from schedctl.limits import DEFAULT_MAX_PAYLOAD_BYTES
@@ -71,9 +72,12 @@ class Scheduler(Closing):
         *,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         alert_policy: AlertPolicy | None = None,
+        metrics_max_jobs: int | None = None,
     ) -> None:
         self.store = store
         self.max_payload_bytes = max_payload_bytes
+        # the operator's metrics_max_jobs_per_tenant: jobs with metrics = true per tenant
+        self.metrics_max_jobs = metrics_max_jobs
         # the operator's [alerts] policy, checked when alerts are set (Config.alert_policy)
         self.alert_policy = alert_policy or AlertPolicy()
         self.jobs = JobRepo(store)
@@ -120,9 +124,20 @@ class Scheduler(Closing):
             tenant, max_jobs=max_jobs, create_rate_per_minute=create_rate_per_minute, actor=actor
         )
 
-    def new_token(self, tenant: str, *, actor: str) -> str:
-        """Another API token for the tenant (shown this once); the old ones stay valid."""
-        return self.tenants.new_token(tenant, actor=actor)
+    def new_token(
+        self,
+        tenant: str,
+        *,
+        actor: str,
+        host: str | None = None,
+        groups: Sequence[str] = (),
+    ) -> str:
+        """Another API token for the tenant (shown this once); the old ones stay valid. With
+        `host`: a host token, limited to that host's queues and jobs (and its `groups`')."""
+        if host is None and groups:
+            raise errors.ValidationError("--group goes with --host", field="group")
+        scope = HostScope.make(host, groups) if host is not None else None
+        return self.tenants.new_token(tenant, actor=actor, host=scope)
 
     def list_tokens(self, tenant: str) -> list[TokenInfo]:
         return self.tenants.list_tokens(tenant)
@@ -157,7 +172,13 @@ class Scheduler(Closing):
         admit = quota_admission(found.tenant_id, self._quotas(found))
 
         def create_many(items: Sequence[NewJob]) -> list[Outcome]:
-            return self.jobs.create_many(found.tenant_id, items, actor=actor, admit=admit)
+            return self.jobs.create_many(
+                found.tenant_id,
+                items,
+                actor=actor,
+                admit=admit,
+                metrics_max_jobs=self.metrics_max_jobs,
+            )
 
         # concurrent creates of one tenant (API threads) share one transaction
         outcome = self._combiner.create(found.tenant_id, item, create_many)
@@ -197,6 +218,7 @@ class Scheduler(Closing):
             items,
             actor=actor,
             admit=quota_admission(found.tenant_id, self._quotas(found)),
+            metrics_max_jobs=self.metrics_max_jobs,
         )
         for index, item, outcome in zip(valid, items, outcomes, strict=True):
             results[index] = outcome
@@ -530,7 +552,15 @@ class Scheduler(Closing):
             # kept under a new zone) come from the version being replaced
             return parse_job_patch(body, current, now=now, max_payload_bytes=self.max_payload_bytes)
 
-        return update_job(self.store, job_id, parse, tenant_id, if_version=if_version, actor=actor)
+        return update_job(
+            self.store,
+            job_id,
+            parse,
+            tenant_id,
+            if_version=if_version,
+            actor=actor,
+            metrics_max_jobs=self.metrics_max_jobs,
+        )
 
     def delete_job(
         self,

@@ -4,6 +4,8 @@
   only when a test asks for it, stopped and deleted at session end.
 - ``db_url`` (parametrized ``sqlite`` / ``postgres``), ``sqlite_url``, ``pg_url``: a fresh,
   fully migrated, empty database per test, copied from a template migrated once per session.
+- ``pg_runtime_url``: ``pg_url``'s database as the daemons' runtime role (no DDL); the
+  template is granted with `schedctl db grant --apply`'s code, so every copy is too.
 - ``empty_sqlite_url`` / ``empty_pg_url``: a fresh database with no migrations at all.
 - ``zk_hosts``: the session ensemble's connection string under a fresh chroot per test.
 - ``smtp``: a loopback SMTP server per test, as (inbox, port) (tests/smtp_support.py).
@@ -26,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from tests.failure_logs import attach_log_tails
+from tests.pg_roles import grant_runtime_role, runtime_url
 from tests.services.postgres import PostgresServer
 from tests.services.rabbitmq import RabbitMQServer
 from tests.services.zookeeper import ZooKeeperEnsemble
@@ -119,6 +122,8 @@ def _pg_template(pg_server: PostgresServer) -> str:
     pg_server.drop_database(PG_TEMPLATE_DB)
     pg_server.create_database(PG_TEMPLATE_DB)
     _migrate(pg_server.url(PG_TEMPLATE_DB))
+    # the daemons' runtime role's rights, copied with the template into every test database
+    grant_runtime_role(pg_server, PG_TEMPLATE_DB)
     # Nobody may connect to it any more: a session on a template blocks copying it.
     pg_server.terminate_backends(PG_TEMPLATE_DB)
     pg_server.psql(f'ALTER DATABASE "{PG_TEMPLATE_DB}" WITH ALLOW_CONNECTIONS false')
@@ -154,6 +159,13 @@ def pg_url(pg_server: PostgresServer, _pg_template: str) -> Iterator[str]:
         yield pg_server.url(name)
     finally:
         _drop_test_database(pg_server, name)
+
+
+@pytest.fixture
+def pg_runtime_url(pg_server: PostgresServer, pg_url: str) -> str:
+    """``pg_url``'s database as the daemons' runtime role (tests/pg_roles.py): DML on the
+    scheduler's tables, no DDL. ``pg_url`` itself is the owner's."""
+    return runtime_url(pg_server, pg_url.rsplit("/", 1)[1])
 
 
 @pytest.fixture

@@ -288,15 +288,17 @@ def worker(
         str | None,
         typer.Option(
             "--api",
-            help="Tenant worker: lease through the REST API at URL with the tenant's token "
-            "(SCHEDULED_API_TOKEN or --token-file) instead of the database.",
+            help="Lease through the REST API at URL instead of the database: a tenant worker "
+            "with the tenant's token, the host worker with its host token (SCHEDULED_API_TOKEN "
+            "or --token-file; default for the host worker: [host] api_url).",
         ),
     ] = None,
     token_file: Annotated[
         Path | None,
         typer.Option(
             "--token-file",
-            help="With --api: a file holding the tenant's API token (else SCHEDULED_API_TOKEN).",
+            help="With --api: a file holding the API token (else SCHEDULED_API_TOKEN; the host "
+            "worker: [host] token_file).",
         ),
     ] = None,
     jobs_dir: Annotated[
@@ -329,22 +331,34 @@ def worker(
                 raise errors.ConfigError(
                     "--queue and --jobs-dir/--host/--group exclude each other", field="queue"
                 )
-            if api_url is not None or token_file is not None:
-                raise errors.ConfigError(
-                    "the host worker leases through the database: --api needs --queue",
-                    field="api",
-                )
             if command or env:
                 raise errors.ConfigError(
                     "the host worker runs the commands of its job files: no command or "
                     "--env (set them in the job files)",
                     field="command",
                 )
-            config = _config(config_path, db, log_format)
+            if api_url is not None and db is not None:
+                raise errors.ConfigError("--api and --db exclude each other", field="db")
+            config = _config(config_path, None if api_url else db, log_format)
             host_config = _host_config(config, jobs_dir, host, group, tenant, concurrency)
             _preflight(config)
-            from scheduled_d.host_worker import run_host_worker
+            from scheduled_d.host_worker import run_api_host_worker, run_host_worker
 
+            api = api_url or (host_config.api_url if db is None else None)
+            if api is not None:
+                # the fleet's setup: a host token, no database URL on the host
+                if token_file is None and host_config.token_file is not None:
+                    token_file = Path(host_config.token_file)
+                run_api_host_worker(
+                    api,
+                    _api_token(token_file),
+                    host_config,
+                    lease_seconds=lease_seconds or 30.0,
+                    max_runs=max_runs,
+                )
+                return
+            if token_file is not None:
+                raise errors.ConfigError("--token-file goes with --api", field="token_file")
             store = _open_store(config, "worker", upgrade=False)
             try:
                 run_host_worker(

@@ -4,16 +4,24 @@ schedctl.jobfiles.placement) with commands resolved per run from the host's own 
 @reboot jobs once at each start.
 
 A run's payload only names a job ({job_file, job}); the command, user, group, environment,
-working directory and stdin come from the file as loaded when the run starts, so a run in
-flight keeps the command it started with while the files change under it.
+working directory, stdin, timeout and max_concurrency come from the file as loaded when the
+run starts, whatever the central job says (the file wins on the host: a central job changed
+through the API cannot give the host's command other input, more time or more copies at
+once), so a run in flight keeps the command it started with while the files change under it.
+
+It leases through the database (DirectBackend) or, the fleet's setup, through the REST API
+with a host token (`scheduled-d worker --api URL`, run_api_host_worker): no database
+URL on the host, and the token reaches only this host's queues and jobs.
 
 A command alert of a job of these queues (`"command": true`, what `schedctl apply` makes of
 a job's `alert_command`) runs that job's alert_command from the host's files, found through
-the central job's payload as a run's command is; never anything the alert says.
+the central job's payload as a run's command is; never anything the alert says. Over the
+API the alerts are leased and finished through it too (run_api_alerts).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -38,6 +46,7 @@ from scheduled_d.worker import INHERITED_VARIABLES, RunSpec, Worker
 
 if TYPE_CHECKING:
     from schedctl.alerts.command import AlertCommand
+    from schedctl.queue_client import ApiLeaseBackend
     from schedctl.storage.alerts import AlertRow
     from schedctl.storage.store import Store
 
@@ -50,9 +59,10 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def run_spec(job: Job, payload: Any) -> RunSpec:
-    """What running `job` executes: its argv, its stdin text (else the run's payload JSON),
-    its environment (over HOME, USER and LOGNAME of its user when it has one of its own),
-    its account and working directory. Raises a SchedError when its user cannot be used."""
+    """What running `job` executes: its argv, its stdin text (else `payload` as JSON), its
+    environment (over HOME, USER and LOGNAME of its user when it has one of its own), its
+    account, working directory and timeout. Raises a SchedError when its user cannot be
+    used."""
     account = run_as(job)
     env: dict[str, str] = {}
     if account is not None:
@@ -68,19 +78,31 @@ def run_spec(job: Job, payload: Any) -> RunSpec:
         extra_groups=list(account.groups) if account else None,
         workdir=job.workdir,
         keep_output=job.output == "local",  # the daemon's log (the journal) only
+        timeout_seconds=_timeout_seconds(job),
     )
 
 
-def _timeout_seconds(job: Job) -> int:
-    """The job's timeout as the central job has it (0: none)."""
-    if "timeout" not in job.limits:
-        return 0
-    body = {
+def file_reference(job: Job) -> dict[str, str]:
+    """A run's stdin when its file gives no stdin text: the job's reference as the file
+    has it, never the central payload (which the API can change)."""
+    return {"job_file": str(job.path), "job": job.name}
+
+
+def _file_limits(job: Job) -> tuple[int, int]:
+    """(timeout seconds, max_concurrency) as the file sets them, with the central defaults
+    for what it leaves out (0: none; max_concurrency 1 unless asked)."""
+    body: dict[str, Any] = {
         "schedule": {"every": 3600},
         "target": {"type": "queue", "name": "boot"},
-        "timeout": job.limits["timeout"],
     }
-    return jobspec.parse_job_request(body, now=_EPOCH).timeout_seconds
+    body.update({k: job.limits[k] for k in ("timeout", "max_concurrency") if k in job.limits})
+    spec = jobspec.parse_job_request(body, now=_EPOCH)
+    return spec.timeout_seconds, spec.max_concurrency
+
+
+def _timeout_seconds(job: Job) -> int:
+    """The job's timeout as its file sets it (0: none)."""
+    return _file_limits(job)[0]
 
 
 class HostWorker:
@@ -114,6 +136,10 @@ class HostWorker:
         self._booted = False  # once per start of the process, not per supervised restart
         self._boot_processes: set[subprocess.Popen[bytes]] = set()
         self._boot_lock = threading.Lock()
+        # runs of each job definition (file, name, digest) running here now: the file's
+        # max_concurrency (a run started before its file changed keeps its own count)
+        self._running: dict[tuple[str, str, str], int] = {}
+        self._running_lock = threading.Lock()
 
     # -- the files ---------------------------------------------------------------------------
 
@@ -143,7 +169,38 @@ class HostWorker:
             lease.payload, host=self.host.name, groups=self.host.groups, queue=queue
         )
         log.info("run %s: job %r of %s", lease.idempotency_key, job.name, job.path)
-        return run_spec(job, lease.payload)
+        spec = run_spec(job, file_reference(job))
+        return dataclasses.replace(spec, on_end=self._admit(job))
+
+    def _admit(self, job: Job) -> Callable[[], None]:
+        """Count a run of `job` as running here; Conflict (the attempt fails, nothing
+        runs) when the file's max_concurrency of them already run on this host, whatever
+        the central job allows. Returns what ends the count."""
+        limit = _file_limits(job)[1]
+        key = (str(job.path), job.name, job.digest())
+        with self._running_lock:
+            running = self._running.get(key, 0)
+            if limit and running >= limit:
+                raise errors.Conflict(
+                    f"job {job.name!r} of {str(job.path)!r}: {running} run(s) already running "
+                    f"on this host, and its file's max_concurrency is {limit}",
+                    field="max_concurrency",
+                )
+            self._running[key] = running + 1
+        done = threading.Event()
+
+        def end() -> None:
+            if done.is_set():
+                return
+            done.set()
+            with self._running_lock:
+                left = self._running.get(key, 1) - 1
+                if left > 0:
+                    self._running[key] = left
+                else:
+                    self._running.pop(key, None)
+
+        return end
 
     def resolver(self, queue: str) -> Callable[[Lease], RunSpec]:
         """The `resolve` of the Worker serving `queue`: the lease does not say which queue it
@@ -160,25 +217,24 @@ class HostWorker:
         central job's payload names it ({job_file, job}), and it must be a job of this
         host's files that runs on this host from that queue (as for a run: HostFiles.resolve).
         NotFound when there is no such job or it has no alert_command."""
-        from schedctl.alerts.command import AlertCommand
         from schedctl.storage.jobs import JobRepo
 
         central = JobRepo(store).get(alert.job_id, alert.tenant_id)
-        job = self.files.resolve(
-            central.payload, host=self.host.name, groups=self.host.groups, queue=queue
-        )
+        return self._alert_command_of(central.payload, queue, alert.kind, alert.job_id)
+
+    def _alert_command_of(self, payload: Any, queue: str, kind: str, job_id: str) -> AlertCommand:
+        """alert_command's AlertCommand, from the central job's payload (the database's or
+        the API's): the same resolution and account whichever way the alert came."""
+        from schedctl.alerts.command import AlertCommand
+
+        job = self.files.resolve(payload, host=self.host.name, groups=self.host.groups, queue=queue)
         if not job.alerts.command:
             raise errors.NotFound(
                 f"job {job.name!r} of {str(job.path)!r} has no alert_command on this host",
                 field="alert_command",
             )
-        log.info(
-            "alert %s of job %s: the alert_command of job %r of %s",
-            alert.kind,
-            alert.job_id,
-            job.name,
-            job.path,
-        )
+        log.info("alert %s of job %s: the alert_command of job %r of %s", kind, job_id,
+                 job.name, job.path)  # fmt: skip
         spec = run_spec(job, None)
         return AlertCommand(
             argv=list(job.alerts.command),
@@ -212,6 +268,62 @@ class HostWorker:
             self.reload(why)
         except Exception:  # a scan that fails keeps the files loaded so far
             log.exception("job files: the %s failed; the files loaded before stay", why)
+
+    def api_alert_lane(self, backend: LeaseBackend, queue: str) -> Callable[[], int] | None:
+        """The Worker's alert lane for `queue` over the API (None with the database, whose
+        lane is the Worker's own)."""
+        from schedctl.queue_client import ApiLeaseBackend
+
+        if not isinstance(backend, ApiLeaseBackend):
+            return None
+
+        def lane() -> int:
+            return self.run_api_alerts(backend, queue)
+
+        return lane
+
+    def run_api_alerts(self, backend: ApiLeaseBackend, queue: str) -> int:
+        """Lease the due command alerts of `queue` through the API and run, for each, the
+        alert_command of its job in this host's files (found as for a database worker:
+        the central job's {job_file, job} resolved among the jobs that run here from
+        `queue`), with the alert JSON on stdin; then report how it went. Returns how many
+        were taken."""
+        from schedctl.alerts.command import TIMEOUT_SECONDS, run_command
+
+        taken = backend.lease_alerts(queue)
+        for alert in taken:
+            error: str | None
+            try:
+                found = self._alert_command_of(
+                    backend.job_payload(alert.job_id), queue, alert.kind, alert.job_id
+                )
+            except errors.StoreUnavailable:
+                raise  # the lease runs out and the alert is due again
+            except errors.SchedError as exc:
+                error = f"no alert command on this host: {exc}"
+            except Exception as exc:  # this alert's attempt fails, not the worker
+                log.exception("alerts: finding the command of job %s's alert failed", alert.job_id)
+                error = f"no alert command on this host: {type(exc).__name__}: {exc}"
+            else:
+                env = {n: os.environ[n] for n in ("PATH", "LANG", "TZ", "HOME") if n in os.environ}
+                env.update(found.env)
+                env.update(SCHED_ALERT=alert.kind, SCHED_JOB_ID=alert.job_id)
+                data = json.dumps(alert.body, sort_keys=True).encode()
+                # as the job's runs: its user, group, environment and working directory
+                error = run_command(
+                    found.argv,
+                    data,
+                    env,
+                    TIMEOUT_SECONDS,
+                    user=found.user,
+                    group=found.group,
+                    extra_groups=found.extra_groups,
+                    cwd=found.workdir,
+                )
+            if error is not None:
+                log.warning("alerts: command alert of job %s failed: %s", alert.job_id, error)
+            backend.finish_alert(alert, error)
+        return len(taken)
 
     # -- @reboot -----------------------------------------------------------------------------
 
@@ -345,8 +457,9 @@ class HostWorker:
                 alert_command_for=(
                     self.alert_resolver(queue, backend.store)
                     if isinstance(backend, DirectBackend)
-                    else None  # an API worker has no alert lane
+                    else None
                 ),
+                alert_lane=self.api_alert_lane(backend, queue),
             )
             for queue in self.queues
         ]
@@ -416,14 +529,15 @@ def _kill_group(process: subprocess.Popen[bytes]) -> None:
 
 
 def run_host_worker(
-    store: Store,
+    store: Store | LeaseBackend,
     host: HostConfig,
     *,
     lease_seconds: float = 30.0,
     max_runs: int | None = None,
 ) -> None:
     """`scheduled-d worker` with a [host] table or --jobs-dir: the host worker in this
-    process until SIGTERM/SIGINT (a second one kills the commands in flight)."""
+    process until SIGTERM/SIGINT (a second one kills the commands in flight), leasing from
+    the database (a Store) or through a LeaseBackend (run_api_host_worker's)."""
     from scheduled_d import sdnotify
     from scheduled_d.signals import stop_on_signals
     from scheduled_d.supervise import run_inline
@@ -439,4 +553,67 @@ def run_host_worker(
             f"host-worker-{host.name}",
             lambda: host_worker.run(stop, force=force, max_runs=max_runs),
             stop,
+        )
+
+
+def run_api_host_worker(
+    api_url: str,
+    token: str,
+    host: HostConfig,
+    *,
+    lease_seconds: float = 30.0,
+    max_runs: int | None = None,
+) -> None:
+    """`scheduled-d worker --api URL` with a [host] table or --jobs-dir: the host worker
+    leasing through the REST API with the host's token; no database URL, no database code.
+    The token must be this host's (check_token_host)."""
+    from schedctl.queue_client import ApiLeaseBackend
+
+    queues = host_queues(host.name, host.groups)
+    backend = ApiLeaseBackend(
+        api_url,
+        token,
+        timeout=max(1.0, min(10.0, lease_seconds / 3)),
+        connections=host.concurrency * len(queues),
+    )
+    try:
+        check_token_host(backend.whoami(), host)
+        run_host_worker(backend, host, lease_seconds=lease_seconds, max_runs=max_runs)
+    finally:
+        backend.close()
+
+
+def check_token_host(whoami: dict[str, Any], host: HostConfig) -> None:
+    """The API's word on the token (GET /v1/tenant) against this host's configuration: a
+    host token of another host, or without one of this host's groups, is a ConfigError at
+    the start (not a 403 per lease); a tenant token works and is warned about."""
+    token_host = whoami.get("host")
+    tenant = (whoami.get("name"), whoami.get("tenant_id"))
+    if host.tenant is not None and host.tenant not in tenant:
+        raise errors.ConfigError(
+            f"the API token is of tenant {tenant[0]!r}, not of host.tenant {host.tenant!r}",
+            field="tenant",
+        )
+    if token_host is None:
+        log.warning(
+            "host worker %s: the API token is a tenant token, which reaches every queue and "
+            "job of the tenant; give this host a host token: schedctl tenant token create "
+            "TENANT --host %s",
+            host.name,
+            host.name,
+        )
+        return
+    if token_host != host.name:
+        raise errors.ConfigError(
+            f"the API token is the host token of host {token_host!r}, and this host is "
+            f"{host.name!r}: make one with `schedctl tenant token create TENANT --host "
+            f"{host.name}`",
+            field="host",
+        )
+    missing = sorted(set(host.groups) - set(whoami.get("groups") or ()))
+    if missing:
+        raise errors.ConfigError(
+            f"the host token of {host.name!r} does not serve group(s) {', '.join(missing)}: "
+            "make a token with every --group of this host",
+            field="groups",
         )

@@ -113,7 +113,9 @@ class RunSpec:
     from its own job files): argv, stdin bytes, variables over the clean base, the account
     (user/group/extra_groups as subprocess takes them; None: the worker's own) and the
     working directory (None: the worker's); keep_output: the output stays on this host (the
-    daemon's log only: no tail in heartbeats nor in the run history)."""
+    daemon's log only: no tail in heartbeats nor in the run history); its timeout (None:
+    the lease's, the central job's; 0: none) and what to call once the run is over,
+    whatever its end (on_end)."""
 
     argv: Sequence[str]
     stdin: bytes = b""
@@ -123,6 +125,8 @@ class RunSpec:
     extra_groups: Sequence[int] | None = None
     workdir: str | None = None
     keep_output: bool = False
+    timeout_seconds: int | None = None
+    on_end: Callable[[], None] | None = None
 
 
 class Worker:
@@ -156,6 +160,8 @@ class Worker:
     - alert_command_for: instead of (or before) `alert_command`, the host's command for each
       alert, looked up per alert (the host worker: the alert_command of the job file's job);
       None, or a SchedError it raises, when the host has none: the alert fails with why.
+    - alert_lane: instead of those (database workers), what runs this queue's due command
+      alerts when the worker is idle (the host worker over the API).
 
     Three threads besides the lease loop (the caller's): one supervises every command
     (one selector over all their pipes and exits, and their timers), one records outcomes
@@ -183,6 +189,7 @@ class Worker:
         alert_command: Sequence[str] = (),
         resolve: Callable[[Lease], RunSpec] | None = None,
         alert_command_for: Callable[[AlertRow], Sequence[str] | AlertCommand | None] | None = None,
+        alert_lane: Callable[[], object] | None = None,
     ) -> None:
         if not command and resolve is None:
             raise errors.ConfigError("the worker needs a command to run", field="command")
@@ -231,6 +238,7 @@ class Worker:
         # the host's alert command (OnFailure=-like), run for this queue's command alerts
         self.alert_command = list(alert_command)
         self.alert_command_for = alert_command_for
+        self.alert_lane = alert_lane
         self.resolve = resolve
         self._supervisor: _Supervisor | None = None
         self._spawners: _Spawners | None = None
@@ -349,8 +357,15 @@ class Worker:
         return taken
 
     def _alerts(self) -> None:
-        """Run the host's alert commands for this queue's due command alerts (database
-        workers only: an API worker has no alert lane)."""
+        """Run the host's alert commands for this queue's due command alerts: its
+        `alert_lane` when it has one (the host worker over the API), else from the
+        database (a tenant worker over the API has no alert lane)."""
+        if self.alert_lane is not None:
+            try:
+                self.alert_lane()
+            except errors.StoreUnavailable as exc:
+                self._store_down("cannot lease alerts", exc)
+            return
         has_command = bool(self.alert_command) or self.alert_command_for is not None
         if not has_command or not isinstance(self.backend, DirectBackend):
             return
@@ -489,8 +504,10 @@ class Worker:
                 workdir=spec.workdir,
             )
         except OSError as exc:
+            if spec.on_end is not None:
+                spec.on_end()
             return _failed(lease, f"cannot start the command: {exc}", started_at)
-        run = _Run(self, lease, child, spec.stdin, started_at, keep_output=spec.keep_output)
+        run = _Run(self, lease, child, spec.stdin, started_at, spec, keep_output=spec.keep_output)
         run.feed_stdin()  # a payload that fits the pipe is written now, without a select
         return run
 
@@ -528,7 +545,7 @@ class Worker:
         if outcome.forced:
             error = "killed: the worker was forced to stop"
         elif outcome.timed_out:
-            error = f"timed out after {lease.timeout_seconds}s"
+            error = f"timed out after {run.timeout_seconds}s"
         elif code is not None and code < 0:
             error = f"killed by signal {_signal_name(-code)}"
         else:
@@ -729,10 +746,14 @@ class _Run:
         child: Child,
         stdin: bytes,
         started_at: datetime,
+        spec: RunSpec | None = None,
         *,
         keep_output: bool = False,
     ) -> None:
         self.lease = lease
+        timeout = spec.timeout_seconds if spec is not None else None
+        self.timeout_seconds = lease.timeout_seconds if timeout is None else timeout
+        self._on_end = spec.on_end if spec is not None else None
         self.child = child
         self.started_at = started_at
         self.outcome = _Outcome()
@@ -747,7 +768,7 @@ class _Run:
         # each line also goes to the daemon's log, tagged with the job and the run (bounded)
         self.output_log = RunOutputLog(lease)
         begun = time.monotonic()
-        self.deadline = begun + lease.timeout_seconds if lease.timeout_seconds > 0 else None
+        self.deadline = begun + self.timeout_seconds if self.timeout_seconds > 0 else None
         self.next_heartbeat = begun + worker.heartbeat_seconds
         self.last_confirmed = begun  # when the lease was last known to be ours
         self.output_sent = (0, 0)  # output bytes of (stdout, stderr) when a heartbeat sent it
@@ -756,6 +777,12 @@ class _Run:
         self.kill_at: float | None = None
         self.exited_at: float | None = None
         self.wake = begun  # when the supervisor looks at it next
+
+    def ended(self) -> None:
+        """The command is over (or abandoned): its RunSpec's on_end, once."""
+        on_end, self._on_end = self._on_end, None
+        if on_end is not None:
+            on_end()
 
     def feed_stdin(self) -> bool:
         """Write what the pipe takes of the rest of stdin (closed once all is written, or
@@ -1020,7 +1047,7 @@ class _Supervisor:
                 "run %s attempt %d: timed out after %ss; terminating",
                 run.lease.idempotency_key,
                 run.lease.attempt,
-                run.lease.timeout_seconds,
+                run.timeout_seconds,
             )
             self._terminate(run, now)
         # unconfirmed for a whole lease: the reaper may have handed the run to another
@@ -1113,6 +1140,7 @@ class _Supervisor:
             # never leave it orphaned
             run.child.signal_group(signal.SIGKILL)
         run.outcome.returncode = run.child.wait()
+        run.ended()
         ending = self.worker._ended(run)
         if ending is None:
             self.worker._release(1)
@@ -1130,6 +1158,7 @@ class _Supervisor:
         run.child.signal_group(signal.SIGKILL)
         with contextlib.suppress(Exception):
             run.child.wait()
+        run.ended()
         self.worker._release(1)
 
 

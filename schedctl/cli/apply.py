@@ -1,20 +1,28 @@
 """Owns `schedctl apply`: a jobs.d directory in, the central jobs made to match it (as this
 host sees it), shown as a diff table or JSON; --dry-run only shows, --prune also removes
-what this host applied earlier from files that are gone."""
+what this host applied earlier from files that are gone.
+
+With `--api URL` (a cron host with its host token, no database URL) it goes through the
+REST API: the token decides the tenant, and a host token must be this host's, serve its
+groups, and be allowed every write of the plan before the first is made. Without --db and
+--api, the [host] table's api_url and token_file (the worker's) say the same."""
 
 from __future__ import annotations
 
 import json
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from schedctl import errors, jobfiles
-from schedctl.cli.common import OutputOption, actor, cli_state, output_format, say
+from schedctl.cli.common import CliState, OutputOption, actor, cli_state, output_format, say
 from schedctl.cli.output import OutputFormat, emit_json, emit_table
+from schedctl.client import ApiClient
 from schedctl.config import DEFAULT_CONFIG_PATH
+from schedctl.host_scope import HostScope
 from schedctl.jobfiles import apply as applying
 from schedctl.jobfiles import placement
 
@@ -79,20 +87,36 @@ def apply(
         name = placement.check_host(host, "--host")
     if group:
         groups = tuple(group)
-    scheduler = state.database()
-    owner = tenant or _only_tenant([t.name for t in scheduler.list_tenants()])
+    scope: HostScope | None = None
+    jobs: applying.Jobs
+    if not state.api_url and not state.db and config is not None:
+        _api_of_host_table(state, config)  # a cron host: [host] api_url and token_file
+    if state.api_url:
+        client = state.scheduler()
+        assert isinstance(client, ApiClient)
+        me = client.whoami()
+        owner = str(me.get("name"))
+        client._check_tenant(tenant)
+        scope = _token_scope(me, name, groups)
+        jobs, now = client, datetime.now(UTC)
+    else:
+        database = state.database()
+        owner = tenant or _only_tenant([t.name for t in database.list_tenants()])
+        jobs, now = database, database.store.now()
     plan = applying.plan(
         files,
         name,
         groups,
-        applying.read_central(scheduler, owner),
+        applying.read_central(jobs, owner),
         directory=root,
-        now=scheduler.store.now(),
+        now=now,
         prune=prune,
         mail_domain=mail_domain or _fqdn_domain(),
     )
+    if scope is not None:
+        applying.check_host_scope(plan, scope)
     if not dry_run:
-        applying.execute(scheduler, owner, plan, actor=actor())
+        applying.execute(jobs, owner, plan, actor=actor())
     fmt = output_format(ctx, output)
     if fmt is OutputFormat.json:
         emit_json(plan.as_dict(applied=not dry_run))
@@ -101,6 +125,47 @@ def apply(
     counts = ", ".join(f"{len(plan.of(a))} {a.value}" for a in applying.Action)
     note = " (dry run: nothing written)" if dry_run and plan.writes else ""
     say(f"host {plan.host}: {counts}, {len(plan.skipped)} skipped{note}")
+
+
+def _api_of_host_table(state: CliState, config: str) -> None:
+    """With neither --db nor --api: the REST API and the host token of the [host] table
+    (api_url, token_file) when it names them, as the host's worker uses them."""
+    from schedctl.config import load_config
+
+    host = load_config(config).host
+    if host is None or host.api_url is None:
+        return
+    state.api_url = host.api_url
+    if not state.api_token and host.token_file is not None:
+        try:
+            state.api_token = Path(host.token_file).read_text().strip()
+        except OSError as exc:
+            raise errors.ConfigError(
+                f"cannot read the token file {host.token_file!r}: {exc.strerror}",
+                field="host.token_file",
+            ) from exc
+
+
+def _token_scope(me: dict[str, Any], host: str, groups: tuple[str, ...]) -> HostScope | None:
+    """The host token's scope (None: a tenant token), which must be `host`'s and serve
+    each of its `groups`: else a ValidationError before anything is read or written."""
+    token_host = me.get("host")
+    if token_host is None:
+        return None
+    if token_host != host:
+        raise errors.ValidationError(
+            f"the API token is the host token of {token_host!r}, and this host is {host!r} "
+            "(--host, or host.name of --config)",
+            field="host",
+        )
+    token_groups = tuple(str(g) for g in me.get("groups") or ())
+    missing = sorted(set(groups) - set(token_groups))
+    if missing:
+        raise errors.ValidationError(
+            f"the host token of {host!r} does not serve group(s) {', '.join(missing)}",
+            field="group",
+        )
+    return HostScope(host, token_groups)
 
 
 def _fqdn_domain() -> str | None:

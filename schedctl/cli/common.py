@@ -117,6 +117,7 @@ class CliState:
                 open_store(config),
                 max_payload_bytes=config.max_payload_bytes,
                 alert_policy=config.alert_policy,
+                metrics_max_jobs=config.metrics_max_jobs_per_tenant,
             )
         return self._scheduler
 

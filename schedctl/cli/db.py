@@ -1,15 +1,17 @@
-"""Owns `schedctl db`: schema migrations (upgrade, idempotent), the schema status, and payload
-encryption keys (make a new key, re-encrypt every payload and signing secret after a
-rotation)."""
+"""Owns `schedctl db`: schema migrations (upgrade, idempotent), the schema status, the
+runtime role's grants and the owner's run-history maintenance (day partitions made ahead,
+expired ones dropped), and payload encryption keys (make a new key, re-encrypt every
+payload and signing secret after a rotation)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
+from schedctl import errors
 from schedctl.cli.common import OutputOption, cli_state, output_format, say
-from schedctl.cli.output import OutputFormat, emit
+from schedctl.cli.output import OutputFormat, emit, err_console
 
 # the storage modules (sqlalchemy, alembic, the drivers) are imported inside each command:
 # `schedctl --help` must not load them
@@ -94,6 +96,116 @@ def status(ctx: typer.Context, output: OutputOption = None) -> None:
             say("run `schedctl db upgrade` to bring it up to date")
     if current != head:
         raise typer.Exit(SCHEMA_BEHIND_EXIT)
+
+
+def warn(message: str) -> None:
+    """A line on stderr: stdout keeps only the statements (`db grant ROLE | psql`)."""
+    err_console.print(message, markup=False, highlight=False, soft_wrap=True)
+
+
+@app.command()
+def grant(
+    ctx: typer.Context,
+    role: Annotated[str, typer.Argument(help="The daemons' runtime role (it must exist).")],
+    apply: Annotated[
+        bool,
+        typer.Option("--apply", help="Run the statements (as the owner), not only print them."),
+    ] = False,
+    output: OutputOption = None,
+) -> None:
+    """Print (or with --apply run) the GRANT statements that give ROLE what the dispatcher,
+    relay, worker and API need: SELECT, INSERT, UPDATE and DELETE on the scheduler's
+    tables, USAGE on their sequences, SELECT on the schema version; no DDL, no TRUNCATE.
+    Default privileges of the owner (the role of this command's URL) cover the tables later
+    migrations create; running it again after `db upgrade` changes nothing. Postgres only:
+    a SQLite file has no roles."""
+    from schedctl.storage.engine import has_roles
+    from schedctl.storage.roles import apply_grants, check_role_name, runtime_grants
+
+    state = cli_state(ctx)
+    check_role_name(role)
+    if not has_roles(state.database_url()):
+        # before opening it: a SQLite file would be created by the look
+        raise errors.ValidationError(
+            "database roles do not apply to an embedded file database: the file's owner "
+            "and mode decide who may open it",
+            field="database_url",
+        )
+    store = state.store()
+    grants = runtime_grants(store, role)
+    if apply:
+        apply_grants(store, grants)
+    fmt = output_format(ctx, output)
+    if fmt is OutputFormat.json:
+        emit(
+            {
+                "role": role,
+                "statements": list(grants.statements),
+                "notes": list(grants.notes),
+                "applied": apply,
+            },
+            fmt,
+        )
+        return
+    for statement in grants.statements:
+        say(f"{statement};")
+    for note in grants.notes:
+        warn(f"note: {note}")
+    if apply:
+        warn(f"applied {len(grants.statements)} statements for {role!r}")
+
+
+@app.command()
+def maintain(
+    ctx: typer.Context,
+    days_ahead: Annotated[
+        int,
+        typer.Option(
+            "--days-ahead", min=1, max=366, help="Make day partitions this many days ahead."
+        ),
+    ] = 7,
+    retention_days: Annotated[
+        int | None,
+        typer.Option(
+            "--retention-days",
+            min=1,
+            max=36500,
+            help="Drop run history older than this; default: retention_days of the config.",
+            show_default=False,
+        ),
+    ] = None,
+    output: OutputOption = None,
+) -> None:
+    """Run-history maintenance as the database owner (from scheduled-d-maintain.timer):
+    make the day partitions of runs up to --days-ahead days ahead and drop those older than
+    the retention period, delete older rows. The daemons run as the runtime role, which may
+    not do DDL: they only delete expired rows, and warn when fewer than 2 days ahead have
+    their partition (a missing day's runs go to the default partition: none is lost)."""
+    from schedctl.storage.retention import maintain_runs
+
+    state = cli_state(ctx)
+    keep = retention_days if retention_days is not None else state.config().retention_days
+    done = maintain_runs(
+        state.store(), retention_days=keep, days_ahead=days_ahead, require_owner=True
+    )
+    result = {
+        "created": done.created,
+        "removed": done.removed,
+        "days_ahead": done.days_ahead,
+        "retention_days": keep,
+    }
+    fmt = output_format(ctx, output)
+    if fmt is OutputFormat.json:
+        emit(result, fmt)
+        return
+    say(
+        f"{len(done.created)} day partition(s) created, {done.removed} expired partition(s) "
+        "and row(s) removed"
+    )
+    if done.days_ahead is None:
+        say("run history is one table here (not partitioned): expired rows deleted")
+    else:
+        say(f"day partitions ready for {done.days_ahead} day(s) after today")
 
 
 @app.command("new-payload-key")

@@ -24,7 +24,7 @@ TENANT_COLUMNS = (
     "dispatch_rate_per_second",
     "created_at",
 )
-TOKEN_COLUMNS = ("token_id", "created_at", "revoked_at", "active")
+TOKEN_COLUMNS = ("token_id", "host", "groups", "created_at", "revoked_at", "active")
 
 token_app = typer.Typer(
     help="API tokens of a tenant: create another, list, revoke.", no_args_is_help=True
@@ -109,16 +109,43 @@ def quota(
 def token_create(
     ctx: typer.Context,
     tenant: Annotated[str, typer.Argument(help="Tenant name or id.")],
+    host: Annotated[
+        str | None,
+        typer.Option(
+            "--host",
+            metavar="NAME",
+            help="A host token for the cron host NAME: it can only lease and settle runs of "
+            "that host's queues, report its presence and apply the jobs its files define.",
+        ),
+    ] = None,
+    group: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--group", metavar="GROUP", help="With --host: a host group it serves (repeat)."
+        ),
+    ] = None,
     output: OutputOption = None,
 ) -> None:
-    """Issue another API token (e.g. to rotate one); it is shown this once only."""
-    token = cli_state(ctx).database().new_token(tenant, actor=actor())
+    """Issue another API token (e.g. to rotate one); it is shown this once only. With
+    --host, a host token for a cron host (no database URL needed there)."""
+    groups = tuple(group or ())
+    token = cli_state(ctx).database().new_token(tenant, actor=actor(), host=host, groups=groups)
     fmt = output_format(ctx, output)
     token_id = token.split("_")[1]
     if fmt is OutputFormat.json:
-        emit({"tenant": tenant, "token_id": token_id, "token": token}, fmt)
+        emit(
+            {
+                "tenant": tenant,
+                "token_id": token_id,
+                "token": token,
+                "host": host,
+                "groups": sorted(set(groups)),
+            },
+            fmt,
+        )
         return
-    say(f"token {token_id} created for tenant {tenant}")
+    kind = f"host token for host {host}" if host is not None else "token"
+    say(f"{kind} {token_id} created for tenant {tenant}")
     say("API token (it will not be shown again; store it now):")
     say(token)
 

@@ -31,7 +31,13 @@ from schedctl.models import JobSpec, JobStatus
 from schedctl.scheduling.schedules import schedule_to_dict
 
 if TYPE_CHECKING:
-    from schedctl.service import Scheduler, TenantRef
+    from schedctl.client import ApiClient
+    from schedctl.host_scope import HostScope
+    from schedctl.service import Scheduler
+
+    # the database's library API, or the REST API's client (`schedctl --api URL apply`,
+    # a cron host with its host token)
+    Jobs = Scheduler | ApiClient
 
 BOOT = "boot (runs on the host's worker start)"
 PAYLOAD_KEYS = frozenset({"job_file", "job", "host", "digest"})
@@ -294,6 +300,7 @@ def _view(job: CentralJob | JobSpec) -> dict[str, Any]:
         "window": job.window_seconds,
         "max_concurrency": job.max_concurrency or None,
         "timeout": job.timeout_seconds or None,
+        "metrics": job.metrics,
         "start": _utc(job.start_at),
         "end": _utc(job.end_at),
     }
@@ -341,6 +348,8 @@ def _update_body(
             update[key] = getattr(spec, f"{key}_seconds")
     if "max_concurrency" in fields:
         update["max_concurrency"] = spec.max_concurrency or None
+    if "metrics" in fields:
+        update["metrics"] = spec.metrics
     return update
 
 
@@ -363,7 +372,7 @@ def _problem(job: Job, index: int, exc: errors.ValidationError) -> Problem:
 # -- reading and writing the store -----------------------------------------------------
 
 
-def read_central(scheduler: Scheduler, tenant: TenantRef) -> list[Central]:
+def read_central(scheduler: Jobs, tenant: str) -> list[Central]:
     """The tenant's jobs (not deleted), with the alert settings of those apply made."""
     found: list[Central] = []
     cursor: str | None = None
@@ -380,7 +389,28 @@ def read_central(scheduler: Scheduler, tenant: TenantRef) -> list[Central]:
     )
 
 
-def execute(scheduler: Scheduler, tenant: TenantRef, plan: Plan, *, actor: str) -> None:
+def check_host_scope(plan: Plan, scope: HostScope) -> None:
+    """Before anything is written over the API with a host token: each write of the plan is
+    one the token may make (schedctl.host_scope), else Forbidden naming the job, so a
+    refusal changes nothing rather than stopping half-way."""
+    for entry in plan.entries:
+        try:
+            if entry.action is Action.removed or entry.replace:
+                assert entry.current is not None
+                if not scope.owns_job(entry.current):
+                    raise errors.Forbidden("is not a job of this host", field="name")
+            if entry.action is Action.created or entry.replace:
+                scope.check_body(entry.body)
+            elif entry.action is Action.changed and entry.update:
+                scope.check_body(entry.update, entry.current)
+        except errors.Forbidden as exc:
+            raise errors.Forbidden(
+                f"job {entry.name!r}: the host token of {scope.host} may not write it: {exc}",
+                field=exc.field,
+            ) from None
+
+
+def execute(scheduler: Jobs, tenant: str, plan: Plan, *, actor: str) -> None:
     """Make the plan so, entry by entry, through the service (validated and audited there)."""
     for entry in plan.entries:
         if entry.action is Action.removed or entry.replace:
@@ -395,7 +425,7 @@ def execute(scheduler: Scheduler, tenant: TenantRef, plan: Plan, *, actor: str) 
             _change(scheduler, tenant, entry, actor)
 
 
-def _change(scheduler: Scheduler, tenant: TenantRef, entry: Entry, actor: str) -> None:
+def _change(scheduler: Jobs, tenant: str, entry: Entry, actor: str) -> None:
     assert entry.current is not None and entry.body is not None and entry.job is not None
     job_id = entry.current.job_id
     if entry.update:

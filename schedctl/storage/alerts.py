@@ -428,16 +428,17 @@ def _count(connection: Connection) -> int:
 
 
 def last_successes(store: Store) -> list[tuple[str, str, datetime]]:
-    """(tenant, job, last success) of each active job with a no_success setting of its own
-    (the metric's series: bounded by the jobs that asked for one)."""
-    j, s, r = schema.jobs, schema.alert_settings, schema.runs
+    """(tenant name, job name, last success) of each active job with a no_success setting
+    of its own (the metric's series: bounded by the jobs that asked for one)."""
+    j, s, r, t = schema.jobs, schema.alert_settings, schema.runs, schema.tenants
     with store.tx() as connection:
         rows = connection.execute(
-            select(j.c.tenant_id, j.c.job_id, func.max(r.c.finished_at))
+            select(t.c.name, j.c.name, func.max(r.c.finished_at))
+            .join(t, t.c.tenant_id == j.c.tenant_id)
             .join(s, and_(s.c.job_id == j.c.job_id, s.c.tenant_id == j.c.tenant_id))
             .join(r, and_(r.c.job_id == j.c.job_id, r.c.status == RunStatus.succeeded.value))
             .where(j.c.status == JobStatus.active.value, s.c.config.like('%"no_success"%'))
-            .group_by(j.c.tenant_id, j.c.job_id)
+            .group_by(t.c.name, j.c.job_id, j.c.name)
             .limit(NO_SUCCESS_BATCH)
         ).all()
     return [(t, jid, at) for t, jid, at in rows if at is not None]
@@ -602,15 +603,19 @@ def list_alerts(store: Store, tenant_id: str | None = None) -> list[dict[str, An
 
 
 def count_failures(
-    failures: Sequence[Failure], contexts: Mapping[str, JobContext] | None = None
+    failures: Sequence[Failure],
+    tenant_names: Mapping[str, str],
+    contexts: Mapping[str, JobContext] | None = None,
 ) -> None:
-    """Count failed attempts and dead letters per tenant, and log each dead letter at
+    """Count failed attempts and dead letters per tenant (labelled with the tenant's name,
+    `tenant_names` by job id; its id when the job is gone), and log each dead letter at
     WARNING (job and tenant by name with their ids, reason; never the payload)."""
     contexts = contexts or {}
     for f in failures:
-        metrics.FAILURES.labels(tenant=f.tenant_id).inc()
+        tenant = tenant_names.get(f.job_id, f.tenant_id)
+        metrics.FAILURES.labels(tenant=tenant).inc()
         if f.dead:
-            metrics.DEAD_LETTERS.labels(tenant=f.tenant_id).inc()
+            metrics.DEAD_LETTERS.labels(tenant=tenant).inc()
             context = contexts.get(f.job_id, JobContext())
             log.warning(
                 "run dead-lettered: job %s of tenant %s, scheduled_at=%s attempts=%d "
@@ -628,3 +633,30 @@ def count_failures(
 def named(name: str | None, fallback: str) -> str:
     """A name as a log line shows it (quoted: it is the tenant's text), else the id."""
     return repr(name) if name else fallback
+
+
+def held_alert(store: Store, alert_id: int, owner: str, tenant_id: str) -> AlertRow | None:
+    """The pending alert `alert_id` of the tenant while its lease is `owner`'s (an API
+    worker settling the command alert it claimed), else None."""
+    a = schema.alerts
+    with store.read() as connection:
+        row = connection.execute(
+            select(a).where(
+                a.c.id == alert_id,
+                a.c.tenant_id == tenant_id,
+                a.c.lease_owner == owner,
+                a.c.status == PENDING,
+            )
+        ).first()
+    if row is None:
+        return None
+    return AlertRow(
+        id=row.id,
+        tenant_id=row.tenant_id,
+        job_id=row.job_id,
+        kind=row.kind,
+        channel=row.channel,
+        destination=row.destination,
+        body=json.loads(row.body),
+        attempt=row.attempt,
+    )

@@ -75,6 +75,25 @@ class Lock(enum.Enum):
 
 
 @dataclass(frozen=True)
+class RoleGrants:
+    """Dialect.runtime_grants: the statements, and what the role could still do beyond
+    them (notes for the operator: a superuser, a schema anyone may create in)."""
+
+    statements: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RunPartitions:
+    """The day partitions of runs (Dialect.run_partitions): the days that have one, and
+    whether the session's role owns runs (may create and drop them: the owner role does,
+    the daemons' runtime role does not)."""
+
+    days: frozenset[date]
+    owned: bool
+
+
+@dataclass(frozen=True)
 class Changes:
     """What changed since the last look: some jobs, or possibly anything (reload)."""
 
@@ -337,8 +356,15 @@ class Dialect(Protocol):
         the caller reads the clock and locks step by step."""
         ...
 
-    def run_partition_days(self, today: date, days_ahead: int) -> list[date]:
-        """The days whose run-history partitions should exist (none: not partitioned)."""
+    def runtime_grants(self, connection: Connection, role: str) -> RoleGrants | None:
+        """The statements that give `role` (which must exist) the daemons' rights on this
+        database's scheduler tables and nothing more, as this session's role (the owner)
+        would run them (None: the backend has no roles)."""
+        ...
+
+    def run_partitions(self, connection: Connection) -> RunPartitions | None:
+        """The day partitions of runs that exist, and whether this session's role may make
+        and drop them (None: runs is not partitioned here)."""
         ...
 
     def create_run_partition(

@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
@@ -30,6 +30,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection, Engine, RowMapping
 from sqlalchemy.exc import IntegrityError
 
+from schedctl import errors
 from schedctl.leasing import ReadyFeed
 from schedctl.models import EVERY_HOST_QUEUE_PREFIX, JobStatus, Lane
 from schedctl.storage import schema
@@ -41,6 +42,8 @@ from schedctl.storage.dialect import (
     LeaseMark,
     Lock,
     OutcomeWrites,
+    RoleGrants,
+    RunPartitions,
     ServerSessions,
 )
 
@@ -463,8 +466,115 @@ class PostgresDialect:
         now = rows[0][3].astimezone(UTC) if rows else None
         return now, {r[0]: (r[1], r[2]) for r in rows}
 
-    def run_partition_days(self, today: date, days_ahead: int) -> list[date]:
-        return [today + timedelta(days=offset) for offset in range(-1, days_ahead + 1)]
+    def runtime_grants(self, connection: Connection, role: str) -> RoleGrants | None:
+        found = connection.execute(
+            text(
+                "SELECT r.rolsuper, r.rolbypassrls, pg_has_role(:role, current_user, 'USAGE'),"
+                " current_database(), current_schema(), current_user,"
+                " has_schema_privilege(:role, current_schema(), 'CREATE')"
+                " FROM pg_roles r WHERE r.rolname = :role"
+            ),
+            {"role": role},
+        ).one_or_none()
+        if found is None:
+            raise errors.NotFound(
+                f"no role {role!r} in this cluster: create it first "
+                f"(CREATE ROLE {_ident(role)} LOGIN PASSWORD '...')",
+                field="role",
+            )
+        superuser, bypass_rls, is_owner, database, namespace, owner, may_create = found
+        if superuser:
+            raise errors.ValidationError(
+                f"{role!r} is a superuser: no grant limits it (ALTER ROLE {_ident(role)} "
+                "NOSUPERUSER, or another role)",
+                field="role",
+            )
+        if is_owner:
+            raise errors.ValidationError(
+                f"{role!r} is (or is a member of) {owner!r}, the role running this command "
+                "and owning the tables: the runtime role must be another one",
+                field="role",
+            )
+        found_rows = connection.execute(
+            text(
+                "SELECT c.relname::text, c.relkind::text, pg_get_userbyid(c.relowner)::text,"
+                " pg_has_role(current_user, c.relowner, 'USAGE') FROM pg_class c"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p', 'S')"
+                " AND NOT c.relispartition ORDER BY c.relname"
+            )
+        ).all()
+        # a GRANT by a role that may not grant only warns ("no privileges were granted"):
+        # whoever runs this must own what it grants, or it would report a success
+        foreign = sorted({str(r[2]) for r in found_rows if not r[3]})
+        if foreign:
+            raise errors.ConfigError(
+                f"{owner!r} does not own the scheduler's tables (owned by "
+                f"{', '.join(map(repr, foreign))}): run it as the role that owns them "
+                "(the one that runs `schedctl db upgrade`)",
+                field="database_url",
+            )
+        rows = [(str(r[0]), str(r[1])) for r in found_rows]
+        owners = sorted({str(r[2]) for r in found_rows})
+        # the scheduler's tables (the version table: read, to check the schema's revision)
+        version_table = "alembic_version"
+        tables = [name for name, kind in rows if kind in ("r", "p") and name != version_table]
+        sequences = [name for name, kind in rows if kind == "S"]
+        if not tables:
+            raise errors.ValidationError(
+                f"schema {namespace!r} of {database!r} has no tables: run "
+                "`schedctl db upgrade` first",
+                field="database_url",
+            )
+        who, where, table_list = _ident(role), _ident(namespace), ", ".join(map(_ident, tables))
+        dml = "SELECT, INSERT, UPDATE, DELETE"
+        statements = [
+            f"GRANT CONNECT ON DATABASE {_ident(database)} TO {who}",
+            f"GRANT USAGE ON SCHEMA {where} TO {who}",
+            # what it held before (TRUNCATE, REFERENCES, TRIGGER) goes: the grants are exact
+            f"REVOKE ALL ON TABLE {table_list} FROM {who}",
+            f"GRANT {dml} ON TABLE {table_list} TO {who}",
+        ]
+        if version_table in {name for name, _ in rows}:
+            statements.append(f"GRANT SELECT ON TABLE {_ident(version_table)} TO {who}")
+        if sequences:
+            statements.append(
+                f"GRANT USAGE ON SEQUENCE {', '.join(map(_ident, sequences))} TO {who}"
+            )
+        # the tables and sequences a later migration creates (run by the same owner) are
+        # the runtime role's at once: no grant step to forget after `db upgrade`
+        for table_owner in owners or [owner]:
+            for kind, rights in (("TABLES", dml), ("SEQUENCES", "USAGE")):
+                statements.append(
+                    f"ALTER DEFAULT PRIVILEGES FOR ROLE {_ident(table_owner)} IN SCHEMA "
+                    f"{where} GRANT {rights} ON {kind} TO {who}"
+                )
+        notes = []
+        if bypass_rls:
+            notes.append(f"{role!r} bypasses row-level security (ALTER ROLE NOBYPASSRLS)")
+        if may_create:
+            notes.append(
+                f"{role!r} may create tables in schema {namespace!r} (granted to it or to "
+                f"PUBLIC): REVOKE CREATE ON SCHEMA {where} FROM PUBLIC, {who}"
+            )
+        return RoleGrants(statements=tuple(statements), notes=tuple(notes))
+
+    def run_partitions(self, connection: Connection) -> RunPartitions | None:
+        # owning runs (or a role that does, superusers too) is what CREATE TABLE ...
+        # PARTITION OF and DROP TABLE of a partition need
+        row = connection.execute(
+            text(
+                "SELECT pg_has_role(current_user, p.relowner, 'USAGE'), ARRAY("
+                " SELECT c.relname::text FROM pg_inherits i JOIN pg_class c"
+                " ON c.oid = i.inhrelid WHERE i.inhparent = p.oid"
+                " AND c.relname ~ '^runs_[0-9]{8}$') "
+                "FROM pg_class p WHERE p.oid = to_regclass('runs') AND p.relkind = 'p'"
+            )
+        ).one_or_none()
+        if row is None:
+            return None
+        days = frozenset(datetime.strptime(name[5:], "%Y%m%d").date() for name in row[1])
+        return RunPartitions(days=days, owned=bool(row[0]))
 
     def create_run_partition(
         self, connection: Connection, name: str, start: datetime, end: datetime
@@ -656,6 +766,11 @@ class PostgresDialect:
         ids = [row["job_id"] for row in rows]
         kept = _pg_rows(connection, _JOBS_WRITTEN, {"ids": ids})
         return set(ids) - {r[0] for r in kept}
+
+
+def _ident(name: str) -> str:
+    """`name` as a double-quoted SQL identifier."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _notify_all(connection: Connection, channel: str, payloads: list[str]) -> None:
@@ -1088,6 +1203,7 @@ _JOB_ARRAYS = (
     ("request_hash", "text"),
     ("created_at", "timestamptz"),
     ("updated_at", "timestamptz"),
+    ("metrics", "boolean"),
 )
 _AUDIT_ARRAYS = (
     ("at", "timestamptz"),

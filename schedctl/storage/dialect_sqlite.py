@@ -10,7 +10,7 @@ import json
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
-from datetime import UTC, date, datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
@@ -41,6 +41,8 @@ from schedctl.storage.dialect import (
     LeaseMark,
     Lock,
     OutcomeWrites,
+    RoleGrants,
+    RunPartitions,
     ServerSessions,
 )
 
@@ -352,8 +354,11 @@ class SqliteDialect:
     ) -> tuple[datetime | None, dict[int, tuple[str | None, int]]] | None:
         return None  # no row locks, and a local clock
 
-    def run_partition_days(self, today: date, days_ahead: int) -> list[date]:
-        return []  # one runs table; retention deletes old rows
+    def runtime_grants(self, connection: Connection, role: str) -> RoleGrants | None:
+        return None  # a file: who may open it is the file system's business
+
+    def run_partitions(self, connection: Connection) -> RunPartitions | None:
+        return None  # one runs table; retention deletes old rows
 
     def create_run_partition(
         self, connection: Connection, name: str, start: datetime, end: datetime

@@ -45,6 +45,15 @@ def sets_itself_up(url: str) -> bool:
     return normalize_url(url).startswith("sqlite")
 
 
+def has_roles(url: str) -> bool:
+    """Whether the database at `url` has roles and grants (Postgres), not a file's owner
+    and mode (SQLite)."""
+    try:
+        return make_url(normalize_url(url)).get_backend_name() == "postgresql"
+    except ArgumentError:
+        return False
+
+
 # libpq takes a password as a query parameter too (?password=...)
 _SECRET_PARAMETERS = ("password", "sslpassword")
 

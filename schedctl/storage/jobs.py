@@ -239,9 +239,17 @@ class JobRepo:
         *,
         actor: str,
         admit: Admit | None = None,
+        metrics_max_jobs: int | None = None,
     ) -> list[Outcome]:
         """Up to MAX_BATCH jobs in one transaction, one Outcome each (storage/job_create.py)."""
-        return create_jobs(self.store, tenant_id, items, actor=actor, admit=admit)
+        return create_jobs(
+            self.store,
+            tenant_id,
+            items,
+            actor=actor,
+            admit=admit,
+            metrics_max_jobs=metrics_max_jobs,
+        )
 
     # -- read --------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     Float,
     ForeignKey,
@@ -15,6 +16,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 
@@ -68,6 +70,9 @@ api_tokens = Table(
     Column("token_hash", String(64), nullable=False, unique=True),
     Column("created_at", UTCDateTime, nullable=False),
     Column("revoked_at", UTCDateTime, nullable=True),
+    # a host token's host and groups (JSON list); NULL for a tenant token (migration 0016)
+    Column("host", String(63), nullable=True),
+    Column("groups", Text, nullable=True),
 )
 
 jobs = Table(
@@ -101,6 +106,9 @@ jobs = Table(
     Column("request_hash", String(64), nullable=False),
     Column("created_at", UTCDateTime, nullable=False),
     Column("updated_at", UTCDateTime, nullable=False),
+    # per-job run counts and durations on /metrics (0018; bounded per tenant by the
+    # operator's metrics_max_jobs_per_tenant)
+    Column("metrics", Boolean, nullable=False, server_default=false()),
     UniqueConstraint("tenant_id", "idempotency_key", name="uq_jobs_tenant_idempotency"),
     # the due index: "due before T in partitions S" is a range read per partition
     Index("ix_jobs_due", "partition", "next_fire_at"),
@@ -308,7 +316,7 @@ alerts = Table(
         "job_id", "scheduled_at", "kind", "run_attempt", "channel", name="uq_alerts_dedupe"
     ),
     Index("ix_alerts_due", "status", "channel", "available_at"),
-    # the per-tenant hourly limit counts the tenant's recent deliveries (0019)
+    # the per-tenant hourly limit counts the tenant's recent deliveries (0017)
     Index("ix_alerts_tenant_delivered", "tenant_id", "delivered_at"),
 )
 

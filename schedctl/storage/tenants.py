@@ -26,13 +26,14 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from schedctl import errors, limits
+from schedctl.host_scope import HostScope
 from schedctl.models import Tenant
 from schedctl.storage import schema
 from schedctl.storage.audit import audit
 from schedctl.storage.clock import db_now
 from schedctl.storage.rows import tenant_from_row
 from schedctl.storage.store import Store
-from schedctl.storage.token_cache import VERIFIED_TOKENS
+from schedctl.storage.token_cache import VERIFIED_TOKENS, Verified
 
 TOKEN_PREFIX = "st_"
 DEFAULT_MAX_JOBS = 10_000
@@ -52,6 +53,7 @@ class TokenInfo:
     tenant_id: str
     created_at: datetime
     revoked_at: datetime | None
+    host: HostScope | None = None  # a host token's host and groups
 
 
 def token_id_of(token_or_id: str) -> str:
@@ -226,8 +228,9 @@ class TenantRepo:
             raise errors.Unauthorized("invalid API token", field="token")
         return str(row.tenant_id), str(row.token_id)
 
-    def authenticate_tenant(self, token: str) -> tuple[Tenant, str]:
-        """(tenant, token_id) for a valid, unrevoked token, in one query or from the
+    def authenticate_tenant(self, token: str) -> Verified:
+        """(tenant, token_id, host scope or None) for a valid, unrevoked token, in one query
+        or from the
         process's cache of verified tokens (storage/token_cache.py: a revocation elsewhere
         takes effect here within TOKEN_CACHE_SECONDS); Unauthorized otherwise."""
         cached = self.cached_tenant(token)
@@ -241,7 +244,13 @@ class TenantRepo:
         with self.store.read() as connection:
             row = (
                 connection.execute(
-                    select(schema.tenants, tokens.c.token_id, tokens.c.revoked_at)
+                    select(
+                        schema.tenants,
+                        tokens.c.token_id,
+                        tokens.c.revoked_at,
+                        tokens.c.host,
+                        tokens.c.groups,
+                    )
                     .join(tokens, tokens.c.tenant_id == schema.tenants.c.tenant_id)
                     .where(tokens.c.token_hash == token_hash)
                 )
@@ -251,12 +260,15 @@ class TenantRepo:
         if row is None or row["revoked_at"] is not None:
             raise errors.Unauthorized("invalid API token", field="token")
         tenant, token_id = tenant_from_row(row), str(row["token_id"])
-        VERIFIED_TOKENS.put(self._database, token_hash, tenant, token_id, generation=generation)
-        return tenant, token_id
+        scope = HostScope.from_columns(row["host"], row["groups"])
+        VERIFIED_TOKENS.put(
+            self._database, token_hash, tenant, token_id, generation=generation, scope=scope
+        )
+        return tenant, token_id, scope
 
-    def cached_tenant(self, token: str) -> tuple[Tenant, str] | None:
-        """(tenant, token_id) when the token was verified within the cache's TTL, without
-        touching the database; None: ask authenticate_tenant."""
+    def cached_tenant(self, token: str) -> Verified | None:
+        """(tenant, token_id, host scope) when the token was verified within the cache's
+        TTL, without touching the database; None: ask authenticate_tenant."""
         if not isinstance(token, str):
             return None
         return VERIFIED_TOKENS.get(self._database, hash_token(token))
@@ -271,7 +283,13 @@ class TenantRepo:
         with self.store.read() as connection:
             found = self._get(connection, tenant)
             rows = connection.execute(
-                select(tokens.c.token_id, tokens.c.created_at, tokens.c.revoked_at)
+                select(
+                    tokens.c.token_id,
+                    tokens.c.created_at,
+                    tokens.c.revoked_at,
+                    tokens.c.host,
+                    tokens.c.groups,
+                )
                 .where(tokens.c.tenant_id == found.tenant_id)
                 .order_by(tokens.c.created_at, tokens.c.token_id)
             ).all()
@@ -281,6 +299,7 @@ class TenantRepo:
                 tenant_id=found.tenant_id,
                 created_at=r.created_at,
                 revoked_at=r.revoked_at,
+                host=HostScope.from_columns(r.host, r.groups),
             )
             for r in rows
         ]
@@ -316,18 +335,24 @@ class TenantRepo:
             change_tenant(connection, found.tenant_id, changes, actor=actor, action="tenant_quota")
             return self._get(connection, found.tenant_id)
 
-    def new_token(self, tenant: str, *, actor: str = "system") -> str:
-        """Another API token for the tenant (name or id), e.g. to rotate the first one."""
+    def new_token(
+        self, tenant: str, *, actor: str = "system", host: HostScope | None = None
+    ) -> str:
+        """Another API token for the tenant (name or id), e.g. to rotate the first one; with
+        `host`, a host token bound to that host and its groups (schedctl.host_scope)."""
+        detail: dict[str, Any] = {}
+        if host is not None:
+            detail = {"host": host.host, "groups": list(host.groups)}
         with self.store.tx() as connection:
             found = self._get(connection, tenant)
-            token_id, token = self._insert_token(connection, found.tenant_id)
+            token_id, token = self._insert_token(connection, found.tenant_id, host)
             audit(
                 connection,
                 at=db_now(connection),
                 tenant_id=found.tenant_id,
                 actor=actor,
                 action="token_create",
-                detail={"token_id": token_id},
+                detail={"token_id": token_id, **detail},
             )
         return token
 
@@ -361,7 +386,9 @@ class TenantRepo:
         VERIFIED_TOKENS.forget(token_id=token_id)
 
     @staticmethod
-    def _insert_token(connection: Connection, tenant_id: str) -> tuple[str, str]:
+    def _insert_token(
+        connection: Connection, tenant_id: str, host: HostScope | None = None
+    ) -> tuple[str, str]:
         token_id = secrets.token_hex(6)
         token = f"{TOKEN_PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
         connection.execute(
@@ -371,6 +398,8 @@ class TenantRepo:
                 token_hash=hash_token(token),
                 created_at=db_now(connection),
                 revoked_at=None,
+                host=host.host if host is not None else None,
+                groups=host.groups_column() if host is not None else None,
             )
         )
         return token_id, token

@@ -16,7 +16,11 @@ import threading
 import time
 from collections.abc import Callable
 
+from schedctl.host_scope import HostScope
 from schedctl.models import Tenant
+
+# what a verified token stands for: its tenant, its id, and its host (None: a tenant token)
+Verified = tuple[Tenant, str, HostScope | None]
 
 TOKEN_CACHE_SECONDS = 5.0
 # past this many tokens the cache starts over: bounded memory, whatever the callers send
@@ -24,8 +28,8 @@ MAX_CACHED_TOKENS = 10_000
 
 
 class TokenCache:
-    """(database, token hash) -> (tenant, token id), each entry valid for `ttl` seconds of
-    `clock` (monotonic; injectable for the tests)."""
+    """(database, token hash) -> (tenant, token id, host scope), each entry valid for `ttl`
+    seconds of `clock` (monotonic; injectable for the tests)."""
 
     def __init__(
         self, ttl: float = TOKEN_CACHE_SECONDS, clock: Callable[[], float] = time.monotonic
@@ -33,25 +37,32 @@ class TokenCache:
         self.ttl = ttl
         self._clock = clock
         self._lock = threading.Lock()
-        self._entries: dict[tuple[str, str], tuple[float, Tenant, str]] = {}
+        self._entries: dict[tuple[str, str], tuple[float, Verified]] = {}
         # bumped by every forget(): a lookup that began before one is not cached, so a
         # revocation in this process cannot be undone by a lookup racing it
         self.generation = 0
 
-    def get(self, database: str, token_hash: str) -> tuple[Tenant, str] | None:
+    def get(self, database: str, token_hash: str) -> Verified | None:
         entry = self._entries.get((database, token_hash))
         if entry is None:
             return None
-        expires, tenant, token_id = entry
+        expires, verified = entry
         if self._clock() >= expires:
             with self._lock:
                 if self._entries.get((database, token_hash)) is entry:
                     del self._entries[(database, token_hash)]
             return None
-        return tenant, token_id
+        return verified
 
     def put(
-        self, database: str, token_hash: str, tenant: Tenant, token_id: str, *, generation: int
+        self,
+        database: str,
+        token_hash: str,
+        tenant: Tenant,
+        token_id: str,
+        *,
+        generation: int,
+        scope: HostScope | None = None,
     ) -> None:
         """Cache a token the database just verified; `generation` is self.generation read
         before the lookup began (the entry is dropped if anything was forgotten since)."""
@@ -62,7 +73,10 @@ class TokenCache:
                 return
             if len(self._entries) >= MAX_CACHED_TOKENS:
                 self._entries.clear()
-            self._entries[(database, token_hash)] = (self._clock() + self.ttl, tenant, token_id)
+            self._entries[(database, token_hash)] = (
+                self._clock() + self.ttl,
+                (tenant, token_id, scope),
+            )
 
     def forget(self, *, token_id: str | None = None, tenant_id: str | None = None) -> None:
         """Drop the entries of a token (revoked) or of a tenant (changed), in every
@@ -71,7 +85,7 @@ class TokenCache:
             self.generation += 1
             stale = [
                 key
-                for key, (_, tenant, cached_id) in self._entries.items()
+                for key, (_, (tenant, cached_id, _scope)) in self._entries.items()
                 if cached_id == token_id or tenant.tenant_id == tenant_id
             ]
             for key in stale:

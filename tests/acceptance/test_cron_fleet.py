@@ -174,8 +174,9 @@ def output_of(run: dict[str, Any]) -> str:
 
 
 @pytest.fixture
-def fleet(tmp_path: Path, pg_url: str) -> Iterator[Fleet]:
-    f = Fleet(tmp_path, pg_url)
+def fleet(tmp_path: Path, pg_runtime_url: str) -> Iterator[Fleet]:
+    # as operators run it: the daemons and schedctl as the runtime role (no DDL)
+    f = Fleet(tmp_path, pg_runtime_url)
     try:
         yield f
     finally:

@@ -1,5 +1,6 @@
 """`scheduled-d all` as a real process: it runs jobs end to end, stops cleanly on SIGTERM,
-and after kill -9 and a restart no run is lost and none is claimed twice."""
+and after kill -9 and a restart no run is lost and none is claimed twice. On SQLite, and on
+Postgres as the runtime role (tests/pg_roles.py: DML only, no DDL), as operators run it."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from sqlalchemy import select
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.storage import schema
 from schedctl.storage.store import Store
+from scheduled_d.worker import RECORD_BACKLOG_DIVISOR
 from tests.acceptance.process_support import wait_for
 from tests.factories import bulk_once_jobs, create_job, every, make_tenant, once_at
 from tests.services.ports import free_port
@@ -74,11 +76,20 @@ class Daemon:
             self.process.wait(30)
 
 
-@pytest.fixture
-def daemon(tmp_path: Path, sqlite_url: str) -> Iterator[Daemon]:
-    d = Daemon(tmp_path, sqlite_url)
+@pytest.fixture(
+    params=[
+        pytest.param("sqlite", id="sqlite"),
+        pytest.param("postgres", id="postgres-runtime-role", marks=pytest.mark.postgres),
+    ]
+)
+def daemon(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Daemon]:
+    url = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_runtime_url")
+    d = Daemon(tmp_path, url)
     yield d
     d.stop()
+    if request.param == "postgres":
+        # the runtime role never tried what it may not do
+        assert "permission denied" not in d.log.read_text()
 
 
 def runs_by_status(store: Store) -> Counter[str]:
@@ -101,6 +112,9 @@ def test_all_runs_jobs_and_stops_cleanly_on_sigterm(daemon: Daemon) -> None:
         scrape = requests.get(f"{base}/metrics", timeout=10).text
         assert "scheduled_claims_total" in scrape
         assert "scheduled_owned_partitions 1024.0" in scrape
+        if store.is_postgres:
+            # its maintenance ran without DDL and says the owner's partitions are missing
+            assert wait_for(lambda: "schedctl db maintain" in daemon.log.read_text(), poll=0.25)
         daemon.signal(signal.SIGTERM)
         assert daemon.wait(60) == 0
         assert "stopped" in daemon.log.read_text()
@@ -185,7 +199,9 @@ def test_kill_9_and_restart_loses_no_run_and_claims_none_twice(daemon: Daemon) -
         twice = {key for key, n in executions.items() if n > 1}
         lost_keys = {f"{j}:{at.isoformat().replace('+00:00', 'Z')}" for j, at in lost_attempts}
         assert twice <= lost_keys
-        assert len(twice) <= 4  # at most the worker's concurrency was in flight
+        # at most the worker's concurrency (4) in flight plus its record backlog: outcomes
+        # of finished runs handed to the settler and not recorded yet (worker.py)
+        assert len(twice) <= 4 + max(1, 4 // RECORD_BACKLOG_DIVISOR)
     finally:
         store.close()
 

@@ -16,7 +16,9 @@ from schedctl import __version__
 REPO = Path(__file__).resolve().parents[2]
 PREFIX = "/usr/local"
 VENV = "/opt/scheduled"
-UNITS = sorted(p.name for p in (REPO / "systemd").glob("*.service"))
+UNITS = sorted(
+    p.name for pattern in ("*.service", "*.timer") for p in (REPO / "systemd").glob(pattern)
+)
 MAN_PAGES = sorted(p.name for p in (REPO / "man").iterdir())
 # what a live install would create; none of it may change while the test runs
 LIVE_PATHS = [
@@ -122,17 +124,21 @@ def test_install_reinstall_and_uninstall_into_destdir(tmp_path: Path) -> None:
         )
         assert found.stdout.strip() == str(man_dir / "man1/schedctl.1"), found.stderr
 
-    # units whose ExecStart= is the installed scheduled-d
+    # units whose ExecStart= is the installed scheduled-d (the owner's maintenance:
+    # schedctl), and the maintenance timer
     unit_dir = root / "etc/systemd/system"
     assert sorted(p.name for p in unit_dir.iterdir()) == UNITS
     for unit in UNITS:
         assert mode(unit_dir / unit) == 0o644
+        if unit.endswith(".timer"):
+            continue
+        program = "schedctl" if unit == "scheduled-d-maintain.service" else "scheduled-d"
         exec_start = next(
             line for line in (unit_dir / unit).read_text().splitlines()
             if line.startswith("ExecStart=")
         )  # fmt: skip
         binary = exec_start.removeprefix("ExecStart=").split()[0]
-        assert binary == f"{PREFIX}/bin/scheduled-d", unit
+        assert binary == f"{PREFIX}/bin/{program}", unit
         assert (root / binary.lstrip("/")).is_file()
 
     # an empty jobs.d, the state directory

@@ -519,7 +519,9 @@ def test_all_with_the_api_runs_without_writable_executable_memory(
 
 # -- the units -------------------------------------------------------------------------------------
 
-UNITS = sorted(p.name for p in (REPO / "systemd").glob("*.service"))
+# the daemons' services; the owner's maintenance is a oneshot service and its timer
+MAINTENANCE = ("scheduled-d-maintain.service", "scheduled-d-maintain.timer")
+UNITS = sorted(p.name for p in (REPO / "systemd").glob("*.service") if p.name not in MAINTENANCE)
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
 needs_analyze = pytest.mark.skipif(
     SYSTEMD_ANALYZE is None, reason="systemd-analyze is not installed (apt install systemd)"
@@ -532,9 +534,10 @@ def installed_units(tmp_path: Path) -> Path:
     Documentation=); the worker template instantiated for a queue."""
     units = tmp_path / "units"
     units.mkdir()
-    for name in UNITS:
+    for name in (*UNITS, *MAINTENANCE):
         text = (REPO / "systemd" / name).read_text()
         text = text.replace("/usr/local/bin/scheduled-d", str(SCHEDULED_D))
+        text = text.replace("/usr/local/bin/schedctl", str(BIN / "schedctl"))
         (units / name).write_text(text)
     template = units / "scheduled-d-worker@.service"
     shutil.copy(template, units / "scheduled-d-worker@backups.service")
@@ -604,11 +607,23 @@ def test_the_relay_units_deny_link_local_and_metadata_addresses(unit: str) -> No
     assert not any(line.startswith("IPAddressAllow=") for line in settings)
 
 
+def test_the_maintenance_timer_runs_db_maintain_as_the_owner() -> None:
+    service = (REPO / "systemd" / "scheduled-d-maintain.service").read_text().splitlines()
+    timer = (REPO / "systemd" / "scheduled-d-maintain.timer").read_text().splitlines()
+    assert "Type=oneshot" in service
+    assert "ExecStart=/usr/local/bin/schedctl db maintain --days-ahead 7" in service
+    # the owner's URL comes last, so it overrides the daemons' runtime-role URL
+    files = [line for line in service if line.startswith("EnvironmentFile=")]
+    assert files[-1] == "EnvironmentFile=/etc/scheduled/owner.env"
+    assert "Persistent=true" in timer and "WantedBy=timers.target" in timer
+
+
 @needs_analyze
 def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
     units = installed_units(tmp_path)
     paths = [str(units / n) for n in UNITS if n != "scheduled-d-worker@.service"]
     paths.append(str(units / "scheduled-d-worker@backups.service"))
+    paths.extend(str(units / n) for n in MAINTENANCE)
     result = subprocess.run(
         [str(SYSTEMD_ANALYZE), "verify", *paths],
         capture_output=True,
@@ -635,6 +650,8 @@ def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
         # the cron replacement runs as root, as cron does, so that jobs run as their users:
         # kernel-facing settings only (the unit says how to tighten it for one user)
         ("scheduled-d-host.service", 8.0),
+        # holds the database owner's URL: as tight as the daemons
+        ("scheduled-d-maintain.service", 4.0),
     ],
 )
 def test_units_security_exposure(tmp_path: Path, unit: str, limit: float) -> None:

@@ -1,6 +1,7 @@
 """Owns the chaos suite's fixtures: a crash-safe Postgres of its own (the tests restart it),
 private ZooKeeper servers (a standalone one or a 3-server ensemble, restarted by the tests),
-a fresh database with a small partition count, and the cluster harness that kills every
+a fresh database with a small partition count (used by the daemons as the runtime role,
+tests/pg_roles.py), and the cluster harness that kills every
 daemon it started at the end. A failing test's report gets the daemons' log tails.
 """
 
@@ -17,6 +18,7 @@ from schedctl.storage.migrate import upgrade
 from schedctl.storage.store import Store
 from tests.chaos.cluster import Cluster
 from tests.failure_logs import attach_log_tails
+from tests.pg_roles import grant_runtime_role
 from tests.services.ports import free_port
 from tests.services.postgres import PostgresServer
 from tests.services.zookeeper import ZooKeeperEnsemble
@@ -58,7 +60,8 @@ def chaos_db_url(chaos_pg: PostgresServer) -> Iterator[str]:
     finally:
         store.close()
     try:
-        yield url
+        # the daemons (and the checker) run as the runtime role: no DDL, as deployed
+        yield grant_runtime_role(chaos_pg, name)
     finally:
         with contextlib.suppress(Exception):
             if not chaos_pg.is_running():

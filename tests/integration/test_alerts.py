@@ -38,6 +38,7 @@ from schedctl.signing import verify
 from schedctl.storage import alerts as alerts_repo
 from schedctl.storage import schema
 from schedctl.storage.dead_letters import DeadLetterRepo
+from schedctl.storage.jobs import JobRepo
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.signing_secrets import SigningKeyCache
 from schedctl.storage.store import Store
@@ -98,8 +99,8 @@ def test_a_dead_letter_alerts_by_webhook_and_email_and_logs_a_warning(
 ) -> None:
     inbox, port = smtp
     tenant = "tenant-acme"
-    dead_before = counter("scheduled_dead_letters_total", tenant)
-    failures_before = counter("scheduled_run_failures_total", tenant)
+    dead_before = counter("scheduled_dead_letters_total", "acme")
+    failures_before = counter("scheduled_run_failures_total", "acme")
     with hook_server(answer(200)) as alerts_hook, hook_server(answer(500)) as target:
         job = http_job(store, target.url(), max_attempts=2)
         alerts_repo.set_settings(
@@ -137,8 +138,8 @@ def test_a_dead_letter_alerts_by_webhook_and_email_and_logs_a_warning(
     assert line.levelno == logging.WARNING
     assert job in line.getMessage() and tenant in line.getMessage()
     assert "HTTP 500" in line.getMessage()
-    assert counter("scheduled_dead_letters_total", tenant) == dead_before + 2
-    assert counter("scheduled_run_failures_total", tenant) == failures_before + 4
+    assert counter("scheduled_dead_letters_total", "acme") == dead_before + 2
+    assert counter("scheduled_run_failures_total", "acme") == failures_before + 4
 
 
 def test_failure_alerts_only_when_asked_and_settling_twice_queues_one(store: Store) -> None:
@@ -440,10 +441,12 @@ def test_the_last_success_series_is_only_for_jobs_with_a_no_success_alert(store:
             )
     export_last_success(partial(alerts_repo.last_successes, store))
     try:
+        # labelled with the tenant's and the job's names, not their ids
         name = "scheduled_job_last_success_timestamp_seconds"
-        seen = REGISTRY.get_sample_value(name, {"tenant": tenant, "job": watched})
+        watched_name, other_name = (JobRepo(store).get(j).name for j in (watched, other))
+        seen = REGISTRY.get_sample_value(name, {"tenant": "acme", "job": watched_name})
         assert seen == finished.timestamp()
-        assert REGISTRY.get_sample_value(name, {"tenant": tenant, "job": other}) is None
+        assert REGISTRY.get_sample_value(name, {"tenant": "acme", "job": other_name}) is None
     finally:
         export_last_success(None)
 

@@ -57,6 +57,8 @@ OPERATIONS = [
     "POST /v1/leases/{lease_id}/heartbeat",
     "POST /v1/leases/{lease_id}/ack",
     "POST /v1/leases/{lease_id}/fail",
+    "POST /v1/queues/{name}/alert-leases",
+    "POST /v1/alert-leases/{lease_id}/finish",
     "GET /v1/jobs/{job_id}/alerts",
     "PUT /v1/jobs/{job_id}/alerts",
 ]

@@ -124,7 +124,9 @@ def test_a_run_runs_the_command_of_the_host_s_file(
     assert env["SCHED_JOB_ID"] == job
     assert not [n for n in env if n.startswith("SCHEDULED_")]
     assert "AWS_SECRET_ACCESS_KEY" not in env
-    assert json.loads(Path(f"{out}.stdin").read_text()) == payload  # no stdin text: payload
+    # no stdin text: the file's own reference, never the central payload (the API can
+    # change that)
+    assert json.loads(Path(f"{out}.stdin").read_text()) == {"job_file": str(path), "job": "dump"}
     assert Path(f"{out}.pwd").read_text().strip() == str(shared)
 
 

@@ -106,8 +106,11 @@ class PostgresServer(Service):
         port: int | None = None,
         *,
         crash_safe: bool = False,
+        settings: Sequence[str] = (),
     ) -> None:
         self.crash_safe = crash_safe
+        # more `-c name=value` server settings (ssl=on and its files, for the TLS tests)
+        self.settings = tuple(settings)
         self._owns_base_dir = base_dir is None
         self.base_dir = (
             base_dir
@@ -223,9 +226,17 @@ class PostgresServer(Service):
 
     # -- use -------------------------------------------------------------------------
 
-    def url(self, dbname: str = "postgres") -> str:
-        """The SQLAlchemy URL of database ``dbname`` (psycopg 3 driver, no password)."""
-        return f"postgresql+psycopg://postgres@{self.host}:{self.port}/{dbname}"
+    def url(self, dbname: str = "postgres", user: str = "postgres") -> str:
+        """The SQLAlchemy URL of database ``dbname`` as ``user`` (psycopg 3 driver, no
+        password: the cluster trusts loopback)."""
+        return f"postgresql+psycopg://{user}@{self.host}:{self.port}/{dbname}"
+
+    def ensure_role(self, name: str) -> None:
+        """Create the login role ``name`` (no rights of its own) unless it exists; roles are
+        the cluster's, shared by every database in it."""
+        if not self.admin(f"SELECT 1 FROM pg_roles WHERE rolname = {quote_literal(name)}"):
+            with contextlib.suppress(ServiceError):  # made meanwhile by another session
+                self.admin(f"CREATE ROLE {quote_ident(name)} LOGIN")
 
     def dsn(self, dbname: str = "postgres") -> str:
         """The libpq connection string of database ``dbname``."""
@@ -373,6 +384,7 @@ class PostgresServer(Service):
             "-c full_page_writes=off",
             "-c max_connections=300",
             "-c log_line_prefix='%m [%p] %d '",
+            *(f"-c {setting}" for setting in self.settings),
         ]
         return " ".join(options)
 

@@ -178,6 +178,7 @@ def store(pg_url: str) -> Iterator[Store]:
 
 
 def _daemon_env(pg_url: str, name: str) -> dict[str, str]:
+    """The daemons' environment: `pg_url` is the runtime role's (no DDL), as deployed."""
     return {
         **{k: v for k, v in os.environ.items() if not k.startswith("SCHEDULED_")},
         "SCHEDULED_DATABASE_URL": pg_url,
@@ -187,7 +188,9 @@ def _daemon_env(pg_url: str, name: str) -> dict[str, str]:
     }
 
 
-def test_soak_all_in_one_process_with_a_worker(pg_url: str, store: Store, tmp_path: Path) -> None:
+def test_soak_all_in_one_process_with_a_worker(
+    pg_runtime_url: str, store: Store, tmp_path: Path
+) -> None:
     port = free_port()
     config = tmp_path / "scheduled.toml"
     config.write_text(
@@ -202,7 +205,7 @@ def test_soak_all_in_one_process_with_a_worker(pg_url: str, store: Store, tmp_pa
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [str(SCHEDULED_D), "all", "--config", str(config)],
-            env=_daemon_env(pg_url, "soak-all"),
+            env=_daemon_env(pg_runtime_url, "soak-all"),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -226,18 +229,20 @@ def test_soak_all_in_one_process_with_a_worker(pg_url: str, store: Store, tmp_pa
             process.wait(30)
 
 
-def test_soak_dispatcher_relay_and_two_workers(pg_url: str, store: Store, tmp_path: Path) -> None:
+def test_soak_dispatcher_relay_and_two_workers(
+    pg_runtime_url: str, store: Store, tmp_path: Path
+) -> None:
     dispatcher_log = tmp_path / "dispatcher.log"
     with dispatcher_log.open("wb") as log:
         dispatcher = subprocess.Popen(
             [str(SCHEDULED_D), "dispatcher"],
-            env=_daemon_env(pg_url, "soak-dispatcher"),
+            env=_daemon_env(pg_runtime_url, "soak-dispatcher"),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    consumers = Consumers(pg_url, QUEUE, workers=2, concurrency=16, logdir=tmp_path)
+    consumers = Consumers(pg_runtime_url, QUEUE, workers=2, concurrency=16, logdir=tmp_path)
 
     def alive() -> None:
         assert dispatcher.poll() is None, dispatcher_log.read_text()[-3000:]

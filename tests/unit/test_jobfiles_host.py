@@ -70,6 +70,12 @@ def test_the_host_table_loads_with_its_defaults(tmp_path: Path) -> None:
         65536,
         10.0,
     )
+    path.write_text(
+        '[host]\napi_url = "https://api.example:8080"\ntoken_file = "/etc/scheduled/token"\n'
+    )
+    host = load_config(path, environ={}).host
+    assert host is not None
+    assert (host.api_url, host.token_file) == ("https://api.example:8080", "/etc/scheduled/token")
     path.write_text('log_level = "INFO"\n')
     assert load_config(path, environ={}).host is None
 
@@ -85,6 +91,9 @@ def test_the_host_table_loads_with_its_defaults(tmp_path: Path) -> None:
         ("output_bytes = 2000000", "host.output_bytes", 4, "1048576"),
         ("rescan_seconds = 0", "host.rescan_seconds", 4, "above 0"),
         ("tenant = 3", "host.tenant", 4, "tenant name"),
+        ('api_url = "ftp://api:8080"', "host.api_url", 4, "http:// or https://"),
+        ("api_url = 8080", "host.api_url", 4, "http:// or https://"),
+        ('token_file = "token"', "host.token_file", 4, "absolute file path"),
     ],
 )
 def test_a_bad_host_key_is_an_error_naming_key_file_and_line(

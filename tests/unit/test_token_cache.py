@@ -18,7 +18,7 @@ def test_entries_expire_after_the_ttl() -> None:
     cache = TokenCache(ttl=5.0, clock=lambda: now[0])
     cache.put("db", "h1", _tenant("a"), "t1", generation=cache.generation)
     now[0] = 4.9
-    assert cache.get("db", "h1") == (_tenant("a"), "t1")
+    assert cache.get("db", "h1") == (_tenant("a"), "t1", None)
     assert cache.get("other-db", "h1") is None
     now[0] = 5.0
     assert cache.get("db", "h1") is None

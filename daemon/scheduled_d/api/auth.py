@@ -1,6 +1,11 @@
-"""Owns the API's request dependencies: the bearer-token caller (its tenant and token id),
-the Scheduler of the app, and the JSON body (parsed by schedctl.limits, so that malformed
-JSON is a 400 naming the body and jobspec stays the one validator)."""
+"""Owns the API's request dependencies: the bearer-token caller (its tenant, token id and,
+for a host token, its host), the Scheduler of the app, and the JSON body (parsed by
+schedctl.limits, so that malformed JSON is a 400 naming the body and jobspec stays the one
+validator).
+
+A host token (schedctl.host_scope) is refused here, before any route runs, on every route
+but HOST_TOKEN_ROUTES: a route added later is closed to host tokens until it is listed.
+Each listed route narrows what the host may touch itself (its queues, its own jobs)."""
 
 from __future__ import annotations
 
@@ -13,18 +18,47 @@ from starlette.concurrency import run_in_threadpool
 
 from schedctl import errors, limits
 from schedctl.errors import MalformedRequest, UnsupportedMediaType
+from schedctl.host_scope import HostScope
 from schedctl.models import Tenant
 from schedctl.service import Scheduler
+
+# (method, route path) a host token may call; every other route answers 403 to it (its
+# presence rides on its leases and heartbeats, as a tenant worker's does). The
+# routes themselves keep it to its queues (leases), its leases (looked up by token) and
+# the jobs its files define (jobs, alerts: another's is 404).
+HOST_TOKEN_ROUTES = frozenset(
+    {
+        ("GET", "/v1/tenant"),
+        ("POST", "/v1/queues/{name:path}/leases"),
+        ("POST", "/v1/leases/{lease_id}/heartbeat"),
+        ("POST", "/v1/leases/{lease_id}/ack"),
+        ("POST", "/v1/leases/{lease_id}/fail"),
+        ("POST", "/v1/queues/{name:path}/alert-leases"),
+        ("POST", "/v1/alert-leases/{lease_id}/finish"),
+        ("GET", "/v1/jobs"),
+        ("POST", "/v1/jobs"),
+        ("GET", "/v1/jobs/{job_id}"),
+        ("PATCH", "/v1/jobs/{job_id}"),
+        ("DELETE", "/v1/jobs/{job_id}"),
+        ("POST", "/v1/jobs/{job_id}/pause"),
+        ("POST", "/v1/jobs/{job_id}/resume"),
+        ("GET", "/v1/jobs/{job_id}/alerts"),
+        ("PUT", "/v1/jobs/{job_id}/alerts"),
+    }
+)
 
 
 @dataclass(frozen=True)
 class Caller:
     tenant: Tenant
     token_id: str
+    host: HostScope | None = None  # a host token's host and groups
 
     @property
     def actor(self) -> str:
         """What the audit log records: the token, never the token's secret."""
+        if self.host is not None:
+            return f"token:{self.token_id}@{self.host.host}"
         return f"token:{self.token_id}"
 
 
@@ -62,10 +96,24 @@ async def get_caller(
     found = tenants.cached_tenant(token)
     if found is None:
         found = await run_in_threadpool(tenants.authenticate_tenant, token)
-    tenant, token_id = found
-    caller = Caller(tenant, token_id)
+    tenant, token_id, scope = found
+    caller = Caller(tenant, token_id, scope)
     request.state.caller = caller  # for the error handlers' metrics
+    if scope is not None:
+        _check_host_route(request, scope)
     return caller
+
+
+def _check_host_route(request: Request, scope: HostScope) -> None:
+    """Forbidden unless the matched route is one a host token may call."""
+    route = request.scope.get("route")
+    path = getattr(route, "path", None)
+    if (request.method, path) not in HOST_TOKEN_ROUTES:
+        raise errors.Forbidden(
+            f"a host token (host {scope.host}) may only lease and settle its host's runs, "
+            "report its presence and apply its own job files",
+            field="token",
+        )
 
 
 async def request_caller(request: Request) -> Caller:

@@ -92,6 +92,9 @@ class JobOut(BaseModel):
     partition: int
     version: int
     idempotency_key: str | None
+    metrics: bool = Field(
+        default=False, description="The job's run counts and durations are on /metrics."
+    )
     created_at: str
     updated_at: str
 
@@ -158,6 +161,10 @@ class TenantOut(BaseModel):
     allow_list: list[str]
     created_at: str
     token_id: str = Field(description="The id of the token this request used.")
+    host: str | None = Field(
+        default=None, description="A host token's host (null: a tenant token)."
+    )
+    groups: list[str] = Field(default_factory=list, description="A host token's host groups.")
 
 
 class Health(BaseModel):
@@ -282,6 +289,11 @@ JOB_REQUEST_SCHEMA: dict[str, Any] = {
             "maxLength": jobspec.MAX_IDEMPOTENCY_KEY_LENGTH,
             "description": "Same as the Idempotency-Key header (which wins if both differ).",
         },
+        "metrics": {
+            "type": "boolean",
+            "description": "Export this job's run counts and durations on /metrics "
+            "(default false; at most metrics_max_jobs_per_tenant such jobs per tenant).",
+        },
         "alerts": {
             "type": "object",
             "additionalProperties": False,
@@ -394,6 +406,7 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     descriptions = {
         400: "Malformed request (not JSON, bad header)",
         401: "Missing, invalid or revoked bearer token",
+        403: "A host token, outside its host's queues and jobs",
         404: "No such job (or another tenant's)",
         409: "Conflicts with the job's state, or an idempotency key reused for another body",
         413: "Request or payload too large",
@@ -403,7 +416,7 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
         503: "The database is unavailable",
     }
     result: dict[int | str, dict[str, Any]] = {}
-    for code in (*codes, 401, 503):
+    for code in (*codes, 401, 403, 503):
         entry: dict[str, Any] = {"model": ErrorBody, "description": descriptions[code]}
         if code == 429:
             entry["headers"] = {

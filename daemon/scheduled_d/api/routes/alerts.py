@@ -8,7 +8,8 @@ from typing import Any
 from fastapi import APIRouter
 
 from scheduled_d.api.auth import BodyDep, CallerDep, SchedulerDep
-from scheduled_d.api.routes.params import JobIdPath, checked_job_id
+from scheduled_d.api.routes.jobs import caller_job_id
+from scheduled_d.api.routes.params import JobIdPath
 from scheduled_d.api.schemas import (
     JOB_REQUEST_SCHEMA,
     error_responses,
@@ -30,7 +31,7 @@ ALERTS_PUT_SCHEMA: dict[str, Any] = {
 )
 def get_alerts(job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep) -> dict[str, Any]:
     """`{"alerts": {...}}`, or `{"alerts": null}` when the job uses its tenant's default."""
-    config = scheduler.get_alerts(caller.tenant, checked_job_id(job_id))
+    config = scheduler.get_alerts(caller.tenant, caller_job_id(scheduler, caller, job_id))
     return {"alerts": config.to_dict() if config is not None else None}
 
 
@@ -44,5 +45,5 @@ def put_alerts(
     job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep, body: BodyDep
 ) -> dict[str, Any]:
     """The body is the alerts object (as in a job's "alerts"), or null to clear them."""
-    config = scheduler.set_alerts(caller.tenant, body, checked_job_id(job_id))
+    config = scheduler.set_alerts(caller.tenant, body, caller_job_id(scheduler, caller, job_id))
     return {"alerts": config.to_dict() if config is not None else None}

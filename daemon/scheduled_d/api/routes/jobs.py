@@ -124,6 +124,8 @@ def _create_job(
                 field="idempotency_key",
             )
         body = {**body, "idempotency_key": idempotency_key}
+    if caller.host is not None:
+        caller.host.check_body(body)
     job, created = scheduler.create_job(caller.tenant, body, actor=caller.actor)
     if created:
         status, headers = 201, {"Location": f"/v1/jobs/{job.job_id}"}
@@ -242,7 +244,10 @@ def list_jobs(
     """Jobs in creation order. A cursor stays valid while jobs are added: new jobs come
     after every job already listed, so no page shifts or repeats."""
     page = scheduler.list_jobs(caller.tenant, status, limit=limit, cursor=cursor)
-    return {"items": [job_to_dict(j) for j in page.items], "next_cursor": page.next_cursor}
+    items = list(page.items)
+    if caller.host is not None:  # a host sees only its own jobs (a page may come out short)
+        items = [j for j in items if caller.host.owns_job(j)]
+    return {"items": [job_to_dict(j) for j in items], "next_cursor": page.next_cursor}
 
 
 @router.get(
@@ -254,7 +259,25 @@ def list_jobs(
 def get_job(
     job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep, response: Response
 ) -> dict[str, Any]:
-    return _tagged(scheduler.get_job(checked_job_id(job_id), caller.tenant), response)
+    return _tagged(_get_job(scheduler, caller, checked_job_id(job_id)), response)
+
+
+def _get_job(scheduler: Scheduler, caller: Caller, job_id: str) -> Job:
+    """The caller's job; for a host token only a job its host's files define (another is
+    404, as one that does not exist)."""
+    job = scheduler.get_job(job_id, caller.tenant)
+    if caller.host is not None and not caller.host.owns_job(job):
+        raise errors.NotFound(f"no job {job_id!r}", field="job_id")
+    return job
+
+
+def caller_job_id(scheduler: Scheduler, caller: Caller, job_id: str) -> str:
+    """`job_id` (checked) of a job the caller may act on: for a tenant token any of its
+    tenant's (the service says 404 for another's), for a host token only its own."""
+    job_id = checked_job_id(job_id)
+    if caller.host is None:
+        return job_id
+    return _get_job(scheduler, caller, job_id).job_id
 
 
 @router.patch(
@@ -279,6 +302,10 @@ def update_job(
     job_id = checked_job_id(job_id)
     if not isinstance(body, Mapping):
         raise errors.ValidationError("must be an object of the fields to change", field="body")
+    if caller.host is not None:
+        current = _get_job(scheduler, caller, job_id)
+        caller.host.check_body(body, current)
+        job_id = current.job_id
     job = scheduler.update_job(
         job_id, body, caller.tenant, if_version=_version(if_match), actor=caller.actor
     )
@@ -303,7 +330,10 @@ def delete_job(
     /v1/jobs/{id}/runs and its idempotency key stays taken (409) until retention. Deleting
     it again is 404."""
     scheduler.delete_job(
-        checked_job_id(job_id), caller.tenant, if_version=_version(if_match), actor=caller.actor
+        caller_job_id(scheduler, caller, job_id),
+        caller.tenant,
+        if_version=_version(if_match),
+        actor=caller.actor,
     )
     return Response(status_code=204)
 
@@ -316,7 +346,8 @@ def _lifecycle_route(
 
     def route(job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep) -> dict[str, Any]:
         change_job = getattr(scheduler, f"{change}_job")
-        return job_to_dict(change_job(checked_job_id(job_id), caller.tenant, actor=caller.actor))
+        job_id = caller_job_id(scheduler, caller, job_id)
+        return job_to_dict(change_job(job_id, caller.tenant, actor=caller.actor))
 
     # the name is the OpenAPI operationId's stem, as for a route written out by hand
     route.__name__ = route.__qualname__ = f"{change}_job"

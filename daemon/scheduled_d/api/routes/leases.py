@@ -1,5 +1,6 @@
 """Owns the tenant workers' routes of the REST API: lease runs of the caller's built-in queue,
-heartbeat, ack and fail them (`scheduled-d worker --api URL`, schedctl.queue_client).
+heartbeat, ack and fail them (`scheduled-d worker --api URL`, schedctl.queue_client), and
+lease and finish the command alerts of a queue's jobs (a host worker's alert_command).
 
 A lease id is `MESSAGE_ID.SECRET`: the secret is 128 random bits the API generated for that
 one lease (each lease of a call has its own, so holding one lease's id acts on no other),
@@ -30,9 +31,11 @@ from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
 from schedctl import errors, limits
+from schedctl.alerts.model import COMMAND
 from schedctl.leasing import Beat, Finish, Settlement
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.service import Scheduler
+from schedctl.storage import alerts as alert_store
 from schedctl.storage.queue import Lease, QueueRepo
 from schedctl.storage.workers import api_worker, record_presence
 from scheduled_d.api.auth import Caller, CallerDep, SchedulerDep, json_body
@@ -263,6 +266,8 @@ def lease_runs(
             "not a queue name: a letter or digit, then up to 199 of A-Z a-z 0-9 . _ : / -",
             field="name",
         )
+    if caller.host is not None:  # a host token: its own queues only
+        caller.host.check_queue(name)
     # one secret per lease, drawn only for the leases taken (an empty poll draws none)
     keys: dict[str, str] = {}
 
@@ -366,3 +371,126 @@ def _check_times(started_at: datetime, finished_at: datetime) -> None:
             raise errors.ValidationError("is not a plausible time", field=field)
     if finished_at < started_at:
         raise errors.ValidationError("is before started_at", field="finished_at")
+
+
+# -- command alerts (a host worker's alert_command over the API) -----------------------
+
+MAX_ALERTS_PER_CALL = 10
+DEFAULT_ALERT_LEASE_SECONDS = 90
+
+
+class AlertLeaseRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(default=10, ge=1, le=MAX_ALERTS_PER_CALL, description="Alerts at most.")
+    lease_seconds: float = Field(
+        default=DEFAULT_ALERT_LEASE_SECONDS,
+        ge=10,
+        le=MAX_LEASE_SECONDS,
+        description="The alert is due again if not finished by then.",
+    )
+
+
+class AlertFinishRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    error: Storable | None = Field(
+        default=None,
+        max_length=MAX_ERROR_CHARS,
+        description="Why the alert command failed (null: it succeeded).",
+    )
+
+
+class AlertLeaseOut(BaseModel):
+    lease_id: str = Field(description="Finish the alert with this id.")
+    job_id: str
+    kind: str
+    attempt: int
+    body: Any = Field(description="The alert (the command's stdin).")
+
+
+class AlertLeasePage(BaseModel):
+    items: list[AlertLeaseOut]
+
+
+class FinishedOut(BaseModel):
+    status: Literal["finished"]
+
+
+@_post(
+    "/queues/{name:path}/alert-leases",
+    AlertLeasePage,
+    "Lease the command alerts of a queue's jobs (host workers)",
+    body=AlertLeaseRequest,
+    body_required=False,
+)
+def lease_alerts(
+    name: QueuePath, scheduler: SchedulerDep, caller: CallerDep, body: OptionalBodyDep
+) -> dict[str, Any]:
+    """Up to `limit` due command alerts (`"command": true`) of the caller's jobs of queue
+    `name`: the worker runs its own alert command for each (never one from the alert) and
+    finishes it. An alert not finished within `lease_seconds` is due again."""
+    request = _parse(AlertLeaseRequest, body)
+    if not _QUEUE_NAME.fullmatch(name):
+        raise errors.ValidationError("not a queue name", field="name")
+    if caller.host is not None:
+        caller.host.check_queue(name)
+    items: list[dict[str, Any]] = []
+    for _ in range(request.limit):
+        # one claim per alert, each with a secret of its own: one alert's lease id never
+        # settles another's
+        secret = secrets.token_hex(16)
+        claimed = alert_store.claim(
+            scheduler.store,
+            (COMMAND,),
+            _owner(caller.token_id, secret),
+            limit=1,
+            lease_seconds=request.lease_seconds,
+            destination=name,
+            tenant_id=caller.tenant.tenant_id,
+        )
+        if not claimed:
+            break
+        alert = claimed[0]
+        items.append(
+            {
+                "lease_id": f"{alert.id}.{secret}",
+                "job_id": alert.job_id,
+                "kind": alert.kind,
+                "attempt": alert.attempt,
+                "body": alert.body,
+            }
+        )
+    return {"items": items}
+
+
+@_post(
+    "/alert-leases/{lease_id}/finish",
+    FinishedOut,
+    "An alert command ran (or failed)",
+    body=AlertFinishRequest,
+    body_required=False,
+)
+def finish_alert(
+    lease_id: LeasePath, scheduler: SchedulerDep, caller: CallerDep, body: OptionalBodyDep
+) -> dict[str, str]:
+    """Record the alert as delivered (no `error`) or its attempt as failed: it is retried
+    with a backoff and given up after its last attempt. 404: the lease is not the
+    caller's (expired, finished, or another tenant's)."""
+    request = _parse(AlertFinishRequest, body)
+    match = _LEASE_ID.fullmatch(lease_id)
+    alert = None
+    owner = ""
+    if match is not None:
+        owner = _owner(caller.token_id, match.group(2))
+        alert = alert_store.held_alert(
+            scheduler.store, int(match.group(1)), owner, caller.tenant.tenant_id
+        )
+    if alert is None:
+        raise errors.NotFound(
+            "no such alert lease held by this token: it expired, was finished, or is not "
+            "this tenant's",
+            field="lease_id",
+        )
+    alert_store.finish(scheduler.store, owner, alert, request.error)
+    return {"status": "finished"}

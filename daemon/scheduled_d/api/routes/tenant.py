@@ -18,8 +18,15 @@ router = APIRouter(prefix="/v1")
     "/tenant", response_model=TenantOut, summary="The caller's tenant", responses=error_responses()
 )
 def whoami(caller: CallerDep) -> dict[str, Any]:
-    """The tenant the token belongs to, with its quotas."""
-    return {**tenant_to_dict(caller.tenant), "token_id": caller.token_id}
+    """The tenant the token belongs to, with its quotas; for a host token, its host and
+    groups (null and [] for a tenant token)."""
+    host = caller.host
+    return {
+        **tenant_to_dict(caller.tenant),
+        "token_id": caller.token_id,
+        "host": host.host if host is not None else None,
+        "groups": list(host.groups) if host is not None else [],
+    }
 
 
 def healthz(scheduler: SchedulerDep) -> dict[str, str]:

@@ -2,16 +2,16 @@
 every pass of the alert lane: ix_alerts_tenant_delivered answers it from the index instead
 of reading the whole alerts table (it is never pruned).
 
-Revision ID: 0019
-Revises: 0015
+Revision ID: 0017
+Revises: 0016
 """
 
 from __future__ import annotations
 
 from alembic import op
 
-revision = "0019"
-down_revision = "0015"
+revision = "0017"
+down_revision = "0016"
 branch_labels = None
 depends_on = None
 
