@@ -40,6 +40,7 @@ RETRY_MAX_SECONDS = 600.0
 NO_SUCCESS_BATCH = 1000  # jobs looked at per no-success check, bounded
 TENANT_DEFAULT = ""  # alert_settings.job_id of a tenant's default
 OUTPUT_LINES = 50  # of a failed attempt's output, in its alert
+OUTPUT_CHARS = 8192  # at most, of those lines' end
 
 
 @dataclass(frozen=True)
@@ -240,10 +241,11 @@ def _failure_details(f: Failure, context: JobContext) -> dict[str, Any]:
 
 
 def _last_lines(text: str | None, count: int) -> str | None:
+    """The last `count` lines of `text`, and no more than OUTPUT_CHARS of their end (an
+    alert row and a mail stay small whatever one line's length)."""
     if not text:
         return None
-    lines = text.splitlines()
-    return "\n".join(lines[-count:])
+    return "\n".join(text.splitlines()[-count:])[-OUTPUT_CHARS:]
 
 
 # -- queueing --------------------------------------------------------------------------
