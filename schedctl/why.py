@@ -63,6 +63,7 @@ def report(
         "grace_seconds": job.grace_seconds,
         "window_seconds": job.window_seconds,
         "target": target,
+        "timezone": getattr(job.schedule, "timezone", None),
         "next_fires": [format_instant(at) for at in next_fires(job)],
         "late_seconds": round(lateness, 3),
         "last_runs": shown_runs,
@@ -131,6 +132,16 @@ def _explain(
     return said
 
 
+def _local(at: str, zone: str | None) -> str:
+    """A next fire time in UTC, and in the schedule's zone when it has another."""
+    if not zone or zone == "UTC":
+        return at
+    from zoneinfo import ZoneInfo
+
+    local = datetime.fromisoformat(at.replace("Z", "+00:00")).astimezone(ZoneInfo(zone))
+    return f"{at} ({local.strftime('%Y-%m-%d %H:%M:%S %Z')} {zone})"
+
+
 def has_queue(job: Job) -> bool:
     return job.target.type is TargetType.queue
 
@@ -147,8 +158,11 @@ def render(data: dict[str, Any]) -> str:
         f"  status:    {data['status']}",
         f"  schedule:  {clean(data['schedule'])}; misfire policy {data['misfire_policy']}, "
         f"grace {data['grace_seconds']} s, window {data['window_seconds']} s",
-        f"  next:      {', '.join(data['next_fires']) or 'none'}",
         f"  late:      {data['late_seconds']:.0f} s",
+    ]
+    fires = [_local(at, data.get("timezone")) for at in data["next_fires"]]
+    lines[3:3] = [f"  next:      {fires[0] if fires else 'none'}"] + [
+        f"             {fire}" for fire in fires[1:]
     ]
     if data["workers"] is not None:
         shown = ", ".join(clean(w) for w in data["workers"]) or "none live"
