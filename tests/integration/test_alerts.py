@@ -125,6 +125,9 @@ def test_a_dead_letter_alerts_by_webhook_and_email_and_logs_a_warning(
     alert = received.json["payload"]
     assert (alert["alert"], alert["job_id"], alert["tenant_id"]) == ("dead_letter", job, tenant)
     assert alert["error"].startswith("HTTP 500")
+    # the webhook's JSON keeps its shape, with the names beside the ids
+    assert (alert["tenant_name"], alert["final"], alert["max_attempts"]) == ("acme", True, 2)
+    assert alert["job_name"] and alert["job_name"] != job
     (mail,) = inbox.messages
     assert mail["To"] == "ops@example.com" and "dead-lettered" in mail["Subject"]
     text, attached = mail.get_payload()
