@@ -361,6 +361,26 @@ def show(
         emit_tree(dependency_tree(job, graph))
 
 
+@app.command()
+def why(
+    ctx: typer.Context,
+    job_id: JobArgument,
+    tenant: TenantOption = None,
+    output: OutputOption = None,
+) -> None:
+    """Why the job did (not) run: its schedule and next fires, its last runs with the reason
+    each was skipped or failed, how late it is, the live workers of its queue, and its pause
+    and alert state."""
+    from schedctl.why import render
+
+    data = cli_state(ctx).scheduler().job_why(job_id, tenant)
+    if output_format(ctx, output) is OutputFormat.json:
+        emit(data, OutputFormat.json)
+        return
+    sys.stdout.write(render(data))
+    sys.stdout.flush()
+
+
 def _lifecycle_command(name: str, help_text: str, done: str) -> None:
     """Register `job NAME`: a change of state (cancel, pause, resume) shown as the changed job."""
 
