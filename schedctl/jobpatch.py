@@ -30,6 +30,7 @@ from schedctl.jobspec import (
 )
 from schedctl.limits import DEFAULT_MAX_PAYLOAD_BYTES
 from schedctl.models import Job, RetryPolicy, Target
+from schedctl.runpolicy import RUN_KEYS, RunPolicy, parse_run_policy
 from schedctl.scheduling.cron import CronSchedule
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import AfterSchedule, Schedule
@@ -59,6 +60,7 @@ class JobPatch:
     timeout_seconds: int | None = None
     # new upstream jobs (ids or names, resolved and cycle-checked in the update's transaction)
     after: tuple[str, ...] | None = None
+    run: RunPolicy | None = None  # overlap and resource limits (runpolicy.py)
 
 
 def parse_job_patch(
@@ -124,6 +126,10 @@ def parse_job_patch(
             values[f"{key}_seconds"] = _seconds(body, key, default=current, allow_zero=True)
     if "max_concurrency" in body:
         values["max_concurrency"] = _parse_max_concurrency(body)
+    if body.keys() & (RUN_KEYS | {"target"}):
+        # checked against the target it will have (an http target keeps only `queue`)
+        target = values.get("target", job.target)
+        values["run"] = parse_run_policy(body, target_type=target.type.value, current=job.run)
     return JobPatch(**values)
 
 

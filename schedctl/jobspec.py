@@ -28,6 +28,7 @@ from schedctl.limits import (
     describe,
 )
 from schedctl.models import JobSpec, RetryPolicy, Target, TargetType
+from schedctl.runpolicy import RUN_KEYS, parse_run_policy
 from schedctl.scheduling.cron import CronSchedule
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import (
@@ -64,6 +65,7 @@ TOP_LEVEL_KEYS = frozenset(
         "idempotency_key",
         "alerts",
         "after",
+        *RUN_KEYS,
     }
 )
 SCHEDULE_KINDS = ("run_at", "delay", "cron", "every")
@@ -138,6 +140,7 @@ def parse_job_request(
         request_hash=request_hash(body),
         alerts=parse_alerts(body["alerts"]) if body.get("alerts") is not None else None,
         after=after,
+        run=parse_run_policy(body, target_type=target.type.value),
     )
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from schedctl.runpolicy import DEFAULT_RUN_POLICY, RunPolicy
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import Schedule
 from schedctl.scheduling.timeparse import format_instant
@@ -128,6 +129,7 @@ class JobSpec:
     request_hash: str
     alerts: AlertConfig | None = None  # `"alerts": {...}`, stored in alert_settings
     after: tuple[str, ...] = ()  # upstream job ids: a dependent job (AfterSchedule)
+    run: RunPolicy = DEFAULT_RUN_POLICY  # overlap and resource limits (runpolicy.py)
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,7 @@ class Job:
     idempotency_key: str | None
     created_at: datetime
     updated_at: datetime
+    run: RunPolicy = DEFAULT_RUN_POLICY  # overlap and resource limits (runpolicy.py)
 
 
 @dataclass(frozen=True)

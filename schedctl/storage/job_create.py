@@ -319,6 +319,7 @@ class _Batch:
             "window_seconds": spec.window_seconds,
             "max_concurrency": spec.max_concurrency,
             "timeout_seconds": spec.timeout_seconds,
+            **spec.run.columns(),
             "start_at": spec.start_at,
             "end_at": spec.end_at,
             "status": JobStatus.active.value,
@@ -480,6 +481,7 @@ def _job_of(spec: JobSpec, row: dict[str, Any]) -> Job:
         retry=spec.retry,
         misfire_policy=spec.misfire_policy,
         status=JobStatus.active,
+        run=spec.run,
         **as_stored(row, JOB_AS_STORED),
     )
 

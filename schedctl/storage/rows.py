@@ -22,6 +22,7 @@ from schedctl.models import (
     TargetType,
     Tenant,
 )
+from schedctl.runpolicy import run_policy_from
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import schedule_from_dict
 from schedctl.storage import schema
@@ -97,6 +98,7 @@ def job_from_row(row: Mapping[Any, Any]) -> Job:
         ),
         misfire_policy=MisfirePolicy(row["misfire_policy"]),
         status=JobStatus(row["status"]),
+        run=run_policy_from(row),
         **as_stored(row, JOB_AS_STORED),
     )
 
