@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from schedctl import errors, limits
+from schedctl.limits import MAX_CPU_WEIGHT as MAX_CPU_WEIGHT
+from schedctl.limits import MAX_TASKS as MAX_TASKS
 
-MAX_CPU_WEIGHT = 10_000  # cgroup v2's cpu.weight range is 1-10000
-MAX_TASKS = 4_194_304  # the kernel's pid_max ceiling
 MIN_MEMORY = 1 << 20  # below a MiB no command starts: a typo, not a limit
 MAX_MEMORY = 1 << 50
 RUN_KEYS = frozenset({"overlap", "memory_max", "cpu_weight", "tasks_max"})

@@ -296,6 +296,7 @@ def _view(job: CentralJob | JobSpec) -> dict[str, Any]:
         "timeout": job.timeout_seconds or None,
         "start": _utc(job.start_at),
         "end": _utc(job.end_at),
+        **job.run.to_dict(),
     }
 
 
@@ -341,6 +342,7 @@ def _update_body(
             update[key] = getattr(spec, f"{key}_seconds")
     if "max_concurrency" in fields:
         update["max_concurrency"] = spec.max_concurrency or None
+    update.update({k: v for k, v in spec.run.to_dict().items() if k in fields})
     return update
 
 
