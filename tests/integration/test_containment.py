@@ -194,3 +194,23 @@ def test_a_worker_thread_count_of_runs_leave_no_cgroup_behind(store: Store) -> N
         )
     stop.set()
     wait_for(_sweep_done, "every run's cgroup removed")
+
+
+def test_check_config_says_how_runs_are_contained(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from scheduled_d.checks import check_configuration
+
+    config = tmp_path / "scheduled.toml"
+    config.write_text(
+        f'database_url = "sqlite:///{tmp_path}/db"\n[[worker]]\nqueue = "q"\ncommand = ["true"]\n'
+    )
+    monkeypatch.setenv(cgroups.MODE_ENV, "process-group")
+    summary = check_configuration(str(config), bind=False)
+    assert summary.splitlines()[1] == (
+        "run containment: runs contained by process group only: turned off "
+        f"({cgroups.MODE_ENV}=process-group)"
+    )
+    monkeypatch.delenv(cgroups.MODE_ENV)
+    line = check_configuration(str(config), bind=False).splitlines()[1]
+    assert line == f"run containment: {cgroups.describe_probe()}"
