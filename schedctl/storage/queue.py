@@ -178,15 +178,22 @@ class QueueRepo(Settles[Lease]):
             # the tables were small (psycopg prepares repeated statements, which keep their
             # plan) costs at worst one scan per batch here; the joined read, once, ran for
             # minutes after a burst's load.
-            statuses = dict(
-                connection.execute(
-                    select(j.c.job_id, j.c.status).where(
+            jobs = {
+                job_id: (status, overlap)
+                for job_id, status, overlap in connection.execute(
+                    select(j.c.job_id, j.c.status, j.c.overlap).where(
                         self.store.dialect.text_in(j.c.job_id, "job_ids")
                     ),
                     {"job_ids": sorted({r["job_id"] for r in rows})},
                 ).all()
-            )
+            }
+            statuses = {job_id: status for job_id, (status, _) in jobs.items()}
             deliver = [r for r in rows if statuses.get(r["job_id"]) not in STOPPED_JOB_STATUSES]
+            # a run comes due here: skip or replace (overlap) as it does, not once a busy
+            # worker gets to it (the lease admits the same again, for runs due together)
+            overlapping = {k for k, (_, o) in jobs.items() if o in (Overlap.SKIP, Overlap.REPLACE)}
+            if overlapping and deliver:
+                deliver = _overlap_on_arrival(connection, o, deliver, jobs, overlapping, now)
             cancelled = [r for r in rows if statuses.get(r["job_id"]) in STOPPED_JOB_STATUSES]
             absent = _hosts_not_live(connection, deliver, now)
             if absent:
@@ -713,6 +720,44 @@ def worker_tenant(store: Store, tenant: str | None, *, field: str = "tenant") ->
             field=field,
         )
     return str(found[0])
+
+
+def _overlap_on_arrival(
+    connection: Connection,
+    table: Any,
+    deliver: list[RowMapping],
+    jobs: Mapping[str, tuple[str, str]],
+    overlapping: set[str],
+    now: datetime,
+) -> list[RowMapping]:
+    """The runs arriving in the queue of skip and replace jobs with a run still held: a
+    skip job's are recorded skipped (and not queued), a replace job's stop the held run."""
+    m = schema.queue_messages
+    busy = set(
+        connection.execute(
+            select(m.c.job_id)
+            .where(m.c.job_id.in_(sorted(overlapping)), m.c.leased_until.is_not(None))
+            .distinct()
+        ).scalars()
+    )
+    if not busy:
+        return deliver
+    skipped = [r for r in deliver if r["job_id"] in busy and jobs[r["job_id"]][1] == Overlap.SKIP]
+    if skipped:
+        skip_cancelled(
+            connection, table, [(r["id"], r["job_id"], r["scheduled_at"]) for r in skipped],
+            now=now, error=SKIPPED_OVERLAP,
+        )  # fmt: skip
+    replacing: dict[str, datetime] = {}
+    for r in deliver:
+        if r["job_id"] in busy and jobs[r["job_id"]][1] == Overlap.REPLACE:
+            replacing[r["job_id"]] = max(
+                r["scheduled_at"], replacing.get(r["job_id"], r["scheduled_at"])
+            )
+    if replacing:
+        _replace_running(connection, replacing, now)
+    gone = {r["id"] for r in skipped}
+    return [r for r in deliver if r["id"] not in gone]
 
 
 def _slots(c: Sequence[Any]) -> int:

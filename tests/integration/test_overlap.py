@@ -33,8 +33,8 @@ def test_skip_records_the_overlapping_run_skipped_with_its_reason(store: Store) 
     (running,) = repo.lease("q", "w1", 30, limit=10, tenant_id=tenant)
     assert running.scheduled_at == first
     second, third = trigger(store, job), trigger(store, job)
+    # due while the first runs (busy workers or not): skipped with the reason, never queued
     repo.move_outbox()
-    # due while the first runs: never leased, skipped with the reason, messages gone
     assert repo.lease("q", "w2", 30, limit=10, tenant_id=tenant) == []
     for at in (second, third):
         row = run_row(store, job, at)
@@ -46,6 +46,23 @@ def test_skip_records_the_overlapping_run_skipped_with_its_reason(store: Store) 
     repo.move_outbox()
     (lease,) = repo.lease("q", "w2", 30, limit=10, tenant_id=tenant)
     assert lease.scheduled_at == fourth
+
+
+def test_replace_at_the_lease_of_runs_queued_together(store: Store) -> None:
+    tenant = make_tenant(store)
+    job = _job(store, Overlap.REPLACE)
+    first, second = trigger(store, job), trigger(store, job)
+    repo = QueueRepo(store)
+    repo.move_outbox()  # nothing held yet: both queued
+    (old,) = repo.lease("q", "w1", 30, limit=10, tenant_id=tenant)
+    assert old.scheduled_at == first
+    # the next lease finds the first running: the later run replaces it
+    assert repo.lease("q", "w2", 30, limit=10, tenant_id=tenant) == []
+    assert run_row(store, job, first)["error"] == (
+        f"replaced by the run of {format_instant(second)}"
+    )
+    (new,) = repo.lease("q", "w2", 30, limit=10, tenant_id=tenant)
+    assert new.scheduled_at == second
 
 
 def test_skip_takes_one_of_two_runs_due_together(store: Store) -> None:
@@ -67,17 +84,16 @@ def test_replace_stops_the_running_run_then_starts_the_new_one(store: Store) -> 
     repo.move_outbox()
     (old,) = repo.lease("q", "w1", 30, limit=10, tenant_id=tenant)
     second = trigger(store, job)
+    # it comes due (into the queue) while the first runs: the first is stopped as a cancel
+    # stops it, recorded with the reason ...
     repo.move_outbox()
-    # the first lease takes nothing new: it stops the running run (recorded as a cancel
-    # records it, with the reason) ...
-    assert repo.lease("q", "w2", 30, limit=10, tenant_id=tenant) == []
     row = run_row(store, job, first)
     assert row["status"] == "failed"
     assert row["error"] == f"replaced by the run of {format_instant(second)}"
     assert [a["status"] for a in attempts(store, job, first)] == ["failed"]
     # ... whose worker finds its lease gone at the next heartbeat (and kills the command)
     assert repo.beat(old, 30) is Beat.lost
-    # ... and the next lease starts the new run
+    # ... and the new run is leased
     (new,) = repo.lease("q", "w2", 30, limit=10, tenant_id=tenant)
     assert new.scheduled_at == second
     assert run_row(store, job, second)["status"] == "running"
