@@ -214,3 +214,21 @@ def test_check_config_says_how_runs_are_contained(
     monkeypatch.delenv(cgroups.MODE_ENV)
     line = check_configuration(str(config), bind=False).splitlines()[1]
     assert line == f"run containment: {cgroups.describe_probe()}"
+
+
+def test_skip_never_runs_two_at_once_with_real_commands(store: Store, tmp_path: Path) -> None:
+    job = queue_job(store, max_attempts=1, run=RunPolicy(overlap=Overlap.SKIP))
+    log, started = tmp_path / "log", tmp_path / "started"
+    script = f"echo start >> {log}; touch {started}; sleep 1; echo end >> {log}"
+    first = trigger(store, job)
+    QueueRepo(store).move_outbox()
+    w = queue_worker(store, ["sh", "-c", script], concurrency=4, lease_seconds=10.0)
+    with running_loop(w.run, "worker"):
+        wait_for(started.exists, "the first run")
+        later = [trigger(store, job) for _ in range(3)]
+        QueueRepo(store).move_outbox()
+        wait_for(lambda: run_row(store, job, first)["status"] == "succeeded", "the first run")
+    for at in later:
+        row = run_row(store, job, at)
+        assert (row["status"], row["error"]) == ("skipped", "previous run still running")
+    assert log.read_text().split() == ["start", "end"]
