@@ -81,20 +81,24 @@ class Store:
         """Connect; with upgrade=True migrate to head first (the embedded default does).
         `application_name`: who this process is, in Postgres's pg_stat_activity."""
         store = cls(make_engine(url, application_name=application_name))
-        if upgrade:
-            # migrating loads alembic: only here, not for every CLI command
-            from schedctl.storage.migrate import schema_check, upgrade_engine
+        try:
+            if upgrade:
+                # migrating loads alembic: only here, not for every CLI command
+                from schedctl.storage.migrate import schema_check, upgrade_engine
 
-            check_connection(store.engine)
-            if schema_check(store.engine).state == "behind":
-                upgrade_engine(store.engine)
-            else:
-                # a newer release's schema is used as it is (when compatible), never migrated
+                check_connection(store.engine)
+                if schema_check(store.engine).state == "behind":
+                    upgrade_engine(store.engine)
+                else:
+                    # a newer release's schema is used as it is (when compatible), never migrated
+                    store.require_current_schema()
+                store.ensure_settings()
+            elif check:
+                check_connection(store.engine)
                 store.require_current_schema()
-            store.ensure_settings()
-        elif check:
-            check_connection(store.engine)
-            store.require_current_schema()
+        except BaseException:
+            store.close()  # a refused schema leaves no pooled connection behind
+            raise
         return store
 
     @property
