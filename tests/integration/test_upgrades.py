@@ -157,7 +157,9 @@ def test_downgrade_to_previous_and_back_up_keeps_data(db_url: str) -> None:
     engine = make_engine(db_url)
     try:
         with engine.begin() as connection:
-            insert_tenant_row(connection, "t1", "acme", created_at=now, quota=10, signing_secret="s")
+            insert_tenant_row(
+                connection, "t1", "acme", created_at=now, quota=10, signing_secret="s"
+            )
             insert_cron_job_row(connection, "j1", "t1", queue="q", at=now)
         result = runner.invoke(app, ["--db", db_url, "--output", "json", "db", "downgrade"])
         assert result.exit_code == 0, result.output
