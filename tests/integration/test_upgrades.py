@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
+import sys
 import threading
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from sqlalchemy import inspect, select, text
@@ -122,6 +126,34 @@ def test_a_newer_revision_whose_floor_is_past_head_is_refused(db_url: str) -> No
     # this release's `db upgrade` does not touch a schema it does not know
     result = runner.invoke(app, ["--db", db_url, "db", "upgrade"])
     assert result.exit_code == 2
+    engine = make_engine(db_url)
+    try:
+        assert current_revision(engine) == NEXT
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("mode", ["dispatcher", "relay"])
+def test_a_daemon_refuses_a_newer_revision_whose_floor_is_past_head(
+    db_url: str, mode: str, tmp_path: Path
+) -> None:
+    """The real `scheduled-d` process: exit 2 before it does anything, the message naming
+    the release to install; the database is left as it was."""
+    fake_next_release(db_url, floor=NEXT)
+    config = tmp_path / "scheduled.toml"
+    config.write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULED_")}
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "scheduled-d"), mode],
+        env={**env, "SCHEDULED_DATABASE_URL": db_url, "SCHEDULED_CONFIG": str(config)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"schema revision {NEXT}" in done.stderr and "install the release" in done.stderr
+    assert "Traceback" not in done.stderr
     engine = make_engine(db_url)
     try:
         assert current_revision(engine) == NEXT
