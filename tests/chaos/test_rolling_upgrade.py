@@ -14,20 +14,24 @@ Proven: nothing lost and nothing claimed twice (the chaos invariant checker over
 no ERROR line and no traceback in any daemon's log, no daemon exited by itself, and the
 restarted dispatcher started against the newer schema. Measured and printed, never asserted:
 each migration step's time and attempts (a step is one transaction, so its time bounds every
-lock it held; CONCURRENTLY steps hold none that blocks writes) and the claim lateness.
+lock it held; CONCURRENTLY steps hold none that blocks writes), every lock wait longer than
+LOCK_WAIT_LOG_MS of any session of the database (Postgres's log_lock_waits, checked first to
+see a probe wait) and the claim lateness.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 from sqlalchemy.engine import make_url
 
 from schedctl.bench.consumers import worker_accepts_tenant
@@ -38,6 +42,7 @@ from tests.chaos.cluster import Cluster, wait_until
 from tests.chaos.conftest import PARTITIONS, SESSION_TIMEOUT_SECONDS
 from tests.chaos.test_chaos import Figures, lateness, pending, runs_count
 from tests.chaos.test_quorum_loss import CONSUMED_QUEUE, create_load
+from tests.services.postgres import PostgresServer
 from tests.services.zookeeper import ZooKeeperEnsemble
 
 NEXT = "9001"
@@ -46,6 +51,8 @@ WARMUP_SECONDS = 6.0
 BETWEEN_SECONDS = 6.0
 WAIT_SECONDS = 60.0
 SETTLE_SECONDS = 90.0
+LOCK_WAIT_LOG_MS = 100  # deadlock_timeout: every lock wait longer than this is logged
+_LOCK_WAIT = re.compile(r"(still waiting for|acquired) (\w+) on (.*?) after ([0-9.]+) ms")
 
 SYNTHETIC = '''
 """A next release's additive migration (synthetic, tests only).
@@ -136,6 +143,48 @@ def upgrade_cluster(
         made.close()
 
 
+def log_lock_waits(server: PostgresServer, url: str) -> int:
+    """Every session of the database started from now logs each lock wait longer than
+    LOCK_WAIT_LOG_MS (Postgres's log_lock_waits); returns the log's current size."""
+    database = make_url(url).database
+    server.admin(f'ALTER DATABASE "{database}" SET log_lock_waits = on')
+    server.admin(f"ALTER DATABASE \"{database}\" SET deadlock_timeout = '{LOCK_WAIT_LOG_MS}ms'")
+    return server.log_path.stat().st_size
+
+
+def lock_waits(server: PostgresServer, offset: int) -> list[tuple[float, str]]:
+    """(ms, what) of every lock wait logged after `offset`, longest first."""
+    with server.log_path.open("rb") as log:
+        log.seek(offset)
+        lines = log.read().decode(errors="replace").splitlines()
+    found = [
+        (float(m.group(4)), f"{m.group(1)} {m.group(2)} on {m.group(3)}")
+        for line in lines
+        if (m := _LOCK_WAIT.search(line))
+    ]
+    return sorted(found, reverse=True)
+
+
+def probe_lock_wait(url: str) -> None:
+    """One lock wait of about 3 * LOCK_WAIT_LOG_MS on a table of its own: lock_waits must
+    see it, or the measurement of the upgrade's waits would prove nothing."""
+    engine = make_engine(url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(text("CREATE TABLE lock_probe (id INTEGER)"))
+        with engine.connect() as holder, engine.connect() as waiter:
+            holder.execute(text("LOCK TABLE lock_probe IN ACCESS EXCLUSIVE MODE"))
+            timer = threading.Timer(3 * LOCK_WAIT_LOG_MS / 1000, holder.rollback)
+            timer.start()
+            waiter.execute(text("SELECT count(*) FROM lock_probe"))
+            waiter.rollback()
+            timer.join()
+        with engine.begin() as connection:
+            connection.execute(text("DROP TABLE lock_probe"))
+    finally:
+        engine.dispose()
+
+
 def owner_url(runtime_url: str) -> str:
     """The database owner's URL (runs DDL) from the runtime role's (the daemons')."""
     url = make_url(runtime_url)
@@ -148,11 +197,16 @@ def owner_url(runtime_url: str) -> str:
 @pytest.mark.zookeeper
 @pytest.mark.timeout(400)
 def test_daemons_keep_working_through_an_online_upgrade_and_downgrade(
-    upgrade_cluster: Cluster, chaos_db_url: str, next_release: str
+    upgrade_cluster: Cluster, chaos_db_url: str, next_release: str, chaos_pg: PostgresServer
 ) -> None:
     cluster, head = upgrade_cluster, next_release
     store = cluster.store
     figures = Figures()
+    log_offset = log_lock_waits(chaos_pg, chaos_db_url)
+    probe_lock_wait(owner_url(chaos_db_url))
+    probed = lock_waits(chaos_pg, log_offset)
+    assert any("AccessShareLock" in what for _, what in probed), "log_lock_waits saw nothing"
+    log_offset = chaos_pg.log_path.stat().st_size
     create_load(store)
     cluster.start("relay", "relay")
     worker = "worker-" + CONSUMED_QUEUE
@@ -207,6 +261,13 @@ def test_daemons_keep_working_through_an_online_upgrade_and_downgrade(
         f"longest migration step (bounds every lock held): "
         f"{max(s.seconds for s in [*steps, *down]):.3f} s"
     )
+    waits = lock_waits(chaos_pg, log_offset)
+    figures.note(
+        f"lock waits over {LOCK_WAIT_LOG_MS} ms (log_lock_waits), any session: {len(waits)}"
+        + (f"; longest {waits[0][0]:.0f} ms ({waits[0][1]})" if waits else "")
+    )
+    for ms, what in waits[:5]:
+        figures.note(f"  {ms:.0f} ms: {what}")
     figures.note(f"claim lateness, all runs: {lateness(history.runs)}")
     figures.note("checker:\n" + report.summary())
 
