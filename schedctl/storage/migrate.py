@@ -339,14 +339,19 @@ def path_up(current: str | None, target: str) -> list[str]:
 
 def upgrade_steps(engine: Engine, revision: str = "head") -> list[Step]:
     """Upgrade one migration at a time to `revision`; returns the steps run (none: already
-    there). A database at a revision this release does not know is refused."""
+    there). A database at a revision this release does not know (a newer release's) is left
+    as it is: no steps when it is compatible with this version, SchemaOutdated when not."""
     check_connection(engine)
     target = head_revision() if revision == "head" else revision
     if target not in revisions():
         raise errors.ValidationError(f"unknown schema revision {revision!r}", field="revision")
     current = current_revision(engine)
     if current is not None and current not in revisions():
-        raise errors.SchemaOutdated(schema_check(engine).message("the database"))
+        # a newer release's schema: left alone; an error only when this version cannot use it
+        check = schema_check(engine)
+        if check.usable:
+            return []
+        raise errors.SchemaOutdated(check.message("the database"))
     steps: list[Step] = []
     try:
         source = current

@@ -111,6 +111,11 @@ def test_a_newer_compatible_revision_is_accepted(db_url: str) -> None:
     # the CLI's commands work against it too
     result = runner.invoke(app, ["--db", db_url, "tenant", "create", "acme"])
     assert result.exit_code == 0, result.output
+    # and this release's `db upgrade` (an old host's, say) leaves the newer schema alone
+    result = runner.invoke(app, ["--db", db_url, "db", "upgrade"])
+    assert result.exit_code == 0 and f"already at revision {NEXT}" in result.output
+    code, status = db_status(db_url)
+    assert (code, status["current"]) == (0, NEXT)
 
 
 def test_a_newer_revision_whose_floor_is_past_head_is_refused(db_url: str) -> None:
