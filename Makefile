@@ -29,7 +29,7 @@ RABBITMQ_SERVER := /usr/lib/rabbitmq/bin/rabbitmq-server
 # the tests' ZooKeeper: Debian's patroni runs on /usr/bin/python3, which needs kazoo for it.
 PATRONI := /usr/bin/patroni
 
-.PHONY: deps system-deps lint test demo clean distclean
+.PHONY: deps system-deps lint test demo clean distclean config
 
 deps: system-deps $(STAMP)
 
@@ -98,6 +98,12 @@ $(BIN)/python:
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -e '.[dev]'
 	touch $@
+
+# config/scheduled.toml is generated from the configuration schema (schedctl/config.py and
+# the descriptions in schedctl/config_doc.py); tests/unit/test_config_example.py keeps it in step
+config: deps
+	$(BIN)/python -m schedctl.config_doc > config/scheduled.toml.new
+	mv config/scheduled.toml.new config/scheduled.toml
 
 lint: deps
 	$(BIN)/ruff check .

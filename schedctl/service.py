@@ -486,6 +486,34 @@ class Scheduler(Closing):
         job = self.get_job(job_id, tenant)  # another tenant's job is NotFound
         return dependencies.graph(self.store, job.job_id)
 
+    def job_why(self, job_id: str, tenant: TenantRef | None = None) -> dict[str, Any]:
+        """`schedctl job why`: the schedule and next fires, the last runs with their
+        reasons, the current lateness, the live workers of its queue, and its pause and
+        alert state (schedctl/why.py)."""
+        from schedctl import why
+        from schedctl.storage.workers import WorkerRepo
+
+        job = self.get_job(job_id, tenant)  # another tenant's job is NotFound
+        runs = list(self.jobs.runs(job.job_id, job.tenant_id, limit=why.LAST_RUNS).items)
+        workers = (
+            WorkerRepo(self.store).live_of(job.tenant_id, job.target.address)
+            if why.has_queue(job)
+            else None
+        )
+        alerts = alert_store.get_settings(self.store, job.tenant_id, job.job_id)
+        alerts_from = "job"
+        if alerts is None:
+            alerts = alert_store.get_settings(self.store, job.tenant_id, "")
+            alerts_from = "tenant" if alerts is not None else "none"
+        return why.report(
+            job,
+            runs=runs,
+            workers=workers,
+            alerts=alerts,
+            alerts_from=alerts_from,
+            now=self.store.now(),
+        )
+
     # -- update and delete (issue 10) --------------------------------------------------
 
     def update_job(

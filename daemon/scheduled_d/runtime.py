@@ -19,7 +19,7 @@ from schedctl.storage.claim import ClaimResult
 from schedctl.storage.store import Store
 from scheduled_d import sdnotify
 from scheduled_d.dispatcher import Dispatcher
-from scheduled_d.maintenance import run_maintenance
+from scheduled_d.maintenance import record_retention, run_maintenance
 from scheduled_d.metrics import export_store, serve_metrics
 from scheduled_d.relay import Relay
 from scheduled_d.signals import stop_on_signals
@@ -162,7 +162,9 @@ def _run_all(
     relay_thread = supervisor.start("relay", lambda: run_relay_once(relay_stop), relay_stop)
     maintenance_thread = supervisor.start(
         "maintenance",
-        lambda: run_maintenance(store, config.retention_days, maintenance_stop),
+        lambda: run_maintenance(
+            store, config.retention_days, maintenance_stop, record_retention(config)
+        ),
         maintenance_stop,
     )
     worker_threads = []
@@ -262,7 +264,9 @@ def run_dispatcher(store: Store, config: Config) -> None:
             )
             maintenance = supervisor.start(
                 "maintenance",
-                lambda: run_maintenance(store, config.retention_days, maintenance_stop),
+                lambda: run_maintenance(
+                    store, config.retention_days, maintenance_stop, record_retention(config)
+                ),
                 maintenance_stop,
             )
             _serve_metrics(config, supervisor, metrics_stop)

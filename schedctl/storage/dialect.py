@@ -50,6 +50,11 @@ LEASE_COLUMNS = (
     "timeout_seconds",
     "payload",
     "status",
+    # the run policy (runpolicy.py): overlap is admitted in queue.py, the limits go to the run
+    "overlap",
+    "memory_max",
+    "cpu_weight",
+    "tasks_max",
 )
 # The row of Dialect.held_messages: a held message, its job's retry policy and its owner.
 HELD_COLUMNS = (
@@ -411,6 +416,13 @@ class Dialect(Protocol):
     def vacuum(self, engine: Engine, table: str, *, full: bool) -> None:
         """Outside any transaction: clear the dead rows of `table` and refresh its planner
         statistics; with `full`, also give the space of deleted rows back (benchmarks)."""
+        ...
+
+    def checkpoint(self, engine: Engine) -> bool:
+        """At a clean stop: fold whatever a write-ahead log beside the database file holds
+        into the file itself, so that the file alone (a copy, a backup) holds every
+        committed row. False when another process kept it from finishing (it checkpoints
+        at its own stop); True when done or nothing to do (a server database)."""
         ...
 
     # -- text keys in one parameter (job creation, the built-in queue's move) ------------

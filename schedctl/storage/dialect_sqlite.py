@@ -17,6 +17,7 @@ from sqlalchemy import (
     Integer,
     Select,
     Table,
+    and_,
     bindparam,
     cast,
     delete,
@@ -49,6 +50,8 @@ from schedctl.storage.dialect import (
 COUNTER_KEY = "jobs_changed"
 # bound values per IN list: well under SQLite's limit of variables in one statement
 IN_CHUNK = 5000
+# how long a checkpoint at a clean stop waits for other processes' transactions
+CHECKPOINT_WAIT_MS = 2000
 
 
 class SqliteDialect:
@@ -422,6 +425,18 @@ class SqliteDialect:
             with engine.begin() as connection:
                 connection.execute(text(f"ANALYZE {table}"))
 
+    def checkpoint(self, engine: Engine) -> bool:
+        # TRUNCATE waits (the busy handler) for other connections' readers and writer to
+        # finish: briefly only, a daemon still running beside this command must not hold
+        # up its exit, and that daemon checkpoints at its own stop
+        with engine.connect() as connection:
+            driver = connection.connection.driver_connection
+            assert driver is not None
+            driver.execute(f"PRAGMA busy_timeout={CHECKPOINT_WAIT_MS}")
+            busy, _log_pages, _moved = driver.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            driver.execute("PRAGMA busy_timeout=30000")
+        return not busy
+
     # -- text keys in one parameter (job creation, the built-in queue's move) ------------
 
     def text_in(self, column: Any, name: str) -> Any:
@@ -542,6 +557,10 @@ def _lease_candidates() -> Any:
             # the snapshot of an update made after the claim wins (0009)
             func.coalesce(m.c.payload, j.c.payload),
             j.c.status,
+            j.c.overlap,
+            j.c.memory_max,
+            j.c.cpu_weight,
+            j.c.tasks_max,
         )
         .join(j, j.c.job_id == m.c.job_id)
         .where(
@@ -551,7 +570,14 @@ def _lease_candidates() -> Any:
             m.c.available_at <= bindparam("now", type_=m.c.available_at.type),
             m.c.leased_until.is_(None),
             # max_concurrency 0 is "no limit" (null in the API)
-            or_(j.c.max_concurrency <= 0, in_use < j.c.max_concurrency),
+            # and a first attempt of another overlap policy than queue is admitted (or
+            # skipped, or replaces) in queue.py
+            or_(
+                j.c.max_concurrency <= 0,
+                j.c.overlap == "allow",
+                and_(j.c.overlap != "queue", m.c.attempt == 1),
+                in_use < j.c.max_concurrency,
+            ),
         )
         # oldest first along ix_queue_messages_ready, stopping after `fetch` rows (a
         # tie-break on id would sort the whole backlog on every lease)

@@ -93,6 +93,11 @@ jobs = Table(
     Column("window_seconds", Integer, nullable=False),
     Column("max_concurrency", Integer, nullable=False),
     Column("timeout_seconds", Integer, nullable=False),
+    # the run policy (schedctl/runpolicy.py, 0020): overlap and per-run cgroup limits
+    Column("overlap", String(16), nullable=False, server_default="queue"),
+    Column("memory_max", BigInteger, nullable=True),
+    Column("cpu_weight", Integer, nullable=True),
+    Column("tasks_max", Integer, nullable=True),
     Column("start_at", UTCDateTime, nullable=True),
     Column("end_at", UTCDateTime, nullable=True),
     Column("status", String(16), nullable=False),
@@ -239,6 +244,8 @@ dead_letters = Table(
     Column("created_at", UTCDateTime, nullable=False),
     Column("replayed_at", UTCDateTime, nullable=True),
     Index("ix_dead_letters_tenant", "tenant_id", "id"),
+    # retention deletes by age (0019)
+    Index("ix_dead_letters_created", "created_at"),
 )
 
 partitions = Table(
@@ -261,6 +268,7 @@ audit_log = Table(
     Column("job_id", String(40), nullable=True),
     Column("detail", Text, nullable=True),  # JSON; never the payload
     Index("ix_audit_log_tenant", "tenant_id", "id"),
+    Index("ix_audit_log_at", "at"),  # retention deletes by age (0019)
 )
 
 # Worker presence (0008): the workers of each tenant's built-in queue, by name, with when
@@ -318,6 +326,7 @@ alerts = Table(
     Index("ix_alerts_due", "status", "channel", "available_at"),
     # the per-tenant hourly limit counts the tenant's recent deliveries (0017)
     Index("ix_alerts_tenant_delivered", "tenant_id", "delivered_at"),
+    Index("ix_alerts_created", "created_at"),  # retention deletes by age (0019)
 )
 
 # `after`: a job's upstream jobs (schedctl.storage.dependencies). A settled upstream run

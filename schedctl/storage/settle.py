@@ -213,6 +213,12 @@ def settle(
                     dead=status is RunStatus.dead,
                     target_type=held.target_type,
                     target=held.target,
+                    max_attempts=held.max_attempts or None,
+                    started_at=attempt.started_at,
+                    finished_at=attempt.finished_at,
+                    exit_code=attempt.exit_code,
+                    output_tail=attempt.output_tail,
+                    worker=attempt.worker,
                 )
             )
         observed.append(
@@ -274,12 +280,12 @@ def settle(
     if dead:
         connection.execute(insert(schema.dead_letters), dead)
     # the alerts hook: queued in this transaction, so a settled failure is never unalerted
-    alerts.queue_for_failures(connection, failures, now)
+    contexts = alerts.queue_for_failures(connection, failures, now)
     # the series' labels: tenant and job names (one statement by primary key)
     labels = run_metrics.names(
         connection, {o.job_id for o in observed}, named={f.job_id for f in failures}
     )
-    alerts.count_failures(failures, {job_id: n.tenant for job_id, n in labels.items()})
+    alerts.count_failures(failures, {job_id: n.tenant for job_id, n in labels.items()}, contexts)
     run_metrics.record(observed, labels)
     # in this transaction: the upstream's outcome and its dependents' runs commit together
     dependencies.on_settled(connection, succeeded=ok, ended=ended, now=now, edges=edges)

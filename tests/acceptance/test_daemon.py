@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -232,3 +234,41 @@ def test_a_bad_config_file_is_a_message_not_a_traceback(tmp_path: Path) -> None:
     )
     assert done.returncode == 2, done.stderr
     assert "claim_batch_size" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_clean_stop_checkpoints_sqlite_so_the_file_alone_holds_every_run(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    """After SIGTERM the database file without its -wal holds every run (a copy of the file
+    is a backup), while another connection (this test's) keeps SQLite from checkpointing
+    on its own when the daemon's last connection closes."""
+    daemon = Daemon(tmp_path, sqlite_url)
+    store = Store.open(sqlite_url)
+    try:
+        tenant = make_tenant(store)
+        create_job(store, tenant, every(1, datetime.now(UTC)))
+        daemon.start()
+        assert wait_for(lambda: runs_by_status(store)["succeeded"] >= 3, poll=0.25), (
+            daemon.log.read_text()
+        )
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait(60) == 0, daemon.log.read_text()
+        path = Path(sqlite_url.removeprefix("sqlite:///"))
+        copy = tmp_path / "copy.db"
+        shutil.copyfile(path, copy)  # the main file alone, without -wal and -shm
+        with store.read() as connection:
+            runs = sorted(
+                tuple(map(str, row))
+                for row in connection.execute(select(schema.runs.c.job_id, schema.runs.c.status))
+            )
+        assert len(runs) >= 3
+        # immutable: read the copy as it is, making no -wal or -shm of its own
+        alone = sqlite3.connect(f"file:{copy}?immutable=1", uri=True)
+        try:
+            copied = sorted(alone.execute("SELECT job_id, status FROM runs").fetchall())
+        finally:
+            alone.close()
+        assert copied == runs
+    finally:
+        daemon.stop()
+        store.close()

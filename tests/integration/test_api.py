@@ -745,6 +745,7 @@ def test_openapi_document(server: ApiServer) -> None:
         ("GET", "/v1/jobs/{job_id}/runs"),
         ("GET", "/v1/jobs/by-name/{name}"),
         ("GET", "/v1/jobs/{job_id}/dependencies"),
+        ("GET", "/v1/jobs/{job_id}/why"),
         ("GET", "/v1/tenant"),
         ("GET", "/healthz"),
         ("POST", "/v1/queues/{name}/leases"),

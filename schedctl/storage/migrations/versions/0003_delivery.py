@@ -15,7 +15,7 @@ down_revision = "0002"
 branch_labels = None
 depends_on = None
 # the oldest daemons' revision that works on this schema (rule: storage/migrate.py);
-# its own, as for every migration up to 0018: their daemons accepted only their own
+# its own, as for every migration made before the rule: their daemons accepted only their own
 compatible_with = "0003"
 
 
