@@ -5,9 +5,10 @@ Compatibility (expand, then contract). Each migration module declares `compatibl
 oldest revision whose daemons still work against the schema it leaves. An additive migration
 (a new table, a nullable column, an index) keeps the previous migration's floor; a contract
 migration (drops or renames what older code reads or writes, adds a NOT NULL column without a
-default) raises it to its own revision. Every upgrade and downgrade records the floor of the
-revision it leaves in settings[`schema_floor`], so a daemon that has never seen a newer
-migration's file can still read its floor. A daemon whose head revision is H accepts:
+default) raises it to its own revision. Every migration step (up or down) records the floor
+of the revision it leaves in settings[`schema_floor`], in its own transaction, so a daemon
+that has never seen a newer migration's file can still read its floor. A daemon whose head
+revision is H accepts:
 - the database at H;
 - a database at a revision it does not know (a newer release's) whose recorded floor is H or
   a revision before H;
@@ -213,8 +214,9 @@ def require_usable_schema(engine: Engine, where: str) -> SchemaCheck:
     return check
 
 
-def _record_floor(connection: Connection, revision: str | None) -> None:
-    """settings[schema_floor] := the floor of `revision` (removed at base)."""
+def record_floor(connection: Connection, revision: str | None) -> None:
+    """settings[schema_floor] := the floor of `revision` (removed at base). Each migration
+    writes it in its own transaction (env.py), with alembic's version row."""
     if not inspect(connection).has_table("settings"):
         return
     connection.execute(text("DELETE FROM settings WHERE key = :k"), {"k": FLOOR_SETTING})
@@ -275,8 +277,6 @@ def _run_step(engine: Engine, source: str | None, target: str, direction: str) -
                 else:
                     command.downgrade(config, target)
                 connection.commit()
-                with connection.begin():
-                    _record_floor(connection, _current_on(connection))
             finally:
                 if connection.dialect.name == "postgresql":
                     # the pooled session goes back without it (the engine may serve a daemon)
@@ -317,16 +317,6 @@ def _run_step(engine: Engine, source: str | None, target: str, direction: str) -
     return Step(source, target, attempts, seconds)
 
 
-def _current_on(connection: Connection) -> str | None:
-    if not inspect(connection).has_table(VERSION_TABLE):
-        return None
-    found = sorted(
-        str(row)
-        for row in connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars()
-    )
-    return ",".join(found) if found else None
-
-
 def path_up(current: str | None, target: str) -> list[str]:
     """The revisions to apply, in order, from `current` to `target` (both of this release)."""
     chain = lineage(target)
@@ -360,7 +350,7 @@ def upgrade_steps(engine: Engine, revision: str = "head") -> list[Step]:
             source = step
         if not steps and current is not None:
             with engine.begin() as connection:
-                _record_floor(connection, current)
+                record_floor(connection, current)  # a database migrated before floors
     except SQLAlchemyError as exc:
         raise errors.StoreUnavailable(f"migration failed: {first_line(exc)}") from exc
     return steps
