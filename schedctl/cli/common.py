@@ -211,27 +211,24 @@ def open_store(config: Config) -> Store:
         redact,
         sets_itself_up,
     )
-    from schedctl.storage.migrate import current_revision, head_revision, is_empty
+    from schedctl.storage.migrate import is_empty, schema_check
     from schedctl.storage.store import Store
 
     url = normalize_url(config.database_url)
     store = Store(make_engine(url))
     try:
         check_connection(store.engine)
-        current, head = current_revision(store.engine), head_revision()
-        if current != head:
-            new = current is None and is_empty(store.engine)
-            if sets_itself_up(url) and (new or is_embedded_default(url)):
+        check = schema_check(store.engine)
+        if not check.usable:
+            new = check.current is None and is_empty(store.engine)
+            behind = check.state == "behind"
+            if sets_itself_up(url) and behind and (new or is_embedded_default(url)):
                 from schedctl.storage.migrate import upgrade_engine
 
                 upgrade_engine(store.engine)
                 store.ensure_settings(config.partition_count)
             else:
-                raise errors.SchemaOutdated(
-                    f"the database at {redact(url)} is at schema revision "
-                    f"{current or 'none (empty)'}, this version needs {head}: "
-                    "run `schedctl db upgrade`"
-                )
+                raise errors.SchemaOutdated(check.message(f"the database at {redact(url)}"))
     except BaseException:
         store.close()
         raise

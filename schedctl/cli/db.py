@@ -1,4 +1,5 @@
-"""Owns `schedctl db`: schema migrations (upgrade, idempotent), the schema status, the
+"""Owns `schedctl db`: schema migrations (online upgrade, idempotent; downgrade), the schema
+status with its compatibility (storage/migrate.py: the rule), the
 runtime role's grants and the owner's run-history maintenance (day partitions made ahead,
 expired ones dropped), backup and restore, and payload encryption keys (make a new key,
 re-encrypt every payload and signing secret after a rotation)."""
@@ -20,8 +21,9 @@ SCHEMA_BEHIND_EXIT = 2  # `db status`: the schema is not this version's (see --h
 
 app = typer.Typer(
     help=(
-        "Database schema: upgrade to this version's schema, or show its status; backup and "
-        "restore; retention and grants; payload encryption keys."
+        "Database schema: upgrade (online) to this version's schema, downgrade, or show its "
+        "status and compatibility; backup and restore; retention and grants; payload "
+        "encryption keys."
     ),
     no_args_is_help=True,
 )
@@ -31,14 +33,16 @@ app = typer.Typer(
 def upgrade(ctx: typer.Context, output: OutputOption = None) -> None:
     """Migrate the database to this version's schema (safe to run again: then a no-op)."""
     from schedctl.storage.engine import make_engine, redact
-    from schedctl.storage.migrate import upgrade_engine
+    from schedctl.storage.migrate import current_revision, upgrade_steps
     from schedctl.storage.store import Store
 
     state = cli_state(ctx)
     config = state.config()
     store = Store(make_engine(state.database_url()))
     try:
-        before, after = upgrade_engine(store.engine)
+        before = current_revision(store.engine)
+        steps = upgrade_steps(store.engine)
+        after = current_revision(store.engine)
         store.ensure_settings(config.partition_count)
         partitions = store.partition_count
     finally:
@@ -49,6 +53,7 @@ def upgrade(ctx: typer.Context, output: OutputOption = None) -> None:
         "after": after,
         "changed": before != after,
         "partition_count": partitions,
+        "steps": _steps_json(steps),
     }
     fmt = output_format(ctx, output)
     if fmt is OutputFormat.json:
@@ -66,35 +71,91 @@ def upgrade(ctx: typer.Context, output: OutputOption = None) -> None:
         )
 
 
+def _steps_json(steps: list[Any]) -> list[dict[str, Any]]:
+    """Each migration step as run: from, to, attempts (lock timeouts retried), seconds."""
+    return [
+        {"from": s.source, "to": s.target, "attempts": s.attempts, "seconds": round(s.seconds, 3)}
+        for s in steps
+    ]
+
+
+@app.command()
+def downgrade(
+    ctx: typer.Context,
+    to: Annotated[
+        str | None,
+        typer.Option(
+            "--to",
+            help="Go back to this revision (one before the current); default: the previous one.",
+            show_default=False,
+        ),
+    ] = None,
+    output: OutputOption = None,
+) -> None:
+    """Return the schema to the previous revision (or --to REV), one migration at a time,
+    each with the lock timeout of `db upgrade`. Only before any daemon of the newer release
+    has written data into what the downgrade drops (its new tables and columns): that data
+    goes with them. Refused at the first revision, and on a revision this version does not
+    know (run the downgrade with the schedctl of the release that made it)."""
+    from schedctl.storage.engine import make_engine, redact
+    from schedctl.storage.migrate import current_revision, downgrade_steps
+
+    state = cli_state(ctx)
+    engine = make_engine(state.database_url())
+    try:
+        before = current_revision(engine)
+        steps = downgrade_steps(engine, to)
+        after = current_revision(engine)
+    finally:
+        engine.dispose()
+    result = {
+        "database": redact(str(engine.url)),
+        "before": before,
+        "after": after,
+        "changed": before != after,
+        "steps": _steps_json(steps),
+    }
+    fmt = output_format(ctx, output)
+    if fmt is OutputFormat.json:
+        emit(result, fmt)
+    elif before == after:
+        say(f"{result['database']}: already at revision {after}")
+    else:
+        say(f"{result['database']}: downgraded {before} -> {after}")
+
+
 @app.command()
 def status(ctx: typer.Context, output: OutputOption = None) -> None:
-    """The database's schema revision and the one this version needs; exits 2 when they
-    differ (run `schedctl db upgrade`), 0 when the schema is current."""
+    """The database's schema revision, the one this version needs (head) and whether this
+    version's daemons may run against it: at head, or at a newer release's revision declared
+    compatible with head (`compatible`), exit 0; behind (run `schedctl db upgrade`) or newer
+    and not compatible (install the newer release), exit 2."""
     from schedctl.storage.engine import check_connection, make_engine, redact
-    from schedctl.storage.migrate import current_revision, head_revision
+    from schedctl.storage.migrate import schema_check
 
     state = cli_state(ctx)
     engine = make_engine(state.database_url())
     try:
         check_connection(engine)
-        current = current_revision(engine)
+        check = schema_check(engine)
     finally:
         engine.dispose()
-    head = head_revision()
     result = {
         "database": redact(str(engine.url)),
-        "current": current,
-        "head": head,
-        "up_to_date": current == head,
+        "current": check.current,
+        "head": check.head,
+        "compatible_with": check.floor,
+        "compatibility": check.state,
+        "up_to_date": check.current == check.head,
     }
     fmt = output_format(ctx, output)
     if fmt is OutputFormat.json:
         emit(result, fmt)
     else:
         emit(result, fmt, title="schema")
-        if current != head:
-            say("run `schedctl db upgrade` to bring it up to date")
-    if current != head:
+        if check.state != "current":
+            say(check.message("the database"))
+    if not check.usable:
         raise typer.Exit(SCHEMA_BEHIND_EXIT)
 
 

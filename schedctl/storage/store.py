@@ -87,15 +87,24 @@ class Store:
         """Connect; with upgrade=True migrate to head first (the embedded default does).
         `application_name`: who this process is, in Postgres's pg_stat_activity."""
         store = cls(make_engine(url, application_name=application_name))
-        if upgrade:
-            # migrating loads alembic: only here, not for every CLI command
-            from schedctl.storage.migrate import upgrade_engine
+        try:
+            if upgrade:
+                # migrating loads alembic: only here, not for every CLI command
+                from schedctl.storage.migrate import schema_check, upgrade_engine
 
-            upgrade_engine(store.engine)
-            store.ensure_settings()
-        elif check:
-            check_connection(store.engine)
-            store.require_current_schema()
+                check_connection(store.engine)
+                if schema_check(store.engine).state == "behind":
+                    upgrade_engine(store.engine)
+                else:
+                    # a newer release's schema is used as it is (when compatible), never migrated
+                    store.require_current_schema()
+                store.ensure_settings()
+            elif check:
+                check_connection(store.engine)
+                store.require_current_schema()
+        except BaseException:
+            store.close()  # a refused schema leaves no pooled connection behind
+            raise
         return store
 
     @property
@@ -118,14 +127,11 @@ class Store:
         self.engine.dispose()
 
     def require_current_schema(self) -> None:
-        from schedctl.storage.migrate import current_revision, head_revision
+        """This version's schema, or a newer one declared compatible with it (the rule:
+        storage/migrate.py); otherwise SchemaOutdated naming the command to run."""
+        from schedctl.storage.migrate import require_usable_schema
 
-        current, head = current_revision(self.engine), head_revision()
-        if current != head:
-            raise errors.StoreUnavailable(
-                f"the database at {redact(str(self.engine.url))} is at schema revision "
-                f"{current or 'none'}, this version needs {head}: run `schedctl db upgrade`"
-            )
+        require_usable_schema(self.engine, f"the database at {redact(str(self.engine.url))}")
 
     @contextmanager
     def tx(self) -> Iterator[Connection]:

@@ -14,6 +14,9 @@ revision = "0003"
 down_revision = "0002"
 branch_labels = None
 depends_on = None
+# the oldest daemons' revision that works on this schema (rule: storage/migrate.py);
+# its own, as for every migration made before the rule: their daemons accepted only their own
+compatible_with = "0003"
 
 
 def upgrade() -> None:
@@ -28,3 +31,15 @@ def upgrade() -> None:
     op.drop_index("ix_outbox_available", table_name="outbox")
     op.create_index("ix_outbox_type_available", "outbox", ["target_type", "available_at"])
     op.create_index("ix_outbox_lane", "outbox", ["tenant_id", "target_type", "available_at"])
+
+
+def downgrade() -> None:
+    op.drop_index("ix_outbox_lane", table_name="outbox")
+    op.drop_index("ix_outbox_type_available", table_name="outbox")
+    op.create_index("ix_outbox_available", "outbox", ["available_at"])
+    with op.batch_alter_table("outbox") as batch:
+        batch.drop_column("last_error")
+        batch.drop_column("lease_owner")
+    with op.batch_alter_table("tenants") as batch:
+        batch.drop_column("broker_url")
+        batch.drop_column("delivery_concurrency")

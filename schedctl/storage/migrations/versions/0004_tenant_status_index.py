@@ -13,7 +13,14 @@ revision = "0004"
 down_revision = "0003"
 branch_labels = None
 depends_on = None
+# the oldest daemons' revision that works on this schema (rule: storage/migrate.py);
+# its own, as for every migration made before the rule: their daemons accepted only their own
+compatible_with = "0004"
 
 
 def upgrade() -> None:
     op.create_index("ix_jobs_tenant_status", "jobs", ["tenant_id", "status"])
+
+
+def downgrade() -> None:
+    op.drop_index("ix_jobs_tenant_status", table_name="jobs")

@@ -14,6 +14,9 @@ revision = "0005"
 down_revision = "0004"
 branch_labels = None
 depends_on = None
+# the oldest daemons' revision that works on this schema (rule: storage/migrate.py);
+# its own, as for every migration made before the rule: their daemons accepted only their own
+compatible_with = "0005"
 
 
 def upgrade() -> None:
@@ -31,3 +34,9 @@ def upgrade() -> None:
     op.create_index(
         "ix_queue_messages_ready", "queue_messages", ["tenant_id", "queue", "available_at"]
     )
+
+
+def downgrade() -> None:
+    # the messages' corrected tenants stay: they are right for the older schema too
+    op.drop_index("ix_queue_messages_ready", table_name="queue_messages")
+    op.create_index("ix_queue_messages_ready", "queue_messages", ["queue", "available_at"])

@@ -16,6 +16,9 @@ revision = "0007"
 down_revision = "0006"
 branch_labels = None
 depends_on = None
+# the oldest daemons' revision that works on this schema (rule: storage/migrate.py);
+# its own, as for every migration made before the rule: their daemons accepted only their own
+compatible_with = "0007"
 
 
 def upgrade() -> None:
@@ -26,3 +29,7 @@ def upgrade() -> None:
         postgresql_where=sa.text("leased_until IS NOT NULL"),
         sqlite_where=sa.text("leased_until IS NOT NULL"),
     )
+
+
+def downgrade() -> None:
+    op.drop_index("ix_queue_messages_leased_job", table_name="queue_messages")

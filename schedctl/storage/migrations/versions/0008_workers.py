@@ -17,6 +17,9 @@ revision = "0008"
 down_revision = "0007"
 branch_labels = None
 depends_on = None
+# the oldest daemons' revision that works on this schema (rule: storage/migrate.py);
+# its own, as for every migration made before the rule: their daemons accepted only their own
+compatible_with = "0008"
 
 
 def upgrade() -> None:
@@ -29,3 +32,7 @@ def upgrade() -> None:
         sa.Column("live_until", UTCDateTime, nullable=False),
         sa.PrimaryKeyConstraint("tenant_id", "queue", "worker", name="pk_workers"),
     )
+
+
+def downgrade() -> None:
+    op.drop_table("workers")

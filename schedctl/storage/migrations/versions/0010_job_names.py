@@ -19,6 +19,9 @@ revision = "0010"
 down_revision = "0012"
 branch_labels = None
 depends_on = None
+# the oldest daemons' revision that works on this schema (rule: storage/migrate.py);
+# its own, as for every migration made before the rule: their daemons accepted only their own
+compatible_with = "0010"
 
 MAX_NAME = 200
 # a bound on the suffixes tried per duplicate: far above any real count of duplicates
@@ -73,3 +76,8 @@ def upgrade() -> None:
         postgresql_where=sa.text("status <> 'deleted'"),
         sqlite_where=sa.text("status <> 'deleted'"),
     )
+
+
+def downgrade() -> None:
+    # renamed duplicates keep their new names: unique names are valid in the older schema
+    op.drop_index("uq_jobs_tenant_name", table_name="jobs")

@@ -14,6 +14,9 @@ revision = "0011"
 down_revision = "0010"
 branch_labels = None
 depends_on = None
+# the oldest daemons' revision that works on this schema (rule: storage/migrate.py);
+# its own, as for every migration made before the rule: their daemons accepted only their own
+compatible_with = "0011"
 
 
 def upgrade() -> None:
@@ -25,3 +28,8 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("job_id", "upstream_job_id", name="pk_job_dependencies"),
     )
     op.create_index("ix_job_dependencies_upstream", "job_dependencies", ["upstream_job_id"])
+
+
+def downgrade() -> None:
+    op.drop_index("ix_job_dependencies_upstream", table_name="job_dependencies")
+    op.drop_table("job_dependencies")

@@ -18,6 +18,9 @@ revision = "0014"
 down_revision = "0013"
 branch_labels = None
 depends_on = None
+# the oldest daemons' revision that works on this schema (rule: storage/migrate.py);
+# its own, as for every migration made before the rule: their daemons accepted only their own
+compatible_with = "0014"
 
 ANALYZE_EVERY = "autovacuum_analyze_scale_factor = 0, autovacuum_analyze_threshold = 10000"
 

@@ -17,6 +17,9 @@ revision = "0015"
 down_revision = "0014"
 branch_labels = None
 depends_on = None
+# the oldest daemons' revision that works on this schema (rule: storage/migrate.py);
+# its own, as for every migration made before the rule: their daemons accepted only their own
+compatible_with = "0015"
 
 UNLEASED = sa.text("leased_until IS NULL")
 

@@ -15,6 +15,9 @@ revision = "0020"
 down_revision = "0019"
 branch_labels = None
 depends_on = None
+# the oldest daemons' revision that works on this schema (rule: storage/migrate.py);
+# its own, as for every migration made before the rule: their daemons accepted only their own
+compatible_with = "0020"
 
 
 def upgrade() -> None:
