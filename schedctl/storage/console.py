@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, func, literal_column, select
+from sqlalchemy import and_, extract, func, literal_column, select
 
 from schedctl import errors, limits
 from schedctl.alerts.model import loads as load_alerts
@@ -185,18 +185,7 @@ def lateness(store: Store, tenant_id: str, *, window: timedelta = timedelta(hour
                 j.c.next_fire_at <= now,
             )
         ).one()
-        recent = connection.execute(
-            select(r.c.scheduled_at, r.c.fire_at, r.c.dispatched_at)
-            .where(
-                r.c.tenant_id == tenant_id,
-                # a run is dispatched after it is due: a bound on scheduled_at lets Postgres
-                # read the newest day partition(s) only (runs later than an hour more are
-                # left out of the percentiles; "late now" still shows them)
-                r.c.scheduled_at >= now - window - LATE_SLACK,
-                r.c.dispatched_at >= now - window,
-            )
-            .limit(MAX_RECENT_RUNS)
-        ).all()
+        p50, p99, measured = _recent_lateness(connection, tenant_id, now, window)
         failed_runs = connection.execute(
             select(r.c.job_id, func.count(), func.max(r.c.scheduled_at))
             .where(
@@ -240,23 +229,64 @@ def lateness(store: Store, tenant_id: str, *, window: timedelta = timedelta(hour
             for job_id, name, count, last_at in failing_rows
         ]
         silent = _silent_jobs(connection, tenant_id, now)
-    lates = sorted(
-        max(0.0, (dispatched - (fire or scheduled)).total_seconds())
-        for scheduled, fire, dispatched in recent
-        if dispatched is not None
-    )
     return Lateness(
         at=now,
         oldest_due_at=oldest,
         seconds=max(0.0, (now - oldest).total_seconds()) if oldest is not None else 0.0,
         due=int(due or 0),
-        p99_seconds=_nearest_rank(lates, 99),
-        p50_seconds=_nearest_rank(lates, 50),
-        measured=len(lates),
+        p99_seconds=p99,
+        p50_seconds=p50,
+        measured=measured,
         window=window,
         failing=tuple(failing),
         silent=tuple(silent),
     )
+
+
+def _recent_lateness(
+    connection: Any, tenant_id: str, now: datetime, window: timedelta
+) -> tuple[float | None, float | None, int]:
+    """The p50 and p99 lateness (dispatch time minus due time, at least 0) of a sample of
+    at most MAX_RECENT_RUNS of the tenant's runs dispatched in the last `window`, and the
+    sample's size. On Postgres the database takes the percentiles (percentile_disc: the
+    nearest rank, as _nearest_rank): reading the 5,000 rows' three times and converting
+    them was most of the late page's time (50 of 90 ms)."""
+    r = schema.runs
+    recent = (
+        r.c.tenant_id == tenant_id,
+        # a run is dispatched after it is due: a bound on scheduled_at lets Postgres read
+        # the newest day partition(s) only (runs later than an hour more are left out of
+        # the percentiles; "late now" still shows them)
+        r.c.scheduled_at >= now - window - LATE_SLACK,
+        r.c.dispatched_at >= now - window,
+    )
+    if connection.dialect.name == "postgresql":
+        late = extract(
+            "epoch", r.c.dispatched_at - func.coalesce(r.c.fire_at, r.c.scheduled_at)
+        ).label("late")
+        rows = select(late).where(*recent).limit(MAX_RECENT_RUNS).subquery()
+        p50, p99, count = connection.execute(
+            select(
+                func.percentile_disc(0.5).within_group(rows.c.late),
+                func.percentile_disc(0.99).within_group(rows.c.late),
+                func.count(),
+            )
+        ).one()
+        return (
+            None if p50 is None else max(0.0, float(p50)),
+            None if p99 is None else max(0.0, float(p99)),
+            int(count),
+        )
+    lates = sorted(
+        max(0.0, (dispatched - (fire or scheduled)).total_seconds())
+        for scheduled, fire, dispatched in connection.execute(
+            select(r.c.scheduled_at, r.c.fire_at, r.c.dispatched_at)
+            .where(*recent)
+            .limit(MAX_RECENT_RUNS)
+        )
+        if dispatched is not None
+    )
+    return _nearest_rank(lates, 50), _nearest_rank(lates, 99), len(lates)
 
 
 def _nearest_rank(ordered: list[float], q: float) -> float | None:
