@@ -16,7 +16,7 @@ from sqlalchemy import event, text
 
 from schedctl.service import Scheduler
 from schedctl.storage import bench_console as bench_rows
-from schedctl.storage import console
+from schedctl.storage import console, schema
 from schedctl.storage.bench_sizes import vacuum_analyze
 from schedctl.storage.bulk_future import load_future_jobs
 from schedctl.storage.store import Store
@@ -135,3 +135,45 @@ def test_the_name_search_reads_the_trigram_index(
     assert "ix_jobs_name_trgm" in _indexes(store, statement, parameters)
     _drop(store, "ix_jobs_name_trgm")
     assert "ix_jobs_name_trgm" not in _indexes(store, statement, parameters)
+
+
+# lateness in seconds of the runs dispatched in the last hour: one dispatched before its
+# fire time (counted as 0), one without a fire time (measured from scheduled_at)
+LATENESS = (-3.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 300.0)
+
+
+@pytest.mark.parametrize("url", ["sqlite_url", pytest.param("pg_url", marks=pytest.mark.postgres)])
+def test_lateness_percentiles_are_the_nearest_rank_on_both_dialects(
+    request: pytest.FixtureRequest, url: str
+) -> None:
+    """Postgres takes the percentiles in the database, SQLite in Python: the same numbers."""
+    store = Store.open(request.getfixturevalue(url))
+    try:
+        tenant, _ = Scheduler(store).create_tenant("late", "test")
+        now = store.now()
+        rows = []
+        for n, late in enumerate(LATENESS):
+            scheduled = (now - timedelta(minutes=30 + n)).replace(microsecond=0)
+            fire = None if n == 2 else scheduled + timedelta(seconds=7)
+            rows.append(
+                {
+                    "job_id": f"{n:040x}",
+                    "scheduled_at": scheduled,
+                    "tenant_id": tenant.tenant_id,
+                    "partition": 0,
+                    "trigger": "schedule",
+                    "status": "succeeded",
+                    "attempt": 1,
+                    "fire_at": fire,
+                    "dispatched_at": (fire or scheduled) + timedelta(seconds=late),
+                }
+            )
+        with store.tx() as connection:
+            connection.execute(schema.runs.insert(), rows)
+        result = console.lateness(store, tenant.tenant_id)
+    finally:
+        store.close()
+    ordered = sorted(max(0.0, late) for late in LATENESS)
+    assert result.measured == len(LATENESS)
+    assert result.p50_seconds == ordered[5] == 8.0  # rank ceil(11 * 0.5) = 6
+    assert result.p99_seconds == ordered[10] == 300.0  # rank ceil(11 * 0.99) = 11
