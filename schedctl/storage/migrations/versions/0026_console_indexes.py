@@ -18,7 +18,7 @@ role needs nothing more. Where the migrating role may not create it, the index i
 with a warning and the search scans as before. SQLite keeps its scan (embedded scale).
 
 Revision ID: 0026
-Revises: 0018
+Revises: 0020
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0026"
-down_revision = "0018"
+down_revision = "0020"
 branch_labels = None
 depends_on = None
 
