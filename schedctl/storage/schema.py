@@ -129,6 +129,14 @@ jobs = Table(
         sqlite_where=text("status <> 'deleted'"),
     ),
 )
+# the console's name search, a case-insensitive substring (0021; Postgres with pg_trgm only:
+# SQLite scans the tenant's jobs)
+Index(
+    "ix_jobs_name_trgm",
+    jobs.c.name,
+    postgresql_using="gin",
+    postgresql_ops={"name": "gin_trgm_ops"},
+).ddl_if(dialect="postgresql")
 
 runs = Table(
     "runs",
@@ -151,6 +159,16 @@ runs = Table(
     Column("job_version", BigInteger, nullable=True),
     # run identity; also what makes a double claim impossible
     PrimaryKeyConstraint("job_id", "scheduled_at", name="pk_runs"),
+    # a tenant's failed runs of the last day (the console's late page, 0021): a few runs
+    # in a hundred, so a range of this index instead of a read of the day's partitions
+    Index(
+        "ix_runs_tenant_failed",
+        "tenant_id",
+        "scheduled_at",
+        "job_id",
+        postgresql_where=text("status IN ('failed', 'dead', 'lost')"),
+        sqlite_where=text("status IN ('failed', 'dead', 'lost')"),
+    ),
     postgresql_partition_by="RANGE (scheduled_at)",
 )
 

@@ -189,3 +189,6 @@ def test_console_times_each_page(sqlite_url: str) -> None:
     for page in pages.values():
         assert page["status"] == 200, page
         assert page["p99_ms"] >= page["p50_ms"] > 0
+        # the server's own time, from the console's Server-Timing header
+        assert page["server_p99_ms"] >= page["server_p50_ms"] >= 0, page
+    assert result["slowest_server_p99_ms"] is not None

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import requests
 
+from schedctl.bench.console import server_seconds
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.service import Scheduler
 from schedctl.storage import schema
@@ -248,3 +249,17 @@ def test_a_host_token_does_not_sign_in(sched: Scheduler, app_client: Browserish)
     # nor does a cookie holding one open a page
     app_client.session.cookies.set("sd_console", host_token, path="/ui")
     assert app_client.get("/ui/jobs").status_code == 303
+
+
+def test_console_responses_say_their_server_time(app_client: Browserish) -> None:
+    """Server-Timing on /ui (what `schedctl bench console` reports as server time), and
+    only there: the JSON API's responses are unchanged."""
+    page = app_client.get("/ui/signin")
+    header = page.headers.get("server-timing", "")
+    assert re.fullmatch(r"app;dur=\d+\.\d", header), header
+    took = server_seconds(header)
+    assert took is not None and took >= 0
+    assert "server-timing" not in app_client.get("/healthz").headers
+    assert server_seconds("") is None
+    assert server_seconds("db;dur=3, app;dur=12.5") == 0.0125
+    assert server_seconds("app;dur=x") is None

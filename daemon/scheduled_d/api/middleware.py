@@ -1,6 +1,7 @@
 """Owns the API's outermost layer: the request size limit (checked before a body is read
 whole), the request metrics by route template, and the JSON 500 for any unexpected
-exception, logged without SQL parameters (which hold payloads)."""
+exception, logged without SQL parameters (which hold payloads); the console's Server-Timing
+header."""
 
 from __future__ import annotations
 
@@ -65,6 +66,8 @@ class Guard:
                 # counted before the client can see the answer, so a scrape right after
                 # a response always includes it
                 record(int(message["status"]))
+                if str(scope.get("path", "")).startswith("/ui"):
+                    message = _with_server_timing(message, time.perf_counter() - began)
             await send(message)
 
         try:
@@ -149,3 +152,14 @@ def _log_internal(scope: Scope, exc: BaseException) -> None:
         message,
         frames,
     )
+
+
+def _with_server_timing(message: Message, seconds: float) -> Message:
+    """The console's responses say the server's own time to their first byte (a
+    Server-Timing header, `app;dur=` milliseconds): what `schedctl bench console` reports
+    as server time, and what a browser's developer tools show next to the network time."""
+    headers = [
+        *message.get("headers", ()),
+        (b"server-timing", f"app;dur={seconds * 1000:.1f}".encode()),
+    ]
+    return {**message, "headers": headers}
