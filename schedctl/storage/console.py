@@ -5,8 +5,8 @@ jobs, and its queues and live workers.
 Every read takes the tenant id and filters by it: the console never shows another tenant's
 rows. Each is bounded (a page, a time range with a row cap) and walks an index: the job
 search ix_jobs_tenant (tenant_id, job_id) in keyset order, or ix_jobs_name_trgm for a name
-(Postgres, 0026), a job's runs pk_runs (job_id, scheduled_at), the tenant's lateness
-ix_jobs_tenant_status, its failing jobs ix_runs_tenant_failed (0026), its queues
+(Postgres, 0021), a job's runs pk_runs (job_id, scheduled_at), the tenant's lateness
+ix_jobs_tenant_status, its failing jobs ix_runs_tenant_failed (0021), its queues
 ix_queue_messages_ready and its workers pk_workers. The lateness percentiles read the runs
 table's newest day partitions only (Postgres prunes by scheduled_at), capped at
 MAX_RECENT_RUNS rows, and on Postgres the database takes them (reading and converting

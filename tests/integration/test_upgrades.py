@@ -39,6 +39,10 @@ runner = CliRunner()
 NEXT = "9001"  # a synthetic next release's revision, unknown to this release
 
 
+# 0020 (the run policy) adds columns to jobs: its ALTER waits behind any reader of jobs
+ALTERS_JOBS = "0020"
+
+
 def previous() -> str:
     found = revisions()[head_revision()]
     assert found is not None
@@ -261,27 +265,31 @@ def test_downgrade_of_an_empty_database_is_refused(empty_sqlite_url: str) -> Non
 def test_a_migration_that_cannot_take_its_lock_gives_up_and_retries(
     pg_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A long transaction holding a lock on `jobs` makes the last migration (it alters jobs)
+    """A long transaction holding a lock on `jobs` makes a migration that alters jobs (ALTERS_JOBS)
     time out after LOCK_TIMEOUT_MS, roll back and try again; once the holder ends it runs."""
     caplog.set_level(logging.WARNING, logger="schedctl.storage.migrate")
+    before = revisions()[ALTERS_JOBS]
+    assert before is not None
     engine = make_engine(pg_url)
     holder = make_engine(pg_url)
     done: list[object] = []
     try:
-        downgrade_steps(engine)
+        downgrade_steps(engine, to=before)
         with holder.connect() as blocking:
             blocking.execute(text("SELECT count(*) FROM jobs"))  # ACCESS SHARE until the end
-            thread = threading.Thread(target=lambda: done.append(upgrade_steps(engine)))
+            thread = threading.Thread(
+                target=lambda: done.append(upgrade_steps(engine, ALTERS_JOBS))
+            )
             thread.start()
             for _ in range(600):  # bounded: 60 s
                 if any("could not take its lock" in r.getMessage() for r in caplog.records):
                     break
                 time.sleep(0.1)
-            assert current_revision(engine) == previous()  # nothing applied while it waits
+            assert current_revision(engine) == before  # nothing applied while it waits
             blocking.rollback()
         thread.join(timeout=120)
         assert not thread.is_alive()
-        assert current_revision(engine) == head_revision()
+        assert current_revision(engine) == ALTERS_JOBS
         (steps,) = done
         assert isinstance(steps, list) and steps[-1].attempts >= 2
         with engine.connect() as connection:
@@ -297,16 +305,18 @@ def test_a_lock_never_granted_fails_the_step_and_applies_nothing(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(migrate, "MIGRATION_ATTEMPTS", 2)
+    before = revisions()[ALTERS_JOBS]
+    assert before is not None
     engine = make_engine(pg_url)
     holder = make_engine(pg_url)
     try:
-        downgrade_steps(engine)
+        downgrade_steps(engine, to=before)
         with holder.connect() as blocking:
             blocking.execute(text("SELECT count(*) FROM jobs"))
             with pytest.raises(errors.StoreUnavailable, match="could not take its lock"):
-                upgrade_steps(engine)
+                upgrade_steps(engine, ALTERS_JOBS)
             blocking.rollback()
-        assert current_revision(engine) == previous()
+        assert current_revision(engine) == before
     finally:
         holder.dispose()
         engine.dispose()
