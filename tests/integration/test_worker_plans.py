@@ -86,7 +86,7 @@ def _lease_params(instants: list[datetime]) -> dict[str, Any]:
         "job_ids": [f"job-{i}" for i in range(n)],
         "scheduled_ats": instants,
         "attempts": [1] * n,
-        "owner": "worker/1",
+        "owners": ["worker/1"] * n,
         "leased_until": instants[0],
         "now": instants[0],
         **_span(instants),
