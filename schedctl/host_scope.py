@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from schedctl.models import Job
 
 # what `schedctl apply` puts in a central job's payload (schedctl.jobfiles.apply)
-APPLY_PAYLOAD_KEYS = frozenset({"job_file", "job", "host", "digest"})
+APPLY_PAYLOAD_KEYS = placement.APPLY_PAYLOAD_KEYS
 # what a create or update body of a host token may hold: what apply sends, nothing more
 # (no `after`: a host's job may not wait on jobs it cannot see; no idempotency key)
 HOST_BODY_KEYS = frozenset(
@@ -108,7 +108,7 @@ class HostScope:
         queue = target.get("name")
         if not isinstance(queue, str) or not self.allows_queue(queue):
             return False
-        if set(payload) != APPLY_PAYLOAD_KEYS or not isinstance(payload.get("job"), str):
+        if not placement.is_apply_payload(dict(payload)) or not isinstance(payload.get("job"), str):
             return False
         if queue.startswith(placement.GROUP_QUEUE_PREFIX):
             # one central job per group, applied by any of its hosts

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     Jobs = Scheduler | ApiClient
 
 BOOT = "boot (runs on the host's worker start)"
-PAYLOAD_KEYS = frozenset({"job_file", "job", "host", "digest"})
+PAYLOAD_KEYS = placement.APPLY_PAYLOAD_KEYS
 # normalising a body needs a clock; one before any file's instant keeps `at` jobs that have
 # already run comparable (the real clock checks only what is about to be sent)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -166,8 +166,7 @@ def central_body(job: Job, host: str, mail_domain: str | None = None) -> dict[st
 
 
 def made_by_apply(job: CentralJob) -> bool:
-    payload = job.payload
-    return isinstance(payload, dict) and set(payload) == PAYLOAD_KEYS
+    return placement.is_apply_payload(job.payload)
 
 
 def plan(
@@ -178,11 +177,14 @@ def plan(
     *,
     directory: str | Path,
     now: datetime,
-    prune: bool = False,
+    keep_removed: bool = False,
     mail_domain: str | None = None,
 ) -> Plan:
     """What applying `files` (from `directory`) on `host` does to the tenant's `central`
-    jobs. Raises JobFilesError naming file, line and key when a body would be refused."""
+    jobs. Raises JobFilesError naming file, line and key when a body would be refused.
+    A job this host applied from a file of `directory` that no longer defines it (a file
+    removed, a job renamed or moved to another host) is removed, unless `keep_removed`:
+    left, it would keep firing runs the host refuses."""
     placement.check_host(host)
     groups = tuple(groups)
     by_name = {c.job.name: c for c in central if c.job.status is not JobStatus.deleted}
@@ -211,10 +213,10 @@ def plan(
     for name, found in sorted(by_name.items()):
         if name in wanted or not _ours(found.job, host, root):
             continue
-        if prune:
+        if not keep_removed:
             entries.append(Entry(name, Action.removed, current=found.job))
         else:
-            reason = f"no longer in {directory} (--prune removes it)"
+            reason = f"no longer in {directory} (kept: --keep-removed)"
             skipped.append(Skipped(name, str(found.job.payload["job_file"]), reason))
     return Plan(host, str(directory), tuple(entries), tuple(skipped))
 
@@ -267,7 +269,7 @@ def _entry(
         have["payload"].pop("host", None)
     want["alerts"] = alerts.to_dict() if alerts else None
     have["alerts"] = found.alerts.to_dict() if found.alerts else None
-    want["status"] = JobStatus.active.value if job.enabled else JobStatus.paused.value
+    want["status"] = _wanted_status(job, current)
     # a one-off that ran is done: neither enabled nor disabled changes anything about it
     completed = current.status is JobStatus.completed
     have["status"] = want["status"] if completed else current.status.value
@@ -284,6 +286,20 @@ def _entry(
         name, Action.changed, job=job, current=current, body=body, update=update,
         fields=fields, replace=replace,
     )  # fmt: skip
+
+
+def _wanted_status(job: Job, current: CentralJob) -> str:
+    """`enabled = false` is the declarative off: paused. `enabled = true` (or no key) makes
+    active only a job apply itself paused (its payload says `disabled`); an operator's
+    pause (`job pause`) survives every apply, until the operator resumes it."""
+    if not job.enabled:
+        return JobStatus.paused.value
+    paused_by_apply = (
+        isinstance(current.payload, dict) and current.payload.get(placement.DISABLED_KEY) is True
+    )
+    if current.status is JobStatus.paused and not paused_by_apply:
+        return JobStatus.paused.value
+    return JobStatus.active.value
 
 
 def _view(job: CentralJob | JobSpec) -> dict[str, Any]:
@@ -416,7 +432,13 @@ def execute(scheduler: Jobs, tenant: str, plan: Plan, *, actor: str) -> None:
         if entry.action is Action.created or entry.replace:
             assert entry.body is not None and entry.job is not None
             job, _ = scheduler.create_job(tenant, entry.body, actor=actor)
-            if not entry.job.enabled:
+            # a replaced job keeps an operator's pause as a changed one does
+            wanted = (
+                _wanted_status(entry.job, entry.current)
+                if entry.current is not None and entry.current.status is JobStatus.paused
+                else JobStatus.active.value
+            )
+            if not entry.job.enabled or wanted == JobStatus.paused.value:
                 scheduler.pause_job(job.job_id, tenant, actor=actor)
         elif entry.action is Action.changed:
             _change(scheduler, tenant, entry, actor)

@@ -136,6 +136,9 @@ class Job:
         payload: dict[str, Any] = {"job_file": str(self.path), "job": self.name}
         if host is not None:
             payload.update(host=host, digest=self.digest())
+            if not self.enabled:
+                # apply's own pause: `enabled = true` later resumes it (an operator's stays)
+                payload["disabled"] = True
         body = {
             "name": self.name,
             "schedule": dict(self.schedule),
