@@ -17,7 +17,7 @@ Pure functions over plain values: no database, so the API and the tests share th
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,11 +30,12 @@ if TYPE_CHECKING:
 # what `schedctl apply` puts in a central job's payload (schedctl.jobfiles.apply)
 APPLY_PAYLOAD_KEYS = placement.APPLY_PAYLOAD_KEYS
 # what a create or update body of a host token may hold: what apply sends, nothing more
-# (no `after`: a host's job may not wait on jobs it cannot see; no idempotency key)
+# (`after` naming only the host's own jobs: check_after; no idempotency key)
 HOST_BODY_KEYS = frozenset(
     {
         "name",
         "schedule",
+        "after",
         "target",
         "payload",
         "alerts",
@@ -150,3 +151,18 @@ class HostScope:
                 "naming this host",
                 field="target" if not self.allows_queue(str(target.get("name"))) else "payload",
             )
+
+    def check_after(self, refs: Iterable[Any], lookup: Callable[[str], list[Job]]) -> None:
+        """Each upstream job of a host token's `after` (an id or a name; `lookup` gives the
+        tenant's jobs it may mean) is one of this host's own: Forbidden naming `after`
+        otherwise, as for a job that does not exist (another host's stays unseen)."""
+        for ref in refs:
+            if not isinstance(ref, str):
+                continue  # the service refuses it, naming `after`
+            found = lookup(ref)
+            if not found or not all(self.owns_job(job) for job in found):
+                raise errors.Forbidden(
+                    f"a host token's job runs only after jobs of its own host "
+                    f"({self.host}): {ref!r} is not one",
+                    field="after",
+                )

@@ -494,3 +494,49 @@ def test_apply_refuses_a_group_writable_file_as_the_worker_does(
     assert result.exit_code == 2, result.output
     assert "writable" in result.output and str(jobs_d / "host.toml") in result.output
     assert rows(sched) == []
+
+
+def upstream_names(sched: Scheduler, name: str) -> list[str]:
+    graph = sched.job_dependencies(by_name(sched, name).job_id, "acme")
+    return sorted(str(u["name"]) for u in graph["upstream"])
+
+
+def test_after_in_files_maps_to_the_central_names(sched: Scheduler, jobs_d: Path) -> None:
+    (jobs_d / "zz.toml").write_text(
+        '[[job]]\nname = "verify"\nafter = ["backup", "report"]\ncommand = ["/x"]\n'
+    )
+    plan = run(sched, jobs_d)
+    # the upstream jobs are created first, whatever the files' order
+    created = names(plan, applying.Action.created)
+    assert created.index("verify@web1") > created.index("backup@web1")
+    assert upstream_names(sched, "verify@web1") == ["backup@web1", "report"]
+    assert not run(sched, jobs_d).writes
+    (jobs_d / "zz.toml").write_text(
+        '[[job]]\nname = "verify"\nafter = ["backup"]\ncommand = ["/x"]\n'
+    )
+    (entry,) = run(sched, jobs_d).of(applying.Action.changed)
+    assert entry.fields["after"] == (["backup@web1", "report"], ["backup@web1"])
+    assert upstream_names(sched, "verify@web1") == ["backup@web1"]
+    # an upstream replaced (a moved end: a new id) keeps its dependent pointing at it
+    (jobs_d / "host.toml").write_text(
+        FILE.replace('timeout = "2h"', 'timeout = "2h"\nend = "2099-01-01T00:00:00Z"')
+    )
+    plan = run(sched, jobs_d)
+    assert plan.of(applying.Action.changed)[0].replace
+    graph = sched.job_dependencies(by_name(sched, "verify@web1").job_id, "acme")
+    assert [u["job_id"] for u in graph["upstream"]] == [by_name(sched, "backup@web1").job_id]
+    assert not run(sched, jobs_d).writes
+    # from `after` to a schedule of its own: the job is replaced
+    (jobs_d / "zz.toml").write_text('[[job]]\nname = "verify"\nevery = "1h"\ncommand = ["/x"]\n')
+    (entry,) = run(sched, jobs_d).of(applying.Action.changed)
+    assert entry.replace and upstream_names(sched, "verify@web1") == []
+
+
+def test_after_a_job_this_host_does_not_apply_is_refused(sched: Scheduler, jobs_d: Path) -> None:
+    bad = jobs_d / "zz.toml"
+    bad.write_text('[[job]]\nname = "verify"\nafter = ["dbonly"]\ncommand = ["/x"]\n')
+    with pytest.raises(jobfiles.JobFilesError) as caught:
+        run(sched, jobs_d)
+    assert f"job.after: {bad}:3:" in str(caught.value)
+    assert "does not apply" in str(caught.value)
+    assert rows(sched) == []

@@ -38,6 +38,7 @@ HOST_TOKEN_ROUTES = frozenset(
         ("GET", "/v1/jobs"),
         ("POST", "/v1/jobs"),
         ("GET", "/v1/jobs/{job_id}"),
+        ("GET", "/v1/jobs/{job_id}/dependencies"),
         ("PATCH", "/v1/jobs/{job_id}"),
         ("DELETE", "/v1/jobs/{job_id}"),
         ("POST", "/v1/jobs/{job_id}/pause"),
