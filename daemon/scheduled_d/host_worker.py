@@ -40,6 +40,7 @@ from schedctl.jobfiles.model import Job
 from schedctl.jobfiles.placement import host_queues
 from schedctl.leasing import LeaseBackend
 from schedctl.leasing import LeasedRun as Lease
+from scheduled_d.boot_runs import BootRuns, read_boot_id
 from scheduled_d.direct_backend import DirectBackend
 from scheduled_d.signals import add_reload_listener
 from scheduled_d.worker import INHERITED_VARIABLES, RunSpec, Worker
@@ -134,6 +135,8 @@ class HostWorker:
         self._rescan = threading.Event()
         self._scan_lock = threading.Lock()
         self._booted = False  # once per start of the process, not per supervised restart
+        # and once per boot of the machine, across restarts of the worker (boot-runs.json)
+        self._boot_runs: BootRuns | None = None
         self._boot_processes: set[subprocess.Popen[bytes]] = set()
         self._boot_lock = threading.Lock()
         # runs of each job definition (file, name, digest) running here now: the file's
@@ -328,12 +331,22 @@ class HostWorker:
     # -- @reboot -----------------------------------------------------------------------------
 
     def run_boot_jobs(self) -> list[threading.Thread]:
-        """Start this host's @reboot jobs, each in a thread of its own (once per process)."""
+        """Start this host's @reboot jobs, each in a thread of its own: once per boot of
+        the machine (the kernel's boot id, recorded in [host] state_dir), so a restarted
+        worker does not run them again; once per process where no boot id can be read."""
         if self._booted:
             return []
         self._booted = True
+        jobs = self.files.boot_jobs(self.host.name, self.host.groups)
+        if jobs and self._boot_runs is None:
+            self._boot_runs = BootRuns(self.host.state_dir, read_boot_id(self.host.boot_id_file))
         threads = []
-        for job in self.files.boot_jobs(self.host.name, self.host.groups):
+        for job in jobs:
+            assert self._boot_runs is not None
+            if not self._boot_runs.claim(job.name):
+                log.info("boot job %r: already run in this boot (%s)", job.name,
+                         self._boot_runs.boot_id)  # fmt: skip
+                continue
             thread = threading.Thread(
                 target=self._boot, args=(job,), name=f"boot-{job.name}", daemon=True
             )

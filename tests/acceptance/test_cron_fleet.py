@@ -96,6 +96,7 @@ class Fleet:
             "[host]\n"
             f'name = "{host}"\n'
             f'jobs_dir = "{self.host_dir(host)}"\n'
+            f'state_dir = "{self.tmp / host / "state"}"\n'
             'tenant = "ops"\n'
             "rescan_seconds = 1\n"
         )

@@ -7,6 +7,7 @@ a dead letter of an applied job runs that job's own alert_command on its host.""
 
 from __future__ import annotations
 
+import dataclasses
 import grp
 import json
 import logging
@@ -85,7 +86,11 @@ def ref(path: Path, name: str, **more: Any) -> dict[str, Any]:
 def serve_until_idle(store: Store, directory: Path, **options: Any) -> int:
     worker = HostWorker(
         store,
-        HostConfig(name=HOST, jobs_dir=str(directory), **options),
+        HostConfig(
+            name=HOST,
+            jobs_dir=str(directory),
+            **{"state_dir": str(directory.parent / "state"), **options},
+        ),
         lease_seconds=3.0,
         heartbeat_seconds=0.5,
         poll_seconds=0.1,
@@ -262,7 +267,7 @@ def test_a_reload_changes_new_runs_and_not_the_run_in_flight(
     assert not thread.is_alive()
 
 
-def test_boot_jobs_run_once_per_start(store: Store, tmp_path: Path, shared: Path) -> None:
+def test_boot_jobs_run_once_per_boot(store: Store, tmp_path: Path, shared: Path) -> None:
     directory = jobs_dir(tmp_path)
     booted = shared / "booted"
     job_file(
@@ -272,15 +277,30 @@ def test_boot_jobs_run_once_per_start(store: Store, tmp_path: Path, shared: Path
         f'[[job]]\nname = "other-group"\ncron = "@reboot"\nshell = "echo no >> {booted}"\n'
         'run_on = "host-group:db"\n',
     )
-    worker = HostWorker(store, HostConfig(name=HOST, jobs_dir=str(directory)), poll_seconds=0.1)
+    state, boot_id = tmp_path / "state", tmp_path / "boot_id"
+    boot_id.write_text("11111111-aaaa-4bbb-8ccc-000000000001\n")
+    config = HostConfig(
+        name=HOST, jobs_dir=str(directory), state_dir=str(state), boot_id_file=str(boot_id)
+    )
+    worker = HostWorker(store, config, poll_seconds=0.1)
     for _ in range(2):  # a supervised restart of the same worker does not boot again
         worker.run(threading.Event(), idle_exit=True)
     wait_for(booted.exists, "the boot job")
-    HostWorker(store, HostConfig(name=HOST, jobs_dir=str(directory))).run(
-        threading.Event(), idle_exit=True
-    )
-    wait_for(lambda: booted.read_text().count("up") == 2, "the second start's boot job")
+    record = state / "boot-runs.json"
+    assert record.stat().st_mode & 0o777 == 0o600
+    # a new worker process in the same boot (an upgrade, a restart): not again
+    HostWorker(store, config).run(threading.Event(), idle_exit=True)
+    assert booted.read_text() == "up\n"
+    assert "warm" in json.loads(record.read_text())["jobs"]
+    # the next boot: once more
+    boot_id.write_text("11111111-aaaa-4bbb-8ccc-000000000002\n")
+    HostWorker(store, config).run(threading.Event(), idle_exit=True)
+    wait_for(lambda: booted.read_text().count("up") == 2, "the next boot's boot job")
     assert booted.read_text() == "up\nup\n"
+    # where no boot id can be read: once per start of the worker, as before
+    unknown = dataclasses.replace(config, boot_id_file=str(tmp_path / "missing"))
+    HostWorker(store, unknown).run(threading.Event(), idle_exit=True)
+    wait_for(lambda: booted.read_text().count("up") == 3, "the boot job without a boot id")
 
 
 def test_a_dead_letter_runs_the_alert_command_of_the_job_s_file_on_its_host(
@@ -468,7 +488,7 @@ class Daemon:
 
 
 @pytest.mark.parametrize("follow", ["sighup", "rescan"])
-def test_the_daemon_follows_its_files_and_boots_once_per_start(
+def test_the_daemon_follows_its_files_and_boots_once_per_boot(
     sqlite_url: str, tmp_path: Path, shared: Path, follow: str
 ) -> None:
     store = Store.open(sqlite_url)
@@ -483,8 +503,11 @@ def test_the_daemon_follows_its_files_and_boots_once_per_start(
     )
     rescan = 3600 if follow == "sighup" else 0.2
     config = tmp_path / "scheduled.toml"
+    boot_id = tmp_path / "boot_id"
+    boot_id.write_text("22222222-aaaa-4bbb-8ccc-000000000001\n")
     config.write_text(
         f'[host]\nname = "{HOST}"\njobs_dir = "{directory}"\nrescan_seconds = {rescan}\n'
+        f'state_dir = "{tmp_path / "state"}"\nboot_id_file = "{boot_id}"\n'
     )
     log = tmp_path / "daemon.log"
     daemon = Daemon(config, sqlite_url, log)
@@ -504,10 +527,16 @@ def test_the_daemon_follows_its_files_and_boots_once_per_start(
         assert daemon.process.poll() is None  # SIGHUP did not stop it
         daemon.stop()
         assert daemon.process.returncode == 0, daemon.text()
-        # a restart runs the boot job once more; the reload did not run it again
+        # the reload did not run the boot job again; nor does a restart in the same boot
         assert booted.read_text() == "up\n"
         daemon = Daemon(config, sqlite_url, log)
-        wait_for(lambda: booted.read_text() == "up\nup\n", "the boot job of the second start")
+        wait_for(lambda: "already run in this boot" in daemon.text(), "the restart")
+        daemon.stop()
+        assert booted.read_text() == "up\n"
+        # the next boot runs it again
+        boot_id.write_text("22222222-aaaa-4bbb-8ccc-000000000002\n")
+        daemon = Daemon(config, sqlite_url, log)
+        wait_for(lambda: booted.read_text() == "up\nup\n", "the boot job of the next boot")
     finally:
         daemon.stop()
         store.close()
@@ -577,7 +606,9 @@ def test_all_runs_the_host_worker_of_its_host_table(
         directory, "boot", f'[[job]]\nname = "b"\ncron = "@reboot"\nshell = "touch {booted}"\n'
     )
     config = tmp_path / "scheduled.toml"
-    config.write_text(f'[host]\nname = "{HOST}"\njobs_dir = "{directory}"\n')
+    config.write_text(
+        f'[host]\nname = "{HOST}"\njobs_dir = "{directory}"\nstate_dir = "{tmp_path / "state"}"\n'
+    )
     process = subprocess.Popen(
         [BIN / "scheduled-d", "all", "--config", str(config), "--db", sqlite_url],
         env={"PATH": os.environ["PATH"]},

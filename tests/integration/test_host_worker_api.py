@@ -92,7 +92,12 @@ def host_worker(server: ApiServer, host_api: Api, jobs: Path, **options: Any) ->
     backend = ApiLeaseBackend(server.url, host_api.token, timeout=10.0)
     return HostWorker(
         backend,
-        HostConfig(name=HOST, groups=("db",), jobs_dir=str(jobs), **options),
+        HostConfig(
+            name=HOST,
+            groups=("db",),
+            jobs_dir=str(jobs),
+            **{"state_dir": str(jobs.parent / "state"), **options},
+        ),
         lease_seconds=5.0,
         heartbeat_seconds=0.5,
         poll_seconds=0.1,
