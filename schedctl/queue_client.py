@@ -228,6 +228,26 @@ class ApiLeaseBackend(LeaseBackend):
         except (ValueError, KeyError, TypeError) as exc:
             raise errors.StoreUnavailable("the API answered with unexpected JSON") from exc
 
+    def record_boot_run(
+        self,
+        name: str,
+        *,
+        seconds: float,
+        exit_code: int | None,
+        error: str | None,
+        output: str | None,
+    ) -> dict[str, Any] | None:
+        """POST /v1/boot-runs: the ended run of this host's @reboot job `name` (its central
+        name); NotFound when the token sees no such job."""
+        body = {
+            "job": name,
+            "seconds": round(max(0.0, seconds), 3),
+            "exit_code": exit_code,
+            "error": error[-MAX_ERROR_CHARS:] if error is not None else None,
+            "output": fit_output(output),
+        }
+        return self._post("/v1/boot-runs", body)
+
     def whoami(self) -> dict[str, Any]:
         """GET /v1/tenant: the token's tenant and, for a host token, its host and groups."""
         response = send(self.session, "GET", self.base_url, "/v1/tenant", timeout=self.timeout)

@@ -21,6 +21,7 @@ API the alerts are leased and finished through it too (run_api_alerts).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import logging
@@ -28,6 +29,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,7 +39,7 @@ from schedctl import errors, jobspec
 from schedctl.config import HostConfig
 from schedctl.jobfiles.host import Changes, HostFiles, run_as
 from schedctl.jobfiles.model import Job
-from schedctl.jobfiles.placement import host_queues
+from schedctl.jobfiles.placement import central_name, host_queues
 from schedctl.leasing import LeaseBackend
 from schedctl.leasing import LeasedRun as Lease
 from scheduled_d.boot_runs import BootRuns, read_boot_id
@@ -104,6 +106,24 @@ def _file_limits(job: Job) -> tuple[int, int]:
 def _timeout_seconds(job: Job) -> int:
     """The job's timeout as its file sets it (0: none)."""
     return _file_limits(job)[0]
+
+
+class _Tail:
+    """The last `most` bytes (about) of a boot job's output lines."""
+
+    def __init__(self, most: int) -> None:
+        self.most = max(0, most)
+        self.lines: collections.deque[str] = collections.deque()
+        self.size = 0
+
+    def add(self, line: str) -> None:
+        self.lines.append(line)
+        self.size += len(line) + 1
+        while self.size > self.most and self.lines:
+            self.size -= len(self.lines.popleft()) + 1
+
+    def text(self) -> str | None:
+        return "\n".join(self.lines) + "\n" if self.lines else None
 
 
 class HostWorker:
@@ -360,10 +380,12 @@ class HostWorker:
             timeout = _timeout_seconds(job)
         except errors.SchedError as exc:
             log.error("boot job %r of %s: not run: %s", job.name, job.path, exc)
+            self._record_boot(job, 0.0, None, f"not run: {exc}", None)
             return
         env = {n: os.environ[n] for n in INHERITED_VARIABLES if n in os.environ}
         env.update(spec.env)
         log.info("boot job %r of %s: starting", job.name, job.path)
+        began = time.monotonic()
         try:
             process = subprocess.Popen(
                 spec.argv,
@@ -379,6 +401,7 @@ class HostWorker:
             )
         except OSError as exc:
             log.error("boot job %r: cannot start the command: %s", job.name, exc)
+            self._record_boot(job, 0.0, None, f"cannot start the command: {exc}", None)
             return
         with self._boot_lock:
             self._boot_processes.add(process)
@@ -387,22 +410,56 @@ class HostWorker:
             timer = threading.Timer(timeout, _kill_group, args=(process,))
             timer.daemon = True
             timer.start()
+        tail = _Tail(self.host.output_bytes)
         try:
-            self._boot_io(job, process, spec.stdin)
+            self._boot_io(job, process, spec.stdin, tail)
             code = process.wait()
         finally:
             if timer is not None:
                 timer.cancel()
             with self._boot_lock:
                 self._boot_processes.discard(process)
+        seconds = time.monotonic() - began
+        how = None
         if code == 0:
             log.info("boot job %r: succeeded", job.name)
         else:
             how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
             log.warning("boot job %r: failed: %s", job.name, how)
+        # output = "local": the tail stays in this host's log, as for any run
+        output = tail.text() if job.output != "local" else None
+        self._record_boot(job, seconds, code if code >= 0 else None, how, output)
+
+    def _record_boot(
+        self, job: Job, seconds: float, code: int | None, error: str | None, output: str | None
+    ) -> None:
+        """The boot run in the run history of the job's central job (NAME@HOST, made by
+        `schedctl apply`): over the API with the host token, or in the database. Not
+        recorded (and said so) when the job was never applied or the store is away."""
+        name = central_name(job, self.host.name)
+        try:
+            backend = self._make_backend()
+            if isinstance(backend, DirectBackend):
+                from schedctl.storage import boot_runs
+
+                boot_runs.record(
+                    backend.store, backend.tenant_id, name, seconds=seconds, exit_code=code,
+                    error=error, output=output, worker=f"host:{self.host.name}",
+                    actor=f"host:{self.host.name}",
+                )  # fmt: skip
+            else:
+                record = getattr(backend, "record_boot_run", None)
+                if record is None:
+                    return
+                record(name, seconds=seconds, exit_code=code, error=error, output=output)
+        except errors.NotFound:
+            log.warning("boot job %r: not in the run history: no central job %r (run "
+                        "`schedctl apply`)", job.name, name)  # fmt: skip
+        except errors.SchedError as exc:
+            log.warning("boot job %r: not in the run history: %s", job.name, exc)
 
     @staticmethod
-    def _boot_io(job: Job, process: subprocess.Popen[bytes], stdin: bytes) -> None:
+    def _boot_io(job: Job, process: subprocess.Popen[bytes], stdin: bytes, tail: _Tail) -> None:
         assert process.stdin is not None and process.stdout is not None
         writer = threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True)
         writer.start()
@@ -414,6 +471,7 @@ class HostWorker:
                 break
             text = line.decode("utf-8", errors="replace").rstrip("\n")
             log.info("boot job %r: %s", job.name, text)
+            tail.add(text)
         process.stdout.close()
         writer.join(BOOT_JOIN_SECONDS)
 

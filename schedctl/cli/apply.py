@@ -233,7 +233,12 @@ def _detail(entry: applying.Entry) -> str:
         return "not in the job files any more"
     body = entry.body or {}
     target = body.get("target", {}).get("name", "")
-    schedule = ", ".join(f"{k}={v}" for k, v in body.get("schedule", {}).items())
+    when = body.get("schedule", {})
+    schedule = ", ".join(f"{k}={v}" for k, v in when.items())
+    if when.get("boot"):
+        schedule = "@reboot (run by the host once per boot)"
+    elif "after" in body:
+        schedule = "after " + ", ".join(body["after"])
     return f"{schedule} -> {target}" if entry.action is applying.Action.created else ""
 
 

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     # a cron host with its host token)
     Jobs = Scheduler | ApiClient
 
-BOOT = "boot (runs on the host's worker start)"
+BOOT = "boot (runs on the host's worker start)"  # no longer a skip reason: kept for callers
 PAYLOAD_KEYS = placement.APPLY_PAYLOAD_KEYS
 # normalising a body needs a clock; one before any file's instant keeps `at` jobs that have
 # already run comparable (the real clock checks only what is about to be sent)
@@ -218,9 +218,6 @@ def plan(
     }
     for file in files:
         for index, job in enumerate(file.jobs):
-            if job.is_boot:
-                skipped.append(Skipped(job.name, str(job.path), BOOT))
-                continue
             if not placement.applies_to(job, host, groups):
                 reason = f"runs on every host of group {job.run_on.group}, not this one"
                 skipped.append(Skipped(job.name, str(job.path), reason))

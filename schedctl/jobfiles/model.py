@@ -132,7 +132,7 @@ class Job:
         file's alerts come along. An @reboot job has no central schedule (its host's worker
         runs it). A dependent job (`after`) sends the names of its upstream jobs as they are
         in the files (`schedctl apply` maps them to central names)."""
-        if self.schedule is None and not self.after:
+        if self.is_boot and host is None:
             raise errors.ValidationError(
                 f"job {self.name!r} runs at boot (@reboot) and has no central schedule",
                 field="cron",
@@ -144,7 +144,13 @@ class Job:
                 # apply's own pause: `enabled = true` later resumes it (an operator's stays)
                 payload["disabled"] = True
         when: dict[str, Any] = (
-            {"schedule": dict(self.schedule)} if self.schedule else {"after": list(self.after)}
+            {"schedule": dict(self.schedule)}
+            if self.schedule
+            # an @reboot job, as `schedctl apply` makes it: a `boot` schedule, which the
+            # dispatcher never fires; its host's worker records each boot run
+            else {"schedule": {"boot": True}}
+            if self.is_boot
+            else {"after": list(self.after)}
         )
         body = {
             "name": self.name,

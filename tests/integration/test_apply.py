@@ -20,6 +20,7 @@ from schedctl import errors, jobfiles
 from schedctl.cli.app import app
 from schedctl.jobfiles import apply as applying
 from schedctl.models import JobStatus
+from schedctl.scheduling.schedules import schedule_to_dict
 from schedctl.service import Scheduler
 from schedctl.storage import schema
 
@@ -118,10 +119,13 @@ def by_name(sched: Scheduler, name: str) -> Any:
 
 def test_apply_creates_then_a_second_run_changes_nothing(sched: Scheduler, jobs_d: Path) -> None:
     plan = run(sched, jobs_d)
-    assert names(plan, applying.Action.created) == ["backup@web1", "report"]
+    assert names(plan, applying.Action.created) == ["backup@web1", "report", "warm@web1"]
     skipped = {s.name: s.reason for s in plan.skipped}
-    assert skipped["warm"] == "boot (runs on the host's worker start)"
-    assert "group db" in skipped["dbonly"]
+    assert set(skipped) == {"dbonly"} and "group db" in skipped["dbonly"]
+    # an @reboot job: a central job the dispatcher never fires, for its boot runs
+    warm = by_name(sched, "warm@web1")
+    assert schedule_to_dict(warm.schedule) == {"kind": "boot"}
+    assert warm.next_run_at is None
     backup = by_name(sched, "backup@web1")
     assert backup.target.address == "host:web1" and backup.timeout_seconds == 7200
     assert set(backup.payload) == {"job_file", "job", "host", "digest"}
@@ -133,14 +137,14 @@ def test_apply_creates_then_a_second_run_changes_nothing(sched: Scheduler, jobs_
 
     before, audits = rows(sched), audit_count(sched)
     again = run(sched, jobs_d)
-    assert names(again, applying.Action.unchanged) == ["backup@web1", "report"]
+    assert names(again, applying.Action.unchanged) == ["backup@web1", "report", "warm@web1"]
     assert not again.writes and rows(sched) == before and audit_count(sched) == audits
 
 
 def test_dry_run_writes_nothing(sched: Scheduler, jobs_d: Path) -> None:
     audits = audit_count(sched)  # the tenant's creation
     plan = run(sched, jobs_d, dry_run=True)
-    assert names(plan, applying.Action.created) == ["backup@web1", "report"]
+    assert names(plan, applying.Action.created) == ["backup@web1", "report", "warm@web1"]
     assert rows(sched) == [] and audit_count(sched) == audits
     run(sched, jobs_d)
     (jobs_d / "host.toml").write_text(FILE.replace('"2h"', '"3h"'))
@@ -206,7 +210,9 @@ def test_gone_jobs_are_removed_by_default_only_this_hosts(sched: Scheduler, jobs
     pruned = run(sched, jobs_d)
     assert names(pruned, applying.Action.removed) == ["tmp@web1"]
     left = {j.name for j in sched.list_jobs("acme", limit=100).items}
-    assert left == {"backup@web1", "backup@web2", "report", "tmp@web2", "manual"}
+    assert left == {
+        "backup@web1", "backup@web2", "report", "tmp@web2", "manual", "warm@web1", "warm@web2"
+    }  # fmt: skip
     assert sched.get_job(other.job_id).status is JobStatus.active
     assert not run(sched, jobs_d).writes
 
@@ -216,16 +222,16 @@ def test_two_hosts_get_their_own_jobs_and_share_the_group_job(
 ) -> None:
     run(sched, jobs_d, host="web1")
     second = run(sched, jobs_d, host="web2")
-    assert names(second, applying.Action.created) == ["backup@web2"]
+    assert names(second, applying.Action.created) == ["backup@web2", "warm@web2"]
     assert names(second, applying.Action.unchanged) == ["report"]
     jobs = {j.name: j for j in sched.list_jobs("acme", limit=100).items}
-    assert set(jobs) == {"backup@web1", "backup@web2", "report"}
+    assert set(jobs) == {"backup@web1", "backup@web2", "report", "warm@web1", "warm@web2"}
     assert jobs["backup@web2"].target.address == "host:web2"
     # each host sees the other's apply as no change
     assert not run(sched, jobs_d, host="web1").writes
     assert not run(sched, jobs_d, host="web2").writes
     db = run(sched, jobs_d, host="db1", groups=("db",))
-    assert names(db, applying.Action.created) == ["backup@db1", "dbonly@db1"]
+    assert names(db, applying.Action.created) == ["backup@db1", "warm@db1", "dbonly@db1"]
 
 
 @pytest.mark.parametrize(
@@ -287,12 +293,11 @@ def test_cli_json_output_and_dry_run(db_url: str, sched: Scheduler, jobs_d: Path
     assert dry.exit_code == 0, dry.output
     data = json.loads(dry.stdout)
     assert data == {
-        "created": ["backup@web1", "report"],
+        "created": ["backup@web1", "report", "warm@web1"],
         "changed": [],
         "unchanged": [],
         "removed": [],
         "skipped": [
-            {"name": "warm", "file": str(jobs_d / "host.toml"), "reason": applying.BOOT},
             {
                 "name": "dbonly",
                 "file": str(jobs_d / "host.toml"),
@@ -314,10 +319,10 @@ def test_cli_json_output_and_dry_run(db_url: str, sched: Scheduler, jobs_d: Path
             },
         }
     ]
-    assert changed["unchanged"] == ["report"]
+    assert changed["unchanged"] == ["report", "warm@web1"]
     table = runner.invoke(app, ["--db", db_url, "apply", str(jobs_d), "--host", "web1"])
     assert table.exit_code == 0
-    assert "0 created, 0 changed, 2 unchanged, 0 removed, 2 skipped" in table.stdout
+    assert "0 created, 0 changed, 3 unchanged, 0 removed, 1 skipped" in table.stdout
 
 
 def test_cli_refuses_a_bad_file_naming_it(db_url: str, sched: Scheduler, jobs_d: Path) -> None:
@@ -410,7 +415,7 @@ def test_a_renamed_job_is_removed_centrally(sched: Scheduler, jobs_d: Path) -> N
     assert names(plan, applying.Action.created) == ["backup2@web1"]
     assert names(plan, applying.Action.removed) == ["backup@web1"]
     left = {j.name for j in sched.list_jobs("acme", limit=100).items}
-    assert left == {"backup2@web1", "report"}
+    assert left == {"backup2@web1", "report", "warm@web1"}
 
 
 def test_an_operators_pause_survives_apply(sched: Scheduler, jobs_d: Path) -> None:

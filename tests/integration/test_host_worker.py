@@ -273,10 +273,27 @@ def test_boot_jobs_run_once_per_boot(store: Store, tmp_path: Path, shared: Path)
     job_file(
         directory,
         "boot",
-        f'[[job]]\nname = "warm"\ncron = "@reboot"\nshell = "echo up >> {booted}"\n'
+        f'[[job]]\nname = "warm"\ncron = "@reboot"\nshell = "echo up >> {booted}; echo warm-out"\n'
         f'[[job]]\nname = "other-group"\ncron = "@reboot"\nshell = "echo no >> {booted}"\n'
-        'run_on = "host-group:db"\n',
+        'run_on = "host-group:db"\n'
+        '[[job]]\nname = "broken"\ncron = "@reboot"\nshell = "echo broken-out; exit 3"\n',
     )
+    # applied: each boot job has a central job (a `boot` schedule) for its boot runs
+    sched = Scheduler(store)
+    plan = applying.plan(
+        jobfiles.load_dir(directory),
+        HOST,
+        (),
+        applying.read_central(sched, "acme"),
+        directory=directory,
+        now=store.now(),
+    )
+    applying.execute(sched, "acme", plan, actor="test")
+    warm, broken = (sched.get_job_by_name(f"{n}@{HOST}", "acme") for n in ("warm", "broken"))
+
+    def boot_runs(job: Any) -> list[Any]:
+        return list(sched.runs(job.job_id, "acme", limit=10).items)
+
     state, boot_id = tmp_path / "state", tmp_path / "boot_id"
     boot_id.write_text("11111111-aaaa-4bbb-8ccc-000000000001\n")
     config = HostConfig(
@@ -286,6 +303,13 @@ def test_boot_jobs_run_once_per_boot(store: Store, tmp_path: Path, shared: Path)
     for _ in range(2):  # a supervised restart of the same worker does not boot again
         worker.run(threading.Event(), idle_exit=True)
     wait_for(booted.exists, "the boot job")
+    wait_for(lambda: len(boot_runs(warm)) == 1 and len(boot_runs(broken)) == 1, "boot runs")
+    (run,) = boot_runs(warm)
+    assert (run.trigger.value, run.status.value, run.exit_code) == ("boot", "succeeded", 0)
+    assert run.output_tail == "warm-out\n"
+    (failed,) = boot_runs(broken)
+    assert (failed.status.value, failed.exit_code, failed.error) == ("failed", 3, "exit code 3")
+    assert failed.output_tail == "broken-out\n"
     record = state / "boot-runs.json"
     assert record.stat().st_mode & 0o777 == 0o600
     # a new worker process in the same boot (an upgrade, a restart): not again
@@ -297,6 +321,7 @@ def test_boot_jobs_run_once_per_boot(store: Store, tmp_path: Path, shared: Path)
     HostWorker(store, config).run(threading.Event(), idle_exit=True)
     wait_for(lambda: booted.read_text().count("up") == 2, "the next boot's boot job")
     assert booted.read_text() == "up\nup\n"
+    wait_for(lambda: len(boot_runs(warm)) == 2, "the next boot's boot run")
     # where no boot id can be read: once per start of the worker, as before
     unknown = dataclasses.replace(config, boot_id_file=str(tmp_path / "missing"))
     HostWorker(store, unknown).run(threading.Event(), idle_exit=True)
