@@ -108,6 +108,19 @@ def _timeout_seconds(job: Job) -> int:
     return _file_limits(job)[0]
 
 
+# how often the worker compares its files with the central jobs (apply --check's drift),
+# besides at its start: a full read of the tenant's jobs, so not at every rescan
+DRIFT_SECONDS = 300.0
+
+
+def _fqdn_domain() -> str | None:
+    """The mail domain `schedctl apply` assumes for local mailboxes (its --mail-domain)."""
+    import socket
+
+    fqdn = socket.getfqdn()
+    return fqdn if "." in fqdn and not fqdn.startswith("localhost") else None
+
+
 class _Tail:
     """The last `most` bytes (about) of a boot job's output lines."""
 
@@ -157,6 +170,7 @@ class HostWorker:
         self._booted = False  # once per start of the process, not per supervised restart
         # and once per boot of the machine, across restarts of the worker (boot-runs.json)
         self._boot_runs: BootRuns | None = None
+        self._drift_due = 0.0  # monotonic time of the next drift check
         self._boot_processes: set[subprocess.Popen[bytes]] = set()
         self._boot_lock = threading.Lock()
         # runs of each job definition (file, name, digest) running here now: the file's
@@ -277,6 +291,7 @@ class HostWorker:
         return command_for
 
     def _follow(self, stop: threading.Event) -> None:
+        self._drift_logged()
         while not stop.is_set():
             if self._rescan.wait(self.host.rescan_seconds):
                 self._rescan.clear()
@@ -285,6 +300,68 @@ class HostWorker:
                 self._reload_logged("SIGHUP")
             else:
                 self._reload_logged("rescan")
+            if time.monotonic() >= self._drift_due:
+                self._drift_logged()
+
+    # -- drift between the files and the central jobs ----------------------------------------
+
+    def check_drift(self) -> list[str]:
+        """What `schedctl apply --check` would report on this host ("changed NAME", ...; a
+        refused file as "refused FILE: KEY: why"), reported centrally (`schedctl status`)
+        and as the gauge scheduled_host_jobs_drift."""
+        from schedctl.jobfiles import JobFilesError, load_dir
+        from schedctl.jobfiles import apply as applying
+        from scheduled_d.metrics import HOST_DRIFT
+
+        backend = self._make_backend()
+        drift: list[str]
+        try:
+            files = load_dir(self.host.jobs_dir)
+            jobs, tenant = self._central_jobs(backend)
+            plan = applying.plan(
+                files, self.host.name, self.host.groups, applying.read_central(jobs, tenant),
+                directory=self.host.jobs_dir, now=datetime.now(UTC),
+                mail_domain=_fqdn_domain(),
+            )  # fmt: skip
+            drift = [
+                f"{e.action.value} {e.name}" for e in plan.entries if e.action.value != "unchanged"
+            ]
+        except JobFilesError as exc:
+            drift = [f"refused {p.path}: {p.key}: {p.message}" for p in exc.problems]
+        if isinstance(backend, DirectBackend):
+            from schedctl.storage import host_drift
+
+            host_drift.report(backend.store, backend.tenant_id, self.host.name, drift)
+        else:
+            report = getattr(backend, "report_drift", None)
+            if report is not None:
+                report(drift)
+        HOST_DRIFT.set(len(drift))
+        return drift
+
+    def _central_jobs(self, backend: LeaseBackend) -> tuple[Any, str]:
+        """The jobs reader apply uses and the tenant: the database's, or the API's with the
+        host token (which sees this host's own jobs)."""
+        if isinstance(backend, DirectBackend):
+            from schedctl.service import Scheduler
+
+            return Scheduler(backend.store), backend.tenant_id
+        client = backend.jobs_client()  # type: ignore[attr-defined]
+        return client, str(client.whoami()["name"])
+
+    def _drift_logged(self) -> None:
+        from scheduled_d.metrics import HOST_DRIFT
+
+        self._drift_due = time.monotonic() + DRIFT_SECONDS
+        try:
+            drift = self.check_drift()
+        except Exception as exc:  # advisory: a failed check never stops the worker
+            HOST_DRIFT.set(-1)
+            log.warning("job files: the drift check failed: %s", exc)
+            return
+        if drift:
+            log.warning("job files differ from the central jobs (run `schedctl apply`): %s",
+                        "; ".join(drift[:10]))  # fmt: skip
 
     def _reload_logged(self, why: str) -> None:
         try:

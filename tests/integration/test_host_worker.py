@@ -739,3 +739,43 @@ def test_a_nul_in_the_job_file_fails_the_run_cleanly(
         assert not marker.exists()
     finally:
         store.close()
+
+
+def test_the_worker_reports_drift_between_its_files_and_the_central_jobs(
+    store: Store, tmp_path: Path
+) -> None:
+    from schedctl.cluster_status import gather_status
+    from schedctl.config import Config
+    from scheduled_d.metrics import HOST_DRIFT
+
+    directory = jobs_dir(tmp_path)
+    path = job_file(directory, "step", shell_job("step", "echo v1"))
+    worker = HostWorker(store, HostConfig(name=HOST, jobs_dir=str(directory)))
+    # nothing applied yet: the job is to be created
+    assert worker.check_drift() == [f"created step@{HOST}"]
+    assert HOST_DRIFT._value.get() == 1
+    sched = Scheduler(store)
+    plan = applying.plan(
+        jobfiles.load_dir(directory),
+        HOST,
+        (),
+        applying.read_central(sched, "acme"),
+        directory=directory,
+        now=store.now(),
+    )
+    applying.execute(sched, "acme", plan, actor="test")
+    assert worker.check_drift() == []
+    assert HOST_DRIFT._value.get() == 0
+    status = gather_status(store, Config())
+    assert [(d.host, d.drift) for d in status.host_drift] == [(HOST, ())]
+    assert not any("differ" in n for n in status.notes)
+    # edited on the host, not applied: the drift shows in the status
+    path.write_text(shell_job("step", "echo v2"))
+    assert worker.check_drift() == [f"changed step@{HOST}"]
+    status = gather_status(store, Config())
+    assert any(f"host {HOST}: job files differ" in n and "changed step@" in n for n in status.notes)
+    assert status.to_dict()["host_drift"][0]["drift"] == [f"changed step@{HOST}"]
+    # a file the worker refuses is drift too, with its reason
+    path.chmod(0o664)
+    (drift,) = worker.check_drift()
+    assert drift.startswith(f"refused {path}") and "writable" in drift

@@ -364,3 +364,35 @@ def test_a_host_token_records_boot_runs_of_its_own_boot_jobs_only(
     ok = {"job": f"warm@{HOST}", "seconds": 1, "exit_code": 0, "output": "fine\n"}
     made = host_api.request("POST", "/v1/boot-runs", json=ok)
     assert made.status_code == 201 and made.json()["status"] == "succeeded", made.text
+
+
+def test_the_worker_reports_its_drift_over_the_api_with_its_host_token(
+    sched: Scheduler, server: ApiServer, acme: Api, host_api: Api, jobs: Path
+) -> None:
+    from schedctl.storage import host_drift
+
+    write_job(jobs, "report", 'shell = "echo v1"\n')
+    worker = host_worker(server, host_api, jobs)
+    assert worker.check_drift() == [f"created report@{HOST}"]
+    tenant_id = sched.get_tenant("acme").tenant_id
+    (row,) = host_drift.read(sched.store)
+    assert (row.tenant_id, row.host, row.drift) == (tenant_id, HOST, (f"created report@{HOST}",))
+    code, out = apply_with(server, host_api, jobs)
+    assert code == 0, out
+    assert worker.check_drift() == []
+    (row,) = host_drift.read(sched.store)
+    assert row.drift == ()
+    # only a host token reports drift, and only its own host's
+    refused = acme.request("POST", "/v1/host-drift", json={"drift": []})
+    assert refused.status_code == 403, refused.text
+    bad = host_api.request("POST", "/v1/host-drift", json={"drift": "x"})
+    assert bad.status_code == 422 and bad.json()["error"]["field"] == "drift", bad.text
+
+
+def apply_with(server: ApiServer, host_api: Api, jobs: Path) -> tuple[int, str]:
+    result = CliRunner().invoke(
+        app,
+        ["--api", server.url, "--token", host_api.token, "apply", str(jobs), "--host", HOST,
+         "--group", "db"],
+    )  # fmt: skip
+    return result.exit_code, result.output

@@ -37,6 +37,7 @@ HOST_TOKEN_ROUTES = frozenset(
         ("POST", "/v1/alert-leases/{lease_id}/finish"),
         ("GET", "/v1/jobs"),
         ("POST", "/v1/boot-runs"),
+        ("POST", "/v1/host-drift"),
         ("POST", "/v1/jobs"),
         ("GET", "/v1/jobs/{job_id}"),
         ("GET", "/v1/jobs/{job_id}/dependencies"),

@@ -14,7 +14,7 @@ from schedctl.storage import boot_runs
 from schedctl.views import run_to_dict
 from scheduled_d.api.auth import BodyDep, CallerDep, SchedulerDep
 from scheduled_d.api.routes.params import CursorQuery, JobIdPath, LimitQuery, checked_job_id
-from scheduled_d.api.schemas import RunOut, RunPage, error_responses
+from scheduled_d.api.schemas import RunOut, RunPage, error_responses, json_request_body
 
 router = APIRouter(prefix="/v1")
 
@@ -45,7 +45,21 @@ BOOT_RUN_KEYS = frozenset({"job", "seconds", "exit_code", "error", "output"})
     response_model=RunOut,
     status_code=201,
     summary="Record the ended run of an @reboot job (its host's worker)",
-    responses=error_responses(400, 403, 404, 422),
+    responses=error_responses(400, 403, 404, 413, 415, 422),
+    openapi_extra=json_request_body(
+        {
+            "type": "object",
+            "required": ["job"],
+            "additionalProperties": False,
+            "properties": {
+                "job": {"type": "string", "description": "The central job's name."},
+                "seconds": {"type": "number", "minimum": 0},
+                "exit_code": {"type": ["integer", "null"]},
+                "error": {"type": ["string", "null"]},
+                "output": {"type": ["string", "null"]},
+            },
+        }
+    ),
 )
 async def record_boot_run(scheduler: SchedulerDep, caller: CallerDep, body: BodyDep) -> Any:
     """{"job": NAME, "seconds", "exit_code", "error", "output"}: the run of the @reboot
