@@ -545,3 +545,18 @@ def test_after_a_job_this_host_does_not_apply_is_refused(sched: Scheduler, jobs_
     assert f"job.after: {bad}:3:" in str(caught.value)
     assert "does not apply" in str(caught.value)
     assert rows(sched) == []
+
+
+def test_a_boot_schedule_is_only_made_at_create(sched: Scheduler, jobs_d: Path) -> None:
+    run(sched, jobs_d)
+    backup = by_name(sched, "backup@web1")
+    for change in (
+        lambda: sched.update_job(backup.job_id, {"schedule": {"boot": True}}, "acme", actor=ACTOR),
+        lambda: sched.reschedule_job(backup.job_id, {"boot": True}, "acme", actor=ACTOR),
+    ):
+        with pytest.raises(errors.ValidationError) as caught:
+            change()
+        assert caught.value.field == "boot"
+    assert by_name(sched, "backup@web1").schedule == backup.schedule
+    # a boot job is never triggered by the dispatcher: no next run
+    assert by_name(sched, "warm@web1").next_run_at is None
