@@ -1,11 +1,12 @@
 # The two documented commands are `make demo` and `make test`; the rest are their parts.
 # `deps` is idempotent: on a fresh Debian 12 machine (as root) it installs PostgreSQL,
-# ZooKeeper and RabbitMQ from apt, creates .venv and installs the project; on later runs it
-# does nothing.
+# ZooKeeper, RabbitMQ and Patroni from apt, creates .venv and installs the project; on
+# later runs it does nothing.
 # Operators: `make install` / `make uninstall` (as root; PREFIX=/usr/local, DESTDIR= stages
-# below a directory and leaves the machine alone), and `make onefile`: dist/scheduled.pyz,
-# schedctl and scheduled-d in one executable file. Both are described at their targets
-# below and in README.md ("Install").
+# below a directory and leaves the machine alone), `make onefile`: dist/scheduled.pyz,
+# schedctl and scheduled-d in one executable file, and `make deb`: the Debian package
+# dist/scheduled_VERSION_amd64.deb (needs dpkg-dev; lintian checks it). All are described
+# at their targets below and in README.md ("Install").
 
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
@@ -24,11 +25,16 @@ NETTY_CODEC_JAR := /usr/share/java/netty-codec.jar
 # Tests start their own broker (tests/services/rabbitmq.py); the package's service, if apt
 # started one, is stopped again right after the install.
 RABBITMQ_SERVER := /usr/lib/rabbitmq/bin/rabbitmq-server
+# The Postgres failover tests (tests/chaos/test_patroni.py) run a 2-node Patroni cluster on
+# the tests' ZooKeeper: Debian's patroni runs on /usr/bin/python3, which needs kazoo for it.
+PATRONI := /usr/bin/patroni
 
-.PHONY: deps system-deps lint test demo clean distclean
+.PHONY: deps system-deps lint test demo clean distclean config
 
 deps: system-deps $(STAMP)
 
+# chromium and chromium-driver: the web console's browser test
+# (tests/integration/test_console_browser.py)
 system-deps:
 	@packages=""; \
 	bindir="$$(pg_config --bindir 2>/dev/null || true)"; \
@@ -46,8 +52,23 @@ system-deps:
 	if [ ! -x "$(RABBITMQ_SERVER)" ]; then \
 		packages="$$packages rabbitmq-server"; \
 	fi; \
+	if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+		packages="$$packages chromium chromium-driver"; \
+	fi; \
+	if ! command -v promtool >/dev/null 2>&1; then \
+		packages="$$packages prometheus"; \
+	fi; \
+	if [ ! -x "$(PATRONI)" ] || ! /usr/bin/python3 -c 'import kazoo' >/dev/null 2>&1; then \
+		packages="$$packages patroni python3-kazoo"; \
+	fi; \
 	if [ ! -x "$(BIN)/python" ] && ! $(PYTHON) -c 'import ensurepip, venv' >/dev/null 2>&1; then \
 		packages="$$packages python3-venv"; \
+	fi; \
+	if ! command -v dpkg-shlibdeps >/dev/null 2>&1; then \
+		packages="$$packages dpkg-dev"; \
+	fi; \
+	if ! command -v lintian >/dev/null 2>&1; then \
+		packages="$$packages lintian"; \
 	fi; \
 	if [ -n "$$packages" ]; then \
 		if [ "$$(id -u)" != 0 ]; then \
@@ -62,6 +83,12 @@ system-deps:
 				systemctl stop rabbitmq-server.service epmd.socket epmd.service || true; \
 			fi;; \
 		esac; \
+		case "$$packages" in *prometheus*) \
+			if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then \
+				systemctl disable --now prometheus.service prometheus-node-exporter.service \
+					>/dev/null 2>&1 || true; \
+			fi;; \
+		esac; \
 	fi
 
 $(BIN)/python:
@@ -71,6 +98,12 @@ $(BIN)/python:
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -e '.[dev]'
 	touch $@
+
+# config/scheduled.toml is generated from the configuration schema (schedctl/config.py and
+# the descriptions in schedctl/config_doc.py); tests/unit/test_config_example.py keeps it in step
+config: deps
+	$(BIN)/python -m schedctl.config_doc > config/scheduled.toml.new
+	mv config/scheduled.toml.new config/scheduled.toml
 
 lint: deps
 	$(BIN)/ruff check .
@@ -90,7 +123,7 @@ clean:
 		-o -name __pycache__ -prune -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) wheelhouse
 
 # ---------------------------------------------------------------------------------------
 # install / uninstall: the project on this machine (as root), or staged below DESTDIR.
@@ -263,3 +296,69 @@ $(ONEFILE): $(ONEFILE_SOURCES) | $(SHIV_VENV)/bin/shiv
 		--output-file $@.tmp . --disable-pip-version-check
 	mv -f $@.tmp $@
 	@ls -l $@
+
+# ---------------------------------------------------------------------------------------
+# deb: dist/scheduled_VERSION_ARCH.deb (VERSION from pyproject.toml, or DEB_VERSION=), the
+# install target's tree with PREFIX=/usr and the units in /lib/systemd/system, made into a
+# Debian package by packaging/deb/build.sh: the venv in /opt/scheduled (built against
+# /usr/bin/python3; Depends pins its minor version), /usr/bin/schedctl and scheduled-d, the
+# man pages, the units (none enabled), /etc/scheduled/scheduled.toml as a conffile; the
+# maintainer scripts in packaging/deb create the scheduled user, restart the running units
+# one at a time on an upgrade, keep the data on remove and delete it on purge. The wheels
+# come only from the wheelhouse (WHEELHOUSE, default ./wheelhouse): `make wheelhouse`
+# fills it once per pyproject.toml change through pip's own configuration (the local wheel
+# cache and indexes, else the package index), and from then on `make deb` builds offline
+# (pip --no-index; tests/acceptance/test_deb.py builds it without a network).
+# The package is always rebuilt from scratch: a minute or two. DEB_XZ_LEVEL (default 1) trades build time
+# for size: 9 saves a few MB and takes minutes.
+
+PROJECT_VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml | head -n 1)
+DEB_VERSION ?= $(PROJECT_VERSION)
+DEB_ARCH := $(shell dpkg --print-architecture 2>/dev/null || echo amd64)
+DEB_MAINTAINER ?= schedctl maintainers <maintainers@schedctl.org>
+DEB_XZ_LEVEL ?= 1
+DEB_STAGE := build/deb
+DEB_FILE ?= dist/scheduled_$(DEB_VERSION)_$(DEB_ARCH).deb
+WHEELHOUSE ?= wheelhouse
+WHEELHOUSE_STAMP := $(WHEELHOUSE)/.filled.stamp
+
+.PHONY: deb wheelhouse
+
+wheelhouse: $(WHEELHOUSE_STAMP)
+
+# The dependencies' wheels for /usr/bin/python3 (the interpreter of the package's venv) and
+# hatchling (`pip install .` builds the project with it); the project's own wheel is built
+# by every `make deb` from the tree, so it is not kept here.
+$(WHEELHOUSE_STAMP): pyproject.toml
+	@if [ ! -x /usr/bin/python3 ]; then \
+		echo "make wheelhouse: needs Debian's /usr/bin/python3" >&2; exit 1; \
+	fi
+	rm -rf build/wheelhouse-venv
+	/usr/bin/python3 -m venv build/wheelhouse-venv
+	mkdir -p $(WHEELHOUSE)
+	build/wheelhouse-venv/bin/pip download -q --disable-pip-version-check \
+		--dest $(WHEELHOUSE) hatchling
+	build/wheelhouse-venv/bin/pip wheel -q --disable-pip-version-check \
+		--wheel-dir $(WHEELHOUSE) .
+	rm -f $(WHEELHOUSE)/schedctl-*.whl
+	rm -rf build/wheelhouse-venv
+	touch $@
+
+deb: $(WHEELHOUSE_STAMP)
+	@for tool in dpkg-deb dpkg-shlibdeps; do \
+		command -v $$tool >/dev/null 2>&1 || { \
+			echo "make deb: $$tool is missing: apt-get install dpkg-dev" >&2; exit 1; }; \
+	done
+	@if [ ! -x /usr/bin/python3 ]; then \
+		echo "make deb: needs Debian's /usr/bin/python3 (the venv is built against it)" >&2; \
+		exit 1; \
+	fi
+	rm -rf $(DEB_STAGE)
+	@# offline: every wheel from the wheelhouse, no index asked
+	PIP_NO_INDEX=1 PIP_FIND_LINKS=$(abspath $(WHEELHOUSE)) \
+		$(MAKE) --no-print-directory install DESTDIR=$(CURDIR)/$(DEB_STAGE)/root PREFIX=/usr \
+		SYSTEMD_DIR=/lib/systemd/system INSTALL_PYTHON=/usr/bin/python3 >/dev/null
+	DEB_XZ_LEVEL=$(DEB_XZ_LEVEL) packaging/deb/build.sh $(DEB_STAGE)/root '$(DEB_VERSION)' $(DEB_ARCH) \
+		'$(DEB_MAINTAINER)' $(DEB_FILE)
+	rm -rf $(DEB_STAGE)
+	@ls -l $(DEB_FILE)

@@ -126,6 +126,12 @@ class ApiClient(Closing):
         data: dict[str, Any] = self._json("GET", self._job_path(job_id, "dependencies"))
         return data
 
+    def job_why(self, job_id: str, tenant: str | None = None) -> dict[str, Any]:
+        """`schedctl job why` over the API (GET /v1/jobs/{id}/why)."""
+        self._check_tenant(tenant)
+        data: dict[str, Any] = self._json("GET", self._job_path(job_id, "why"))
+        return data
+
     def list_jobs(
         self,
         tenant: str | None = None,

@@ -123,6 +123,12 @@ class Config:
     preload_window_seconds: float = 60.0
     max_payload_bytes: int = 64 * 1024
     retention_days: int = 90
+    dead_letter_retention_days: int = 30
+    alert_retention_days: int = 30
+    audit_retention_days: int = 365
+    # jobs with `metrics = true` (per-job series on /metrics) a tenant may have at once:
+    # each such job adds a few series to every scrape; 0: none may
+    metrics_max_jobs_per_tenant: int = 100
     metrics_listen: str | None = None  # "host:port" for /metrics and /healthz
     api_listen: str = "127.0.0.1:8080"
     api_enabled: bool = False
@@ -150,6 +156,10 @@ class Config:
     # have sent per hour (schedctl.alerts.policy)
     alerts: AlertPolicy = field(default_factory=AlertPolicy)
     source: str = "defaults"  # where the config came from, for `schedctl status`
+    config_file: str | None = None  # the file read, if any
+    # where database_url came from: "defaults" (the embedded per-user SQLite file), the
+    # file, SCHEDULED_DATABASE_URL or the flag
+    database_url_from: str = "defaults"
 
     @property
     def alert_policy(self) -> AlertPolicy:
@@ -175,6 +185,10 @@ _SCALARS: dict[str, type] = {
     "preload_window_seconds": float,
     "max_payload_bytes": int,
     "retention_days": int,
+    "dead_letter_retention_days": int,
+    "alert_retention_days": int,
+    "audit_retention_days": int,
+    "metrics_max_jobs_per_tenant": int,
     "metrics_listen": str,
     "api_listen": str,
     "api_enabled": bool,
@@ -244,6 +258,9 @@ _POSITIVE = (
     "preload_window_seconds",
     "max_payload_bytes",
     "retention_days",
+    "dead_letter_retention_days",
+    "alert_retention_days",
+    "audit_retention_days",
 )
 
 
@@ -262,6 +279,10 @@ def _check_value(key: str, value: Any, origin: str) -> Any:
         raise errors.ConfigError(f"{origin}: must be greater than 0, got {value!r}", field=key)
     if key in ("metrics_listen", "api_listen"):
         parse_listen(value, key)
+    if key == "metrics_max_jobs_per_tenant" and not 0 <= value <= limits.MAX_QUOTA:
+        raise errors.ConfigError(
+            f"{origin}: must be between 0 and {limits.MAX_QUOTA}, got {value!r}", field=key
+        )
     if key == "log_level":
         value = value.upper()
         if value not in LOG_LEVELS:
@@ -625,6 +646,48 @@ def _workers(raw: Any, origin: str) -> tuple[WorkerConfig, ...]:
     return tuple(result)
 
 
+def _system_config_present() -> bool:
+    """Whether /etc/scheduled/scheduled.toml is there; a path that cannot even be looked at
+    (a directory without search permission) is a ConfigError, not "absent": falling back
+    to the defaults would quietly use another database than the system's."""
+    try:
+        DEFAULT_CONFIG_PATH.stat()
+    except FileNotFoundError:
+        return False
+    except NotADirectoryError:
+        return False
+    except OSError as exc:
+        raise errors.ConfigError(
+            f"cannot look for the system configuration {DEFAULT_CONFIG_PATH}: {exc.strerror}",
+            field="config",
+        ) from exc
+    return True
+
+
+def where_looked(config: Config) -> str:
+    """Where the configuration and the database URL were looked for, for a message about
+    the embedded default database."""
+    return (
+        f"no --config or $SCHEDULED_CONFIG, no {DEFAULT_CONFIG_PATH}, "
+        "no --db or $SCHEDULED_DATABASE_URL"
+        if config.config_file is None
+        else f"{config.config_file} names no database_url, no --db or $SCHEDULED_DATABASE_URL"
+    )
+
+
+def require_database_choice(config: Config) -> None:
+    """Refuse the embedded per-user SQLite file where a system configuration exists but
+    names no database: the scheduler's state is elsewhere (or nowhere yet), and a private
+    file in someone's home directory would hide that behind an empty job list."""
+    if config.database_url_from == "defaults" and config.config_file == str(DEFAULT_CONFIG_PATH):
+        raise errors.ConfigError(
+            f"{DEFAULT_CONFIG_PATH} sets no database_url: a system configuration must name "
+            "its database (a per-user SQLite file is not used in its place); add "
+            'database_url = "..." to it, or give --db / $SCHEDULED_DATABASE_URL',
+            field="database_url",
+        )
+
+
 def load_config(
     path: str | Path | None = None,
     *,
@@ -639,7 +702,7 @@ def load_config(
     file_path = Path(path) if path else None
     if file_path is None and env.get("SCHEDULED_CONFIG"):
         file_path = Path(env["SCHEDULED_CONFIG"])
-    if file_path is None and DEFAULT_CONFIG_PATH.exists():
+    if file_path is None and _system_config_present():
         file_path = DEFAULT_CONFIG_PATH
     if file_path is not None:
         try:
@@ -690,7 +753,20 @@ def load_config(
             values[key] = (
                 _check_value(key, _coerce(key, value, flag), flag) if key in _SCALARS else value
             )
-    config = replace(Config(), **values, source=", ".join(sources))
+    database_url_from = "defaults"
+    if "database_url" in values:
+        database_url_from = str(file_path)
+    if env.get(ENV_PREFIX + "DATABASE_URL"):
+        database_url_from = ENV_PREFIX + "DATABASE_URL"
+    if (overrides or {}).get("database_url") is not None:
+        database_url_from = "--db"
+    config = replace(
+        Config(),
+        **values,
+        source=", ".join(sources),
+        config_file=str(file_path) if file_path is not None else None,
+        database_url_from=database_url_from,
+    )
     if config.partition_count < 1:
         raise errors.ConfigError("must be at least 1", field="partition_count")
     for key in ("relay_lease_seconds", "http_timeout_seconds"):

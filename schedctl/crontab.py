@@ -7,14 +7,22 @@ schedule; MAILTO: the e-mail alert target, empty for none; RANDOM_DELAY (cronie)
 window in minutes); the command is a shell line; `%` starts the command's stdin (further
 `%` are newlines, `\\%` is a literal %); @reboot and the macros. Cron never retries a
 failed run: every job gets retry.max_attempts = 1, so its alert fires on the first
-failure, as cron's mail would.
+failure, as cron's mail would; an @reboot job gets no alert (boot runs send none).
+
+Names: from the comment directly above an entry ("# Nightly backup" -> nightly-backup),
+else the program's name and a short schedule word (backup-daily, health-5min,
+warm-cache-boot), unique in the file (-2, -3, ...). A user crontab's line that looks like
+it has a system crontab's user column ("* * * * * root cmd") is converted as cron would
+run it, with a warning.
 """
 
 from __future__ import annotations
 
-import hashlib
+import pwd
 import re
 import shlex
+import shutil
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import PurePath
@@ -71,6 +79,13 @@ class Conversion:
     jobs: list[dict[str, Any]] = field(default_factory=list)
     lines: list[int] = field(default_factory=list)  # the crontab line of each job
     skipped: list[Skipped] = field(default_factory=list)
+    # lines converted that may not mean what they say (a user column in a user crontab)
+    warnings: list[Skipped] = field(default_factory=list)
+
+    @property
+    def timezones(self) -> list[str]:
+        """The zones the converted schedules are in (@reboot has none), sorted."""
+        return sorted({str(job["timezone"]) for job in self.jobs if "timezone" in job})
 
 
 @dataclass
@@ -133,12 +148,17 @@ def convert(
     result = Conversion()
     state = _Env(timezone)
     names: set[str] = set()
+    above: str | None = None  # the comment on the line directly above, if any
     for number, raw in enumerate(lines, 1):
         if progress is not None:
             progress(number, len(lines))
         line = raw.rstrip("\r")
         stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
+        comment, above = above, None
+        if stripped.startswith("#"):
+            above = stripped.lstrip("#").strip()
+            continue
+        if not stripped:
             continue
         try:
             if "\0" in line:
@@ -156,10 +176,68 @@ def convert(
         except _Skip as skip:
             result.skipped.append(Skipped(number, stripped.replace("\0", "\\0"), skip.reason))
             continue
-        job["name"] = _unique(_base_name(job), names)
+        if not system:
+            warning = _user_column(job, user)
+            if warning is not None:
+                result.warnings.append(Skipped(number, stripped, warning))
+        job["name"] = _unique(_comment_name(comment) or _base_name(job), names)
         result.jobs.append(job)
         result.lines.append(number)
     return result
+
+
+# the comments crontab(5) templates put above the first entry: not a description of it
+_TEMPLATE = re.compile(r"\bm\s+h\s+dom\s+mon\s+dow\b|minute\s*\(0\s*-\s*59\)", re.I)
+
+
+def _comment_name(comment: str | None) -> str | None:
+    """A name from the comment directly above an entry ("# Nightly backup of /srv" ->
+    "nightly-backup-of-srv"): lower case, safe characters only. None for no comment, a
+    commented-out entry or variable, or crontab's template lines."""
+    if not comment or _TEMPLATE.search(comment) or _ENV.match(comment):
+        return None
+    five, macro = _FIVE.match(comment), _MACRO.match(comment)
+    if macro and macro.group(1).lower() in MACROS:
+        return None  # "# @daily old-command": a disabled entry
+    if five:
+        try:
+            CronSchedule.parse(" ".join(five.groups()[:5]), "UTC")
+            return None  # "# 0 3 * * * old-command": a disabled entry
+        except errors.ValidationError:
+            pass
+    # accents dropped ("Übersicht" -> "ubersicht"), any other non-ASCII character too
+    ascii_text = unicodedata.normalize("NFKD", comment).encode("ascii", "ignore").decode()
+    slug = re.sub(r"[^a-z0-9]+", "-", ascii_text.lower(), flags=re.ASCII).strip("-")
+    if len(slug) > 40:
+        slug = slug[:40].rsplit("-", 1)[0] if "-" in slug[:40] else slug[:40]
+    return slug or None
+
+
+def _user_column(job: dict[str, Any], user: str | None) -> str | None:
+    """Why a user crontab's line looks like it has a system crontab's user column
+    ("* * * * * root /usr/bin/backup": cron would run a command `root`), else None."""
+    words = str(job["shell"]).split(None, 2)
+    if len(words) < 2 or not ACCOUNT.fullmatch(words[0]):
+        return None
+    first, second = words[0], words[1]
+    if shutil.which(first) is not None:
+        return None  # a command of that name: the line means it
+    if not (second.startswith("/") or shutil.which(second) is not None):
+        return None
+    if first not in ("root", user) and not _is_account(first):
+        return None
+    return (
+        f"looks like a user column ({first!r}) in a user crontab: cron runs the command "
+        f"{first!r} here; a file with a user column is a system crontab (--system)"
+    )
+
+
+def _is_account(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
 
 
 class _Skip(Exception):
@@ -255,7 +333,8 @@ def _entry(
         job["window"] = f"{state.window_minutes}m"
     if host_group:
         job["run_on"] = f"host-group:{host_group}"
-    if state.mailto:
+    if state.mailto and expr != "@reboot":
+        # a boot job's run is the host worker's, at its start: it has no alerts to send
         job["alert_email"] = list(state.mailto)
     return job
 
@@ -286,16 +365,16 @@ def split_percent(command: str) -> tuple[str, str | None]:
 
 
 def _base_name(job: dict[str, Any]) -> str:
-    """The program's name (run-parts: the directory it runs) and a hash of the entry, so
-    that importing the same line again gives the same name."""
+    """The program's name and a short schedule word ("backup-daily", "health-5min",
+    "warm-cache-boot"); run-parts: the directory it runs ("cron.daily") alone."""
     words = _words(job["shell"])
     program = "job"
     for index, word in enumerate(words):
         if PurePath(word).name == "run-parts":
-            # Debian's /etc/crontab: the directory says what the line does
+            # Debian's /etc/crontab: the directory says what the line does, and when
             targets = [w for w in words[index + 1 :] if not w.startswith("-")]
             if targets:
-                return _named(PurePath(targets[0].rstrip(";")).name, job)
+                return _label(PurePath(targets[0].rstrip(";")).name)
     for index, word in enumerate(words):
         if word in _WRAPPERS or word.startswith("-") or _ENV.fullmatch(word):
             continue
@@ -303,13 +382,63 @@ def _base_name(job: dict[str, Any]) -> str:
             continue
         program = PurePath(word).name or word
         break
-    return _named(program, job)
+    return f"{_label(program)}-{schedule_word(str(job['cron']))}"
 
 
-def _named(program: str, job: dict[str, Any]) -> str:
-    label = _NAME_CHARS.sub("-", program).strip("-._")[:40] or "job"
-    key = "\0".join(str(job.get(k, "")) for k in ("cron", "timezone", "user", "shell", "stdin"))
-    return f"{label}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
+def _label(program: str) -> str:
+    return _NAME_CHARS.sub("-", program).strip("-._")[:40] or "job"
+
+
+_MACRO_WORDS = {
+    "@reboot": "boot",
+    "@hourly": "hourly",
+    "@daily": "daily",
+    "@midnight": "daily",
+    "@weekly": "weekly",
+    "@monthly": "monthly",
+    "@yearly": "yearly",
+    "@annually": "yearly",
+}
+_STEP = re.compile(r"\*/(\d+)", re.ASCII)
+
+
+def schedule_word(expr: str) -> str:
+    """A short word for how often `expr` fires: "5min", "hourly", "2h", "daily",
+    "weekdays", "weekly", "monthly", "yearly", "boot"; "cron" when none says it."""
+    lowered = expr.lower()
+    if lowered in _MACRO_WORDS:
+        return _MACRO_WORDS[lowered]
+    fields = expr.split()
+    if len(fields) != 5:
+        return "cron"
+    minute, hour, dom, month, dow = fields
+
+    def fixed(value: str) -> bool:
+        return "*" not in value and "/" not in value
+
+    step = _STEP.fullmatch(minute)
+    if minute == "*":
+        return "1min" if hour == "*" else "cron"
+    if step:
+        return f"{step.group(1)}min"
+    if not fixed(minute):
+        return "cron"
+    hour_step = _STEP.fullmatch(hour)
+    if hour == "*":
+        return "hourly"
+    if hour_step:
+        return f"{hour_step.group(1)}h"
+    if not fixed(hour):
+        return "cron"
+    if dom == "*" and month == "*":
+        if dow == "*":
+            return "daily"
+        if dow.lower() in ("1-5", "mon-fri"):
+            return "weekdays"
+        return "weekly" if fixed(dow) and "," not in dow and "-" not in dow else "cron"
+    if dow != "*" or not fixed(dom):
+        return "cron"
+    return "monthly" if month == "*" else "yearly" if fixed(month) else "cron"
 
 
 def _words(command: str) -> list[str]:

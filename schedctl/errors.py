@@ -137,7 +137,8 @@ class Unauthorized(SchedError):
 
 class Forbidden(SchedError):
     """The credentials are valid but may not do this: a host token outside its host's
-    queues and jobs (schedctl.host_scope)."""
+    queues and jobs (schedctl.host_scope), or on the web console; the console's missing or
+    wrong CSRF token, or a cross-site Origin."""
 
     exit_code = 6
     http_status = 403

@@ -25,6 +25,7 @@ from schedctl.jobspec import (
     _reject_unknown,
     _seconds,
     parse_after,
+    parse_metrics,
     parse_schedule,
     parse_target,
 )
@@ -57,6 +58,7 @@ class JobPatch:
     window_seconds: int | None = None
     max_concurrency: int | None = None
     timeout_seconds: int | None = None
+    metrics: bool | None = None
     # new upstream jobs (ids or names, resolved and cycle-checked in the update's transaction)
     after: tuple[str, ...] | None = None
 
@@ -129,6 +131,8 @@ def parse_job_patch(
             values[f"{key}_seconds"] = _seconds(body, key, default=current, allow_zero=True)
     if "max_concurrency" in body:
         values["max_concurrency"] = _parse_max_concurrency(body)
+    if "metrics" in body:
+        values["metrics"] = parse_metrics(body["metrics"])
     return JobPatch(**values)
 
 

@@ -65,6 +65,7 @@ TOP_LEVEL_KEYS = frozenset(
         "idempotency_key",
         "alerts",
         "after",
+        "metrics",
     }
 )
 SCHEDULE_KINDS = ("run_at", "delay", "cron", "every", "boot")
@@ -139,7 +140,15 @@ def parse_job_request(
         request_hash=request_hash(body),
         alerts=parse_alerts(body["alerts"]) if body.get("alerts") is not None else None,
         after=after,
+        metrics=parse_metrics(body.get("metrics", False)),
     )
+
+
+def parse_metrics(value: Any) -> bool:
+    """`metrics`: true asks for the job's run counts and durations on /metrics."""
+    if not isinstance(value, bool):
+        raise errors.ValidationError(f"must be true or false, got {value!r}", field="metrics")
+    return value
 
 
 def request_hash(body: Mapping[str, Any]) -> str:

@@ -129,6 +129,7 @@ class JobSpec:
     request_hash: str
     alerts: AlertConfig | None = None  # `"alerts": {...}`, stored in alert_settings
     after: tuple[str, ...] = ()  # upstream job ids: a dependent job (AfterSchedule)
+    metrics: bool = False  # per-job run counts and durations on /metrics
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,7 @@ class Job:
     idempotency_key: str | None
     created_at: datetime
     updated_at: datetime
+    metrics: bool = False  # per-job run counts and durations on /metrics
 
 
 @dataclass(frozen=True)

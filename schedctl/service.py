@@ -72,9 +72,12 @@ class Scheduler(Closing):
         *,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         alert_policy: AlertPolicy | None = None,
+        metrics_max_jobs: int | None = None,
     ) -> None:
         self.store = store
         self.max_payload_bytes = max_payload_bytes
+        # the operator's metrics_max_jobs_per_tenant: jobs with metrics = true per tenant
+        self.metrics_max_jobs = metrics_max_jobs
         # the operator's [alerts] policy, checked when alerts are set (Config.alert_policy)
         self.alert_policy = alert_policy or AlertPolicy()
         self.jobs = JobRepo(store)
@@ -169,7 +172,13 @@ class Scheduler(Closing):
         admit = quota_admission(found.tenant_id, self._quotas(found))
 
         def create_many(items: Sequence[NewJob]) -> list[Outcome]:
-            return self.jobs.create_many(found.tenant_id, items, actor=actor, admit=admit)
+            return self.jobs.create_many(
+                found.tenant_id,
+                items,
+                actor=actor,
+                admit=admit,
+                metrics_max_jobs=self.metrics_max_jobs,
+            )
 
         # concurrent creates of one tenant (API threads) share one transaction
         outcome = self._combiner.create(found.tenant_id, item, create_many)
@@ -209,6 +218,7 @@ class Scheduler(Closing):
             items,
             actor=actor,
             admit=quota_admission(found.tenant_id, self._quotas(found)),
+            metrics_max_jobs=self.metrics_max_jobs,
         )
         for index, item, outcome in zip(valid, items, outcomes, strict=True):
             results[index] = outcome
@@ -481,6 +491,34 @@ class Scheduler(Closing):
         job = self.get_job(job_id, tenant)  # another tenant's job is NotFound
         return dependencies.graph(self.store, job.job_id)
 
+    def job_why(self, job_id: str, tenant: TenantRef | None = None) -> dict[str, Any]:
+        """`schedctl job why`: the schedule and next fires, the last runs with their
+        reasons, the current lateness, the live workers of its queue, and its pause and
+        alert state (schedctl/why.py)."""
+        from schedctl import why
+        from schedctl.storage.workers import WorkerRepo
+
+        job = self.get_job(job_id, tenant)  # another tenant's job is NotFound
+        runs = list(self.jobs.runs(job.job_id, job.tenant_id, limit=why.LAST_RUNS).items)
+        workers = (
+            WorkerRepo(self.store).live_of(job.tenant_id, job.target.address)
+            if why.has_queue(job)
+            else None
+        )
+        alerts = alert_store.get_settings(self.store, job.tenant_id, job.job_id)
+        alerts_from = "job"
+        if alerts is None:
+            alerts = alert_store.get_settings(self.store, job.tenant_id, "")
+            alerts_from = "tenant" if alerts is not None else "none"
+        return why.report(
+            job,
+            runs=runs,
+            workers=workers,
+            alerts=alerts,
+            alerts_from=alerts_from,
+            now=self.store.now(),
+        )
+
     # -- update and delete (issue 10) --------------------------------------------------
 
     def update_job(
@@ -519,7 +557,15 @@ class Scheduler(Closing):
             # kept under a new zone) come from the version being replaced
             return parse_job_patch(body, current, now=now, max_payload_bytes=self.max_payload_bytes)
 
-        return update_job(self.store, job_id, parse, tenant_id, if_version=if_version, actor=actor)
+        return update_job(
+            self.store,
+            job_id,
+            parse,
+            tenant_id,
+            if_version=if_version,
+            actor=actor,
+            metrics_max_jobs=self.metrics_max_jobs,
+        )
 
     def delete_job(
         self,

@@ -66,6 +66,7 @@ def job_to_dict(job: Job) -> dict[str, Any]:
         "partition": job.partition,
         "version": job.version,
         "idempotency_key": job.idempotency_key,
+        "metrics": job.metrics,
         "created_at": created_at,
         "updated_at": (
             created_at if job.updated_at == job.created_at else format_instant(job.updated_at)
@@ -161,6 +162,8 @@ def job_from_dict(data: Mapping[str, Any]) -> Job:
             # null (no limit) in the view, 0 in the model
             max_concurrency=int(data["max_concurrency"] or 0),
             timeout_seconds=int(data["timeout_seconds"] or 0),
+            # a server from before 0020 does not send it
+            metrics=bool(data.get("metrics", False)),
             **_read(data, _as_sent, ("job_id", "tenant_id", "name", "idempotency_key")),
             **_read(data, int, ("grace_seconds", "window_seconds", "partition", "version")),
             **_read(data, _parse, ("start_at", "end_at", "next_run_at", "next_fire_at")),

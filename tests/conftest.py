@@ -221,6 +221,7 @@ _SERIAL_GROUPS = {
     "tests/acceptance/test_onefile.py": "source-tree",
     "tests/acceptance/test_install.py": "source-tree",
     "tests/acceptance/test_packaging.py": "source-tree",
+    "tests/acceptance/test_deb.py": "source-tree",
 }
 
 

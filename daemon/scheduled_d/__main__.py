@@ -105,9 +105,11 @@ def _preflight(config: Config) -> None:
 
 def _open_store(config: Config, mode: str, *, upgrade: bool) -> Store:
     # imported here: `worker --api` needs no database and loads no database code
+    from schedctl.config import require_database_choice
     from schedctl.storage.engine import normalize_url, sets_itself_up
     from schedctl.storage.store import Store
 
+    require_database_choice(config)
     url = normalize_url(config.database_url)
     # the mode in pg_stat_activity: which backends serve dispatchers, relays or workers
     return Store.open(
@@ -163,7 +165,12 @@ def _serve(
         config = _config(config_path, db, log_format, **overrides)
         _preflight(config)
         store = _open_store(config, mode, upgrade=upgrade)
-        run(store, config)
+        try:
+            run(store, config)
+        finally:
+            # a clean stop (SIGTERM, SIGINT) closes the store: SQLite's WAL is checkpointed
+            # into the database file, which then holds every run on its own
+            store.close()
     except errors.SchedError as error:
         _fail(error)
 

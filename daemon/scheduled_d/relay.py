@@ -737,8 +737,12 @@ class Relay:
         key = (delivery.tenant_id, delivery.kind, verdict)
         found = self._metric_children.get(key)
         if found is None:
+            # labelled with the tenant's name (the relay's settings, re-read every few
+            # seconds); its id until they have been read
+            settings = self._tenants.get(delivery.tenant_id)
+            tenant = settings.name if settings is not None else delivery.tenant_id
             found = (
-                DELIVERIES.labels(delivery.tenant_id, delivery.kind, verdict.value),
+                DELIVERIES.labels(tenant, delivery.kind, verdict.value),
                 DELIVERY_SECONDS.labels(delivery.kind),
             )
             if len(self._metric_children) >= MAX_METRIC_CHILDREN:

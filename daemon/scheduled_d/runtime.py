@@ -16,12 +16,11 @@ from schedctl.coordination.zkaccess import ZooKeeperAccess
 from schedctl.coordination.zookeeper import ZooKeeperCoordinator
 from schedctl.storage.alerts import last_successes
 from schedctl.storage.claim import ClaimResult
-from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
 from scheduled_d import sdnotify
 from scheduled_d.dispatcher import Dispatcher
-from scheduled_d.maintenance import run_maintenance
-from scheduled_d.metrics import export_queue_depths, serve_metrics
+from scheduled_d.maintenance import record_retention, run_maintenance
+from scheduled_d.metrics import export_store, serve_metrics
 from scheduled_d.relay import Relay
 from scheduled_d.signals import stop_on_signals
 from scheduled_d.supervise import ComponentFailed, Supervisor, run_inline
@@ -122,6 +121,7 @@ def _run_all(
                 store,
                 max_payload_bytes=config.max_payload_bytes,
                 alert_policy=config.alert_policy,
+                metrics_max_jobs=config.metrics_max_jobs_per_tenant,
             ),
             config.api_listen,
         )
@@ -162,7 +162,9 @@ def _run_all(
     relay_thread = supervisor.start("relay", lambda: run_relay_once(relay_stop), relay_stop)
     maintenance_thread = supervisor.start(
         "maintenance",
-        lambda: run_maintenance(store, config.retention_days, maintenance_stop),
+        lambda: run_maintenance(
+            store, config.retention_days, maintenance_stop, record_retention(config)
+        ),
         maintenance_stop,
     )
     worker_threads = []
@@ -197,7 +199,7 @@ def _run_all(
                 "host-worker", lambda: host_worker.run(worker_stop, force=force), worker_stop
             )
         )
-    export_queue_depths(QueueRepo(store).stats)
+    export_store(store)
     export_last_success(partial(last_successes, store))
     _serve_metrics(config, supervisor, metrics_stop)
     sdnotify.announce(  # systemd: READY=1, STATUS=, WATCHDOG=1 while healthy, STOPPING=1
@@ -262,7 +264,9 @@ def run_dispatcher(store: Store, config: Config) -> None:
             )
             maintenance = supervisor.start(
                 "maintenance",
-                lambda: run_maintenance(store, config.retention_days, maintenance_stop),
+                lambda: run_maintenance(
+                    store, config.retention_days, maintenance_stop, record_retention(config)
+                ),
                 maintenance_stop,
             )
             _serve_metrics(config, supervisor, metrics_stop)
@@ -294,6 +298,7 @@ def run_api(store: Store, config: Config) -> None:
                 store,
                 max_payload_bytes=config.max_payload_bytes,
                 alert_policy=config.alert_policy,
+                metrics_max_jobs=config.metrics_max_jobs_per_tenant,
             ),
             config.api_listen,
         )
@@ -317,7 +322,7 @@ def run_relay(store: Store, config: Config) -> None:
             thread = supervisor.start(
                 "relay", lambda: Relay.from_config(store, config).run(inner), inner
             )
-            export_queue_depths(QueueRepo(store).stats)
+            export_store(store)
             export_last_success(partial(last_successes, store))
             _serve_metrics(config, supervisor, metrics_stop)
             sdnotify.announce("relay", supervisor.healthy, stop)

@@ -617,8 +617,12 @@ class Worker:
                         )
                     self._settled(len(retry))
                     return
+                # unknown, not lost: the commit may have gone through with its answer lost
+                # (a failover); settling again finds an outcome already recorded (as
+                # recorded, once) or records it now
                 log.warning(
-                    "%d outcome(s), first run %s: recording failed: %s; retrying",
+                    "%d outcome(s), first run %s: recording failed or its answer was lost "
+                    "(%s); outcome unknown, settling again",
                     len(retry),
                     retry[0].lease.idempotency_key,
                     error,

@@ -96,7 +96,12 @@ def run_alert_commands(
             log.exception("alerts: the command alert %d failed", alert.id)
             error = f"{type(exc).__name__}: {exc}"
         if error is not None:
-            log.warning("alerts: command alert of job %s failed: %s", alert.job_id, error)
+            name = alert.body.get("job_name") if isinstance(alert.body, dict) else None
+            log.warning(
+                "alerts: command alert of job %s failed: %s",
+                repr(name) if isinstance(name, str) and name else alert.job_id,
+                error,
+            )
         repo.finish(store, f"{owner}:alerts", alert, error)
     return len(leased)
 

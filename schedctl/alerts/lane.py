@@ -114,9 +114,10 @@ class AlertLane:
             else:
                 self.failed += 1
                 log.info(
-                    "alerts: %s alert of job %s failed (attempt %d): %s",
+                    "alerts: %s alert of job %s of tenant %s failed (attempt %d): %s",
                     alert.channel,
-                    alert.job_id,
+                    repo.named(_field(alert, "job_name"), alert.job_id),
+                    repo.named(_field(alert, "tenant_name"), alert.tenant_id),
                     alert.attempt,
                     error,
                 )
@@ -165,6 +166,12 @@ class AlertLane:
             payload=alert.body,
         )
         return None if result.verdict is Verdict.succeeded else (result.error or "failed")
+
+
+def _field(alert: repo.AlertRow, key: str) -> str | None:
+    """A text field of the alert's body (a body that is not an object has none)."""
+    value = alert.body.get(key) if isinstance(alert.body, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def _at(alert: repo.AlertRow) -> datetime:

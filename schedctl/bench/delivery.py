@@ -74,6 +74,7 @@ def claimed_runs(store: Store, tenant_id: str, target_type: str, target: str, co
         "partition": partition,
         "version": 2,
         "request_hash": "bench",
+        "metrics": False,
         "created_at": now,
         "updated_at": now,
     }

@@ -16,6 +16,7 @@ from schedctl.cli import (
     apply,
     audit,
     bench,
+    bench_console,
     bench_create,
     bench_dispatch,
     bench_peers,
@@ -164,6 +165,7 @@ for _group, _name, _command in (
     (bench.app, "create", bench_create.create),
     (bench.app, "scale", bench_scale.scale),
     (bench.app, "peers", bench_peers.peers),
+    (bench.app, "console", bench_console.console),
 ):
     _group.command(_name)(_command)
 tenants.app.add_typer(tenant_allow.signing_app, name="signing-secret")

@@ -20,7 +20,6 @@ import typer
 from schedctl import errors, jobfiles
 from schedctl.cli.common import CliState, OutputOption, actor, cli_state, output_format, say
 from schedctl.cli.output import OutputFormat, emit_json, emit_table, err_console
-from schedctl.client import ApiClient
 from schedctl.config import DEFAULT_CONFIG_PATH
 from schedctl.host_scope import HostScope
 from schedctl.jobfiles import apply as applying
@@ -114,6 +113,9 @@ def apply(
     if not state.api_url and not state.db and config is not None:
         _api_of_host_table(state, config)  # a cron host: [host] api_url and token_file
     if state.api_url:
+        # imported here: the API client loads requests, which `schedctl --help` must not
+        from schedctl.client import ApiClient
+
         client = state.scheduler()
         assert isinstance(client, ApiClient)
         me = client.whoami()

@@ -81,6 +81,8 @@ class CliState:
     debug: bool = False
     api_url: str | None = None
     api_token: str | None = field(default=None, repr=False)
+    # the leaf command's words ("tenant", "create"): which commands may make a database
+    command: tuple[str, ...] = ()
     _config: Config | None = field(default=None, repr=False)
     _scheduler: Scheduler | None = field(default=None, repr=False)
     _client: ApiClient | None = field(default=None, repr=False)
@@ -94,7 +96,10 @@ class CliState:
         from schedctl.storage.engine import normalize_url
 
         self._refuse_api()
-        return normalize_url(self.config().database_url)
+        config = self.config()
+        url = normalize_url(config.database_url)
+        check_database_choice(config, url, self.command)
+        return url
 
     def scheduler(self) -> Scheduler | ApiClient:
         """Jobs and runs: the remote API with --api, else the database."""
@@ -113,10 +118,12 @@ class CliState:
             from schedctl.service import Scheduler
 
             config = self.config()
+            check_database_choice(config, config.database_url, self.command)
             self._scheduler = Scheduler(
                 open_store(config),
                 max_payload_bytes=config.max_payload_bytes,
                 alert_policy=config.alert_policy,
+                metrics_max_jobs=config.metrics_max_jobs_per_tenant,
             )
         return self._scheduler
 
@@ -138,6 +145,51 @@ class CliState:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+# The commands that may make the embedded default database on first use (saying so on
+# stderr). Every other command refuses a missing one: an empty database made by a look
+# (`job list` printing "No jobs") hides a missing or wrong configuration.
+CREATING_COMMANDS = frozenset({("tenant", "create"), ("db", "upgrade"), ("db", "restore")})
+_noted: set[str] = set()
+
+
+def check_database_choice(config: Config, url: str, command: tuple[str, ...] = ()) -> None:
+    """Before a database is opened: refuse the per-user default where a system
+    configuration names no database; where nothing is configured and the default file is
+    not there yet, refuse a command that only looks (a ConfigError naming database_url,
+    nothing created), and let one that creates (tenant create, db upgrade) make it, saying
+    where on stderr, once. `command`: the subcommand's words ("tenant", "create")."""
+    from schedctl.config import require_database_choice, where_looked
+    from schedctl.storage.engine import database_of, normalize_url
+
+    require_database_choice(config)
+    url = normalize_url(url)
+    if config.database_url_from != "defaults" or not is_embedded_default(url):
+        return
+    path = database_of(url) or ""
+    try:
+        present = os.stat(path).st_size > 0
+    except OSError:
+        present = False
+    if present:
+        return
+    if command[:2] not in CREATING_COMMANDS:
+        raise errors.ConfigError(
+            f"no database at {path} ({where_looked(config)}): run `scheduled-d all` or "
+            "`schedctl db upgrade` to create one there, or give --db / $SCHEDULED_DATABASE_URL "
+            "/ database_url in a configuration file",
+            field="database_url",
+        )
+    if path not in _noted:
+        _noted.add(path)
+        err_console.print(
+            f"note: no configuration found ({where_looked(config)}): creating a new "
+            f"database at {path}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def is_embedded_default(url: str) -> bool:
@@ -190,6 +242,8 @@ def cli_state(ctx: typer.Context) -> CliState:
     root = ctx.find_root()
     if not isinstance(root.obj, CliState):
         root.obj = CliState()
+    if ctx is not root:  # a leaf command asks: remember which one
+        root.obj.command = tuple(ctx.command_path[len(root.command_path) :].split())
     return root.obj
 
 

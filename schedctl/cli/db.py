@@ -1,7 +1,7 @@
 """Owns `schedctl db`: schema migrations (upgrade, idempotent), the schema status, the
 runtime role's grants and the owner's run-history maintenance (day partitions made ahead,
-expired ones dropped), and payload encryption keys (make a new key, re-encrypt every
-payload and signing secret after a rotation)."""
+expired ones dropped), backup and restore, and payload encryption keys (make a new key,
+re-encrypt every payload and signing secret after a rotation)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ SCHEMA_BEHIND_EXIT = 2  # `db status`: the schema is not this version's (see --h
 
 app = typer.Typer(
     help=(
-        "Database schema: upgrade to this version's schema, or show its status; payload "
-        "encryption keys."
+        "Database schema: upgrade to this version's schema, or show its status; backup and "
+        "restore; retention and grants; payload encryption keys."
     ),
     no_args_is_help=True,
 )
@@ -177,20 +177,37 @@ def maintain(
     output: OutputOption = None,
 ) -> None:
     """Run-history maintenance as the database owner (from scheduled-d-maintain.timer):
-    make the day partitions of runs up to --days-ahead days ahead and drop those older than
-    the retention period, delete older rows. The daemons run as the runtime role, which may
-    not do DDL: they only delete expired rows, and warn when fewer than 2 days ahead have
-    their partition (a missing day's runs go to the default partition: none is lost)."""
-    from schedctl.storage.retention import maintain_runs
+        make the day partitions of runs up to --days-ahead days ahead and drop those older than
+        the retention period, delete older rows, and dead letters, sent alerts and audit entries
+    older than dead_letter_retention_days, alert_retention_days and audit_retention_days. The
+    daemons run as the runtime role, which may
+        not do DDL: they only delete expired rows, and warn when fewer than 2 days ahead have
+        their partition (a missing day's runs go to the default partition: none is lost)."""
+    from schedctl.storage.retention import RecordRetention, maintain_runs
 
     state = cli_state(ctx)
-    keep = retention_days if retention_days is not None else state.config().retention_days
+    config = state.config()
+    keep = retention_days if retention_days is not None else config.retention_days
+    records = RecordRetention(
+        dead_letter_days=config.dead_letter_retention_days,
+        alert_days=config.alert_retention_days,
+        audit_days=config.audit_retention_days,
+    )
     done = maintain_runs(
-        state.store(), retention_days=keep, days_ahead=days_ahead, require_owner=True
+        state.store(),
+        retention_days=keep,
+        days_ahead=days_ahead,
+        require_owner=True,
+        records=records,
     )
     result = {
         "created": done.created,
         "removed": done.removed,
+        "pruned": {
+            "dead_letters": done.pruned.dead_letters,
+            "alerts": done.pruned.alerts,
+            "audit_log": done.pruned.audit_log,
+        },
         "days_ahead": done.days_ahead,
         "retention_days": keep,
     }
@@ -201,6 +218,10 @@ def maintain(
     say(
         f"{len(done.created)} day partition(s) created, {done.removed} expired partition(s) "
         "and row(s) removed"
+    )
+    say(
+        f"{done.pruned.dead_letters} dead letter(s), {done.pruned.alerts} alert(s) and "
+        f"{done.pruned.audit_log} audit entr(ies) past their retention deleted"
     )
     if done.days_ahead is None:
         say("run history is one table here (not partitioned): expired rows deleted")
@@ -257,3 +278,71 @@ def rotate_payload_key(ctx: typer.Context, output: OutputOption = None) -> None:
     )
     if data["keys"] and int(data["keys"]) > 1:
         say("the older keys can now be removed from the key file (then restart the daemons)")
+
+
+FileArgument = Annotated[str, typer.Argument(help="The backup file.", metavar="FILE")]
+ForceOption = Annotated[
+    bool, typer.Option("--force", help="Replace an existing FILE (backup) or database (restore).")
+]
+
+
+@app.command()
+def backup(
+    ctx: typer.Context, file: FileArgument, force: ForceOption = False, output: OutputOption = None
+) -> None:
+    """Write a backup of the database to FILE (mode 0600: it holds token digests, secrets
+    and payloads). SQLite: a consistent copy through its online backup API, safe while the
+    daemons run. Postgres: pg_dump in its custom format (the client tools of the server's
+    major version must be on PATH; the password goes through the environment, never the
+    command line). An existing FILE is replaced only with --force."""
+    from schedctl.storage.backup import backup as make_backup
+
+    state = cli_state(ctx)
+    done = make_backup(state.database_url(), file, force=force)
+    fmt = output_format(ctx, output)
+    if fmt is OutputFormat.json:
+        emit({"file": done.file, "database": done.database, "bytes": done.bytes}, fmt)
+        return
+    say(f"{done.database}: backed up to {done.file} ({done.bytes} bytes)")
+
+
+@app.command()
+def restore(
+    ctx: typer.Context, file: FileArgument, force: ForceOption = False, output: OutputOption = None
+) -> None:
+    """Replace the database's contents with the backup FILE. Stop every scheduled-d first:
+    it is refused while a dispatcher holds the database's partitions, and a database that
+    already holds a scheduler is replaced only with --force. SQLite: through the online
+    backup API, all or nothing, the file kept 0600. Postgres: pg_restore --clean --if-exists
+    --no-owner --no-privileges --single-transaction, run as the owner's URL; grants are
+    not restored: run `schedctl db grant ROLE --apply` again for the runtime role. Then
+    `schedctl db upgrade` if the backup is from an older version."""
+    from schedctl.storage.backup import restore as restore_backup
+    from schedctl.storage.engine import make_engine
+    from schedctl.storage.migrate import current_revision, head_revision
+
+    state = cli_state(ctx)
+    url = state.database_url()
+    done = restore_backup(url, file, force=force)
+    engine = make_engine(url)
+    try:
+        revision = current_revision(engine)
+    finally:
+        engine.dispose()
+    head = head_revision()
+    result = {
+        "file": done.file,
+        "database": done.database,
+        "revision": revision,
+        "head": head,
+        "up_to_date": revision == head,
+    }
+    fmt = output_format(ctx, output)
+    if fmt is OutputFormat.json:
+        emit(result, fmt)
+        return
+    say(f"{done.database}: restored from {done.file} (schema revision {revision})")
+    if revision != head:
+        say(f"run `schedctl db upgrade`: this version needs revision {head}")
+    if done.backend == "postgresql":
+        say("grants are not restored: run `schedctl db grant ROLE --apply` for the runtime role")

@@ -41,6 +41,7 @@ app = typer.Typer(
 LETTER_COLUMNS = (
     "id",
     "tenant",
+    "job",
     "job_id",
     "scheduled_at",
     "target",
@@ -67,6 +68,7 @@ def letter_to_dict(letter: DeadLetter) -> dict[str, Any]:
         "id": letter.id,
         "tenant": letter.tenant,
         "tenant_id": letter.tenant_id,
+        "job": letter.job,
         "job_id": letter.job_id,
         "scheduled_at": format_instant(letter.scheduled_at),
         "idempotency_key": letter.idempotency_key,
@@ -132,8 +134,16 @@ def list_(
         columns=LETTER_COLUMNS,
         empty="no dead letters",
         title="dead letters",
-        table_rows=lambda letters: [_row(x) for x in letters],
+        table_rows=lambda letters: _rows(ctx, tenant, letters),
     )
+
+
+def _rows(
+    ctx: typer.Context, tenant: str | None, letters: list[DeadLetter]
+) -> list[dict[str, Any]]:
+    """Table rows: job ids at their shortest unique prefix (commands accept it back)."""
+    short = cli_state(ctx).database().short_job_ids(tenant, [x.job_id for x in letters])
+    return [{**_row(x), "job_id": short.get(x.job_id, x.job_id)} for x in letters]
 
 
 @app.command()

@@ -116,6 +116,7 @@ def import_crontab(
                 "system": is_system,
                 "user": user,
                 "timezone": zone,
+                "timezones": result.timezones,
                 "jobs": [
                     {
                         "name": job["name"],
@@ -126,6 +127,7 @@ def import_crontab(
                     for job, line in zip(result.jobs, result.lines, strict=True)
                 ],
                 "skipped": [skip.as_dict() for skip in result.skipped],
+                "warnings": [warning.as_dict() for warning in result.warnings],
                 **({"content": content} if dry_run else {}),
             }
         )
@@ -140,10 +142,20 @@ def import_crontab(
                 highlight=False,
                 soft_wrap=True,
             )
+        for warning in result.warnings:
+            err_console.print(
+                f"warning: line {warning.line}: {warning.reason}: {_shown(warning.text)}",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
         if not dry_run and result.jobs:
+            # the zones the schedules are in, as converted (CRON_TZ / TZ lines, --tz)
+            zones = ", ".join(result.timezones)
             say(
                 f"wrote {len(result.jobs)} job(s) to {target} "
-                f"({len(result.skipped)} line(s) skipped, schedules in {zone})"
+                f"({len(result.skipped)} line(s) skipped"
+                + (f", schedules in {zones})" if zones else ", boot jobs only)")
             )
     if not result.jobs and result.skipped:
         raise errors.ValidationError("no line could be converted", field="crontab")

@@ -65,6 +65,14 @@ WindowOption = Annotated[
 TimeoutOption = Annotated[
     str | None, typer.Option("--timeout", help="Kill a run after this long (worker).")
 ]
+MetricsOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--metrics/--no-metrics",
+        help="Export this job's run counts and durations on /metrics "
+        "(at most metrics_max_jobs_per_tenant such jobs per tenant).",
+    ),
+]
 IfVersionOption = Annotated[
     int | None,
     typer.Option(
@@ -245,6 +253,7 @@ def create(
         ),
     ] = None,
     timeout: TimeoutOption = None,
+    metrics: MetricsOption = None,
     start: Annotated[str | None, typer.Option("--start", help="No runs before (ISO).")] = None,
     end: Annotated[str | None, typer.Option("--end", help="No runs after (ISO).")] = None,
     idempotency_key: Annotated[
@@ -283,6 +292,8 @@ def create(
         "name": name,
     }
     body.update(settings_body({"max_attempts": max_attempts}, max_concurrency, optional))
+    if metrics is not None:
+        body["metrics"] = metrics
     scheduler = cli_state(ctx).scheduler()
     from schedctl.client import ApiClient
 
@@ -348,6 +359,26 @@ def show(
     emit(job_to_dict(job), fmt, title=f"job {job.job_id}")
     if graph["upstream"] or graph["downstream"]:
         emit_tree(dependency_tree(job, graph))
+
+
+@app.command()
+def why(
+    ctx: typer.Context,
+    job_id: JobArgument,
+    tenant: TenantOption = None,
+    output: OutputOption = None,
+) -> None:
+    """Why the job did (not) run: its schedule and next fires, its last runs with the reason
+    each was skipped or failed, how late it is, the live workers of its queue, and its pause
+    and alert state."""
+    from schedctl.why import render
+
+    data = cli_state(ctx).scheduler().job_why(job_id, tenant)
+    if output_format(ctx, output) is OutputFormat.json:
+        emit(data, OutputFormat.json)
+        return
+    sys.stdout.write(render(data))
+    sys.stdout.flush()
 
 
 def _lifecycle_command(name: str, help_text: str, done: str) -> None:
@@ -460,6 +491,7 @@ def update(
         ),
     ] = None,
     timeout: TimeoutOption = None,
+    metrics: MetricsOption = None,
     name: Annotated[str | None, typer.Option("--name", help="A new name.")] = None,
     after: Annotated[
         str | None,
@@ -495,6 +527,8 @@ def update(
         "name": name,
     }
     body.update(settings_body(retry, max_concurrency, optional))
+    if metrics is not None:
+        body["metrics"] = metrics
     job = (
         cli_state(ctx)
         .scheduler()

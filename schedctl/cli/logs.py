@@ -250,10 +250,11 @@ def show(item: RunOutput, progress: Progress, fmt: OutputFormat) -> None:
             progress.live_text = output[: len(output) - len(new) + cut]
     if not item.attempts and not progress.said_waiting:
         progress.said_waiting = True
-        _write(
-            f"=== job {item.run.job_id} run {format_instant(item.run.scheduled_at)}: "
-            f"{item.run.status.value}, no attempt yet\n"
-        )
+        state = f"{item.run.status.value}, no attempt yet"
+        if item.run.status is RunStatus.skipped and item.run.error:
+            # why it never ran (misfire, overlap, ...), as one line whatever it holds
+            state = "skipped: " + limits.CONTROL_CHARS.sub("\ufffd", item.run.error)
+        _write(f"=== job {item.run.job_id} run {format_instant(item.run.scheduled_at)}: {state}\n")
 
 
 def _pick_latest(items: Sequence[RunOutput]) -> RunOutput | None:

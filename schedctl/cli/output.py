@@ -56,15 +56,28 @@ def _cell(value: Any) -> str:
     return "" if value is None else str(to_jsonable(value))
 
 
+def is_id_column(column: str) -> bool:
+    """Columns holding ids (job_id, tenant_id, a letter's id, ...): never cut or wrapped."""
+    return column == "id" or column.endswith("_id")
+
+
 def emit_table(
     rows: Sequence[Mapping[str, Any]], columns: Sequence[str], *, title: str | None = None
 ) -> None:
+    """Rows as a table. An id column keeps the whole of each id it shows (callers show
+    the shortest unique prefix, which commands accept back) on a narrow terminal too:
+    the other columns wrap instead, so a copied id always names one thing."""
     table = Table(title=title, show_lines=False)
-    for column in columns:
-        table.add_column(column)
-    for row in rows:
+    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
+    for index, column in enumerate(columns):
+        if is_id_column(column):
+            widest = max([len(column), *(len(r[index]) for r in cells)])
+            table.add_column(column, no_wrap=True, min_width=widest, overflow="fold")
+        else:
+            table.add_column(column)
+    for row_cells in cells:
         # Text, not markup: a job named "[/x]" is data, not a rich tag
-        table.add_row(*(Text(_cell(row.get(c))) for c in columns))
+        table.add_row(*(Text(cell) for cell in row_cells))
     console.print(table)
 
 

@@ -373,6 +373,7 @@ def _view(job: CentralJob | JobSpec, after: Iterable[str]) -> dict[str, Any]:
         "window": job.window_seconds,
         "max_concurrency": job.max_concurrency or None,
         "timeout": job.timeout_seconds or None,
+        "metrics": job.metrics,
         "start": _utc(job.start_at),
         "end": _utc(job.end_at),
     }
@@ -422,6 +423,8 @@ def _update_body(
             update[key] = getattr(spec, f"{key}_seconds")
     if "max_concurrency" in fields:
         update["max_concurrency"] = spec.max_concurrency or None
+    if "metrics" in fields:
+        update["metrics"] = spec.metrics
     return update
 
 

@@ -43,11 +43,13 @@ JOB_KEYS = (
     "command", "shell", "shell_path", "stdin",
     "user", "group", "workdir", "env",
     "timeout", "retry", "misfire_policy", "grace", "window", "max_concurrency",
-    "start", "end", "run_on", "output",
+    "metrics", "start", "end", "run_on", "output",
     "alert_email", "alert_webhook", "alert_command", "alert_on", "alert_no_success",
 )  # fmt: skip
 # passed to jobspec as they are (start and end are checked together)
-LIMIT_KEYS = ("timeout", "retry", "misfire_policy", "grace", "window", "max_concurrency")
+LIMIT_KEYS = (
+    "timeout", "retry", "misfire_policy", "grace", "window", "max_concurrency", "metrics",
+)  # fmt: skip
 ALERT_EVENTS = ("dead_letter", "failure")
 # where a run's output goes: "central" (its tail in the run history, and the daemon's log),
 # or "local" (the daemon's log / journal of this host only)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -39,6 +39,8 @@ RETRY_BASE_SECONDS = 5.0
 RETRY_MAX_SECONDS = 600.0
 NO_SUCCESS_BATCH = 1000  # jobs looked at per no-success check, bounded
 TENANT_DEFAULT = ""  # alert_settings.job_id of a tenant's default
+OUTPUT_LINES = 50  # of a failed attempt's output, in its alert
+OUTPUT_CHARS = 8192  # at most, of those lines' end
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,25 @@ class Failure:
     dead: bool
     target_type: str
     target: str
+    # what the attempt recorded, for the alert's text (defaults: a caller that has none)
+    max_attempts: int | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    exit_code: int | None = None
+    output_tail: str | None = None
+    worker: str | None = None
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """What an alert says about its job besides ids: names, zone and where its command is."""
+
+    name: str | None = None
+    tenant_name: str | None = None
+    timezone: str | None = None
+    job_file: str | None = None  # a host job's file and the host that applied it
+    job_file_job: str | None = None
+    applied_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -139,13 +160,92 @@ def _readable(row: Any) -> AlertConfig | None:
         return None
 
 
-def _job_names(connection: Connection, job_ids: set[str]) -> dict[str, str]:
-    """Names for the alert texts: an operator reads "backup@web1", not a job id."""
+def _contexts(connection: Connection, job_ids: set[str]) -> dict[str, JobContext]:
+    """Each job's JobContext (an operator reads "backup@web1", not a job id): its name,
+    its tenant's name, its schedule's zone and, for a host's job file job, where its
+    command is defined (one query for the batch)."""
     if not job_ids:
         return {}
-    j = schema.jobs
-    rows = connection.execute(select(j.c.job_id, j.c.name).where(j.c.job_id.in_(job_ids)))
-    return {row.job_id: row.name for row in rows}
+    j, t = schema.jobs, schema.tenants
+    rows = connection.execute(
+        select(j.c.job_id, j.c.name, j.c.schedule, j.c.payload, j.c.target_type, t.c.name)
+        .join(t, t.c.tenant_id == j.c.tenant_id)
+        .where(j.c.job_id.in_(sorted(job_ids)))
+    ).all()
+    found: dict[str, JobContext] = {}
+    for job_id, name, schedule, payload, target_type, tenant_name in rows:
+        zone = None
+        try:
+            zone = json.loads(schedule).get("timezone")
+        except (ValueError, AttributeError):
+            pass
+        reference: dict[str, Any] = {}
+        if target_type == "queue":
+            reference = _job_file_reference(payload)
+        found[job_id] = JobContext(
+            name=name,
+            tenant_name=tenant_name,
+            timezone=zone if isinstance(zone, str) else None,
+            job_file=_str_or_none(reference.get("job_file")),
+            job_file_job=_str_or_none(reference.get("job")),
+            applied_by=_str_or_none(reference.get("host")),
+        )
+    return found
+
+
+def _job_file_reference(stored: str) -> dict[str, Any]:
+    """A job file job's payload ({"job_file", "job", "host"}: a reference, never a command),
+    else {}. Any other payload is the tenant's data and is not looked into (nor mailed)."""
+    from schedctl.storage.payloads import decode_payload
+
+    try:
+        value = decode_payload(stored)
+    except Exception:  # an alert must be queued even when this process cannot decrypt
+        return {}
+    if isinstance(value, dict) and isinstance(value.get("job_file"), str):
+        return {k: value.get(k) for k in ("job_file", "job", "host")}
+    return {}
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _failure_details(f: Failure, context: JobContext) -> dict[str, Any]:
+    """The attempt's facts for the alert's text: who ran it where, when and with what."""
+    host = None
+    if f.worker:
+        host = f.worker.split(":", 1)[0]  # a worker's owner name is host:pid:random
+    if context.job_file is not None:
+        command = (
+            f"defined on the host in {context.job_file}"
+            + (f" (job {context.job_file_job})" if context.job_file_job else "")
+            + (f", applied from {context.applied_by}" if context.applied_by else "")
+        )
+    elif f.target_type == "queue":
+        command = f"the command of the workers of queue {f.target}"
+    else:
+        command = f"a {f.target_type} delivery (see schedctl job show)"
+    return {
+        "tenant_name": context.tenant_name,
+        "timezone": context.timezone,
+        "host": host,
+        "worker": f.worker,
+        "command": command,
+        "exit_code": f.exit_code,
+        "max_attempts": f.max_attempts,
+        "started_at": None if f.started_at is None else f.started_at.isoformat(),
+        "finished_at": None if f.finished_at is None else f.finished_at.isoformat(),
+        "output_tail": _last_lines(f.output_tail, OUTPUT_LINES),
+    }
+
+
+def _last_lines(text: str | None, count: int) -> str | None:
+    """The last `count` lines of `text`, and no more than OUTPUT_CHARS of their end (an
+    alert row and a mail stay small whatever one line's length)."""
+    if not text:
+        return None
+    return "\n".join(text.splitlines()[-count:])[-OUTPUT_CHARS:]
 
 
 # -- queueing --------------------------------------------------------------------------
@@ -185,7 +285,7 @@ def _rows(
                 "job_id": job_id,
                 "scheduled_at": scheduled_at,
                 "kind": kind,
-                "run_attempt": run_attempt,  # a failure alert is one per attempt
+                "run_attempt": run_attempt,  # see queue_for_failures
                 "channel": channel,
                 "destination": destination,
                 "body": json.dumps(body, sort_keys=True),
@@ -198,15 +298,22 @@ def _rows(
     return rows
 
 
-def queue_for_failures(connection: Connection, failures: Sequence[Failure], now: datetime) -> None:
+def queue_for_failures(
+    connection: Connection, failures: Sequence[Failure], now: datetime
+) -> dict[str, JobContext]:
     """Queue the alerts of failed attempts and dead letters inside the settling transaction
     (the settle hook): a dead letter alerts when `on` has dead_letter, every failed attempt
-    (the last one too) when it has failure. Deduplicated: settling again adds nothing."""
+    when it has failure. A run's final failure is one alert per channel, whatever `on`
+    lists: with both, the dead letter's (marked "final", keyed by the attempt so a replay
+    that dies again says so once more). Deduplicated: settling again adds nothing.
+    Returns the context (names) of the jobs looked up, dead letters' always (their log
+    line names them)."""
     if not failures:
-        return
+        return {}
     configs = _effective(connection, ((f.tenant_id, f.job_id) for f in failures))
-    names = _job_names(
-        connection, {f.job_id for f in failures if (f.tenant_id, f.job_id) in configs}
+    contexts = _contexts(
+        connection,
+        {f.job_id for f in failures if f.dead or (f.tenant_id, f.job_id) in configs},
     )
     rows: list[dict[str, Any]] = []
     for f in failures:
@@ -214,11 +321,13 @@ def queue_for_failures(connection: Connection, failures: Sequence[Failure], now:
         if config is None:
             continue
         kinds = []
+        both = f.dead and "dead_letter" in config.on and "failure" in config.on
         if f.dead and "dead_letter" in config.on:
             kinds.append("dead_letter")
-        if "failure" in config.on:
+        elif "failure" in config.on:
             kinds.append("failure")
         queue = f.target if f.target_type == "queue" else None
+        context = contexts.get(f.job_id, JobContext())
         for kind in kinds:
             body = alert_body(
                 kind=kind,
@@ -228,8 +337,13 @@ def queue_for_failures(connection: Connection, failures: Sequence[Failure], now:
                 attempt=f.attempt,
                 error=f.error,
                 at=now,
-                job_name=names.get(f.job_id),
+                job_name=context.name,
             )
+            body.update(_failure_details(f, context), final=f.dead)
+            if kind == "dead_letter":
+                run_attempt = f.attempt if both else 0
+            else:
+                run_attempt = f.attempt  # a failure alert is one per attempt
             rows += _rows(
                 config,
                 kind=kind,
@@ -239,9 +353,10 @@ def queue_for_failures(connection: Connection, failures: Sequence[Failure], now:
                 body=body,
                 queue=queue,
                 now=now,
-                run_attempt=f.attempt if kind == "failure" else 0,
+                run_attempt=run_attempt,
             )
     _insert_ignore(connection, rows)
+    return contexts
 
 
 def check_no_success(store: Store, *, limit: int = NO_SUCCESS_BATCH) -> int:
@@ -315,16 +430,17 @@ def _count(connection: Connection) -> int:
 
 
 def last_successes(store: Store) -> list[tuple[str, str, datetime]]:
-    """(tenant, job, last success) of each active job with a no_success setting of its own
-    (the metric's series: bounded by the jobs that asked for one)."""
-    j, s, r = schema.jobs, schema.alert_settings, schema.runs
+    """(tenant name, job name, last success) of each active job with a no_success setting
+    of its own (the metric's series: bounded by the jobs that asked for one)."""
+    j, s, r, t = schema.jobs, schema.alert_settings, schema.runs, schema.tenants
     with store.tx() as connection:
         rows = connection.execute(
-            select(j.c.tenant_id, j.c.job_id, func.max(r.c.finished_at))
+            select(t.c.name, j.c.name, func.max(r.c.finished_at))
+            .join(t, t.c.tenant_id == j.c.tenant_id)
             .join(s, and_(s.c.job_id == j.c.job_id, s.c.tenant_id == j.c.tenant_id))
             .join(r, and_(r.c.job_id == j.c.job_id, r.c.status == RunStatus.succeeded.value))
             .where(j.c.status == JobStatus.active.value, s.c.config.like('%"no_success"%'))
-            .group_by(j.c.tenant_id, j.c.job_id)
+            .group_by(t.c.name, j.c.job_id, j.c.name)
             .limit(NO_SUCCESS_BATCH)
         ).all()
     return [(t, jid, at) for t, jid, at in rows if at is not None]
@@ -402,15 +518,30 @@ def _give_up(
     )
     if not done.rowcount:
         return  # no longer this sender's
+    body = _body_of(alert)
     log.error(
-        "alert given up after %d attempt(s): job=%s tenant=%s kind=%s channel=%s: %s",
+        "alert given up after %d attempt(s): job %s of tenant %s kind=%s channel=%s: %s "
+        "(job_id=%s tenant_id=%s)",
         attempt,
-        alert.job_id,
-        alert.tenant_id,
+        named(_str_or_none(body.get("job_name")), alert.job_id),
+        named(_str_or_none(body.get("tenant_name")), alert.tenant_id),
         alert.kind,
         alert.channel,
         why,
+        alert.job_id,
+        alert.tenant_id,
     )
+
+
+def _body_of(alert: Any) -> dict[str, Any]:
+    """An alert's body as a dict (an AlertRow's, or a row's stored JSON), {} if unreadable."""
+    body = getattr(alert, "body", None)
+    if isinstance(body, str):
+        try:
+            body = json.loads(body)
+        except ValueError:
+            return {}
+    return body if isinstance(body, dict) else {}
 
 
 def _stored(error: str) -> str:
@@ -473,21 +604,37 @@ def list_alerts(store: Store, tenant_id: str | None = None) -> list[dict[str, An
         return [dict(row._mapping) for row in connection.execute(query)]
 
 
-def count_failures(failures: Sequence[Failure]) -> None:
-    """Count failed attempts and dead letters per tenant, and log each dead letter at
-    WARNING (job, tenant, reason; never the payload)."""
+def count_failures(
+    failures: Sequence[Failure],
+    tenant_names: Mapping[str, str],
+    contexts: Mapping[str, JobContext] | None = None,
+) -> None:
+    """Count failed attempts and dead letters per tenant (labelled with the tenant's name,
+    `tenant_names` by job id; its id when the job is gone), and log each dead letter at
+    WARNING (job and tenant by name with their ids, reason; never the payload)."""
+    contexts = contexts or {}
     for f in failures:
-        metrics.FAILURES.labels(tenant=f.tenant_id).inc()
+        tenant = tenant_names.get(f.job_id, f.tenant_id)
+        metrics.FAILURES.labels(tenant=tenant).inc()
         if f.dead:
-            metrics.DEAD_LETTERS.labels(tenant=f.tenant_id).inc()
+            metrics.DEAD_LETTERS.labels(tenant=tenant).inc()
+            context = contexts.get(f.job_id, JobContext())
             log.warning(
-                "run dead-lettered: job=%s tenant=%s scheduled_at=%s attempts=%d reason=%s",
-                f.job_id,
-                f.tenant_id,
+                "run dead-lettered: job %s of tenant %s, scheduled_at=%s attempts=%d "
+                "reason=%s (job_id=%s tenant_id=%s)",
+                named(context.name, f.job_id),
+                named(context.tenant_name, f.tenant_id),
                 f.scheduled_at.isoformat(),
                 f.attempt,
                 f.error,
+                f.job_id,
+                f.tenant_id,
             )
+
+
+def named(name: str | None, fallback: str) -> str:
+    """A name as a log line shows it (quoted: it is the tenant's text), else the id."""
+    return repr(name) if name else fallback
 
 
 def held_alert(store: Store, alert_id: int, owner: str, tenant_id: str) -> AlertRow | None:

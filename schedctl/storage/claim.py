@@ -19,13 +19,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.engine import Connection
 
 from schedctl import errors
 from schedctl.models import EVERY_HOST_QUEUE_PREFIX, JobStatus, RunStatus, RunTrigger, TargetType
 from schedctl.scheduling.misfire import ClaimPlan, MisfirePolicy, plan_claim
 from schedctl.scheduling.schedules import Schedule, schedule_from_dict
+from schedctl.scheduling.timeparse import format_instant
 from schedctl.scheduling.windows import fire_time
 from schedctl.storage import dependencies, schema
 from schedctl.storage.dialect import Dialect, Lock
@@ -242,6 +243,7 @@ class Claimer:
         advanced = self._advance_jobs(connection, updates, now)
         result.stale = len(unfenced) - len(advanced)  # the duplicates are stale too
         run_rows: list[dict[str, Any]] = []
+        reasons: dict[tuple[str, datetime], str] = {}
         for d, plan, following in plans:
             if d.job_id not in advanced:
                 continue
@@ -252,6 +254,7 @@ class Claimer:
             epoch = epochs[d.partition]
             for nominal in plan.skipped:
                 run_rows.append(self._run_row(d, nominal, now, epoch, RunStatus.skipped))
+                reasons[(d.job_id, nominal)] = misfire_reason(d, nominal, now, plan)
             for nominal in plan.dispatch:
                 run_rows.append(self._run_row(d, nominal, now, epoch, RunStatus.dispatched))
             if plan.dispatch and (
@@ -267,6 +270,9 @@ class Claimer:
             else:
                 result.dispatched.append((job_id, scheduled_at))
         if skipped:
+            # why each was skipped, for `schedctl logs` and `job why`: a statement of its
+            # own, only when a claim skips (after an outage), never on the hot path
+            record_skip_reasons(connection, [(j, at, reasons[(j, at)]) for j, at, _ in skipped])
             # a skipped upstream run records its dependents' runs skipped (`after`)
             dependencies.on_settled(connection, succeeded=(), ended=skipped, now=now)
 
@@ -315,6 +321,43 @@ class Claimer:
         if not rows:
             return []
         return self.store.dialect.insert_runs(connection, rows, now)
+
+
+def misfire_reason(d: DueJob, nominal: datetime, now: datetime, plan: ClaimPlan) -> str:
+    """Why the misfire policy skipped the run at `nominal`, in an operator's words."""
+    late = max(0, int((now - nominal).total_seconds()))
+    tolerance = f"the {d.grace_seconds} s grace"
+    if d.window_seconds > 0:
+        tolerance += f" plus the {d.window_seconds} s window"
+    text = f"missed by {late} s, more than {tolerance}; misfire policy {d.misfire_policy.value}"
+    if d.misfire_policy is MisfirePolicy.run_once and plan.dispatch:
+        text += f" (one catch-up run at {format_instant(plan.dispatch[-1])} instead)"
+    return text
+
+
+def record_skip_reasons(
+    connection: Connection, skipped: Sequence[tuple[str, datetime, str]]
+) -> None:
+    """Record why each (job, scheduled_at) run was skipped in its `error`: the one place a
+    skipped run keeps its reason (misfire, overlap, paused, window, host not live), so any
+    writer of a skipped run can use it. Only runs still skipped and without a reason."""
+    if not skipped:
+        return
+    r = schema.runs
+    connection.execute(
+        update(r)
+        .where(
+            r.c.job_id == bindparam("b_job_id"),
+            r.c.scheduled_at == bindparam("b_scheduled_at"),
+            r.c.status == RunStatus.skipped.value,
+            r.c.error.is_(None),
+        )
+        .values(error=bindparam("b_error")),
+        [
+            {"b_job_id": job_id, "b_scheduled_at": at, "b_error": reason[:2000]}
+            for job_id, at, reason in skipped
+        ],
+    )
 
 
 _EPOCHS_LOCKED: dict[type, Any] = {}

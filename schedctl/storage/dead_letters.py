@@ -36,6 +36,7 @@ class DeadLetter:
     last_error: str | None
     created_at: datetime
     replayed_at: datetime | None
+    job: str | None = None  # the job's name (None: the job row is gone)
 
     @property
     def idempotency_key(self) -> str:
@@ -260,7 +261,12 @@ class DeadLetterRepo:
 
 def _select_letters() -> Any:
     d, t = schema.dead_letters, schema.tenants
-    return select(d, t.c.name.label("tenant_name")).outerjoin(t, t.c.tenant_id == d.c.tenant_id)
+    named = schema.jobs.alias("named_job")  # its name; an alias: replay_all joins jobs too
+    return (
+        select(d, t.c.name.label("tenant_name"), named.c.name.label("job_name"))
+        .outerjoin(t, t.c.tenant_id == d.c.tenant_id)
+        .outerjoin(named, named.c.job_id == d.c.job_id)
+    )
 
 
 # the dead_letters columns a DeadLetter keeps as stored
@@ -278,4 +284,9 @@ _AS_STORED = (
 
 
 def _letter(row: RowMapping) -> DeadLetter:
-    return DeadLetter(id=int(row["id"]), tenant=row["tenant_name"], **as_stored(row, _AS_STORED))
+    return DeadLetter(
+        id=int(row["id"]),
+        tenant=row["tenant_name"],
+        job=row["job_name"],
+        **as_stored(row, _AS_STORED),
+    )

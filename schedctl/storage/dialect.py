@@ -413,6 +413,13 @@ class Dialect(Protocol):
         statistics; with `full`, also give the space of deleted rows back (benchmarks)."""
         ...
 
+    def checkpoint(self, engine: Engine) -> bool:
+        """At a clean stop: fold whatever a write-ahead log beside the database file holds
+        into the file itself, so that the file alone (a copy, a backup) holds every
+        committed row. False when another process kept it from finishing (it checkpoints
+        at its own stop); True when done or nothing to do (a server database)."""
+        ...
+
     # -- text keys in one parameter (job creation, the built-in queue's move) ------------
 
     def text_in(self, column: Any, name: str) -> Any:

@@ -46,6 +46,7 @@ from schedctl.storage.dialect import (
     RunPartitions,
     ServerSessions,
 )
+from schedctl.storage.engine import session_kwargs
 
 if TYPE_CHECKING:
     # the driver is loaded by the change feed only: a CLI command needs it not
@@ -687,6 +688,10 @@ class PostgresDialect:
                 text(f"{command} {table}")
             )
 
+    def checkpoint(self, engine: Engine) -> bool:
+        # the server's own WAL and checkpoints: a clean stop of a client leaves nothing
+        return True
+
     # -- text keys in one parameter (job creation, the built-in queue's move) ------------
 
     def text_in(self, column: Any, name: str) -> Any:
@@ -782,11 +787,13 @@ def _notify_all(connection: Connection, channel: str, payloads: list[str]) -> No
 
 
 class _Listener:
-    """A dedicated autocommit connection LISTENing on one channel (opened on first use)."""
+    """A dedicated autocommit connection LISTENing on one channel (opened on first use),
+    opened with the pool's own session arguments: every host of a multi-host URL,
+    target_session_attrs (after a failover it follows the new primary: NOTIFY is sent on
+    the primary only), TLS parameters, the process's application_name."""
 
     def __init__(self, engine: Engine, channel: str) -> None:
-        url = engine.url.set(drivername="postgresql")
-        self._dsn = url.render_as_string(hide_password=False)
+        self._kwargs = session_kwargs(engine, autocommit=True)
         self._channel = channel
         self._connection: psycopg.Connection[tuple[object, ...]] | None = None
 
@@ -798,7 +805,7 @@ class _Listener:
         """Listen (psycopg.Error if the database cannot be reached)."""
         import psycopg
 
-        self._connection = psycopg.connect(self._dsn, autocommit=True, connect_timeout=5)
+        self._connection = psycopg.connect(**self._kwargs)
         self._connection.execute(f"LISTEN {self._channel}")
 
     def payloads(self, timeout: float) -> list[str]:
@@ -1203,6 +1210,7 @@ _JOB_ARRAYS = (
     ("request_hash", "text"),
     ("created_at", "timestamptz"),
     ("updated_at", "timestamptz"),
+    ("metrics", "boolean"),
 )
 _AUDIT_ARRAYS = (
     ("at", "timestamptz"),

@@ -49,6 +49,8 @@ from schedctl.storage.dialect import (
 COUNTER_KEY = "jobs_changed"
 # bound values per IN list: well under SQLite's limit of variables in one statement
 IN_CHUNK = 5000
+# how long a checkpoint at a clean stop waits for other processes' transactions
+CHECKPOINT_WAIT_MS = 2000
 
 
 class SqliteDialect:
@@ -421,6 +423,18 @@ class SqliteDialect:
         if not full:
             with engine.begin() as connection:
                 connection.execute(text(f"ANALYZE {table}"))
+
+    def checkpoint(self, engine: Engine) -> bool:
+        # TRUNCATE waits (the busy handler) for other connections' readers and writer to
+        # finish: briefly only, a daemon still running beside this command must not hold
+        # up its exit, and that daemon checkpoints at its own stop
+        with engine.connect() as connection:
+            driver = connection.connection.driver_connection
+            assert driver is not None
+            driver.execute(f"PRAGMA busy_timeout={CHECKPOINT_WAIT_MS}")
+            busy, _log_pages, _moved = driver.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            driver.execute("PRAGMA busy_timeout=30000")
+        return not busy
 
     # -- text keys in one parameter (job creation, the built-in queue's move) ------------
 

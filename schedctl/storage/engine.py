@@ -1,14 +1,19 @@
-"""Database engines: URL normalisation, SQLite pragmas (WAL, immediate transactions), the
-SQLite file's mode (0600 for the owner alone)."""
+"""Database engines: URL normalisation (libpq's multi-host URL and key=value forms included),
+the keyword arguments a Postgres session is opened with (for connections made outside the
+pool: LISTEN), SQLite pragmas (WAL, immediate transactions), the SQLite file's mode (0600
+for the owner alone)."""
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import stat
 import time
+import weakref
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote
 
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine, make_url
@@ -27,16 +32,74 @@ log = logging.getLogger(__name__)
 
 
 def normalize_url(url: str) -> str:
-    """Accept postgres://, postgresql:// and plain paths; always drive Postgres with psycopg 3."""
+    """Accept postgres://, postgresql:// and plain paths; always drive Postgres with psycopg 3.
+    libpq's own multi-host forms, which SQLAlchemy cannot parse, become its comma lists:
+    `postgresql://h1:p1,h2:p2/db?...` and a key=value DSN (`host=h1,h2 port=p1,p2
+    dbname=db ...`). SQLAlchemy's repeated `?host=h1:p1&host=h2:p2` passes as it is."""
     url = url.strip()
     if not url:
         raise errors.ConfigError("the database URL is empty", field="database_url")
     if "://" not in url:
+        if _KEYWORD_DSN.match(url):
+            return _keyword_dsn_url(url)
         return f"sqlite:///{Path(url).expanduser().resolve()}"
-    for prefix in ("postgres://", "postgresql://"):
+    for prefix in ("postgres://", "postgresql://", "postgresql+psycopg://"):
         if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix) :]
+            return "postgresql+psycopg://" + _host_list_to_query(url[len(prefix) :])
     return url
+
+
+# a libpq key=value connection string starts with one of its keywords (a SQLite path never
+# starts so: `host=...` as a file name would be odd, and a path with a slash is not one)
+_KEYWORD_DSN = re.compile(r"^(host|hostaddr|port|dbname|user|service)\s*=", re.IGNORECASE)
+
+
+def _keyword_dsn_url(dsn: str) -> str:
+    """libpq's `key=value ...` form as a postgresql+psycopg URL with every key in the query."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        parts = {k: str(v) for k, v in conninfo_to_dict(dsn).items() if v is not None}
+    except Exception as exc:  # psycopg.ProgrammingError; never repeat the DSN (a password)
+        raise errors.ConfigError(
+            "not a libpq connection string (host=... port=... dbname=... user=...)",
+            field="database_url",
+        ) from exc
+    user = quote(parts.pop("user", ""), safe="")
+    password = parts.pop("password", None)
+    userinfo = user + (":" + quote(password, safe="") if password is not None else "")
+    database = quote(parts.pop("dbname", ""), safe="")
+    query = "&".join(f"{quote(k, safe='')}={quote(v, safe=',')}" for k, v in parts.items())
+    return f"postgresql+psycopg://{userinfo}{'@' if userinfo else ''}/{database}" + (
+        f"?{query}" if query else ""
+    )
+
+
+def _host_list_to_query(rest: str) -> str:
+    """`[userinfo@]h1:p1,h2:p2[/db][?query]` with the host list moved into the query as
+    libpq's comma lists (host=h1,h2&port=p1,p2); anything else unchanged."""
+    authority, slash, tail = rest.partition("/")
+    if not slash:
+        authority, question, query = rest.partition("?")
+        tail = ("?" + query) if question else ""
+    userinfo, at, hosts = authority.rpartition("@")
+    if "," not in hosts:
+        return rest
+    names: list[str] = []
+    ports: list[str] = []
+    for each in hosts.split(","):
+        if each.startswith("["):  # [IPv6]:port
+            name, _, after = each[1:].partition("]")
+            port = after[1:] if after.startswith(":") else ""
+        else:
+            name, _, port = each.partition(":")
+        names.append(unquote(name))
+        ports.append(port)
+    database, question, query = tail.partition("?")
+    lists = f"host={quote(','.join(names), safe=',:')}"
+    if any(ports):
+        lists += f"&port={','.join(ports)}"
+    return f"{userinfo}{at}/{database}?{lists}" + (f"&{query}" if question and query else "")
 
 
 def sets_itself_up(url: str) -> bool:
@@ -126,9 +189,23 @@ def make_engine(url: str, *, application_name: str = APPLICATION_NAME, **kwargs:
         | ({} if "application_name" in parsed.query else {"application_name": application_name}),
     )
     engine = create_engine(url, **kwargs)
+    _CONNECT_ARGS[engine] = dict(kwargs["connect_args"])
     if ping_idle:
         _ping_idle_connections(engine)
     return engine
+
+
+# the connect_args each Postgres engine of make_engine was made with
+_CONNECT_ARGS: weakref.WeakKeyDictionary[Engine, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def session_kwargs(engine: Engine, **overrides: Any) -> dict[str, Any]:
+    """psycopg.connect's keyword arguments for a session like the pool's own, opened outside
+    the pool (a LISTEN connection): what the dialect makes of the URL (every multi-host
+    form as libpq's comma lists, target_session_attrs, TLS parameters) plus the engine's
+    connect_args (application_name, timeouts), then `overrides`."""
+    _, from_url = engine.dialect.create_connect_args(engine.url)
+    return dict(from_url) | _CONNECT_ARGS.get(engine, {}) | overrides
 
 
 def _ping_idle_connections(engine: Engine) -> None:

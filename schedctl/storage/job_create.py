@@ -20,7 +20,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import CompoundSelect, String, bindparam, literal_column, select, union_all
+from sqlalchemy import (
+    CompoundSelect,
+    String,
+    bindparam,
+    func,
+    literal_column,
+    select,
+    union_all,
+)
 from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.exc import IntegrityError
 
@@ -95,10 +103,12 @@ def create_jobs(
     *,
     actor: str,
     admit: Admit | None = None,
+    metrics_max_jobs: int | None = None,
 ) -> list[Outcome]:
     """Create `items` for the tenant in one transaction; one Outcome per item, in order.
     `admit` (the quota checks) runs first in the same transaction, so what it allows is
-    atomic with the insert."""
+    atomic with the insert. With `metrics_max_jobs`, an item with `metrics = true` that
+    would give the tenant more such jobs is refused, naming `metrics`."""
     if len(items) > MAX_BATCH:
         raise errors.ValidationError(
             f"at most {MAX_BATCH} jobs per batch, got {len(items)}", field="jobs"
@@ -110,6 +120,7 @@ def create_jobs(
         try:
             with store.tx() as connection:
                 batch = _Batch(connection, tenant_id, items, actor, partition_count)
+                batch.metrics_max_jobs = metrics_max_jobs
                 batch.run(admit)
             return batch.outcomes()
         except IntegrityError as exc:
@@ -147,6 +158,7 @@ class _Batch:
         self.batch_names: dict[str, str] = {}  # name -> job id created here
         self.pending: list[tuple[int, dict[str, Any]]] = []  # rows not yet inserted
         self.created: dict[int, dict[str, Any]] = {}  # item -> its row, inserted
+        self.metrics_max_jobs: int | None = None  # None: no bound
 
     def run(self, admit: Admit | None) -> None:
         """Write the batch; outcomes() answers once the transaction has committed."""
@@ -171,6 +183,12 @@ class _Batch:
             self._require_tenant()
             now, refuse, record = clock, _admit_all, _record_nothing
         admitted = 0
+        # under the tenant's lock (taken by the admission): counted and taken atomically
+        metrics_jobs = (
+            count_metrics_jobs(self.connection, self.tenant_id)
+            if self.metrics_max_jobs is not None and any(i.spec.metrics for i in self.items)
+            else 0
+        )
         for index, item in enumerate(self.items):
             spec = item.spec
             key = spec.idempotency_key
@@ -179,6 +197,8 @@ class _Batch:
                 continue
             # the order of a single create's checks: quota, then schedule, then name
             refused = refuse(admitted)
+            if refused is None and spec.metrics and self.metrics_max_jobs is not None:
+                refused = metrics_bound_error(metrics_jobs, self.metrics_max_jobs)
             row = built[index]
             if refused is None:
                 if isinstance(row, errors.SchedError):
@@ -194,6 +214,7 @@ class _Batch:
                 continue
             row["created_at"] = row["updated_at"] = now
             admitted += 1
+            metrics_jobs += 1 if spec.metrics else 0
             if spec.after:
                 self._flush(now)
                 self._insert_dependent(index, row, now)
@@ -333,6 +354,7 @@ class _Batch:
             "version": 1,
             "idempotency_key": spec.idempotency_key,
             "request_hash": spec.request_hash,
+            "metrics": spec.metrics,
         }
 
     def _name(self, item: NewJob, job_id: str, taken: Mapping[str, str]) -> str:
@@ -480,7 +502,35 @@ def _job_of(spec: JobSpec, row: dict[str, Any]) -> Job:
         retry=spec.retry,
         misfire_policy=spec.misfire_policy,
         status=JobStatus.active,
+        metrics=spec.metrics,
         **as_stored(row, JOB_AS_STORED),
+    )
+
+
+def count_metrics_jobs(connection: Connection, tenant_id: str) -> int:
+    """The tenant's jobs with `metrics = true` that can still run (not deleted, cancelled
+    or completed): what metrics_max_jobs_per_tenant bounds."""
+    j = schema.jobs
+    return int(
+        connection.execute(
+            select(func.count()).where(
+                j.c.tenant_id == tenant_id,
+                j.c.metrics.is_(True),
+                j.c.status.in_([JobStatus.active.value, JobStatus.paused.value]),
+            )
+        ).scalar_one()
+    )
+
+
+def metrics_bound_error(used: int, bound: int) -> errors.SchedError | None:
+    """The refusal of one more job with `metrics = true` when `used` of `bound` are taken."""
+    if used < bound:
+        return None
+    return errors.ValidationError(
+        f"the tenant already has {used} job(s) with metrics = true, the most this "
+        f"installation allows (metrics_max_jobs_per_tenant = {bound}); set metrics = false "
+        "here or on another job",
+        field="metrics",
     )
 
 

@@ -27,6 +27,8 @@ from schedctl.scheduling.schedules import AfterSchedule, schedule_to_dict
 from schedctl.scheduling.windows import fire_time
 from schedctl.storage import dependencies, job_lookup, schema
 from schedctl.storage.clock import db_now
+from schedctl.storage.dialect import Lock, dialect_of
+from schedctl.storage.job_create import count_metrics_jobs, metrics_bound_error
 from schedctl.storage.jobs import JobRepo, reschedule_values, write_job
 from schedctl.storage.payloads import encode_payload
 from schedctl.storage.store import Store
@@ -42,6 +44,7 @@ def update_job(
     *,
     if_version: int | None,
     actor: str,
+    metrics_max_jobs: int | None = None,
 ) -> Job:
     """Apply the patch `parse` makes of the locked job at the database's now (so merged
     values, like a retry policy or a cron expression kept under a new zone, come from the
@@ -67,6 +70,8 @@ def update_job(
             dependencies.replace(connection, job.job_id, job.tenant_id, patch.after)
         if patch.has_payload:
             _keep_claimed_payloads(connection, job_id)
+        if patch.metrics and not job.metrics and metrics_max_jobs is not None:
+            _check_metrics_bound(connection, job.tenant_id, metrics_max_jobs)
         detail: dict[str, Any] = {"fields": list(patch.fields)}
         # a schedule-only change is the reschedule it always was, in the audit log too
         action = "reschedule" if patch.fields == ("schedule",) else "update"
@@ -129,7 +134,13 @@ def _values(job: Job, patch: JobPatch, now: datetime) -> dict[str, Any]:
         values["retry_max_seconds"] = patch.retry.max_delay_seconds
     if patch.misfire_policy is not None:
         values["misfire_policy"] = patch.misfire_policy.value
-    for key in ("grace_seconds", "window_seconds", "max_concurrency", "timeout_seconds"):
+    for key in (
+        "grace_seconds",
+        "window_seconds",
+        "max_concurrency",
+        "timeout_seconds",
+        "metrics",
+    ):
         value = getattr(patch, key)
         if value is not None:
             values[key] = value
@@ -143,6 +154,19 @@ def _values(job: Job, patch: JobPatch, now: datetime) -> dict[str, Any]:
         assert job.next_run_at is not None
         values["next_fire_at"] = fire_time(job.job_id, job.next_run_at, window)
     return values
+
+
+def _check_metrics_bound(connection: Connection, tenant_id: str, bound: int) -> None:
+    """Refuse (naming `metrics`) one more job with metrics = true over the bound. The
+    tenant's row lock serializes this with the tenant's creates and other such updates."""
+    t = schema.tenants
+    # as a create's quota take: FOR NO KEY UPDATE (other writers' key checks pass)
+    dialect_of(connection).lock_rows(
+        connection, select(t.c.tenant_id).where(t.c.tenant_id == tenant_id), Lock.no_key_update
+    )
+    refused = metrics_bound_error(count_metrics_jobs(connection, tenant_id), bound)
+    if refused is not None:
+        raise refused
 
 
 def _after_values(job: Job) -> dict[str, Any]:

@@ -19,8 +19,10 @@ from schedctl.scheduling.schedules import (
     OnceSchedule,
     Schedule,
     first_occurrence,
+    next_occurrence,
     schedule_to_dict,
 )
+from schedctl.scheduling.timeparse import format_instant
 from schedctl.scheduling.windows import fire_time
 from schedctl.storage import job_lookup, schema
 from schedctl.storage.audit import audit
@@ -153,6 +155,54 @@ def _resumed(job: Job, now: datetime) -> dict[str, Any]:
     }
 
 
+PAUSED_SKIPS = 100  # the paused times a resume records as skipped runs, at most
+
+
+def _record_paused_skips(connection: Connection, job: Job, now: datetime) -> None:
+    """At a resume, record the times the job missed while paused as skipped runs with the
+    reason, so `schedctl logs` and `job why` say why they did not run (the first
+    PAUSED_SKIPS of them: bounded whatever the pause's length). A one-time job's time is
+    not among them: a resume makes it due, and its misfire policy decides."""
+    if job.next_run_at is None or isinstance(job.schedule, OnceSchedule | AfterSchedule):
+        return
+    times: list[datetime] = []
+    at: datetime | None = job.next_run_at
+    while at is not None and at < now and len(times) < PAUSED_SKIPS:
+        times.append(at)
+        at = next_occurrence(job.schedule, at, end=job.end_at)
+    if not times:
+        return
+    more = at is not None and at < now
+    reason = "job paused at this time (resumed at " + format_instant(now) + ")"
+    if more:
+        reason += f"; the first {PAUSED_SKIPS} paused times are recorded"
+    statement = dialect_of(connection).insert(schema.runs).on_conflict_do_nothing()
+    inserted = []
+    for scheduled_at in times:  # at most PAUSED_SKIPS, once per resume
+        row = connection.execute(
+            statement.values(
+                job_id=job.job_id,
+                scheduled_at=scheduled_at,
+                tenant_id=job.tenant_id,
+                partition=job.partition,
+                trigger=RunTrigger.schedule.value,
+                status=RunStatus.skipped.value,
+                attempt=0,
+                fire_at=scheduled_at,
+                finished_at=now,
+                error=reason,
+                job_version=job.version,
+            ).returning(schema.runs.c.job_id)  # rowcount: none for a partitioned table
+        ).first()
+        if row is not None:
+            inserted.append((job.job_id, scheduled_at, "skipped (paused)"))
+    if inserted:
+        from schedctl.storage import dependencies
+
+        # as a misfire skip: the dependents' runs of a skipped upstream run are skipped
+        dependencies.on_settled(connection, succeeded=(), ended=inserted, now=now)
+
+
 class JobRepo:
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -189,9 +239,17 @@ class JobRepo:
         *,
         actor: str,
         admit: Admit | None = None,
+        metrics_max_jobs: int | None = None,
     ) -> list[Outcome]:
         """Up to MAX_BATCH jobs in one transaction, one Outcome each (storage/job_create.py)."""
-        return create_jobs(self.store, tenant_id, items, actor=actor, admit=admit)
+        return create_jobs(
+            self.store,
+            tenant_id,
+            items,
+            actor=actor,
+            admit=admit,
+            metrics_max_jobs=metrics_max_jobs,
+        )
 
     # -- read --------------------------------------------------------------------------
 
@@ -289,6 +347,8 @@ class JobRepo:
             write_job(
                 connection, job, values(job, now), now, actor=actor, action=action, detail=detail
             )
+            if action == "resume":
+                _record_paused_skips(connection, job, now)
             return self._get(connection, job_id, tenant_id)
 
     def trigger(self, job_id: str, tenant_id: str | None = None, *, actor: str) -> Run:

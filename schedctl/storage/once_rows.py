@@ -56,6 +56,7 @@ def once_job_row(
         "version": 2 if claimed else 1,
         "idempotency_key": None,
         "request_hash": request_hash,
+        "metrics": False,
         "created_at": now,
         "updated_at": now,
     }

@@ -436,7 +436,12 @@ class QueueRepo(Settles[Lease]):
     def finish_many(self, items: Sequence[tuple[Lease, Attempt]]) -> list[bool]:
         """Settle many leases' attempts in one transaction (a worker's group commit): for
         each, True when it was settled, False (and nothing changed for it) when the lease
-        was no longer ours. `Attempt.worker` is the lease owner."""
+        was no longer ours. `Attempt.worker` is the lease owner.
+
+        Idempotent: a settle whose commit answer was lost (the connection dropped during
+        COMMIT, as in a database failover) raised StoreUnavailable with its outcome
+        unknown; its caller settles again, and an attempt found already recorded by this
+        owner is answered True (recorded) without recording it twice."""
         if not items:
             return []
         with self.store.tx() as connection:
@@ -456,6 +461,10 @@ class QueueRepo(Settles[Lease]):
                 settled.append(mine)
             if ours:
                 settle(connection, ours, now=now, rng=self._rng)
+            unmatched = [i for i, mine in enumerate(settled) if not mine]
+            if unmatched:
+                for i in _already_recorded(connection, [items[i] for i in unmatched]):
+                    settled[unmatched[i]] = True
             return settled
 
     def expire_leases(self, limit: int = 500) -> int:
@@ -762,3 +771,25 @@ def _held_from_tuple(row: Sequence[Any]) -> Held:
 
 def _is_retryable(exc: BaseException) -> bool:
     return is_lock_race(exc)
+
+
+def _already_recorded(connection: Connection, items: Sequence[tuple[Lease, Attempt]]) -> list[int]:
+    """The positions in `items` whose attempt is already recorded as this lease owner's
+    own outcome (a run_attempts row of that attempt by that owner, not the reaper's
+    `lost`): an earlier settle of it committed though its caller never heard so."""
+    ra = schema.run_attempts
+    rows = connection.execute(
+        select(ra.c.job_id, ra.c.scheduled_at, ra.c.attempt, ra.c.worker).where(
+            ra.c.job_id.in_({lease.job_id for lease, _ in items}),
+            ra.c.scheduled_at.in_({lease.scheduled_at for lease, _ in items}),
+            ra.c.status != RunStatus.lost.value,
+        )
+    ).all()
+    recorded = {(row[0], row[1], row[2], row[3]) for row in rows}
+    return [
+        i
+        for i, (lease, attempt) in enumerate(items)
+        if attempt.ending is not Ending.lost
+        and (lease.job_id, lease.scheduled_at, lease.attempt, (attempt.worker or "")[:200])
+        in recorded
+    ]

@@ -1,6 +1,7 @@
 """Run-history housekeeping: day partitions of `runs` where the dialect partitions it
 (Postgres), made ahead and dropped after the retention period by the role that owns the
-table; old run rows deleted everywhere, by any role.
+table; old run rows deleted everywhere, by any role; dead letters, sent alerts and audit
+entries older than their own retention ages deleted (plain DELETEs: the runtime role may).
 
 The daemons run as a runtime role without DDL (`schedctl db grant`): for it, maintenance
 only deletes expired rows and reports how many days ahead the owner's partitions reach
@@ -24,6 +25,12 @@ from schedctl.storage.store import Store
 log = logging.getLogger(__name__)
 
 DEFAULT_RETENTION_DAYS = 90
+# the other records' ages (config keys dead_letter_retention_days, alert_retention_days,
+# audit_retention_days): a dead letter is acted on within weeks or not at all, an alert is
+# a sent message, the audit log is what an incident review a year later asks for
+DEFAULT_DEAD_LETTER_RETENTION_DAYS = 30
+DEFAULT_ALERT_RETENTION_DAYS = 30
+DEFAULT_AUDIT_RETENTION_DAYS = 365
 DAYS_AHEAD = 7
 # fewer days ahead than this and the daemons warn: the owner's timer has stopped
 MIN_DAYS_AHEAD = 2
@@ -34,11 +41,62 @@ def partition_name(day: date) -> str:
 
 
 @dataclass(frozen=True)
+class RecordRetention:
+    """How many days dead letters, alerts and audit entries are kept."""
+
+    dead_letter_days: int = DEFAULT_DEAD_LETTER_RETENTION_DAYS
+    alert_days: int = DEFAULT_ALERT_RETENTION_DAYS
+    audit_days: int = DEFAULT_AUDIT_RETENTION_DAYS
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """Rows one pass deleted, per table."""
+
+    dead_letters: int = 0
+    alerts: int = 0
+    audit_log: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.dead_letters + self.alerts + self.audit_log
+
+
+def prune_records(
+    store: Store, ages: RecordRetention | None = None, *, now: datetime | None = None
+) -> Pruned:
+    """Delete dead letters, alerts and audit entries older than their retention ages (by
+    the database's clock). An alert still pending is kept whatever its age: it is work the
+    alert lane has not finished, not history."""
+    ages = ages or RecordRetention()
+    now = now or store.now()
+    with store.tx() as connection:
+        dead = connection.execute(
+            delete(schema.dead_letters).where(
+                schema.dead_letters.c.created_at < now - timedelta(days=ages.dead_letter_days)
+            )
+        ).rowcount
+        alerts = connection.execute(
+            delete(schema.alerts).where(
+                schema.alerts.c.created_at < now - timedelta(days=ages.alert_days),
+                schema.alerts.c.status != "pending",
+            )
+        ).rowcount
+        audit = connection.execute(
+            delete(schema.audit_log).where(
+                schema.audit_log.c.at < now - timedelta(days=ages.audit_days)
+            )
+        ).rowcount
+    return Pruned(dead_letters=dead or 0, alerts=alerts or 0, audit_log=audit or 0)
+
+
+@dataclass(frozen=True)
 class Maintenance:
     """What one maintenance pass did and found."""
 
     created: list[str] = field(default_factory=list)
     removed: int = 0
+    pruned: Pruned = field(default_factory=Pruned)
     # the days after today that have their partition (days_covered); None where runs is
     # not partitioned
     days_ahead: int | None = None
@@ -119,11 +177,13 @@ def maintain_runs(
     days_ahead: int = DAYS_AHEAD,
     today: date | None = None,
     require_owner: bool = False,
+    records: RecordRetention | None = None,
 ) -> Maintenance:
     """One maintenance pass: partitions made ahead and expired ones dropped where this role
     owns runs, expired rows deleted, and how far ahead the partitions now reach.
     `require_owner`: refuse (ConfigError, nothing done) where runs is partitioned and this
-    role does not own it (`schedctl db maintain` run with the runtime role's URL)."""
+    role does not own it (`schedctl db maintain` run with the runtime role's URL).
+    `records`: the ages of dead letters, alerts and audit entries (default ages if None)."""
     today = today or datetime.now(UTC).date()
     if require_owner:
         with store.read() as connection:
@@ -137,13 +197,15 @@ def maintain_runs(
             )
     created = ensure_run_partitions(store, today=today, days_ahead=days_ahead)
     removed = drop_expired_runs(store, retention_days=retention_days, today=today)
+    pruned = prune_records(store, records)
     with store.read() as connection:
         partitions = store.dialect.run_partitions(connection)
     if partitions is None:
-        return Maintenance(created=created, removed=removed)
+        return Maintenance(created=created, removed=removed, pruned=pruned)
     return Maintenance(
         created=created,
         removed=removed,
+        pruned=pruned,
         days_ahead=days_covered(partitions.days, today),
         owned=partitions.owned,
     )

@@ -97,6 +97,8 @@ def job_from_row(row: Mapping[Any, Any]) -> Job:
         ),
         misfire_policy=MisfirePolicy(row["misfire_policy"]),
         status=JobStatus(row["status"]),
+        # a select of named columns may leave it out: false is what a job without it is
+        metrics=bool(row.get("metrics", False)),
         **as_stored(row, JOB_AS_STORED),
     )
 

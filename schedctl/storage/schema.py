@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     Float,
     ForeignKey,
@@ -15,6 +16,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 
@@ -104,6 +106,9 @@ jobs = Table(
     Column("request_hash", String(64), nullable=False),
     Column("created_at", UTCDateTime, nullable=False),
     Column("updated_at", UTCDateTime, nullable=False),
+    # per-job run counts and durations on /metrics (0018; bounded per tenant by the
+    # operator's metrics_max_jobs_per_tenant)
+    Column("metrics", Boolean, nullable=False, server_default=false()),
     UniqueConstraint("tenant_id", "idempotency_key", name="uq_jobs_tenant_idempotency"),
     # the due index: "due before T in partitions S" is a range read per partition
     Index("ix_jobs_due", "partition", "next_fire_at"),
@@ -234,6 +239,8 @@ dead_letters = Table(
     Column("created_at", UTCDateTime, nullable=False),
     Column("replayed_at", UTCDateTime, nullable=True),
     Index("ix_dead_letters_tenant", "tenant_id", "id"),
+    # retention deletes by age (0019)
+    Index("ix_dead_letters_created", "created_at"),
 )
 
 partitions = Table(
@@ -256,6 +263,7 @@ audit_log = Table(
     Column("job_id", String(40), nullable=True),
     Column("detail", Text, nullable=True),  # JSON; never the payload
     Index("ix_audit_log_tenant", "tenant_id", "id"),
+    Index("ix_audit_log_at", "at"),  # retention deletes by age (0019)
 )
 
 # Job-file drift (0025): what each cron host's worker last found different between its
@@ -325,6 +333,7 @@ alerts = Table(
     Index("ix_alerts_due", "status", "channel", "available_at"),
     # the per-tenant hourly limit counts the tenant's recent deliveries (0017)
     Index("ix_alerts_tenant_delivered", "tenant_id", "delivered_at"),
+    Index("ix_alerts_created", "created_at"),  # retention deletes by age (0019)
 )
 
 # `after`: a job's upstream jobs (schedctl.storage.dependencies). A settled upstream run

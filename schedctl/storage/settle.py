@@ -36,7 +36,7 @@ from schedctl.backoff import backoff_delay
 # the worker side (no database) owns the text; settling records it
 from schedctl.leasing import CANCELLED_RUNNING_ERROR as CANCELLED_RUNNING_ERROR
 from schedctl.models import JobStatus, RunStatus
-from schedctl.storage import alerts, dependencies, schema
+from schedctl.storage import alerts, dependencies, run_metrics, schema
 from schedctl.storage.dialect import OutcomeWrites, dialect_of
 
 LOST_ERROR = "lease expired: the worker or relay holding the run stopped"
@@ -158,6 +158,7 @@ def settle(
     retry: dict[Table, list[dict[str, Any]]] = {}
     dead: list[dict[str, Any]] = []
     failures: list[alerts.Failure] = []  # for the alerts hook
+    observed: list[run_metrics.Observed] = []  # for the per-job series
     # runs that ended with this attempt, for their dependents (`after`)
     ok: list[tuple[str, datetime]] = []
     ended: list[tuple[str, datetime, str]] = []
@@ -212,8 +213,22 @@ def settle(
                     dead=status is RunStatus.dead,
                     target_type=held.target_type,
                     target=held.target,
+                    max_attempts=held.max_attempts or None,
+                    started_at=attempt.started_at,
+                    finished_at=attempt.finished_at,
+                    exit_code=attempt.exit_code,
+                    output_tail=attempt.output_tail,
+                    worker=attempt.worker,
                 )
             )
+        observed.append(
+            run_metrics.Observed(
+                held.job_id,
+                "stopped" if attempt.ending is Ending.stopped else status.value,
+                attempt.started_at,
+                attempt.finished_at,
+            )
+        )
         if delay is None:  # the run ends with this attempt
             gone.setdefault(held.table, []).append(held.row_id)
         output = clip(attempt.output_tail, MAX_OUTPUT_CHARS)
@@ -265,8 +280,13 @@ def settle(
     if dead:
         connection.execute(insert(schema.dead_letters), dead)
     # the alerts hook: queued in this transaction, so a settled failure is never unalerted
-    alerts.queue_for_failures(connection, failures, now)
-    alerts.count_failures(failures)
+    contexts = alerts.queue_for_failures(connection, failures, now)
+    # the series' labels: tenant and job names (one statement by primary key)
+    labels = run_metrics.names(
+        connection, {o.job_id for o in observed}, named={f.job_id for f in failures}
+    )
+    alerts.count_failures(failures, {job_id: n.tenant for job_id, n in labels.items()}, contexts)
+    run_metrics.record(observed, labels)
     # in this transaction: the upstream's outcome and its dependents' runs commit together
     dependencies.on_settled(connection, succeeded=ok, ended=ended, now=now, edges=edges)
     return result

@@ -3,6 +3,7 @@ the DB clock."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +26,8 @@ from schedctl.storage.engine import (
 )
 
 DEFAULT_PARTITION_COUNT = 1024
+
+log = logging.getLogger(__name__)
 
 
 def is_lock_race(exc: BaseException | None) -> bool:
@@ -68,6 +71,9 @@ class Store:
         # the one place a backend is chosen: everything that differs asks self.dialect
         self.dialect: Dialect = dialect_named(engine.dialect.name)
         self._partition_count: int | None = None
+        # whether a write transaction ran: only then is there a log to checkpoint at close
+        # (a look, `schedctl job list`, must not wait for a busy daemon's readers)
+        self._wrote = False
 
     @classmethod
     def open(
@@ -98,6 +104,17 @@ class Store:
         return self.dialect.name == "postgresql"
 
     def close(self) -> None:
+        """Checkpoint after writes (SQLite: the -wal file folded into the database file, so
+        the file alone holds every committed row) and close every pooled connection. A checkpoint
+        that fails is logged, never raised: closing must not fail a command that worked."""
+        try:
+            if self._wrote and not self.dialect.checkpoint(self.engine):
+                log.info(
+                    "the database's write-ahead log was not checkpointed: another process "
+                    "is using it (it checkpoints when it stops)"
+                )
+        except Exception as exc:  # the driver's own errors too (a read-only file, a lock)
+            log.warning("checkpoint at close failed: %s", first_line(exc))
         self.engine.dispose()
 
     def require_current_schema(self) -> None:
@@ -116,6 +133,7 @@ class Store:
         LockRace, connection loss StoreUnavailable (LockRace is one: every caller that
         waits out an outage also retries a lost race), whether the error came through
         SQLAlchemy or straight from the driver's cursor."""
+        self._wrote = True
         with self._translated():
             with self.engine.begin() as connection:
                 yield connection

@@ -145,6 +145,19 @@ class WorkerRepo:
             found.setdefault((str(tenant_id), str(queue)), []).append(str(worker))
         return {key: tuple(names) for key, names in found.items()}
 
+    def live_of(self, tenant_id: str, queue: str) -> list[WorkerSeen]:
+        """The live workers of one tenant's queue (`job why`), by name."""
+        w = schema.workers
+        with self.store.read() as connection:
+            now = db_now(connection)
+            rows = connection.execute(
+                select(w.c.worker, w.c.last_seen, w.c.live_until)
+                .where(w.c.tenant_id == tenant_id, w.c.queue == queue, w.c.live_until >= now)
+                .order_by(w.c.worker)
+                .limit(1000)
+            ).all()
+        return [WorkerSeen(tenant_id, queue, str(n), seen, until) for n, seen, until in rows]
+
     def all(self) -> list[WorkerSeen]:
         """Every row, live or not, by tenant, queue and worker."""
         w = schema.workers

@@ -179,3 +179,13 @@ def test_failover_reports_recovery_times(pg_url: str, zk_ensemble: ZooKeeperEnse
     for key in ("reown_after_kill9_seconds", "reown_after_sigstop_seconds"):
         assert result[key] > 0
     assert result["reown_after_sigterm_seconds"] >= 0
+
+
+def test_console_times_each_page(sqlite_url: str) -> None:
+    result = bench(sqlite_url, "console", "--jobs", "30", "--runs", "300", "--requests", "2")
+    assert result["jobs"] == 30 and result["runs"] == 300 and result["dead_letters"] == 30
+    pages = {page["page"]: page for page in result["pages"]}
+    assert "late and failing" in pages and "cluster" in pages and len(pages) == 14
+    for page in pages.values():
+        assert page["status"] == 200, page
+        assert page["p99_ms"] >= page["p50_ms"] > 0

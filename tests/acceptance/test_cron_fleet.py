@@ -250,7 +250,7 @@ def test_a_real_crontab_on_two_hosts(fleet: Fleet, smtp: tuple[Inbox, int]) -> N
     assert run["status"] == "dead" and "disk full" in output_of(run)
     mail = wait_for(lambda: inbox.messages, "the failure e-mail")
     assert mail[0]["To"] == "root@example.com"
-    assert f"job {broken}@web2 (" in " ".join(str(mail[0]["Subject"]).split())
+    assert f"job {broken}@web2 failed" in " ".join(str(mail[0]["Subject"]).split())
 
     # change a job file on web2 and reload it without a restart: SIGHUP (the periodic
     # rescan would find it too); re-applying shows the change as the file's digest

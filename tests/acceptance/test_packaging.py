@@ -1,5 +1,5 @@
-"""Packaging and layering: the wheel carries both packages and the migrations, and the
-library never imports the daemon."""
+"""Packaging and layering: the wheel carries both packages, the migrations and the web
+console's templates and static files, and the library never imports the daemon."""
 
 from __future__ import annotations
 
@@ -30,6 +30,14 @@ def test_the_wheel_carries_both_packages_and_the_migrations(tmp_path: Path) -> N
     assert "schedctl/storage/migrations/env.py" in names
     assert "scheduled_d/__main__.py" in names
     assert any(n.endswith("entry_points.txt") for n in names)
+    # the web console's templates and its own script and stylesheet (no CDN at run time)
+    ui = ROOT / "daemon/scheduled_d/api/ui"
+    shipped = sorted(
+        f"scheduled_d/api/ui/{p.relative_to(ui)}"
+        for folder in ("templates", "static")
+        for p in (ui / folder).iterdir()
+    )
+    assert shipped and set(shipped) <= names
 
 
 def test_schedctl_never_imports_scheduled_d() -> None:

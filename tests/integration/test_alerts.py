@@ -38,6 +38,7 @@ from schedctl.signing import verify
 from schedctl.storage import alerts as alerts_repo
 from schedctl.storage import schema
 from schedctl.storage.dead_letters import DeadLetterRepo
+from schedctl.storage.jobs import JobRepo
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.signing_secrets import SigningKeyCache
 from schedctl.storage.store import Store
@@ -98,8 +99,8 @@ def test_a_dead_letter_alerts_by_webhook_and_email_and_logs_a_warning(
 ) -> None:
     inbox, port = smtp
     tenant = "tenant-acme"
-    dead_before = counter("scheduled_dead_letters_total", tenant)
-    failures_before = counter("scheduled_run_failures_total", tenant)
+    dead_before = counter("scheduled_dead_letters_total", "acme")
+    failures_before = counter("scheduled_run_failures_total", "acme")
     with hook_server(answer(200)) as alerts_hook, hook_server(answer(500)) as target:
         job = http_job(store, target.url(), max_attempts=2)
         alerts_repo.set_settings(
@@ -124,9 +125,14 @@ def test_a_dead_letter_alerts_by_webhook_and_email_and_logs_a_warning(
     alert = received.json["payload"]
     assert (alert["alert"], alert["job_id"], alert["tenant_id"]) == ("dead_letter", job, tenant)
     assert alert["error"].startswith("HTTP 500")
+    # the webhook's JSON keeps its shape, with the names beside the ids
+    assert (alert["tenant_name"], alert["final"], alert["max_attempts"]) == ("acme", True, 2)
+    assert alert["job_name"] and alert["job_name"] != job
     (mail,) = inbox.messages
-    assert mail["To"] == "ops@example.com" and "dead_letter" in mail["Subject"]
-    assert job in mail.get_payload()
+    assert mail["To"] == "ops@example.com" and "dead-lettered" in mail["Subject"]
+    text, attached = mail.get_payload()
+    assert job in text.get_payload(decode=True).decode()
+    assert json.loads(attached.get_payload(decode=True))["job_id"] == job
     # only the dead letter: failure alerts were not asked for
     assert {a["kind"] for a in alerts_repo.list_alerts(store)} == {"dead_letter"}
     lines = [r for r in caplog.records if r.name == "schedctl.alerts"]
@@ -135,8 +141,8 @@ def test_a_dead_letter_alerts_by_webhook_and_email_and_logs_a_warning(
     assert line.levelno == logging.WARNING
     assert job in line.getMessage() and tenant in line.getMessage()
     assert "HTTP 500" in line.getMessage()
-    assert counter("scheduled_dead_letters_total", tenant) == dead_before + 2
-    assert counter("scheduled_run_failures_total", tenant) == failures_before + 4
+    assert counter("scheduled_dead_letters_total", "acme") == dead_before + 2
+    assert counter("scheduled_run_failures_total", "acme") == failures_before + 4
 
 
 def test_failure_alerts_only_when_asked_and_settling_twice_queues_one(store: Store) -> None:
@@ -158,8 +164,9 @@ def test_failure_alerts_only_when_asked_and_settling_twice_queues_one(store: Sto
     for _ in range(2):  # settled twice (a replayed settle): still one alert each
         with store.tx() as connection:
             alerts_repo.queue_for_failures(connection, [failure, dead], at)
+    # the run's final failure is one alert (the dead letter's), not a failure alert too
     kinds = sorted((a["kind"], a["channel"]) for a in alerts_repo.list_alerts(store))
-    assert kinds == [("dead_letter", "email"), ("failure", "email"), ("failure", "email")]
+    assert kinds == [("dead_letter", "email"), ("failure", "email")]
 
 
 def test_no_success_alerts_once_per_episode(store: Store) -> None:
@@ -437,10 +444,12 @@ def test_the_last_success_series_is_only_for_jobs_with_a_no_success_alert(store:
             )
     export_last_success(partial(alerts_repo.last_successes, store))
     try:
+        # labelled with the tenant's and the job's names, not their ids
         name = "scheduled_job_last_success_timestamp_seconds"
-        seen = REGISTRY.get_sample_value(name, {"tenant": tenant, "job": watched})
+        watched_name, other_name = (JobRepo(store).get(j).name for j in (watched, other))
+        seen = REGISTRY.get_sample_value(name, {"tenant": "acme", "job": watched_name})
         assert seen == finished.timestamp()
-        assert REGISTRY.get_sample_value(name, {"tenant": tenant, "job": other}) is None
+        assert REGISTRY.get_sample_value(name, {"tenant": "acme", "job": other_name}) is None
     finally:
         export_last_success(None)
 
@@ -528,10 +537,13 @@ def test_a_poison_alert_of_one_tenant_never_holds_up_another_tenants(
     assert "no attempt ended" in gone["last_error"]
     subjects = {str(make_header(decode_header(m["Subject"]))): m for m in inbox.messages}
     assert len(inbox.messages) == 2
-    (bad,) = [s for s in subjects if poison_name in s]
+    # subjects name jobs by name; the ids are in the bodies
+    (bad,) = [s for s in subjects if "nightly" in s]
     assert "\u2028" not in bad and "\x85" not in bad and "\ufffd" in bad
+    assert poison_name in subjects[bad].get_payload()[0].get_payload(decode=True).decode()
     assert all(m["Bcc"] is None for m in inbox.messages)
-    assert any(normal in s for s in subjects)
+    bodies = [m.get_payload()[0].get_payload(decode=True).decode() for m in inbox.messages]
+    assert any(normal in b for b in bodies)
 
 
 def test_an_address_that_is_not_whole_is_refused_and_never_mailed(
@@ -723,3 +735,87 @@ def test_cli_refuses_line_separators_in_a_job_name(db_url: str, char: str) -> No
     refused = run(*args, "--name", f"nightly{char}x", code=2)
     assert "name" in refused and "line-separator" in refused
     assert json.loads(run("job", "list", "--tenant", "acme"))["items"] == []
+
+
+def _text_and_json(mail: Any) -> tuple[str, dict[str, Any]]:
+    """An alert mail's plain-text body and its attached JSON (multipart/mixed)."""
+    assert mail.get_content_type() == "multipart/mixed"
+    text, attached = mail.get_payload()
+    assert text.get_content_type() == "text/plain"
+    assert attached.get_content_type() == "application/json"
+    assert attached.get_filename() == "alert.json"
+    body = text.get_payload(decode=True).decode().replace("\r\n", "\n")
+    return body, json.loads(attached.get_payload(decode=True))
+
+
+def test_a_runs_final_failure_mails_once_with_its_output_host_and_attempts(
+    store: Store, smtp: tuple[Inbox, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Alerts on failure and dead letter: the first attempt's failure is one mail, the last
+    attempt's (the dead letter) one more, not two; each is plain text first (job and tenant
+    by name, host, command, exit code, attempt of max, times, the output's last 50 lines,
+    the command to see more) with the JSON attached; log lines name the job."""
+    import socket
+
+    inbox, port = smtp
+    tenant = "tenant-acme"
+    job = queue_job(store, max_attempts=2)
+    alerts_repo.set_settings(
+        store,
+        tenant,
+        job,
+        parse_alerts({"on": ["failure", "dead_letter"], "email": ["ops@example.com"]}),
+    )
+    at = trigger(store, job)
+    QueueRepo(store).move_outbox()
+    w = Worker(
+        store,
+        "q",
+        ["sh", "-c", "for i in $(seq 1 70); do echo output line $i; done; exit 3"],
+        lease_seconds=5.0,
+        heartbeat_seconds=1.0,
+        poll_seconds=0.05,
+    )
+    stop = threading.Event()
+    thread = threading.Thread(target=w.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="schedctl.alerts"):
+            with running_relay(relay(store, port)):
+                wait_for(lambda: run_row(store, job, at)["status"] == "dead", "the dead letter")
+                wait_for(lambda: len(delivered(store)) == 2, "both mails")
+    finally:
+        stop.set()
+        thread.join(60)
+    rows = alerts_repo.list_alerts(store)
+    assert sorted((a["kind"], a["run_attempt"]) for a in rows) == [
+        ("dead_letter", 2),
+        ("failure", 1),
+    ]
+    assert len(inbox.messages) == 2
+    subjects = [
+        " ".join(str(make_header(decode_header(m["Subject"]))).split()) for m in inbox.messages
+    ]
+    final = next(m for m, s in zip(inbox.messages, subjects, strict=True) if "the last" in s)
+    subject = " ".join(str(make_header(decode_header(final["Subject"]))).split())
+    assert "failed for good" in subject and "attempt 2 of 2, the last" in subject
+    assert "tenant acme" in subject and job not in subject
+    text, alert = _text_and_json(final)
+    assert f"(id {job})" in text and "tenant:     acme (id tenant-acme)" in text
+    assert f"host:       {socket.gethostname()}" in text
+    assert "exit code:  3" in text and "attempt:    2 of 2, the last" in text
+    assert "command:    the command of the workers of queue q" in text
+    assert "scheduled:" in text and "started:" in text and "finished:" in text
+    assert "| output line 70" in text and "| output line 21" in text
+    assert "| output line 20\n" not in text  # the last 50 lines only
+    assert f"See more: schedctl logs {job} " in text
+    assert (alert["alert"], alert["job_id"], alert["exit_code"], alert["final"]) == (
+        "dead_letter",
+        job,
+        3,
+        True,
+    )
+    assert alert["tenant_name"] == "acme" and alert["max_attempts"] == 2
+    # the daemon's dead-letter line names the job and tenant (their ids after)
+    (line,) = [r.getMessage() for r in caplog.records if "dead-lettered" in r.getMessage()]
+    assert "of tenant 'acme'" in line and f"job_id={job}" in line

@@ -701,6 +701,23 @@ def test_rotation_old_rows_stay_readable_and_the_command_reencrypts(
         assert got["payload"] == job["payload"]
 
 
+def test_metrics_through_the_api_create_update_and_a_bad_value(acme: Api) -> None:
+    created = acme.create(job_body(name="watched", metrics=True))
+    assert created.status_code == 201, created.text
+    job = created.json()
+    assert job["metrics"] is True
+    plain = acme.create(job_body(name="plain")).json()
+    assert plain["metrics"] is False
+    changed = acme.request("PATCH", f"/v1/jobs/{plain['job_id']}", json={"metrics": True})
+    assert changed.status_code == 200, changed.text
+    assert changed.json()["metrics"] is True
+    bad = acme.create(job_body(name="bad", metrics="yes"))
+    assert bad.status_code in (400, 422), bad.text
+    assert bad.json()["error"]["field"] == "metrics"
+    names = {j["name"] for j in acme.request("GET", "/v1/jobs").json()["items"]}
+    assert names == {"watched", "plain"}
+
+
 # -- the OpenAPI document ----------------------------------------------------------------
 
 
@@ -728,6 +745,7 @@ def test_openapi_document(server: ApiServer) -> None:
         ("GET", "/v1/jobs/{job_id}/runs"),
         ("GET", "/v1/jobs/by-name/{name}"),
         ("GET", "/v1/jobs/{job_id}/dependencies"),
+        ("GET", "/v1/jobs/{job_id}/why"),
         ("GET", "/v1/tenant"),
         ("GET", "/healthz"),
         ("POST", "/v1/queues/{name}/leases"),
@@ -755,6 +773,11 @@ def test_openapi_document(server: ApiServer) -> None:
         "target",
     ]
     assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+    # issue 34: a job asks for its own series on /metrics (a boolean, false by default)
+    body = create["requestBody"]["content"]["application/json"]["schema"]
+    assert body["properties"]["metrics"]["type"] == "boolean"
+    job_out = doc["components"]["schemas"]["JobOut"]["properties"]["metrics"]
+    assert (job_out["type"], job_out["default"]) == ("boolean", False)
     # a job read or updated carries its version as ETag, beside the documented body
     for path, method in (
         ("/v1/jobs/{job_id}", "get"),

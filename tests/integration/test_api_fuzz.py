@@ -50,6 +50,7 @@ OPERATIONS = [
     "GET /v1/jobs/{job_id}/runs",
     "GET /v1/jobs/by-name/{name}",
     "GET /v1/jobs/{job_id}/dependencies",
+    "GET /v1/jobs/{job_id}/why",
     "GET /v1/tenant",
     "GET /healthz",
     "POST /v1/queues/{name}/leases",

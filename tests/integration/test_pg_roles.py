@@ -361,11 +361,18 @@ def test_db_maintain_refuses_bad_numbers(pg_url: str, option: list[str]) -> None
 def test_db_maintain_on_sqlite_deletes_expired_rows(sqlite_url: str) -> None:
     with closing(Store.open(sqlite_url)) as store:
         insert_run(store, "old", datetime.now(UTC) - timedelta(days=120))
+        with store.tx() as connection:  # older than audit_retention_days (365)
+            connection.execute(
+                schema.audit_log.insert().values(
+                    at=datetime.now(UTC) - timedelta(days=400), actor="op", action="job.create"
+                )
+            )
     result = invoke(sqlite_url, "db", "maintain", "-o", "json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == {
         "created": [],
         "removed": 1,
+        "pruned": {"dead_letters": 0, "alerts": 0, "audit_log": 1},
         "days_ahead": None,
         "retention_days": 90,
     }

@@ -439,3 +439,114 @@ def test_a_skipped_line_is_shown_with_its_control_characters_escaped(tmp_path: P
     assert "skipped line 1: cron: minute: value 61" in result.stderr
     assert "/x\\x1b[2J\\u2028forged" in result.stderr
     assert "\x1b" not in result.stderr and "\u2028" not in result.stderr
+
+
+TEAM_CRONTAB = """\
+# m h  dom mon dow   command
+CRON_TZ=Europe/Berlin
+MAILTO=ops@example.com
+# Nightly backup of /srv (keep 7 days!)
+0 3 * * * /usr/local/bin/backup --all
+*/5 * * * * /usr/local/bin/health --quiet
+0 8 * * 1 /usr/bin/report weekly
+17 * * * * cd /srv && /usr/bin/sync >/dev/null
+# 0 4 * * * /usr/local/bin/old-thing
+@reboot /usr/local/bin/warm-cache
+# Ünïcode ☃ — only safe characters
+30 1 * * 1-5 /usr/bin/report daily
+# a comment with a blank line below it names nothing
+
+45 2 1 * * /usr/bin/report monthly
+30 2 * * * /usr/local/bin/backup --incremental
+"""
+
+
+def test_names_from_the_comment_above_else_program_and_schedule_word() -> None:
+    result = crontab.convert(TEAM_CRONTAB, user="alice")
+    assert result.skipped == [] and result.warnings == []
+    assert [j["name"] for j in result.jobs] == [
+        "nightly-backup-of-srv-keep-7-days",  # the comment directly above
+        "health-5min",
+        "report-weekly",
+        "sync-hourly",
+        "warm-cache-boot",  # a commented-out entry above names nothing
+        "unicode-only-safe-characters",  # accents and unsafe characters dropped
+        "report-monthly",  # a comment with a blank line after it names nothing
+        "backup-daily",
+    ]
+    # the same program and schedule twice: unique in file order
+    twice = crontab.convert("@daily /usr/bin/backup\n@daily /usr/bin/backup -x\n")
+    assert [j["name"] for j in twice.jobs] == ["backup-daily", "backup-daily-2"]
+    # a comment that slugs to the same name as another job's is made unique too
+    clash = crontab.convert("# backup daily\n0 1 * * * /bin/true\n@daily /usr/bin/backup\n")
+    assert [j["name"] for j in clash.jobs] == ["backup-daily", "backup-daily-2"]
+
+
+@pytest.mark.parametrize(
+    ("expr", "word"),
+    [
+        ("@reboot", "boot"),
+        ("@midnight", "daily"),
+        ("@annually", "yearly"),
+        ("* * * * *", "1min"),
+        ("*/15 9-17 * * MON-FRI", "15min"),
+        ("5 */2 * * *", "2h"),
+        ("0 6 * * MON-FRI", "weekdays"),
+        ("0 6 * * 0", "weekly"),
+        ("0 6 1 * *", "monthly"),
+        ("0 6 1 1 *", "yearly"),
+        ("0 3 1,15 JAN-JUN,OCT SUN", "cron"),
+    ],
+)
+def test_schedule_words(expr: str, word: str) -> None:
+    assert crontab.schedule_word(expr) == word
+
+
+def test_boot_jobs_get_no_alert_address() -> None:
+    result = crontab.convert(TEAM_CRONTAB, user="alice")
+    by_name = {j["name"]: j for j in result.jobs}
+    assert "alert_email" not in by_name["warm-cache-boot"]
+    assert by_name["health-5min"]["alert_email"] == ["ops@example.com"]
+
+
+def test_the_summary_names_the_zones_used(tmp_path: Path) -> None:
+    source = tmp_path / "team"
+    source.write_text(TEAM_CRONTAB)
+    out = tmp_path / "jobs.d"
+    result = runner.invoke(app, ["import-crontab", str(source), "-u", "alice", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "schedules in Europe/Berlin)" in result.output and "UTC" not in result.output
+    mixed = tmp_path / "mixed"
+    mixed.write_text("0 1 * * * /bin/a\nCRON_TZ=Asia/Tokyo\n0 2 * * * /bin/b\n")
+    report = runner.invoke(
+        app,
+        ["-o", "json", "import-crontab", str(mixed), "-u", "alice", "--tz", "UTC", "--dry-run"],
+    )
+    assert report.exit_code == 0, report.output
+    assert json.loads(report.stdout)["timezones"] == ["Asia/Tokyo", "UTC"]
+    written = runner.invoke(
+        app, ["import-crontab", str(mixed), "-u", "alice", "--tz", "UTC", "--out", str(out)]
+    )
+    assert "schedules in Asia/Tokyo, UTC)" in written.output
+
+
+def test_a_user_column_in_a_user_crontab_is_warned_about(tmp_path: Path) -> None:
+    text = "* * * * * root /usr/bin/backup\n0 1 * * * alice /bin/true\n@daily mail -s x ops\n"
+    result = crontab.convert(text, user="alice")
+    assert len(result.jobs) == 3  # converted as cron would run them
+    assert [w.line for w in result.warnings] == [1, 2]
+    assert "looks like a user column ('root')" in result.warnings[0].reason
+    assert "--system" in result.warnings[0].reason
+    # a system crontab's user column is expected: no warning
+    assert crontab.convert(text, system=True).warnings == []
+    source = tmp_path / "alice"
+    source.write_text(text)
+    shown = runner.invoke(
+        app, ["import-crontab", str(source), "-u", "alice", "--out", str(tmp_path / "o")]
+    )
+    assert shown.exit_code == 0, shown.output
+    assert "warning: line 1: looks like a user column ('root')" in shown.stderr
+    as_json = runner.invoke(
+        app, ["-o", "json", "import-crontab", str(source), "-u", "alice", "--dry-run"]
+    )
+    assert [w["line"] for w in json.loads(as_json.stdout)["warnings"]] == [1, 2]

@@ -133,6 +133,15 @@ def test_max_concurrency_zero_means_no_limit() -> None:
     )
 
 
+def test_metrics_goes_to_the_central_job() -> None:
+    job = parse_text(_job('command = ["/x"]\nmetrics = true\n'), "x.toml").jobs[0]
+    body = job.job_body("q")
+    assert body["metrics"] is True
+    assert jobspec.parse_job_request(body, now=datetime(2026, 1, 1, tzinfo=UTC)).metrics is True
+    plain = parse_text(_job('command = ["/x"]\n'), "x.toml").jobs[0]
+    assert "metrics" not in plain.job_body("q")
+
+
 def test_boot_jobs_have_no_central_schedule() -> None:
     warm = parse_text(EXAMPLE, "x.toml").jobs[2]
     with pytest.raises(Exception, match="@reboot"):
@@ -159,6 +168,7 @@ def test_digest_follows_the_definition() -> None:
         ('command = ["/bin/true"]\nrun_on = "host-group"\n', 5, "job.run_on", "needs a group"),
         ('command = ["/bin/true"]\nmisfire_policy = "later"\n', 5, "job.misfire_policy", "one of"),
         ('command = ["/bin/true"]\nmax_concurrency = 0.5\n', 5, "job.max_concurrency", "integer"),
+        ('command = ["/bin/true"]\nmetrics = "yes"\n', 5, "job.metrics", "true or false"),
         ('command = ["/bin/true"]\nworkdir = "srv"\n', 5, "job.workdir", "absolute"),
         ('command = ["/bin/true"]\nalert_email = ["a b"]\n', 5, "job.alert_email", "e-mail"),
         (

@@ -64,9 +64,14 @@ BACKEND_FILES = {
     "schedctl/storage/schema.py",
     # the default database URL, the demo's, and help texts naming the URL forms
     "schedctl/config.py",
+    "schedctl/config_doc.py",
     "schedctl/cli/app.py",
     "daemon/scheduled_d/demo.py",
     "daemon/scheduled_d/checks.py",
+    # backup and restore use each backend's own tool (SQLite's backup API, pg_dump), and
+    # the restore's report says what else Postgres needs (its grants)
+    "schedctl/storage/backup.py",
+    "schedctl/cli/db.py",
     # the report's field names the backend it ran on
     "schedctl/cli/bench.py",
 }

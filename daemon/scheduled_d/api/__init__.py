@@ -1,6 +1,7 @@
 """Owns `create_app`, the tenant REST API (`scheduled-d api`) assembled from its parts: the
 routers of routes/ (jobs, runs, tenant and /healthz, the workers' leases), the error handlers
-(errors.py), the size-limit and metrics layer (middleware.py); schemas.py holds the documented
+(errors.py), the size-limit and metrics layer (middleware.py), the web console under /ui
+(ui/); schemas.py holds the documented
 shapes, auth.py the caller and body dependencies, server.py the uvicorn server
 (scheduled_d.runtime.run_api serves it as the `api` mode).
 
@@ -28,6 +29,7 @@ from scheduled_d.api.errors import install_handlers
 from scheduled_d.api.middleware import Guard
 from scheduled_d.api.routes import alerts, hosts, jobs, leases, runs, tenant
 from scheduled_d.api.schemas import ErrorBody, Health
+from scheduled_d.api.ui import install_console
 
 API_VERSION = "1"
 MIN_REQUEST_BYTES = 1024 * 1024
@@ -75,6 +77,8 @@ def create_app(scheduler: Scheduler, *, max_request_bytes: int | None = None) ->
         summary="Health",
         responses={503: {"model": ErrorBody, "description": "The database is unavailable"}},
     )
+    # the web console under /ui (scheduled_d/api/ui): pages for the same tenant's data
+    install_console(app)
     install_handlers(app)
     app.add_middleware(Guard, max_request_bytes=limit)
     return app

@@ -102,6 +102,9 @@ class JobOut(BaseModel):
     partition: int
     version: int
     idempotency_key: str | None
+    metrics: bool = Field(
+        default=False, description="The job's run counts and durations are on /metrics."
+    )
     created_at: str
     updated_at: str
 
@@ -303,6 +306,11 @@ JOB_REQUEST_SCHEMA: dict[str, Any] = {
             "minLength": 1,
             "maxLength": jobspec.MAX_IDEMPOTENCY_KEY_LENGTH,
             "description": "Same as the Idempotency-Key header (which wins if both differ).",
+        },
+        "metrics": {
+            "type": "boolean",
+            "description": "Export this job's run counts and durations on /metrics "
+            "(default false; at most metrics_max_jobs_per_tenant such jobs per tenant).",
         },
         "alerts": {
             "type": "object",

@@ -463,6 +463,18 @@ def _own_nodes(scheduler: Scheduler, caller: Caller, nodes: list[Any]) -> list[A
     return kept
 
 
+@router.get(
+    "/jobs/{job_id}/why",
+    summary="Why a job did (not) run: schedule, next fires, last runs and their reasons",
+    responses=error_responses(404),
+)
+def get_job_why(job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep) -> dict[str, Any]:
+    """The caller's job's schedule and next fire times, its last runs with the reason each
+    was skipped or failed, its lateness, the live workers of its queue, and its pause and
+    alert state; another tenant's job is 404, like an unknown one."""
+    return scheduler.job_why(checked_job_id(job_id), caller.tenant)
+
+
 def _version(if_match: str | None) -> int | None:
     """The version If-Match requires; None for none, or for `*`: any version of a job that
     exists (a job that does not is 404 either way)."""
