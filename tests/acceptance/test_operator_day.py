@@ -146,8 +146,11 @@ def test_an_operators_day(day: Day) -> None:
     assert len(day.runs(f"{boot}@{HOST}")) == 1
     assert day.log.read_text().count("booted-on-this-host") == 1
 
-    # TODO(issue 32 item 1): a skip-overlap job skips its next run with the reason
-    #   "previous run still running" (`schedctl runs`), once overlap is on main.
-    # TODO(issue 32 item 2): a timeout kills a `setsid sleep` child (cgroup.kill).
-    # TODO(issue 32 item 6): the failure mail carries the output's last lines.
-    # TODO(issue 32 item 7): `schedctl job why JOB` explains a misfire skip.
+    # TODO(issue 32 item 1, not on main yet): a skip-overlap job skips its next run with
+    #   the reason "previous run still running" (`schedctl runs`).
+    # TODO(issue 32 item 2, not on main yet): a timeout kills a `setsid sleep` child
+    #   (cgroup.kill).
+    # TODO(issue 32 item 6, on main): the failure mail carries the output's last lines
+    #   (needs the SMTP fixture of test_cron_fleet and `scheduled-d all`).
+    # TODO(issue 32 item 7, on main): `schedctl job why JOB` explains a misfire skip
+    #   (needs a run missed while the dispatcher was down).
