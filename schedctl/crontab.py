@@ -329,6 +329,7 @@ def _entry(
         job["env"] = dict(state.env)
     # cron never retries: one attempt, and a failure is final (and alerted)
     job["retry"] = {"max_attempts": 1}
+    job["overlap"] = "allow"  # cron starts a line again while its last run still runs
     if state.window_minutes:
         job["window"] = f"{state.window_minutes}m"
     if host_group:

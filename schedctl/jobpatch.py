@@ -31,6 +31,7 @@ from schedctl.jobspec import (
 )
 from schedctl.limits import DEFAULT_MAX_PAYLOAD_BYTES
 from schedctl.models import Job, RetryPolicy, Target
+from schedctl.runpolicy import RUN_KEYS, RunPolicy, parse_run_policy
 from schedctl.scheduling.cron import CronSchedule
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import AfterSchedule, BootSchedule, Schedule
@@ -61,6 +62,7 @@ class JobPatch:
     metrics: bool | None = None
     # new upstream jobs (ids or names, resolved and cycle-checked in the update's transaction)
     after: tuple[str, ...] | None = None
+    run: RunPolicy | None = None  # overlap and resource limits (runpolicy.py)
 
 
 def parse_job_patch(
@@ -133,6 +135,10 @@ def parse_job_patch(
         values["max_concurrency"] = _parse_max_concurrency(body)
     if "metrics" in body:
         values["metrics"] = parse_metrics(body["metrics"])
+    if body.keys() & (RUN_KEYS | {"target"}):
+        # checked against the target it will have (an http target keeps only `queue`)
+        target = values.get("target", job.target)
+        values["run"] = parse_run_policy(body, target_type=target.type.value, current=job.run)
     return JobPatch(**values)
 
 

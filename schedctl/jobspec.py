@@ -28,6 +28,7 @@ from schedctl.limits import (
     describe,
 )
 from schedctl.models import JobSpec, RetryPolicy, Target, TargetType
+from schedctl.runpolicy import RUN_KEYS, parse_run_policy
 from schedctl.scheduling.cron import CronSchedule
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import (
@@ -66,6 +67,7 @@ TOP_LEVEL_KEYS = frozenset(
         "alerts",
         "after",
         "metrics",
+        *RUN_KEYS,
     }
 )
 SCHEDULE_KINDS = ("run_at", "delay", "cron", "every", "boot")
@@ -141,6 +143,7 @@ def parse_job_request(
         alerts=parse_alerts(body["alerts"]) if body.get("alerts") is not None else None,
         after=after,
         metrics=parse_metrics(body.get("metrics", False)),
+        run=parse_run_policy(body, target_type=target.type.value),
     )
 
 

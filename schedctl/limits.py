@@ -49,6 +49,8 @@ MAX_DURATION_SECONDS = int(MAX_DURATION.total_seconds())
 MAX_AGE = timedelta(days=36525)
 # overlapping runs of one job (null / 0: no limit)
 MAX_CONCURRENCY = 10_000
+MAX_CPU_WEIGHT = 10_000  # cgroup v2's cpu.weight range is 1-10000
+MAX_TASKS = 4_194_304  # the kernel's pid_max ceiling
 # tenant quotas (schedctl tenant quota)
 MAX_QUOTA = 1_000_000_000
 # tenant delivery settings (schedctl tenant delivery, tenant allow)

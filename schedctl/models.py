@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from schedctl.runpolicy import DEFAULT_RUN_POLICY, RunPolicy
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import Schedule
 from schedctl.scheduling.timeparse import format_instant
@@ -130,6 +131,7 @@ class JobSpec:
     alerts: AlertConfig | None = None  # `"alerts": {...}`, stored in alert_settings
     after: tuple[str, ...] = ()  # upstream job ids: a dependent job (AfterSchedule)
     metrics: bool = False  # per-job run counts and durations on /metrics
+    run: RunPolicy = DEFAULT_RUN_POLICY  # overlap and resource limits (runpolicy.py)
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,7 @@ class Job:
     created_at: datetime
     updated_at: datetime
     metrics: bool = False  # per-job run counts and durations on /metrics
+    run: RunPolicy = DEFAULT_RUN_POLICY  # overlap and resource limits (runpolicy.py)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from schedctl.models import (
     Tenant,
     run_key,
 )
+from schedctl.runpolicy import run_policy_from
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import schedule_from_dict, schedule_to_dict
 from schedctl.scheduling.timeparse import format_instant
@@ -57,6 +58,7 @@ def job_to_dict(job: Job) -> dict[str, Any]:
         # the model keeps 0 for "no limit" (the column is NOT NULL); the API says null
         "max_concurrency": job.max_concurrency or None,
         "timeout_seconds": job.timeout_seconds or None,
+        **job.run.to_dict(),
         "start_at": _instant(job.start_at),
         "end_at": _instant(job.end_at),
         "next_run_at": next_run_at,
@@ -164,6 +166,7 @@ def job_from_dict(data: Mapping[str, Any]) -> Job:
             timeout_seconds=int(data["timeout_seconds"] or 0),
             # a server from before 0020 does not send it
             metrics=bool(data.get("metrics", False)),
+            run=run_policy_from(data),
             **_read(data, _as_sent, ("job_id", "tenant_id", "name", "idempotency_key")),
             **_read(data, int, ("grace_seconds", "window_seconds", "partition", "version")),
             **_read(data, _parse, ("start_at", "end_at", "next_run_at", "next_fire_at")),

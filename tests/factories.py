@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import Connection, update
 
 from schedctl.models import JobSpec, RetryPolicy, Target, TargetType
+from schedctl.runpolicy import DEFAULT_RUN_POLICY, RunPolicy
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import IntervalSchedule, OnceSchedule, Schedule
 from schedctl.storage import schema
@@ -130,6 +131,7 @@ def spec(
     payload: Any = None,
     name: str = "job",
     end_at: datetime | None = None,
+    run: RunPolicy = DEFAULT_RUN_POLICY,
 ) -> JobSpec:
     return JobSpec(
         name=name,
@@ -146,6 +148,7 @@ def spec(
         end_at=end_at,
         idempotency_key=None,
         request_hash=hashlib.sha256(name.encode()).hexdigest(),
+        run=run,
     )
 
 

@@ -64,7 +64,8 @@ def check_configuration(file: str | None, *, bind: bool = True) -> str:
     """Everything load_config checks (tables, keys, types, ranges, addresses: errors name
     FILE:LINE and the key), then what only this machine can tell: the database URL parses,
     each [[worker]] command exists and is executable, and (with `bind`) the listen
-    addresses are free. Returns a one-line summary; raises ConfigError."""
+    addresses are free, and (with workers) how their runs would be contained. Returns the
+    summary; raises ConfigError."""
     path = _config_file(file)
     config = load_config(path)
     text = ""
@@ -106,7 +107,13 @@ def check_configuration(file: str | None, *, bind: bool = True) -> str:
         count = sum(len(f.jobs) for f in files)
         jobs = f", [host] {config.host.name}: {len(files)} job file(s), {count} job(s)"
     where = path or "no configuration file (defaults and environment)"
-    return f"{where}: ok ({len(config.workers)} [[worker]] table(s){jobs}{zookeeper})"
+    summary = f"{where}: ok ({len(config.workers)} [[worker]] table(s){jobs}{zookeeper})"
+    if config.workers or config.host is not None:
+        # where the runs would go: a cgroup each, or the process group only and why
+        from scheduled_d.cgroups import describe_probe
+
+        summary += f"\nrun containment: {describe_probe()}"
+    return summary
 
 
 def _check_zookeeper(config: Config, path: Path | None, text: str) -> str:

@@ -9,14 +9,57 @@ at once (os.posix_spawn, cheaper per call, holds the lock until the child has ex
 a busy machine that serialized every start behind the slowest). The pipes are made here
 and handed to Popen as plain descriptors: Popen then makes no pipes and wraps nothing in
 file objects, a third of its cost per start.
+
+With a run cgroup (cgroups.py), the command is started by /bin/sh, which first enters the
+cgroup by writing to a descriptor of its cgroup.procs the worker opened (the kernel checks
+the opener's rights: a command run as another user enters it too) and then executes the
+command: nothing the command does happens outside its cgroup. (A pre-exec hook in Python
+would make Popen fork the whole worker instead of vfork: thirty times slower.)
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import shutil
 import signal
 import subprocess
+import threading
 from collections.abc import Mapping, Sequence
+from queue import Empty, SimpleQueue
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from scheduled_d.cgroups import RunCgroup
+
+# The child shell enters the cgroup through descriptor N (dash takes one digit only, so N is
+# one of a few low descriptors held for it: _slots) and closes it before the command runs
+_ENTER = (
+    "echo 0 >&{fd} 2>/dev/null || echo \"scheduled-d: cannot enter the run's cgroup;"
+    ' contained by its process group only" >&2; exec {fd}>&-; exec "$@"'
+)
+BASH = "/bin/bash"
+_slots: SimpleQueue[int] | None = None
+_slot_total = 0
+_slots_lock = threading.Lock()
+
+
+def _low_slots() -> SimpleQueue[int]:
+    """Descriptors 3-9 held open on /dev/null (those free when first asked): where a run's
+    cgroup.procs descriptor is put for the shell while the child starts."""
+    global _slots, _slot_total
+    with _slots_lock:
+        if _slots is None:
+            _slots = SimpleQueue()
+            for _ in range(7):
+                fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+                if fd > 9:
+                    os.close(fd)
+                    break
+                _slots.put(fd)
+                _slot_total += 1
+        return _slots
 
 
 class Child:
@@ -25,9 +68,15 @@ class Child:
     (None where pidfds are missing: then `reap` is polled)."""
 
     def __init__(
-        self, process: subprocess.Popen[bytes], stdin: int, stdout: int, stderr: int
+        self,
+        process: subprocess.Popen[bytes],
+        stdin: int,
+        stdout: int,
+        stderr: int,
+        cgroup: RunCgroup | None = None,
     ) -> None:
         self.pid = process.pid
+        self.cgroup = cgroup
         self._process = process
         self._fds = {stdin, stdout, stderr}  # the worker's ends, open until closed
         self.stdin: int | None = stdin
@@ -78,6 +127,9 @@ class Child:
     def signal_group(self, sig: signal.Signals) -> None:
         """Signal the command's whole process group, the leader's children included, even
         when the leader itself has exited (the group lives on as long as any member does)."""
+        if self.cgroup is not None:
+            # every process of the run, those that left its group (setsid) included
+            self.cgroup.signal(sig)
         try:
             # its own session made the command a group leader: its pid is the group id,
             # and the kernel does not hand that number out again while any member lives
@@ -85,8 +137,17 @@ class Child:
         except (ProcessLookupError, PermissionError):
             pass  # the whole group is gone already (or beyond the worker's reach)
 
+    def release(self) -> None:
+        """After the command's end: what the run left running in its cgroup is killed and
+        the cgroup removed."""
+        if self.cgroup is not None:
+            self.cgroup.release()
+
     def group_alive(self) -> bool:
-        """Whether anything of the command's process group is left (zombies included)."""
+        """Whether anything of the command's process group (or cgroup) is left (zombies
+        included)."""
+        if self.cgroup is not None and self.cgroup.populated():
+            return True
         try:
             os.killpg(self.pid, 0)
         except ProcessLookupError:
@@ -104,9 +165,59 @@ def spawn(
     group: int | None = None,
     extra_groups: Sequence[int] | None = None,
     workdir: str | None = None,
+    cgroup: RunCgroup | None = None,
 ) -> Child:
-    """Start `argv` with exactly `env`, in a new session, with non-blocking pipes for its
-    stdin, stdout and stderr; OSError if it cannot be started (e.g. no such program)."""
+    """Start `argv` with exactly `env`, in a new session (and `cgroup`, when given), with
+    non-blocking pipes for its stdin, stdout and stderr; OSError if it cannot be started
+    (e.g. no such program)."""
+    if cgroup is not None and cgroup.procs_fd is not None:
+        # the same refusal as Popen's own for a program that is not there
+        _check_program(argv[0], env)
+        slots = _low_slots()
+        if not _slot_total:
+            # no descriptor 3-9 was free at the start: bash takes any number (slower to
+            # start than dash, so only here)
+            if os.access(BASH, os.X_OK):
+                enter = ["-c", _ENTER.format(fd=cgroup.procs_fd), "scheduled-d-run", *argv]
+                return _spawn([BASH, *enter], env, user, group, extra_groups, workdir,
+                              cgroup, (cgroup.procs_fd,))  # fmt: skip
+            # moved just after it starts (what it forks in that first moment stays in its
+            # process group, which is signalled too)
+            child = _spawn(argv, env, user, group, extra_groups, workdir, cgroup, ())
+            with contextlib.suppress(OSError):
+                os.write(cgroup.procs_fd, str(child.pid).encode())
+            cgroup.started()
+            return child
+        try:
+            # as many commands start into cgroups at once as there are slots
+            slot = slots.get(timeout=10.0)
+        except Empty:
+            raise OSError(
+                errno.EAGAIN, "no descriptor free to start the run in its cgroup"
+            ) from None
+        try:
+            os.dup2(cgroup.procs_fd, slot, inheritable=False)
+            return _spawn(["/bin/sh", "-c", _ENTER.format(fd=slot), "scheduled-d-run", *argv],
+                          env, user, group, extra_groups, workdir, cgroup, (slot,))  # fmt: skip
+        finally:
+            # the slot holds /dev/null again: the cgroup's file is not kept open
+            null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            os.dup2(null, slot, inheritable=False)
+            os.close(null)
+            slots.put(slot)
+    return _spawn(argv, env, user, group, extra_groups, workdir, None, ())
+
+
+def _spawn(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    user: int | None,
+    group: int | None,
+    extra_groups: Sequence[int] | None,
+    workdir: str | None,
+    cgroup: RunCgroup | None,
+    pass_fds: tuple[int, ...],
+) -> Child:
     # (the child's end, the worker's end) of each; close-on-exec, as every descriptor
     # Python makes: the child gets them as 0, 1 and 2 only (and close_fds closes the rest)
     stdin_r, stdin_w = os.pipe()
@@ -126,6 +237,7 @@ def spawn(
             user=user,
             group=group,
             extra_groups=extra_groups,
+            pass_fds=pass_fds,
         )
     except BaseException:
         for fd in (stdin_w, stdout_r, stderr_r):
@@ -134,4 +246,22 @@ def spawn(
     finally:
         for fd in (stdin_r, stdout_w, stderr_w):  # the child's ends: the child has its own
             os.close(fd)
-    return Child(process, stdin_w, stdout_r, stderr_r)
+    if cgroup is not None and pass_fds:
+        cgroup.started()
+    return Child(process, stdin_w, stdout_r, stderr_r, cgroup)
+
+
+# held from the import on, while descriptors 3-9 are still free (the daemon imports this
+# before it opens its log files, sockets and database connections)
+_low_slots()
+
+
+def _check_program(program: str, env: Mapping[str, str]) -> None:
+    if "/" in program:
+        found: str | None = program if os.path.isfile(program) else None
+    else:
+        found = shutil.which(program, path=env.get("PATH", os.defpath))
+    if found is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+    if not os.access(found, os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)

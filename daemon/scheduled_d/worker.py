@@ -33,6 +33,7 @@ from schedctl.config import command_env
 from schedctl.leasing import CANCELLED_RUNNING_ERROR, Beat, Finish, LeaseBackend, Settlement
 from schedctl.leasing import LeasedRun as Lease
 from schedctl.scheduling.timeparse import format_instant
+from scheduled_d.cgroups import containment
 from scheduled_d.direct_backend import DirectBackend
 from scheduled_d.output_log import RunOutputLog
 from scheduled_d.ready import ReadyListener
@@ -250,6 +251,8 @@ class Worker:
             name: os.environ[name] for name in INHERITED_VARIABLES if name in os.environ
         }
         self._base_env.update(self.env)
+        # each run in a cgroup of its own, or the process group only (said once, at start)
+        self._containment = containment()
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -494,6 +497,7 @@ class Worker:
                 return _failed(lease, str(exc), started_at)
         else:
             spec = RunSpec(self.command, json.dumps(lease.payload).encode())
+        cgroup = self._containment.new_run(getattr(lease, "run_limits", None))
         try:
             child = spawn(
                 spec.argv,
@@ -502,10 +506,13 @@ class Worker:
                 group=spec.group,
                 extra_groups=spec.extra_groups,
                 workdir=spec.workdir,
+                cgroup=cgroup,
             )
         except OSError as exc:
             if spec.on_end is not None:
                 spec.on_end()
+            if cgroup is not None:
+                cgroup.release()
             return _failed(lease, f"cannot start the command: {exc}", started_at)
         run = _Run(self, lease, child, spec.stdin, started_at, spec, keep_output=spec.keep_output)
         run.feed_stdin()  # a payload that fits the pipe is written now, without a select
@@ -1144,6 +1151,8 @@ class _Supervisor:
             # never leave it orphaned
             run.child.signal_group(signal.SIGKILL)
         run.outcome.returncode = run.child.wait()
+        # the run is over: what it left running in its cgroup goes with it
+        run.child.release()
         run.ended()
         ending = self.worker._ended(run)
         if ending is None:
@@ -1162,6 +1171,8 @@ class _Supervisor:
         run.child.signal_group(signal.SIGKILL)
         with contextlib.suppress(Exception):
             run.child.wait()
+        with contextlib.suppress(Exception):
+            run.child.release()
         run.ended()
         self.worker._release(1)
 

@@ -73,6 +73,24 @@ MetricsOption = Annotated[
         "(at most metrics_max_jobs_per_tenant such jobs per tenant).",
     ),
 ]
+OverlapOption = Annotated[
+    str | None,
+    typer.Option(
+        "--overlap",
+        help="A run due while one runs: queue (default: wait), allow, skip, replace.",
+    ),
+]
+MemoryMaxOption = Annotated[
+    str | None,
+    typer.Option("--memory-max", help="Each run's memory limit (512M, 2G; none: no limit)."),
+]
+CpuWeightOption = Annotated[
+    str | None, typer.Option("--cpu-weight", help="Each run's cgroup cpu.weight (1-10000).")
+]
+TasksMaxOption = Annotated[
+    str | None,
+    typer.Option("--tasks-max", help="Each run's limit of processes and threads (none: off)."),
+]
 IfVersionOption = Annotated[
     int | None,
     typer.Option(
@@ -162,6 +180,22 @@ def settings_body(
     if max_concurrency is not None:
         body["max_concurrency"] = max_concurrency if max_concurrency != 0 else None
     body.update({k: v for k, v in optional.items() if v is not None})
+    return body
+
+
+def run_body(
+    overlap: str | None, memory_max: str | None, cpu_weight: str | None, tasks_max: str | None
+) -> dict[str, Any]:
+    """The run policy's keys given on the command line ("none" clears a limit); the
+    values are checked by the same parser as the API's (schedctl/runpolicy.py)."""
+    body: dict[str, Any] = {} if overlap is None else {"overlap": overlap}
+    for key, text in (("memory_max", memory_max), ("cpu_weight", cpu_weight),
+                      ("tasks_max", tasks_max)):  # fmt: skip
+        if text is not None:
+            value = text.strip()
+            body[key] = (
+                None if value.lower() == "none" else int(value) if value.isdigit() else value
+            )
     return body
 
 
@@ -263,6 +297,10 @@ def create(
         ),
     ] = None,
     name: Annotated[str | None, typer.Option("--name", help="A name for listings.")] = None,
+    overlap: OverlapOption = None,
+    memory_max: MemoryMaxOption = None,
+    cpu_weight: CpuWeightOption = None,
+    tasks_max: TasksMaxOption = None,
     output: OutputOption = None,
     after: Annotated[
         str | None,
@@ -294,6 +332,7 @@ def create(
     body.update(settings_body({"max_attempts": max_attempts}, max_concurrency, optional))
     if metrics is not None:
         body["metrics"] = metrics
+    body.update(run_body(overlap, memory_max, cpu_weight, tasks_max))
     scheduler = cli_state(ctx).scheduler()
     from schedctl.client import ApiClient
 
@@ -493,6 +532,10 @@ def update(
     timeout: TimeoutOption = None,
     metrics: MetricsOption = None,
     name: Annotated[str | None, typer.Option("--name", help="A new name.")] = None,
+    overlap: OverlapOption = None,
+    memory_max: MemoryMaxOption = None,
+    cpu_weight: CpuWeightOption = None,
+    tasks_max: TasksMaxOption = None,
     after: Annotated[
         str | None,
         typer.Option(
@@ -529,6 +572,7 @@ def update(
     body.update(settings_body(retry, max_concurrency, optional))
     if metrics is not None:
         body["metrics"] = metrics
+    body.update(run_body(overlap, memory_max, cpu_weight, tasks_max))
     job = (
         cli_state(ctx)
         .scheduler()

@@ -376,6 +376,7 @@ def _view(job: CentralJob | JobSpec, after: Iterable[str]) -> dict[str, Any]:
         "metrics": job.metrics,
         "start": _utc(job.start_at),
         "end": _utc(job.end_at),
+        **job.run.to_dict(),
     }
 
 
@@ -425,6 +426,7 @@ def _update_body(
         update["max_concurrency"] = spec.max_concurrency or None
     if "metrics" in fields:
         update["metrics"] = spec.metrics
+    update.update({k: v for k, v in spec.run.to_dict().items() if k in fields})
     return update
 
 

@@ -43,12 +43,14 @@ JOB_KEYS = (
     "command", "shell", "shell_path", "stdin",
     "user", "group", "workdir", "env",
     "timeout", "retry", "misfire_policy", "grace", "window", "max_concurrency",
+    "overlap", "memory_max", "cpu_weight", "tasks_max",
     "metrics", "start", "end", "run_on", "output",
     "alert_email", "alert_webhook", "alert_command", "alert_on", "alert_no_success",
 )  # fmt: skip
 # passed to jobspec as they are (start and end are checked together)
 LIMIT_KEYS = (
     "timeout", "retry", "misfire_policy", "grace", "window", "max_concurrency", "metrics",
+    "overlap", "memory_max", "cpu_weight", "tasks_max",  # the run policy (runpolicy.py)
 )  # fmt: skip
 ALERT_EVENTS = ("dead_letter", "failure")
 # where a run's output goes: "central" (its tail in the run history, and the daemon's log),

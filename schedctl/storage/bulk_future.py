@@ -28,7 +28,13 @@ SQLITE_CHUNK_ROWS = 20_000
 COLUMNS = [c.name for c in schema.jobs.columns]
 # The columns the server's generated rows give values for, in the dialect's statement's
 # order; a column added later takes its server default there.
-GENERATED_COLUMNS = COLUMNS[: COLUMNS.index("updated_at") + 1]
+GENERATED_COLUMNS = [
+    "job_id", "tenant_id", "name", "schedule", "target_type", "target", "payload",
+    "max_attempts", "retry_base_seconds", "retry_max_seconds", "misfire_policy",
+    "grace_seconds", "window_seconds", "max_concurrency", "timeout_seconds", "start_at",
+    "end_at", "status", "next_run_at", "next_fire_at", "partition", "version",
+    "idempotency_key", "request_hash", "created_at", "updated_at",
+]  # fmt: skip
 
 
 def _rows(

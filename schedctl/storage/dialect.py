@@ -50,6 +50,11 @@ LEASE_COLUMNS = (
     "timeout_seconds",
     "payload",
     "status",
+    # the run policy (runpolicy.py): overlap is admitted in queue.py, the limits go to the run
+    "overlap",
+    "memory_max",
+    "cpu_weight",
+    "tasks_max",
 )
 # The row of Dialect.held_messages: a held message, its job's retry policy and its owner.
 HELD_COLUMNS = (

@@ -1019,15 +1019,18 @@ _UPDATE_RUNS = (
 _LEASE_CANDIDATES = """
 SELECT m.id, m.job_id, m.scheduled_at, m.attempt, j.max_attempts, j.retry_base_seconds,
        j.retry_max_seconds, j.max_concurrency, j.timeout_seconds,
-       coalesce(m.payload, j.payload), j.status, (SELECT clock_timestamp())
+       coalesce(m.payload, j.payload), j.status, j.overlap, j.memory_max, j.cpu_weight,
+       j.tasks_max, (SELECT clock_timestamp())
   FROM queue_messages AS m
   JOIN LATERAL (SELECT max_attempts, retry_base_seconds, retry_max_seconds, max_concurrency,
-                       timeout_seconds, payload, status
+                       timeout_seconds, payload, status, overlap, memory_max, cpu_weight,
+                       tasks_max
                   FROM jobs WHERE jobs.job_id = m.job_id LIMIT 1) AS j ON true
  WHERE m.tenant_id = %(tenant_id)s AND m.queue = %(queue)s
    AND m.available_at <= (SELECT clock_timestamp())
    AND m.leased_until IS NULL
    AND (j.max_concurrency <= 0
+        OR j.overlap = 'allow' OR (j.overlap <> 'queue' AND m.attempt = 1)
         OR (SELECT count(*) FROM queue_messages AS held
              WHERE held.job_id = m.job_id AND held.leased_until IS NOT NULL)
            < j.max_concurrency)
@@ -1199,6 +1202,10 @@ _JOB_ARRAYS = (
     ("window_seconds", "integer"),
     ("max_concurrency", "integer"),
     ("timeout_seconds", "integer"),
+    ("overlap", "text"),
+    ("memory_max", "bigint"),
+    ("cpu_weight", "integer"),
+    ("tasks_max", "integer"),
     ("start_at", "timestamptz"),
     ("end_at", "timestamptz"),
     ("status", "text"),

@@ -17,6 +17,7 @@ from sqlalchemy import (
     Integer,
     Select,
     Table,
+    and_,
     bindparam,
     cast,
     delete,
@@ -556,6 +557,10 @@ def _lease_candidates() -> Any:
             # the snapshot of an update made after the claim wins (0009)
             func.coalesce(m.c.payload, j.c.payload),
             j.c.status,
+            j.c.overlap,
+            j.c.memory_max,
+            j.c.cpu_weight,
+            j.c.tasks_max,
         )
         .join(j, j.c.job_id == m.c.job_id)
         .where(
@@ -565,7 +570,14 @@ def _lease_candidates() -> Any:
             m.c.available_at <= bindparam("now", type_=m.c.available_at.type),
             m.c.leased_until.is_(None),
             # max_concurrency 0 is "no limit" (null in the API)
-            or_(j.c.max_concurrency <= 0, in_use < j.c.max_concurrency),
+            # and a first attempt of another overlap policy than queue is admitted (or
+            # skipped, or replaces) in queue.py
+            or_(
+                j.c.max_concurrency <= 0,
+                j.c.overlap == "allow",
+                and_(j.c.overlap != "queue", m.c.attempt == 1),
+                in_use < j.c.max_concurrency,
+            ),
         )
         # oldest first along ix_queue_messages_ready, stopping after `fetch` rows (a
         # tie-break on id would sort the whole backlog on every lease)

@@ -340,6 +340,7 @@ class _Batch:
             "window_seconds": spec.window_seconds,
             "max_concurrency": spec.max_concurrency,
             "timeout_seconds": spec.timeout_seconds,
+            **spec.run.columns(),
             "start_at": spec.start_at,
             "end_at": spec.end_at,
             "status": JobStatus.active.value,
@@ -503,6 +504,7 @@ def _job_of(spec: JobSpec, row: dict[str, Any]) -> Job:
         misfire_policy=spec.misfire_policy,
         status=JobStatus.active,
         metrics=spec.metrics,
+        run=spec.run,
         **as_stored(row, JOB_AS_STORED),
     )
 

@@ -144,6 +144,8 @@ def _values(job: Job, patch: JobPatch, now: datetime) -> dict[str, Any]:
         value = getattr(patch, key)
         if value is not None:
             values[key] = value
+    if patch.run is not None:
+        values.update(patch.run.columns())
     window = patch.window_seconds if patch.window_seconds is not None else job.window_seconds
     if patch.after is not None:
         values.update(_after_values(job))

@@ -16,7 +16,7 @@ the settle module's, shared with the outbox relay.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -27,6 +27,7 @@ from sqlalchemy.engine import Connection, RowMapping
 from schedctl import errors
 from schedctl.leasing import Beat, Finish, Settlement, Settles
 from schedctl.models import EVERY_HOST_QUEUE_PREFIX, RunStatus, TargetType, run_key
+from schedctl.runpolicy import SKIPPED_OVERLAP, Overlap, RunLimits
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
 from schedctl.storage.clock import db_now
@@ -94,6 +95,7 @@ class Lease:
     payload: Any
     owner: str
     leased_until: datetime
+    run_limits: RunLimits | None = None  # the job's cgroup limits (runpolicy.py)
 
     @property
     def idempotency_key(self) -> str:
@@ -176,15 +178,22 @@ class QueueRepo(Settles[Lease]):
             # the tables were small (psycopg prepares repeated statements, which keep their
             # plan) costs at worst one scan per batch here; the joined read, once, ran for
             # minutes after a burst's load.
-            statuses = dict(
-                connection.execute(
-                    select(j.c.job_id, j.c.status).where(
+            jobs = {
+                job_id: (status, overlap)
+                for job_id, status, overlap in connection.execute(
+                    select(j.c.job_id, j.c.status, j.c.overlap).where(
                         self.store.dialect.text_in(j.c.job_id, "job_ids")
                     ),
                     {"job_ids": sorted({r["job_id"] for r in rows})},
                 ).all()
-            )
+            }
+            statuses = {job_id: status for job_id, (status, _) in jobs.items()}
             deliver = [r for r in rows if statuses.get(r["job_id"]) not in STOPPED_JOB_STATUSES]
+            # a run comes due here: skip or replace (overlap) as it does, not once a busy
+            # worker gets to it (the lease admits the same again, for runs due together)
+            overlapping = {k for k, (_, o) in jobs.items() if o in (Overlap.SKIP, Overlap.REPLACE)}
+            if overlapping and deliver:
+                deliver = _overlap_on_arrival(connection, o, deliver, jobs, overlapping, now)
             cancelled = [r for r in rows if statuses.get(r["job_id"]) in STOPPED_JOB_STATUSES]
             absent = _hosts_not_live(connection, deliver, now)
             if absent:
@@ -260,7 +269,7 @@ class QueueRepo(Settles[Lease]):
             return []
         # rows of LEASE_COLUMNS: id, job_id, scheduled_at, attempt, max_attempts,
         # retry_base_seconds, retry_max_seconds, max_concurrency, timeout_seconds, payload,
-        # status
+        # status, overlap, memory_max, cpu_weight, tasks_max
         cancelled = [c for c in found if c[10] in STOPPED_JOB_STATUSES]
         if cancelled:
             # queued but not started: a cancelled job's runs are not run
@@ -272,20 +281,30 @@ class QueueRepo(Settles[Lease]):
         # first one's committed lease, so two cannot both take the last slot. Jobs without
         # a limit (max_concurrency 0) have no slots to count: when all are such, two
         # statements fewer.
-        job_ids = sorted({c[1] for c in found if c[7] > 0})
+        slots = {c[0]: _slots(c) for c in found}
+        job_ids = sorted({c[1] for c in found if slots[c[0]] > 0})
         counts: dict[str, int] = {}
         if job_ids:
             dialect.lock_job_slots(connection, job_ids)
             counts = dialect.leased_counts(connection, job_ids)
         leased_until = now + timedelta(seconds=lease_seconds)
         leases: list[Lease] = []
+        skipped: list[tuple[int, str, datetime]] = []
+        replacing: dict[str, datetime] = {}  # job -> the scheduled_at of the run replacing
         for c in found:
             if len(leases) >= limit:
                 break
-            job_id, max_concurrency = c[1], c[7]
+            job_id, max_concurrency = c[1], slots[c[0]]
             if max_concurrency > 0:
                 in_use = counts.get(job_id, 0)
                 if in_use >= max_concurrency:
+                    # a first attempt of a skip job is skipped, of a replace job replaces
+                    # the running run (it starts at a next lease, once that one is gone);
+                    # anything else waits for a slot
+                    if c[11] == Overlap.SKIP and c[3] == 1:
+                        skipped.append((c[0], job_id, c[2]))
+                    elif c[11] == Overlap.REPLACE and c[3] == 1 and job_id not in replacing:
+                        replacing[job_id] = c[2]
                     continue
                 counts[job_id] = in_use + 1
             leases.append(
@@ -303,8 +322,13 @@ class QueueRepo(Settles[Lease]):
                     payload=decode_payload(c[9]),
                     owner=owner if isinstance(owner, str) else owner(),
                     leased_until=leased_until,
+                    run_limits=RunLimits(c[12], c[13], c[14]) if c[12:15] != (None,) * 3 else None,
                 )
             )
+        if skipped:
+            skip_cancelled(connection, m, skipped, now=now, error=SKIPPED_OVERLAP)
+        if replacing:
+            _replace_running(connection, replacing, now)
         if leases:
             # one statement for the batch on Postgres (arrays), not two per message
             dialect.mark_leased(
@@ -705,6 +729,85 @@ def worker_tenant(store: Store, tenant: str | None, *, field: str = "tenant") ->
             field=field,
         )
     return str(found[0])
+
+
+def _overlap_on_arrival(
+    connection: Connection,
+    table: Any,
+    deliver: list[RowMapping],
+    jobs: Mapping[str, tuple[str, str]],
+    overlapping: set[str],
+    now: datetime,
+) -> list[RowMapping]:
+    """The runs arriving in the queue of skip and replace jobs with a run still held: a
+    skip job's are recorded skipped (and not queued), a replace job's stop the held run."""
+    m = schema.queue_messages
+    busy = set(
+        connection.execute(
+            select(m.c.job_id)
+            .where(m.c.job_id.in_(sorted(overlapping)), m.c.leased_until.is_not(None))
+            .distinct()
+        ).scalars()
+    )
+    if not busy:
+        return deliver
+    skipped = [r for r in deliver if r["job_id"] in busy and jobs[r["job_id"]][1] == Overlap.SKIP]
+    if skipped:
+        skip_cancelled(
+            connection, table, [(r["id"], r["job_id"], r["scheduled_at"]) for r in skipped],
+            now=now, error=SKIPPED_OVERLAP,
+        )  # fmt: skip
+    replacing: dict[str, datetime] = {}
+    for r in deliver:
+        if r["job_id"] in busy and jobs[r["job_id"]][1] == Overlap.REPLACE:
+            replacing[r["job_id"]] = max(
+                r["scheduled_at"], replacing.get(r["job_id"], r["scheduled_at"])
+            )
+    if replacing:
+        _replace_running(connection, replacing, now)
+    gone = {r["id"] for r in skipped}
+    return [r for r in deliver if r["id"] not in gone]
+
+
+def _slots(c: Sequence[Any]) -> int:
+    """How many runs of a candidate's job (a LEASE_COLUMNS row) may be held at once for it
+    to be leased: 0 is no limit. `allow` has none; a first attempt of `skip` or `replace`
+    one; all else (`queue`, a retry) the job's max_concurrency."""
+    if c[11] == Overlap.ALLOW:
+        return 0
+    if c[11] != Overlap.QUEUE and c[3] == 1:
+        return 1
+    return int(c[7])
+
+
+def _replace_running(
+    connection: Connection, replacing: Mapping[str, datetime], now: datetime
+) -> None:
+    """Stop the held runs of these `replace` jobs as a cancel does: their messages leave
+    (the worker's next heartbeat finds the lease gone and kills the command) and each run
+    is recorded failed, "replaced by the run of <time>", neither retried nor
+    dead-lettered. The replacing run stays queued and is leased once the slot is free."""
+    m, r = schema.queue_messages, schema.runs
+    rows = connection.execute(
+        select(m.c.id, r.c.started_at, r.c.output_tail)
+        .select_from(
+            m.join(r, and_(r.c.job_id == m.c.job_id, r.c.scheduled_at == m.c.scheduled_at))
+        )
+        .where(m.c.job_id.in_(sorted(replacing)), m.c.leased_until.is_not(None))
+    ).all()
+    if not rows:
+        return
+    started = {row[0]: (row[1], row[2]) for row in rows}
+    _, held_rows = dialect_of(connection).held_messages(connection, sorted(started))
+    items: list[tuple[Held, Attempt]] = []
+    for row in held_rows:
+        held = _held_from_tuple(row)
+        started_at, tail = started[held.row_id]
+        error = f"replaced by the run of {format_instant(replacing[held.job_id])}"
+        items.append(
+            (held, Attempt(Ending.stopped, started_at, now, row[9], error=error, output_tail=tail))
+        )
+    settle(connection, items, now=now)
 
 
 def attempt_of(lease: Lease, settlement: Settlement) -> Attempt:

@@ -22,6 +22,7 @@ from schedctl.models import (
     TargetType,
     Tenant,
 )
+from schedctl.runpolicy import run_policy_from
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import schedule_from_dict
 from schedctl.storage import schema
@@ -99,6 +100,7 @@ def job_from_row(row: Mapping[Any, Any]) -> Job:
         status=JobStatus(row["status"]),
         # a select of named columns may leave it out: false is what a job without it is
         metrics=bool(row.get("metrics", False)),
+        run=run_policy_from(row),
         **as_stored(row, JOB_AS_STORED),
     )
 

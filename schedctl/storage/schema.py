@@ -93,6 +93,11 @@ jobs = Table(
     Column("window_seconds", Integer, nullable=False),
     Column("max_concurrency", Integer, nullable=False),
     Column("timeout_seconds", Integer, nullable=False),
+    # the run policy (schedctl/runpolicy.py, 0020): overlap and per-run cgroup limits
+    Column("overlap", String(16), nullable=False, server_default="queue"),
+    Column("memory_max", BigInteger, nullable=True),
+    Column("cpu_weight", Integer, nullable=True),
+    Column("tasks_max", Integer, nullable=True),
     Column("start_at", UTCDateTime, nullable=True),
     Column("end_at", UTCDateTime, nullable=True),
     Column("status", String(16), nullable=False),

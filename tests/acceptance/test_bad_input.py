@@ -465,3 +465,34 @@ def test_every_bound_is_documented() -> None:
     for what, _where, accepted in limits.BOUNDS:
         assert f"| {what} |" in readme and f"| {accepted} |" in readme, what
         assert f".B {what}\n" in man and accepted.replace("-", "\\-") in man, what
+
+
+def test_overlap_and_run_limits_refused_by_name_and_nothing_changes(acme_db: str) -> None:
+    refused(_job_create("--every", "1m", "--overlap", "never"), acme_db, "overlap")
+    refused(_job_create("--every", "1m", "--tasks-max", "0"), acme_db, "tasks_max")
+    refused(_job_create("--every", "1m", "--memory-max", "12X"), acme_db, "memory_max")
+    refused(_job_create("--every", "1m", "--cpu-weight", "10001"), acme_db, "cpu_weight")
+    http = ["job", "create", "--tenant", "acme", "--url", "https://example.com/h"]
+    refused([*http, "--every", "1m", "--overlap", "skip"], acme_db, "overlap")
+    assert counts(acme_db)["jobs"] == 0
+    created = runner.invoke(
+        app,
+        ["--db", acme_db, *_job_create("--every", "1m", "--overlap", "skip",
+                                       "--memory-max", "512M", "--name", "o"), "-o", "json"],
+    )  # fmt: skip
+    assert created.exit_code == 0, created.output
+    job = json.loads(created.stdout)
+    assert (job["overlap"], job["memory_max"], job["tasks_max"]) == ("skip", 512 << 20, None)
+    before = counts(acme_db)
+    update = ["job", "update", job["job_id"], "--tenant", "acme"]
+    refused([*update, "--overlap", "sometimes"], acme_db, "overlap")
+    refused([*update, "--url", "https://example.com/h"], acme_db, "overlap")
+    assert counts(acme_db) == before
+    shown = runner.invoke(app, ["--db", acme_db, "job", "show", job["job_id"], "--tenant",
+                                "acme", "-o", "json"])  # fmt: skip
+    assert json.loads(shown.stdout)["overlap"] == "skip"
+    changed = runner.invoke(app, ["--db", acme_db, *update, "--overlap", "replace",
+                                  "--memory-max", "none", "-o", "json"])  # fmt: skip
+    assert changed.exit_code == 0, changed.output
+    assert (json.loads(changed.stdout)["overlap"], json.loads(changed.stdout)["memory_max"]) == (
+        "replace", None)  # fmt: skip

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from schedctl import jobspec, limits
+from schedctl import jobspec, limits, runpolicy
 from schedctl.models import JobStatus
 from schedctl.scheduling.misfire import MisfirePolicy
 
@@ -95,6 +95,12 @@ class JobOut(BaseModel):
     window_seconds: int
     max_concurrency: int | None = Field(description="null: no limit.")
     timeout_seconds: int | None
+    overlap: Literal["allow", "skip", "queue", "replace"] = Field(
+        description="A run due while an earlier one runs: allow, skip, queue, replace."
+    )
+    memory_max: int | None = Field(description="Bytes (cgroup memory.max); null: none.")
+    cpu_weight: int | None = Field(description="cgroup cpu.weight 1-10000; null: none.")
+    tasks_max: int | None = Field(description="Processes and threads (pids.max).")
     start_at: str | None
     end_at: str | None
     next_run_at: str | None = Field(description="Nominal UTC time of the next run.")
@@ -264,6 +270,40 @@ _TARGET: dict[str, Any] = {
         },
     ]
 }
+
+
+def runpolicy_schema() -> dict[str, Any]:
+    """The run policy's keys (schedctl/runpolicy.py) in a job body."""
+    return {
+        "overlap": {
+            "enum": [o.value for o in runpolicy.Overlap],
+            "description": (
+                "A queue job's run due while an earlier run still runs: queue (default: "
+                "wait for a max_concurrency slot), allow (start it anyway), skip (record it "
+                "skipped), replace (stop the running one, then start it)."
+            ),
+        },
+        "memory_max": {
+            "anyOf": [{"type": "integer"}, {"type": "string"}, {"type": "null"}],
+            "description": "Each run's memory limit: bytes or '512M', '2G' (cgroup v2).",
+        },
+        "cpu_weight": {
+            "anyOf": [
+                {"type": "integer", "minimum": 1, "maximum": runpolicy.MAX_CPU_WEIGHT},
+                {"type": "null"},
+            ],
+            "description": "Each run's cgroup cpu.weight (100 is the default share).",
+        },
+        "tasks_max": {
+            "anyOf": [
+                {"type": "integer", "minimum": 1, "maximum": runpolicy.MAX_TASKS},
+                {"type": "null"},
+            ],
+            "description": "Each run's limit of processes and threads (cgroup pids.max).",
+        },
+    }
+
+
 JOB_REQUEST_SCHEMA: dict[str, Any] = {
     "type": "object",
     # schedule, or after (a dependent job has no schedule of its own), not both
@@ -299,6 +339,7 @@ JOB_REQUEST_SCHEMA: dict[str, Any] = {
             ],
             "description": "Overlapping runs allowed (default 1); null: no limit.",
         },
+        **runpolicy_schema(),
         "start": _INSTANT,
         "end": _INSTANT,
         "idempotency_key": {
@@ -350,6 +391,8 @@ JOB_REQUEST_SCHEMA: dict[str, Any] = {
         },
     },
 }
+
+
 JOB_REQUEST_EXAMPLES: dict[str, Any] = {
     "weekly": {
         "value": {

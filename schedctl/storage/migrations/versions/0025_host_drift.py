@@ -2,7 +2,7 @@
 the central jobs (`schedctl apply --check`'s drift), for `schedctl status`.
 
 Revision ID: 0025
-Revises: 0019
+Revises: 0020
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from alembic import op
 from schedctl.storage.types import UTCDateTime
 
 revision = "0025"
-down_revision = "0019"
+down_revision = "0020"
 branch_labels = None
 depends_on = None
 
