@@ -146,11 +146,12 @@ def test_an_operators_day(day: Day) -> None:
     assert len(day.runs(f"{boot}@{HOST}")) == 1
     assert day.log.read_text().count("booted-on-this-host") == 1
 
-    # TODO(issue 32 item 1, not on main yet): a skip-overlap job skips its next run with
+    # TODO(issue 32 item 1, on main since cronrun): a skip-overlap job skips its next run with
     #   the reason "previous run still running" (`schedctl runs`).
-    # TODO(issue 32 item 2, not on main yet): a timeout kills a `setsid sleep` child
+    # TODO(issue 32 item 2, on main since cronrun): a timeout kills a `setsid sleep` child
     #   (cgroup.kill).
     # TODO(issue 32 item 6, on main): the failure mail carries the output's last lines
     #   (needs the SMTP fixture of test_cron_fleet and `scheduled-d all`).
     # TODO(issue 32 item 7, on main): `schedctl job why JOB` explains a misfire skip
     #   (needs a run missed while the dispatcher was down).
+    # (items 1, 6 and 7 need the dispatcher: `scheduled-d all` instead of `worker` above)
