@@ -26,6 +26,8 @@ from schedctl import errors
 from schedctl.config import Config
 from schedctl.coordination.assignment import assignment
 from schedctl.scheduling.timeparse import format_instant
+from schedctl.storage import host_drift
+from schedctl.storage.host_drift import HostDrift
 from schedctl.storage.queue import QueueRepo, QueueStat
 from schedctl.storage.status import (
     LagStatus,
@@ -92,11 +94,22 @@ class ClusterStatus:
     notes: tuple[str, ...] = field(default=())
     # live workers' names by (tenant_id, queue) (storage/workers.py)
     workers: Mapping[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
+    # each cron host's job-file drift at its worker's last check (storage/host_drift.py)
+    host_drift: tuple[HostDrift, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (`schedctl status --output json`); instants in RFC 3339 UTC."""
         return {
             "at": format_instant(self.at),
+            "host_drift": [
+                {
+                    "tenant_id": d.tenant_id,
+                    "host": d.host,
+                    "drift": list(d.drift),
+                    "checked_at": _instant(d.checked_at),
+                }
+                for d in self.host_drift
+            ],
             "coordinator": {
                 "kind": self.coordinator,
                 "zookeeper": self.zookeeper,
@@ -309,6 +322,8 @@ def gather_status(
     if zookeeper_error is not None:
         notes = (f"members unknown: {zookeeper_error}", *notes)
     notes = (*notes, *_unserved_notes(queues, workers))
+    drift = tuple(host_drift.read(store))
+    notes = (*notes, *_drift_notes(drift))
     by_number = {p.partition: p for p in partitions}
     unowned = tuple(
         p for p in range(partition_count) if p not in by_number or by_number[p].owner is None
@@ -331,7 +346,21 @@ def gather_status(
         dead_letters=dead_pending,
         dead_letters_total=dead_total,
         notes=notes,
+        host_drift=drift,
     )
+
+
+def _drift_notes(drift: Sequence[HostDrift]) -> tuple[str, ...]:
+    """A note per host whose job files differ from the central jobs."""
+    notes = []
+    for d in drift:
+        if d.drift:
+            shown = "; ".join(d.drift[:5]) + ("; ..." if len(d.drift) > 5 else "")
+            notes.append(
+                f"host {d.host}: job files differ from the central jobs ({shown}): run "
+                "`schedctl apply` there"
+            )
+    return tuple(notes)
 
 
 def _members(

@@ -52,6 +52,8 @@ HOST_KEYS = (
     "rescan_seconds",
     "api_url",
     "token_file",
+    "state_dir",
+    "boot_id_file",
 )
 MAX_HOST_OUTPUT_BYTES = 1024 * 1024
 MAX_RESCAN_SECONDS = 86_400.0
@@ -93,6 +95,10 @@ class HostConfig:
     # the file holding that token (else SCHEDULED_API_TOKEN)
     api_url: str | None = None
     token_file: str | None = None
+    # where the worker keeps its own state across restarts (boot-runs.json: the @reboot
+    # jobs run in the current boot), and the kernel's boot id that says which boot it is
+    state_dir: str = "/var/lib/scheduled"
+    boot_id_file: str = "/proc/sys/kernel/random/boot_id"
 
 
 @dataclass(frozen=True)
@@ -505,6 +511,12 @@ def _file_host(raw: Any, origin: str, text: str) -> HostConfig:
                 "token_file", f"must be an absolute file path, got {limits.describe(token_file)}"
             )
         values["token_file"] = token_file
+    for key in ("state_dir", "boot_id_file"):
+        if key in raw:
+            path = raw[key]
+            if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
+                raise refuse(key, f"must be an absolute path, got {limits.describe(path)}")
+            values[key] = os.path.normpath(path)
     return HostConfig(**values)
 
 

@@ -328,6 +328,12 @@ SECTIONS: tuple[Section, ...] = (
                 "The file holding that host token (else SCHEDULED_API_TOKEN).",
                 ('"/etc/scheduled/host.token"',),
             ),
+            Key(
+                "state_dir",
+                "The worker's state across restarts: boot-runs.json, the @reboot jobs already "
+                "run in this boot (a restarted worker does not run them again).",
+            ),
+            Key("boot_id_file", "The kernel's boot id, which says which boot it is."),
         ),
         table="host",
     ),

@@ -17,7 +17,7 @@ Pure functions over plain values: no database, so the API and the tests share th
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,13 +28,14 @@ if TYPE_CHECKING:
     from schedctl.models import Job
 
 # what `schedctl apply` puts in a central job's payload (schedctl.jobfiles.apply)
-APPLY_PAYLOAD_KEYS = frozenset({"job_file", "job", "host", "digest"})
+APPLY_PAYLOAD_KEYS = placement.APPLY_PAYLOAD_KEYS
 # what a create or update body of a host token may hold: what apply sends, nothing more
-# (no `after`: a host's job may not wait on jobs it cannot see; no idempotency key)
+# (`after` naming only the host's own jobs: check_after; no idempotency key)
 HOST_BODY_KEYS = frozenset(
     {
         "name",
         "schedule",
+        "after",
         "target",
         "payload",
         "alerts",
@@ -108,7 +109,7 @@ class HostScope:
         queue = target.get("name")
         if not isinstance(queue, str) or not self.allows_queue(queue):
             return False
-        if set(payload) != APPLY_PAYLOAD_KEYS or not isinstance(payload.get("job"), str):
+        if not placement.is_apply_payload(dict(payload)) or not isinstance(payload.get("job"), str):
             return False
         if queue.startswith(placement.GROUP_QUEUE_PREFIX):
             # one central job per group, applied by any of its hosts
@@ -150,3 +151,18 @@ class HostScope:
                 "naming this host",
                 field="target" if not self.allows_queue(str(target.get("name"))) else "payload",
             )
+
+    def check_after(self, refs: Iterable[Any], lookup: Callable[[str], list[Job]]) -> None:
+        """Each upstream job of a host token's `after` (an id or a name; `lookup` gives the
+        tenant's jobs it may mean) is one of this host's own: Forbidden naming `after`
+        otherwise, as for a job that does not exist (another host's stays unseen)."""
+        for ref in refs:
+            if not isinstance(ref, str):
+                continue  # the service refuses it, naming `after`
+            found = lookup(ref)
+            if not found or not all(self.owns_job(job) for job in found):
+                raise errors.Forbidden(
+                    f"a host token's job runs only after jobs of its own host "
+                    f"({self.host}): {ref!r} is not one",
+                    field="after",
+                )

@@ -34,7 +34,7 @@ from schedctl.models import Job, RetryPolicy, Target
 from schedctl.runpolicy import RUN_KEYS, RunPolicy, parse_run_policy
 from schedctl.scheduling.cron import CronSchedule
 from schedctl.scheduling.misfire import MisfirePolicy
-from schedctl.scheduling.schedules import AfterSchedule, Schedule
+from schedctl.scheduling.schedules import AfterSchedule, BootSchedule, Schedule
 
 # part of a job's identity or bounds: changing them would be another job
 FIXED_KEYS = frozenset({"idempotency_key", "start", "end"})
@@ -107,6 +107,11 @@ def parse_job_patch(
                 field="schedule",
             )
         values["schedule"] = parse_schedule(_schedule_body(body["schedule"], job), now)
+        if isinstance(values["schedule"], BootSchedule):
+            raise errors.ValidationError(
+                "a job becomes an @reboot job only when created so (schedctl apply)",
+                field="boot",
+            )
     if "target" in body:
         values["target"] = parse_target(body["target"])
     if "payload" in body:

@@ -33,6 +33,7 @@ from schedctl.scheduling.cron import CronSchedule
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import (
     AfterSchedule,
+    BootSchedule,
     IntervalSchedule,
     OnceSchedule,
     Schedule,
@@ -69,7 +70,7 @@ TOP_LEVEL_KEYS = frozenset(
         *RUN_KEYS,
     }
 )
-SCHEDULE_KINDS = ("run_at", "delay", "cron", "every")
+SCHEDULE_KINDS = ("run_at", "delay", "cron", "every", "boot")
 SCHEDULE_KEYS = frozenset({*SCHEDULE_KINDS, "timezone", "anchor"})
 RETRY_KEYS = frozenset({"max_attempts", "backoff", "base_delay", "max_delay"})
 # queue names end up in URLs, log lines and worker flags: keep them plain
@@ -181,6 +182,11 @@ def parse_schedule(obj: Any, now: datetime) -> Schedule:
         )
     if "anchor" in obj and kind != "every":
         raise errors.ValidationError("anchor applies only to every schedules", field="anchor")
+    if kind == "boot":
+        # an @reboot job of a job file: its host's worker runs it once per boot
+        if obj["boot"] is not True:
+            raise errors.ValidationError("must be true (an @reboot job)", field="boot")
+        return BootSchedule()
     if kind == "run_at":
         run_at = _instant(obj["run_at"], "run_at")
         if run_at <= now:

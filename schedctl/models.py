@@ -40,6 +40,7 @@ class RunTrigger(enum.StrEnum):
     schedule = "schedule"
     manual = "manual"
     upstream = "upstream"  # created by its upstream jobs' success (`after`)
+    boot = "boot"  # an @reboot job's run, recorded by its host's worker once it ended
 
 
 class TargetType(enum.StrEnum):

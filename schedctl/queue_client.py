@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
 import requests
@@ -25,6 +25,9 @@ from schedctl import __version__, errors, limits
 from schedctl.api_call import api_base_url, authorize, send
 from schedctl.leasing import Beat, Finish, LeaseBackend, LeasedRun, Settlement
 from schedctl.scheduling.timeparse import format_instant
+
+if TYPE_CHECKING:
+    from schedctl.client import ApiClient
 
 R = TypeVar("R")
 
@@ -121,6 +124,7 @@ class ApiLeaseBackend(LeaseBackend):
             session.mount("http://", adapter)
             session.mount("https://", adapter)
         self.session = authorize(session, token, f"scheduled-d/{__version__}")
+        self._token = token  # for jobs_client(): the host's own central jobs
         # the outcomes (and heartbeats) due together go out side by side, one call each:
         # the API takes one lease per call
         self._calls = ThreadPoolExecutor(max(connections, 1), thread_name_prefix="api-lease")
@@ -227,6 +231,41 @@ class ApiLeaseBackend(LeaseBackend):
             return response.json()["payload"]
         except (ValueError, KeyError, TypeError) as exc:
             raise errors.StoreUnavailable("the API answered with unexpected JSON") from exc
+
+    def record_boot_run(
+        self,
+        name: str,
+        *,
+        seconds: float,
+        exit_code: int | None,
+        error: str | None,
+        output: str | None,
+    ) -> dict[str, Any] | None:
+        """POST /v1/boot-runs: the ended run of this host's @reboot job `name` (its central
+        name); NotFound when the token sees no such job."""
+        body = {
+            "job": name,
+            "seconds": round(max(0.0, seconds), 3),
+            "exit_code": exit_code,
+            "error": error[-MAX_ERROR_CHARS:] if error is not None else None,
+            "output": fit_output(output),
+        }
+        return self._post("/v1/boot-runs", body)
+
+    def jobs_client(self) -> ApiClient:
+        """The API client of the same token (the host's own central jobs, for its drift)."""
+        from schedctl.client import ApiClient
+
+        return ApiClient(self.base_url, self._token, timeout=self.timeout)
+
+    def report_drift(self, drift: list[str]) -> None:
+        """POST /v1/host-drift: this host's job-file drift ([] when in step)."""
+        response = send(
+            self.session, "POST", self.base_url, "/v1/host-drift", timeout=self.timeout,
+            json={"drift": drift},
+        )  # fmt: skip
+        if response.status_code >= 400:
+            raise _error(response)
 
     def whoami(self) -> dict[str, Any]:
         """GET /v1/tenant: the token's tenant and, for a host token, its host and groups."""

@@ -26,7 +26,7 @@ from schedctl.jobpatch import JobPatch, parse_job_patch
 from schedctl.jobspec import parse_job_request, parse_schedule
 from schedctl.limits import DEFAULT_MAX_PAYLOAD_BYTES
 from schedctl.models import Job, JobStatus, Outcome, Page, Run, Tenant
-from schedctl.scheduling.schedules import AfterSchedule
+from schedctl.scheduling.schedules import AfterSchedule, BootSchedule
 from schedctl.storage import alerts as alert_store
 from schedctl.storage import dependencies
 from schedctl.storage.audit import AuditRepo
@@ -361,6 +361,11 @@ class Scheduler(Closing):
                 field="schedule",
             )
         schedule = parse_schedule(schedule_body, self.store.now())
+        if isinstance(schedule, BootSchedule):
+            raise errors.ValidationError(
+                "a job becomes an @reboot job only when created so (schedctl apply)",
+                field="boot",
+            )
         return self.jobs.reschedule(job_id, schedule, tenant_id, actor=actor)
 
     def runs(

@@ -229,6 +229,8 @@ def schedule_summary(job: Job) -> str:
         return f"every {_short_duration(seconds)}"
     if data["kind"] == "after":
         return "after upstream jobs"
+    if data["kind"] == "boot":
+        return "@reboot (once per boot of its host)"
     return f"once at {data['run_at']}"
 
 

@@ -21,6 +21,7 @@ API the alerts are leased and finished through it too (run_api_alerts).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import logging
@@ -28,6 +29,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,9 +39,10 @@ from schedctl import errors, jobspec
 from schedctl.config import HostConfig
 from schedctl.jobfiles.host import Changes, HostFiles, run_as
 from schedctl.jobfiles.model import Job
-from schedctl.jobfiles.placement import host_queues
+from schedctl.jobfiles.placement import central_name, host_queues
 from schedctl.leasing import LeaseBackend
 from schedctl.leasing import LeasedRun as Lease
+from scheduled_d.boot_runs import BootRuns, read_boot_id
 from scheduled_d.direct_backend import DirectBackend
 from scheduled_d.signals import add_reload_listener
 from scheduled_d.worker import INHERITED_VARIABLES, RunSpec, Worker
@@ -105,6 +108,37 @@ def _timeout_seconds(job: Job) -> int:
     return _file_limits(job)[0]
 
 
+# how often the worker compares its files with the central jobs (apply --check's drift),
+# besides at its start: a full read of the tenant's jobs, so not at every rescan
+DRIFT_SECONDS = 300.0
+
+
+def _fqdn_domain() -> str | None:
+    """The mail domain `schedctl apply` assumes for local mailboxes (its --mail-domain)."""
+    import socket
+
+    fqdn = socket.getfqdn()
+    return fqdn if "." in fqdn and not fqdn.startswith("localhost") else None
+
+
+class _Tail:
+    """The last `most` bytes (about) of a boot job's output lines."""
+
+    def __init__(self, most: int) -> None:
+        self.most = max(0, most)
+        self.lines: collections.deque[str] = collections.deque()
+        self.size = 0
+
+    def add(self, line: str) -> None:
+        self.lines.append(line)
+        self.size += len(line) + 1
+        while self.size > self.most and self.lines:
+            self.size -= len(self.lines.popleft()) + 1
+
+    def text(self) -> str | None:
+        return "\n".join(self.lines) + "\n" if self.lines else None
+
+
 class HostWorker:
     """One Worker per queue of the host (each up to `host.concurrency` commands), each
     resolving its runs through `resolver(queue)` from the files of `host.jobs_dir`.
@@ -134,6 +168,9 @@ class HostWorker:
         self._rescan = threading.Event()
         self._scan_lock = threading.Lock()
         self._booted = False  # once per start of the process, not per supervised restart
+        # and once per boot of the machine, across restarts of the worker (boot-runs.json)
+        self._boot_runs: BootRuns | None = None
+        self._drift_due = 0.0  # monotonic time of the next drift check
         self._boot_processes: set[subprocess.Popen[bytes]] = set()
         self._boot_lock = threading.Lock()
         # runs of each job definition (file, name, digest) running here now: the file's
@@ -254,6 +291,7 @@ class HostWorker:
         return command_for
 
     def _follow(self, stop: threading.Event) -> None:
+        self._drift_logged()
         while not stop.is_set():
             if self._rescan.wait(self.host.rescan_seconds):
                 self._rescan.clear()
@@ -262,6 +300,68 @@ class HostWorker:
                 self._reload_logged("SIGHUP")
             else:
                 self._reload_logged("rescan")
+            if time.monotonic() >= self._drift_due:
+                self._drift_logged()
+
+    # -- drift between the files and the central jobs ----------------------------------------
+
+    def check_drift(self) -> list[str]:
+        """What `schedctl apply --check` would report on this host ("changed NAME", ...; a
+        refused file as "refused FILE: KEY: why"), reported centrally (`schedctl status`)
+        and as the gauge scheduled_host_jobs_drift."""
+        from schedctl.jobfiles import JobFilesError, load_dir
+        from schedctl.jobfiles import apply as applying
+        from scheduled_d.metrics import HOST_DRIFT
+
+        backend = self._make_backend()
+        drift: list[str]
+        try:
+            files = load_dir(self.host.jobs_dir)
+            jobs, tenant = self._central_jobs(backend)
+            plan = applying.plan(
+                files, self.host.name, self.host.groups, applying.read_central(jobs, tenant),
+                directory=self.host.jobs_dir, now=datetime.now(UTC),
+                mail_domain=_fqdn_domain(),
+            )  # fmt: skip
+            drift = [
+                f"{e.action.value} {e.name}" for e in plan.entries if e.action.value != "unchanged"
+            ]
+        except JobFilesError as exc:
+            drift = [f"refused {p.path}: {p.key}: {p.message}" for p in exc.problems]
+        if isinstance(backend, DirectBackend):
+            from schedctl.storage import host_drift
+
+            host_drift.report(backend.store, backend.tenant_id, self.host.name, drift)
+        else:
+            report = getattr(backend, "report_drift", None)
+            if report is not None:
+                report(drift)
+        HOST_DRIFT.set(len(drift))
+        return drift
+
+    def _central_jobs(self, backend: LeaseBackend) -> tuple[Any, str]:
+        """The jobs reader apply uses and the tenant: the database's, or the API's with the
+        host token (which sees this host's own jobs)."""
+        if isinstance(backend, DirectBackend):
+            from schedctl.service import Scheduler
+
+            return Scheduler(backend.store), backend.tenant_id
+        client = backend.jobs_client()  # type: ignore[attr-defined]
+        return client, str(client.whoami()["name"])
+
+    def _drift_logged(self) -> None:
+        from scheduled_d.metrics import HOST_DRIFT
+
+        self._drift_due = time.monotonic() + DRIFT_SECONDS
+        try:
+            drift = self.check_drift()
+        except Exception as exc:  # advisory: a failed check never stops the worker
+            HOST_DRIFT.set(-1)
+            log.warning("job files: the drift check failed: %s", exc)
+            return
+        if drift:
+            log.warning("job files differ from the central jobs (run `schedctl apply`): %s",
+                        "; ".join(drift[:10]))  # fmt: skip
 
     def _reload_logged(self, why: str) -> None:
         try:
@@ -328,12 +428,22 @@ class HostWorker:
     # -- @reboot -----------------------------------------------------------------------------
 
     def run_boot_jobs(self) -> list[threading.Thread]:
-        """Start this host's @reboot jobs, each in a thread of its own (once per process)."""
+        """Start this host's @reboot jobs, each in a thread of its own: once per boot of
+        the machine (the kernel's boot id, recorded in [host] state_dir), so a restarted
+        worker does not run them again; once per process where no boot id can be read."""
         if self._booted:
             return []
         self._booted = True
+        jobs = self.files.boot_jobs(self.host.name, self.host.groups)
+        if jobs and self._boot_runs is None:
+            self._boot_runs = BootRuns(self.host.state_dir, read_boot_id(self.host.boot_id_file))
         threads = []
-        for job in self.files.boot_jobs(self.host.name, self.host.groups):
+        for job in jobs:
+            assert self._boot_runs is not None
+            if not self._boot_runs.claim(job.name):
+                log.info("boot job %r: already run in this boot (%s)", job.name,
+                         self._boot_runs.boot_id)  # fmt: skip
+                continue
             thread = threading.Thread(
                 target=self._boot, args=(job,), name=f"boot-{job.name}", daemon=True
             )
@@ -347,10 +457,12 @@ class HostWorker:
             timeout = _timeout_seconds(job)
         except errors.SchedError as exc:
             log.error("boot job %r of %s: not run: %s", job.name, job.path, exc)
+            self._record_boot(job, 0.0, None, f"not run: {exc}", None)
             return
         env = {n: os.environ[n] for n in INHERITED_VARIABLES if n in os.environ}
         env.update(spec.env)
         log.info("boot job %r of %s: starting", job.name, job.path)
+        began = time.monotonic()
         try:
             process = subprocess.Popen(
                 spec.argv,
@@ -366,6 +478,7 @@ class HostWorker:
             )
         except OSError as exc:
             log.error("boot job %r: cannot start the command: %s", job.name, exc)
+            self._record_boot(job, 0.0, None, f"cannot start the command: {exc}", None)
             return
         with self._boot_lock:
             self._boot_processes.add(process)
@@ -374,22 +487,56 @@ class HostWorker:
             timer = threading.Timer(timeout, _kill_group, args=(process,))
             timer.daemon = True
             timer.start()
+        tail = _Tail(self.host.output_bytes)
         try:
-            self._boot_io(job, process, spec.stdin)
+            self._boot_io(job, process, spec.stdin, tail)
             code = process.wait()
         finally:
             if timer is not None:
                 timer.cancel()
             with self._boot_lock:
                 self._boot_processes.discard(process)
+        seconds = time.monotonic() - began
+        how = None
         if code == 0:
             log.info("boot job %r: succeeded", job.name)
         else:
             how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
             log.warning("boot job %r: failed: %s", job.name, how)
+        # output = "local": the tail stays in this host's log, as for any run
+        output = tail.text() if job.output != "local" else None
+        self._record_boot(job, seconds, code if code >= 0 else None, how, output)
+
+    def _record_boot(
+        self, job: Job, seconds: float, code: int | None, error: str | None, output: str | None
+    ) -> None:
+        """The boot run in the run history of the job's central job (NAME@HOST, made by
+        `schedctl apply`): over the API with the host token, or in the database. Not
+        recorded (and said so) when the job was never applied or the store is away."""
+        name = central_name(job, self.host.name)
+        try:
+            backend = self._make_backend()
+            if isinstance(backend, DirectBackend):
+                from schedctl.storage import boot_runs
+
+                boot_runs.record(
+                    backend.store, backend.tenant_id, name, seconds=seconds, exit_code=code,
+                    error=error, output=output, worker=f"host:{self.host.name}",
+                    actor=f"host:{self.host.name}",
+                )  # fmt: skip
+            else:
+                record = getattr(backend, "record_boot_run", None)
+                if record is None:
+                    return
+                record(name, seconds=seconds, exit_code=code, error=error, output=output)
+        except errors.NotFound:
+            log.warning("boot job %r: not in the run history: no central job %r (run "
+                        "`schedctl apply`)", job.name, name)  # fmt: skip
+        except errors.SchedError as exc:
+            log.warning("boot job %r: not in the run history: %s", job.name, exc)
 
     @staticmethod
-    def _boot_io(job: Job, process: subprocess.Popen[bytes], stdin: bytes) -> None:
+    def _boot_io(job: Job, process: subprocess.Popen[bytes], stdin: bytes, tail: _Tail) -> None:
         assert process.stdin is not None and process.stdout is not None
         writer = threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True)
         writer.start()
@@ -401,6 +548,7 @@ class HostWorker:
                 break
             text = line.decode("utf-8", errors="replace").rstrip("\n")
             log.info("boot job %r: %s", job.name, text)
+            tail.add(text)
         process.stdout.close()
         writer.join(BOOT_JOIN_SECONDS)
 

@@ -49,6 +49,11 @@ FENCED = Counter("scheduled_fenced_batches_total", "Claim batches refused by the
 OWNED_PARTITIONS = Gauge("scheduled_owned_partitions", "Partitions this dispatcher owns.")
 MAX_EPOCH = Gauge("scheduled_partition_epoch_max", "Highest fencing epoch this dispatcher holds.")
 PRELOADED = Gauge("scheduled_preloaded_runs", "Runs held in the dispatcher's memory window.")
+HOST_DRIFT = Gauge(
+    "scheduled_host_jobs_drift",
+    "Central jobs this host's job files would create, change or remove (`schedctl apply "
+    "--check`), at the host worker's last check; -1 when it could not check.",
+)
 
 HealthCheck = Callable[[], bool]
 QueueStats = Callable[[], Sequence[QueueStat]]

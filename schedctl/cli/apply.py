@@ -19,7 +19,7 @@ import typer
 
 from schedctl import errors, jobfiles
 from schedctl.cli.common import CliState, OutputOption, actor, cli_state, output_format, say
-from schedctl.cli.output import OutputFormat, emit_json, emit_table
+from schedctl.cli.output import OutputFormat, emit_json, emit_table, err_console
 from schedctl.config import DEFAULT_CONFIG_PATH
 from schedctl.host_scope import HostScope
 from schedctl.jobfiles import apply as applying
@@ -37,11 +37,25 @@ def apply(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Show what would change; write nothing.")
     ] = False,
-    prune: Annotated[
+    keep_removed: Annotated[
         bool,
         typer.Option(
-            "--prune", help="Also remove jobs this host applied from files no longer there."
+            "--keep-removed",
+            help="Keep the central jobs this host applied that its files no longer define "
+            "(removed by default).",
         ),
+    ] = False,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Write nothing; exit 1 when the central jobs differ from the files "
+            "(for a monitoring timer), 0 when in step.",
+        ),
+    ] = False,
+    prune: Annotated[
+        bool,
+        typer.Option("--prune", hidden=True, help="Deprecated: removing is the default."),
     ] = False,
     host: Annotated[
         str | None,
@@ -74,7 +88,15 @@ def apply(
     output: OutputOption = None,
 ) -> None:
     """Make the central jobs match the job files of DIR, by name: created, changed,
-    unchanged, removed (--prune). Every file is validated before anything is written."""
+    unchanged, removed (jobs this host applied that its files no longer define, unless
+    --keep-removed). Every file is validated before anything is written. An operator's
+    pause survives; `enabled = false` in a file pauses."""
+    if prune:
+        err_console.print(
+            "note: --prune is deprecated and does nothing: apply removes by default",
+            markup=False, highlight=False, soft_wrap=True,
+        )  # fmt: skip
+    dry_run = dry_run or check
     root = Path(os.path.abspath(directory))  # references are absolute paths
     files = jobfiles.load_dir(root)
     state = cli_state(ctx)
@@ -112,7 +134,7 @@ def apply(
         applying.read_central(jobs, owner),
         directory=root,
         now=now,
-        prune=prune,
+        keep_removed=keep_removed,
         mail_domain=mail_domain or _fqdn_domain(),
     )
     if scope is not None:
@@ -122,11 +144,15 @@ def apply(
     fmt = output_format(ctx, output)
     if fmt is OutputFormat.json:
         emit_json(plan.as_dict(applied=not dry_run))
-        return
-    _table(plan)
-    counts = ", ".join(f"{len(plan.of(a))} {a.value}" for a in applying.Action)
-    note = " (dry run: nothing written)" if dry_run and plan.writes else ""
-    say(f"host {plan.host}: {counts}, {len(plan.skipped)} skipped{note}")
+    else:
+        _table(plan, drift_only=check)
+        counts = ", ".join(f"{len(plan.of(a))} {a.value}" for a in applying.Action)
+        note = " (dry run: nothing written)" if dry_run and plan.writes and not check else ""
+        if check:
+            note = " (drift: run `schedctl apply`)" if plan.writes else " (in step)"
+        say(f"host {plan.host}: {counts}, {len(plan.skipped)} skipped{note}")
+    if check and plan.writes:
+        raise typer.Exit(1)
 
 
 def _api_of_host_table(state: CliState, config: str) -> None:
@@ -185,9 +211,11 @@ def _only_tenant(names: list[str]) -> str:
     )
 
 
-def _table(plan: applying.Plan) -> None:
+def _table(plan: applying.Plan, *, drift_only: bool = False) -> None:
     rows: list[dict[str, Any]] = []
     for action in applying.Action:
+        if drift_only and action is applying.Action.unchanged:
+            continue
         for entry in plan.of(action):
             rows.append({"action": action.value, "name": entry.name, "detail": _detail(entry)})
     for skip in plan.skipped:
@@ -207,7 +235,12 @@ def _detail(entry: applying.Entry) -> str:
         return "not in the job files any more"
     body = entry.body or {}
     target = body.get("target", {}).get("name", "")
-    schedule = ", ".join(f"{k}={v}" for k, v in body.get("schedule", {}).items())
+    when = body.get("schedule", {})
+    schedule = ", ".join(f"{k}={v}" for k, v in when.items())
+    if when.get("boot"):
+        schedule = "@reboot (run by the host once per boot)"
+    elif "after" in body:
+        schedule = "after " + ", ".join(body["after"])
     return f"{schedule} -> {target}" if entry.action is applying.Action.created else ""
 
 

@@ -28,7 +28,7 @@ from schedctl.jobpatch import parse_job_patch
 from schedctl.jobspec import parse_job_request
 from schedctl.models import Job as CentralJob
 from schedctl.models import JobSpec, JobStatus
-from schedctl.scheduling.schedules import schedule_to_dict
+from schedctl.scheduling.schedules import AfterSchedule, schedule_to_dict
 
 if TYPE_CHECKING:
     from schedctl.client import ApiClient
@@ -39,8 +39,8 @@ if TYPE_CHECKING:
     # a cron host with its host token)
     Jobs = Scheduler | ApiClient
 
-BOOT = "boot (runs on the host's worker start)"
-PAYLOAD_KEYS = frozenset({"job_file", "job", "host", "digest"})
+BOOT = "boot (runs on the host's worker start)"  # no longer a skip reason: kept for callers
+PAYLOAD_KEYS = placement.APPLY_PAYLOAD_KEYS
 # normalising a body needs a clock; one before any file's instant keeps `at` jobs that have
 # already run comparable (the real clock checks only what is about to be sent)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -73,6 +73,7 @@ class Central:
 
     job: CentralJob
     alerts: AlertConfig | None = None
+    after: tuple[str, ...] = ()  # the names of its upstream jobs (a dependent job)
 
 
 @dataclass(frozen=True)
@@ -152,13 +153,30 @@ def _node_name() -> str:
 # -- the plan --------------------------------------------------------------------------
 
 
-def central_body(job: Job, host: str, mail_domain: str | None = None) -> dict[str, Any]:
+def central_body(
+    job: Job,
+    host: str,
+    mail_domain: str | None = None,
+    names: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     """The create body of a file's job applied by `host`: under its central name, to its
     queue, with the reference, the host and the digest as payload. A local mailbox of the
     alerts (cron's MAILTO=root) becomes MAILBOX@mail_domain, as the host's own mailer
-    would have addressed it."""
+    would have addressed it. `after` names the central jobs of its upstream jobs (`names`:
+    a file's job name -> its central name, of the jobs this host applies): an upstream
+    this host does not apply is a ValidationError naming `after`."""
     body = job.job_body(placement.queue_for(job, host), host)
     body["name"] = placement.central_name(job, host)
+    if "after" in body:
+        names = names or {}
+        for upstream in job.after:
+            if upstream not in names:
+                raise errors.ValidationError(
+                    f"names {upstream!r}, a job that host {host} does not apply (another "
+                    "host's or group's): a job runs only after jobs its own host applies",
+                    field="after",
+                )
+        body["after"] = [names[u] for u in job.after]
     alerts = body.get("alerts")
     if mail_domain and isinstance(alerts, dict) and alerts.get("email"):
         alerts["email"] = [a if "@" in a else f"{a}@{mail_domain}" for a in alerts["email"]]
@@ -166,8 +184,7 @@ def central_body(job: Job, host: str, mail_domain: str | None = None) -> dict[st
 
 
 def made_by_apply(job: CentralJob) -> bool:
-    payload = job.payload
-    return isinstance(payload, dict) and set(payload) == PAYLOAD_KEYS
+    return placement.is_apply_payload(job.payload)
 
 
 def plan(
@@ -178,11 +195,14 @@ def plan(
     *,
     directory: str | Path,
     now: datetime,
-    prune: bool = False,
+    keep_removed: bool = False,
     mail_domain: str | None = None,
 ) -> Plan:
     """What applying `files` (from `directory`) on `host` does to the tenant's `central`
-    jobs. Raises JobFilesError naming file, line and key when a body would be refused."""
+    jobs. Raises JobFilesError naming file, line and key when a body would be refused.
+    A job this host applied from a file of `directory` that no longer defines it (a file
+    removed, a job renamed or moved to another host) is removed, unless `keep_removed`:
+    left, it would keep firing runs the host refuses."""
     placement.check_host(host)
     groups = tuple(groups)
     by_name = {c.job.name: c for c in central if c.job.status is not JobStatus.deleted}
@@ -190,11 +210,14 @@ def plan(
     skipped: list[Skipped] = []
     problems: list[Problem] = []
     wanted: set[str] = set()
+    names = {
+        job.name: placement.central_name(job, host)
+        for file in files
+        for job in file.jobs
+        if not job.is_boot and placement.applies_to(job, host, groups)
+    }
     for file in files:
         for index, job in enumerate(file.jobs):
-            if job.is_boot:
-                skipped.append(Skipped(job.name, str(job.path), BOOT))
-                continue
             if not placement.applies_to(job, host, groups):
                 reason = f"runs on every host of group {job.run_on.group}, not this one"
                 skipped.append(Skipped(job.name, str(job.path), reason))
@@ -202,7 +225,8 @@ def plan(
             name = placement.central_name(job, host)
             wanted.add(name)
             try:
-                entries.append(_entry(job, host, by_name.get(name), now, mail_domain))
+                found = by_name.get(name)
+                entries.append(_entry(job, host, found, now, mail_domain, names))
             except errors.ValidationError as exc:
                 problems.append(_problem(job, index, exc))
     if problems:
@@ -211,12 +235,32 @@ def plan(
     for name, found in sorted(by_name.items()):
         if name in wanted or not _ours(found.job, host, root):
             continue
-        if prune:
+        if not keep_removed:
             entries.append(Entry(name, Action.removed, current=found.job))
         else:
-            reason = f"no longer in {directory} (--prune removes it)"
+            reason = f"no longer in {directory} (kept: --keep-removed)"
             skipped.append(Skipped(name, str(found.job.payload["job_file"]), reason))
-    return Plan(host, str(directory), tuple(entries), tuple(skipped))
+    return Plan(host, str(directory), tuple(_upstreams_first(entries)), tuple(skipped))
+
+
+def _upstreams_first(entries: list[Entry]) -> list[Entry]:
+    """The entries in an order that creates each upstream job before the jobs that run
+    after it (the files are free of cycles: schedctl.jobfiles.load); removals last."""
+    by_name = {e.job.name: e for e in entries if e.job is not None}
+    placed: set[str] = set()
+    ordered: list[Entry] = []
+    for _ in range(len(by_name) + 1):  # each round places at least one job
+        progress = False
+        for name, entry in by_name.items():
+            assert entry.job is not None
+            if name not in placed and all(u in placed or u not in by_name for u in entry.job.after):
+                placed.add(name)
+                ordered.append(entry)
+                progress = True
+        if not progress:
+            break
+    ordered.extend(e for e in by_name.values() if e.job is not None and e.job.name not in placed)
+    return ordered + [e for e in entries if e.job is None]
 
 
 def _ours(job: CentralJob, host: str, root: Path) -> bool:
@@ -244,11 +288,16 @@ def _check_alerts(job: Job, mail_domain: str | None) -> None:
 
 
 def _entry(
-    job: Job, host: str, found: Central | None, now: datetime, mail_domain: str | None
+    job: Job,
+    host: str,
+    found: Central | None,
+    now: datetime,
+    mail_domain: str | None,
+    names: Mapping[str, str],
 ) -> Entry:
     name = placement.central_name(job, host)
     _check_alerts(job, mail_domain)
-    body = central_body(job, host, mail_domain)
+    body = central_body(job, host, mail_domain, names)
     alerts = parse_alerts(body["alerts"]) if "alerts" in body else None
     if found is None:
         parse_job_request(body, now=now)  # the clock's say (an `at` already past), first
@@ -259,22 +308,30 @@ def _entry(
             f"central job {name!r} exists and was not made by `schedctl apply`: rename one",
             field="name",
         )
-    want = _view(parse_job_request(body, now=_EPOCH))
-    have = _view(current)
+    spec = parse_job_request(body, now=_EPOCH)
+    want = _view(spec, spec.after)
+    have = _view(current, found.after)
     if job.run_on.kind is RunOnKind.host_group:
         # every host of the group applies the same job: which one did last is no change
         want["payload"].pop("host", None)
         have["payload"].pop("host", None)
     want["alerts"] = alerts.to_dict() if alerts else None
     have["alerts"] = found.alerts.to_dict() if found.alerts else None
-    want["status"] = JobStatus.active.value if job.enabled else JobStatus.paused.value
+    want["status"] = _wanted_status(job, current)
     # a one-off that ran is done: neither enabled nor disabled changes anything about it
     completed = current.status is JobStatus.completed
     have["status"] = want["status"] if completed else current.status.value
     fields = _diff(have, want)
     if not fields:
         return Entry(name, Action.unchanged, job=job, current=current, body=body)
-    replace = current.status is JobStatus.cancelled or any(k in fields for k in _FIXED)
+    # from a time of its own to `after` or back: the API changes neither in place
+    kind_moved = "schedule" in fields and "after" in (
+        fields["schedule"][0].get("kind"),
+        fields["schedule"][1].get("kind"),
+    )
+    replace = (
+        current.status is JobStatus.cancelled or kind_moved or any(k in fields for k in _FIXED)
+    )
     update = {} if replace else _update_body(fields, body, parse_job_request(body, now=_EPOCH))
     if replace:
         parse_job_request(body, now=now)
@@ -286,12 +343,28 @@ def _entry(
     )  # fmt: skip
 
 
-def _view(job: CentralJob | JobSpec) -> dict[str, Any]:
-    """The fields apply compares, in the shape `job show -o json` prints them."""
+def _wanted_status(job: Job, current: CentralJob) -> str:
+    """`enabled = false` is the declarative off: paused. `enabled = true` (or no key) makes
+    active only a job apply itself paused (its payload says `disabled`); an operator's
+    pause (`job pause`) survives every apply, until the operator resumes it."""
+    if not job.enabled:
+        return JobStatus.paused.value
+    paused_by_apply = (
+        isinstance(current.payload, dict) and current.payload.get(placement.DISABLED_KEY) is True
+    )
+    if current.status is JobStatus.paused and not paused_by_apply:
+        return JobStatus.paused.value
+    return JobStatus.active.value
+
+
+def _view(job: CentralJob | JobSpec, after: Iterable[str]) -> dict[str, Any]:
+    """The fields apply compares, in the shape `job show -o json` prints them, and the
+    names of its upstream jobs (`after`)."""
     schedule = schedule_to_dict(job.schedule)
     schedule.pop("anchor", None)  # a job file's `every` has none: it counts from its create
     return {
         "schedule": schedule,
+        "after": sorted(after),
         "target": job.target.to_dict(),
         "payload": dict(job.payload) if isinstance(job.payload, dict) else job.payload,
         "retry": job.retry.to_dict(),
@@ -332,6 +405,8 @@ def _update_body(
     update: dict[str, Any] = {}
     if "schedule" in fields:
         update["schedule"] = body["schedule"]
+    if "after" in fields:
+        update["after"] = body["after"]
     if "target" in fields:
         update["target"] = body["target"]
     if any(k.startswith("payload") for k in fields):
@@ -382,7 +457,11 @@ def read_central(scheduler: Jobs, tenant: str) -> list[Central]:
         page = scheduler.list_jobs(tenant, limit=1000, cursor=cursor)
         for job in page.items:
             alerts = scheduler.get_alerts(tenant, job.job_id) if made_by_apply(job) else None
-            found.append(Central(job, alerts))
+            after: tuple[str, ...] = ()
+            if made_by_apply(job) and isinstance(job.schedule, AfterSchedule):
+                upstream = scheduler.job_dependencies(job.job_id, tenant)["upstream"]
+                after = tuple(str(u["name"]) for u in upstream)
+            found.append(Central(job, alerts, after))
         cursor = page.next_cursor
         if not cursor:
             return found
@@ -413,15 +492,35 @@ def check_host_scope(plan: Plan, scope: HostScope) -> None:
 
 
 def execute(scheduler: Jobs, tenant: str, plan: Plan, *, actor: str) -> None:
-    """Make the plan so, entry by entry, through the service (validated and audited there)."""
+    """Make the plan so, entry by entry, through the service (validated and audited there),
+    upstream jobs before the jobs that run after them. A job that runs after a replaced
+    one (deleted and created again, a new id) is pointed at the new one."""
+    replaced: set[str] = set()
     for entry in plan.entries:
+        after = (entry.body or {}).get("after") or []
+        if (
+            entry.action in (Action.changed, Action.unchanged)
+            and not entry.replace
+            and "after" not in entry.update
+            and replaced.intersection(after)
+        ):
+            assert entry.current is not None
+            scheduler.update_job(entry.current.job_id, {"after": after}, tenant, actor=actor)
+        if entry.replace:
+            replaced.add(entry.name)
         if entry.action is Action.removed or entry.replace:
             assert entry.current is not None
             scheduler.delete_job(entry.current.job_id, tenant, actor=actor)
         if entry.action is Action.created or entry.replace:
             assert entry.body is not None and entry.job is not None
             job, _ = scheduler.create_job(tenant, entry.body, actor=actor)
-            if not entry.job.enabled:
+            # a replaced job keeps an operator's pause as a changed one does
+            wanted = (
+                _wanted_status(entry.job, entry.current)
+                if entry.current is not None and entry.current.status is JobStatus.paused
+                else JobStatus.active.value
+            )
+            if not entry.job.enabled or wanted == JobStatus.paused.value:
                 scheduler.pause_job(job.job_id, tenant, actor=actor)
         elif entry.action is Action.changed:
             _change(scheduler, tenant, entry, actor)

@@ -39,7 +39,7 @@ from schedctl.jobfiles.tomllines import key_lines, locate
 DEFAULT_DIR = Path("/etc/scheduled/jobs.d")
 JOB_KEYS = (
     "name", "description", "enabled",
-    "cron", "timezone", "every", "at",
+    "cron", "timezone", "every", "at", "after",
     "command", "shell", "shell_path", "stdin",
     "user", "group", "workdir", "env",
     "timeout", "retry", "misfire_policy", "grace", "window", "max_concurrency",
@@ -110,6 +110,8 @@ def load_dir(directory: str | Path = DEFAULT_DIR, uid: int | None = None) -> lis
             if read is not None:
                 files.append(read[1])
     problems.extend(_duplicates(files))
+    if not problems:
+        problems.extend(_after_problems(files, root))
     if problems:
         raise JobFilesError(problems)
     return files
@@ -219,6 +221,49 @@ def _duplicates(files: list[JobFile]) -> list[Problem]:
     return found
 
 
+def _after_problems(files: list[JobFile], root: Path) -> list[Problem]:
+    """`after` names jobs of the directory, none of them @reboot, without a cycle."""
+    jobs = {job.name: job for file in files for job in file.jobs}
+    found: list[Problem] = []
+
+    def refuse(job: Job, message: str) -> None:
+        found.append(Problem(str(job.path), job.line, "job.after", message, job.name))
+
+    for job in jobs.values():
+        for name in job.after:
+            upstream = jobs.get(name)
+            if upstream is None:
+                refuse(job, f"names {name!r}, which is no job of {root}")
+            elif upstream.is_boot:
+                refuse(job, f"names {name!r}, an @reboot job: it has no runs to follow")
+    if found:
+        return found
+    # a cycle: peel off the jobs whose upstreams are all peeled (Kahn); what is left lies
+    # on or behind a cycle, and following `after` from one of those finds it
+    waiting = {name: set(job.after) for name, job in jobs.items()}
+    ready = [name for name, ups in waiting.items() if not ups]
+    downstream: dict[str, list[str]] = {}
+    for name, job in jobs.items():
+        for up in job.after:
+            downstream.setdefault(up, []).append(name)
+    while ready:
+        done = ready.pop()
+        del waiting[done]
+        for name in downstream.get(done, ()):
+            waiting[name].discard(done)
+            if not waiting[name]:
+                ready.append(name)
+    if waiting:
+        name = min(waiting)
+        path: list[str] = []
+        while name not in path:  # at most len(waiting) steps: each step is a new name
+            path.append(name)
+            name = min(waiting[name])
+        cycle = [*path[path.index(name) :], name]
+        refuse(jobs[cycle[0]], "makes a cycle: " + " -> ".join(cycle))
+    return found
+
+
 # -- one [[job]] table -----------------------------------------------------------------
 
 
@@ -238,7 +283,9 @@ def _job(table: dict[str, Any], path: Path, line: int, out: list[_Refused]) -> J
     name = check(_name, table.get("name"))
     description = check(_text, table, "description", 500)
     enabled = check(_bool, table, "enabled", True)
-    schedule = check(_schedule, table)
+    after = check(_after, table)
+    # a job with `after` has no schedule (a refused `after` is the one problem to name)
+    schedule = check(_schedule, table) if "after" not in table else (None,)
     command = check(_command, table)
     shell_path = check(_shell_path, table)
     stdin = check(_text, table, "stdin", MAX_TEXT)
@@ -280,6 +327,7 @@ def _job(table: dict[str, Any], path: Path, line: int, out: list[_Refused]) -> J
         alerts=alerts,
         enabled=enabled,
         description=description,
+        after=after,
     )
 
 
@@ -340,10 +388,39 @@ def _instant_text(value: Any, key: str) -> Any:
     return value
 
 
+def _after(table: Mapping[str, Any]) -> tuple[str, ...]:
+    """`after = ["job", ...]`: runs after those jobs of the directory, no schedule of its
+    own (as the API's `after`)."""
+    if "after" not in table:
+        return ()
+    kinds = [k for k in ("cron", "every", "at", "timezone") if k in table]
+    if kinds:
+        raise _Refused(
+            ("after",),
+            f"a dependent job has no schedule of its own: give {kinds[0]} or after, not both",
+        )
+    value = table["after"]
+    if not isinstance(value, list) or not value:
+        raise _Refused(("after",), "must be a non-empty list of job names")
+    if len(value) > jobspec.MAX_AFTER:
+        raise _Refused(("after",), f"at most {jobspec.MAX_AFTER} upstream jobs")
+    names: list[str] = []
+    for item in value:
+        if not isinstance(item, str) or not NAME.fullmatch(item):
+            raise _Refused(
+                ("after",), f"each entry is the name of a job, got {limits.describe(item)}"
+            )
+        if item == table.get("name"):
+            raise _Refused(("after",), f"names the job itself ({item!r})")
+        if item not in names:
+            names.append(item)
+    return tuple(names)
+
+
 def _schedule(table: Mapping[str, Any]) -> tuple[dict[str, Any] | None]:
     kinds = [k for k in ("cron", "every", "at") if k in table]
     if not kinds:
-        raise _Refused(("cron",), "the job needs a schedule: cron, every or at")
+        raise _Refused(("cron",), "the job needs a schedule: cron, every, at (or after)")
     if len(kinds) > 1:
         raise _Refused((kinds[1],), f"give one schedule, not {' and '.join(kinds)}")
     kind = kinds[0]

@@ -105,11 +105,14 @@ class Job:
     alerts: Alerts = Alerts()
     enabled: bool = True
     description: str | None = None
+    # `after`: the names of jobs of the same directory this one runs after (no schedule of
+    # its own; `schedctl apply` maps each to its central name)
+    after: tuple[str, ...] = ()
 
     @property
     def is_boot(self) -> bool:
-        """An @reboot job: run once each time its host's worker starts, no central schedule."""
-        return self.schedule is None
+        """An @reboot job: run once per boot by its host's worker, no central schedule."""
+        return self.schedule is None and not self.after
 
     @property
     def ref(self) -> JobRef:
@@ -127,8 +130,9 @@ class Job:
         command; with `host` (what `schedctl apply` sends) the payload also names the
         applying host and the digest (a command-only change is a changed payload), and the
         file's alerts come along. An @reboot job has no central schedule (its host's worker
-        runs it)."""
-        if self.schedule is None:
+        runs it). A dependent job (`after`) sends the names of its upstream jobs as they are
+        in the files (`schedctl apply` maps them to central names)."""
+        if self.is_boot and host is None:
             raise errors.ValidationError(
                 f"job {self.name!r} runs at boot (@reboot) and has no central schedule",
                 field="cron",
@@ -136,9 +140,21 @@ class Job:
         payload: dict[str, Any] = {"job_file": str(self.path), "job": self.name}
         if host is not None:
             payload.update(host=host, digest=self.digest())
+            if not self.enabled:
+                # apply's own pause: `enabled = true` later resumes it (an operator's stays)
+                payload["disabled"] = True
+        when: dict[str, Any] = (
+            {"schedule": dict(self.schedule)}
+            if self.schedule
+            # an @reboot job, as `schedctl apply` makes it: a `boot` schedule, which the
+            # dispatcher never fires; its host's worker records each boot run
+            else {"schedule": {"boot": True}}
+            if self.is_boot
+            else {"after": list(self.after)}
+        )
         body = {
             "name": self.name,
-            "schedule": dict(self.schedule),
+            **when,
             "target": {"type": "queue", "name": queue},
             "payload": payload,
             **self.limits,
@@ -157,6 +173,8 @@ class Job:
         # where the output goes is the host's alone: nothing central changes with it (and
         # the digests of the jobs applied before the key existed stay the same)
         data.pop("output")
+        if not data["after"]:
+            data.pop("after")  # the digests of jobs applied before `after` existed stay
         text = json.dumps(data, sort_keys=True, default=str, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
 

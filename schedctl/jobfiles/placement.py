@@ -23,6 +23,21 @@ from schedctl.models import EVERY_HOST_QUEUE_PREFIX
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", re.ASCII)
 HOST_QUEUE_PREFIX = "host:"
 GROUP_QUEUE_PREFIX = "group:"
+# what `schedctl apply` puts in a central job's payload: the reference, the applying host
+# and the digest; plus `disabled: true` while the file says `enabled = false` (so that a
+# later `enabled = true` resumes only a pause apply made, never an operator's)
+APPLY_PAYLOAD_KEYS = frozenset({"job_file", "job", "host", "digest"})
+DISABLED_KEY = "disabled"
+
+
+def is_apply_payload(payload: object) -> bool:
+    """Whether a central job's payload is exactly what `schedctl apply` sends."""
+    if not isinstance(payload, dict):
+        return False
+    keys = set(payload)
+    if keys == APPLY_PAYLOAD_KEYS:
+        return True
+    return keys == APPLY_PAYLOAD_KEYS | {DISABLED_KEY} and payload[DISABLED_KEY] is True
 
 
 def check_host(host: str, field: str = "host") -> str:

@@ -13,6 +13,7 @@ from schedctl.scheduling.timeparse import format_instant, parse_instant
 
 __all__ = [
     "AfterSchedule",
+    "BootSchedule",
     "CronSchedule",
     "IntervalSchedule",
     "OnceSchedule",
@@ -69,6 +70,13 @@ class IntervalSchedule:
 @dataclass(frozen=True)
 class AfterSchedule:
     """No time of its own: a dependent job (`after`) runs when its upstream jobs succeed."""
+
+
+@dataclass(frozen=True)
+class BootSchedule(AfterSchedule):
+    """No time of its own either: an @reboot job of a job file, run by its host's worker
+    once per boot and recorded as a boot run (the dispatcher never fires it; as an
+    AfterSchedule, every place that leaves dependent jobs alone leaves it alone)."""
 
 
 Schedule: TypeAlias = OnceSchedule | CronSchedule | IntervalSchedule | AfterSchedule
@@ -190,6 +198,8 @@ def schedule_to_dict(schedule: Schedule) -> dict[str, object]:
     """The JSON-safe stored form of a schedule."""
     if isinstance(schedule, OnceSchedule):
         return {"kind": "once", "run_at": format_instant(schedule.run_at)}
+    if isinstance(schedule, BootSchedule):
+        return {"kind": "boot"}
     if isinstance(schedule, AfterSchedule):
         return {"kind": "after"}
     if isinstance(schedule, IntervalSchedule):
@@ -215,6 +225,8 @@ def schedule_from_dict(data: Mapping[str, object]) -> Schedule:
     kind = data.get("kind")
     if kind == "after":
         return AfterSchedule()
+    if kind == "boot":
+        return BootSchedule()
     if kind == "once":
         return OnceSchedule(parse_instant(_text(data, "run_at"), "run_at"))
     if kind == "cron":

@@ -289,6 +289,18 @@ audit_log = Table(
     Index("ix_audit_log_at", "at"),  # retention deletes by age (0019)
 )
 
+# Job-file drift (0025): what each cron host's worker last found different between its
+# job files and the central jobs, as `schedctl apply --check` would (storage/host_drift.py)
+host_drift = Table(
+    "host_drift",
+    metadata,
+    Column("tenant_id", String(40), nullable=False),
+    Column("host", String(63), nullable=False),
+    Column("drift", Text, nullable=False),  # JSON list of "action name"; [] when in step
+    Column("checked_at", UTCDateTime, nullable=False),
+    PrimaryKeyConstraint("tenant_id", "host", name="pk_host_drift"),
+)
+
 # Worker presence (0008): the workers of each tenant's built-in queue, by name, with when
 # they last leased or heartbeat and until when that makes them live (storage/workers.py).
 workers = Table(

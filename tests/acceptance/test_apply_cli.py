@@ -1,6 +1,6 @@
 """Owns the acceptance test of `schedctl apply` as an operator runs it: the installed console
 script on a SQLite file, two hosts applying one directory, the diff table and its counts,
-a dry run, an idempotent second run, --prune, and a bad file refused with exit 2."""
+a dry run, an idempotent second run, gone jobs removed, and a bad file refused with exit 2."""
 
 from __future__ import annotations
 
@@ -53,27 +53,28 @@ def test_apply_on_two_hosts_from_the_console_script(tmp_path: Path) -> None:
 
     run("tenant", "create", "acme")
     dry = run("apply", str(jobs_d), "--host", "web1", "--dry-run").stdout
-    assert "backup@web1" in dry and "boot (runs on the host's worker start)" in dry
-    assert "2 created, 0 changed, 0 unchanged, 0 removed, 1 skipped" in dry
+    assert "backup@web1" in dry and "@reboot (run by the host once per boot)" in dry
+    assert "3 created, 0 changed, 0 unchanged, 0 removed, 0 skipped" in dry
     assert "nothing written" in dry
     assert json.loads(run("job", "list", "-o", "json").stdout)["items"] == []
 
-    assert as_json("apply", str(jobs_d), "--host", "web1")["created"] == ["backup@web1", "report"]
+    created = as_json("apply", str(jobs_d), "--host", "web1")["created"]
+    assert created == ["backup@web1", "report", "warm@web1"]
     web2 = as_json("apply", str(jobs_d), "--host", "web2", "--group", "web")
-    assert (web2["created"], web2["unchanged"]) == (["backup@web2"], ["report"])
+    assert (web2["created"], web2["unchanged"]) == (["backup@web2", "warm@web2"], ["report"])
     again = run("apply", str(jobs_d), "--host", "web1").stdout
-    assert "0 created, 0 changed, 2 unchanged, 0 removed, 1 skipped" in again
+    assert "0 created, 0 changed, 3 unchanged, 0 removed, 0 skipped" in again
 
     (jobs_d / "host.toml").write_text(FILE.replace("--full", "--incremental"))
     changed = run("apply", str(jobs_d), "--host", "web1").stdout
     assert "payload.digest" in changed and "--incremental" not in changed
 
     (jobs_d / "host.toml").write_text(FILE.split('[[job]]\nname = "report"')[0])
-    pruned = as_json("apply", str(jobs_d), "--host", "web1", "--prune")
-    # the group job was created by web1: its pruning is web1's; web2's job stays
-    assert sorted(pruned["removed"]) == ["report"]
+    pruned = as_json("apply", str(jobs_d), "--host", "web1")
+    # the group job was created by web1: its removal is web1's; web2's jobs stay
+    assert sorted(pruned["removed"]) == ["report", "warm@web1"]
     names = {j["name"] for j in json.loads(run("job", "list", "-o", "json").stdout)["items"]}
-    assert names == {"backup@web1", "backup@web2"}
+    assert names == {"backup@web1", "backup@web2", "warm@web2"}
 
     (jobs_d / "bad.toml").write_text('[[job]]\nname = "x"\nevery = "1h"\n')
     bad = run("apply", str(jobs_d), "--host", "web1", code=2)

@@ -96,6 +96,7 @@ class Fleet:
             "[host]\n"
             f'name = "{host}"\n'
             f'jobs_dir = "{self.host_dir(host)}"\n'
+            f'state_dir = "{self.tmp / host / "state"}"\n'
             'tenant = "ops"\n'
             "rescan_seconds = 1\n"
         )
@@ -208,9 +209,10 @@ def test_a_real_crontab_on_two_hosts(fleet: Fleet, smtp: tuple[Inbox, int]) -> N
         (fleet.host_dir(host) / "fleet.toml").write_text(EVERY_HOST_FILE.format(host=host))
         args = ("apply", str(fleet.host_dir(host)), "--host", host, "--tenant", "ops")
         plan = json.loads(fleet.schedctl(*args, "--mail-domain", "example.com", "-o", "json"))
-        assert len(plan["created"]) == 6 and plan["applied"]
+        # 6 scheduled jobs and the @reboot one (a boot schedule, for its boot runs)
+        assert len(plan["created"]) == 7 and plan["applied"]
         again = json.loads(fleet.schedctl(*args, "--mail-domain", "example.com", "-o", "json"))
-        assert again["created"] == again["changed"] == [] and len(again["unchanged"]) == 6
+        assert again["created"] == again["changed"] == [] and len(again["unchanged"]) == 7
     jobs = fleet.schedctl("job", "list", "-o", "json")
     assert "run-parts" not in jobs and "disk full" not in jobs  # commands never left
 

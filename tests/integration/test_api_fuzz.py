@@ -61,6 +61,8 @@ OPERATIONS = [
     "POST /v1/alert-leases/{lease_id}/finish",
     "GET /v1/jobs/{job_id}/alerts",
     "PUT /v1/jobs/{job_id}/alerts",
+    "POST /v1/boot-runs",
+    "POST /v1/host-drift",
 ]
 
 

@@ -289,11 +289,9 @@ def test_apply_with_a_host_token_writes_only_its_own_jobs(
         code, out = apply_cli(server, token, str(jobs_d), *args)
         assert code == 2 and words in out, out
     assert snapshot(sched.store) == before
-    # web1 prunes what its files no longer define; web2 never sees web1's jobs
+    # web1 removes what its files no longer define (the default); web2 never sees web1's
     (jobs_d / "host.toml").write_text(FILES.split('[[job]]\nname = "vacuum"')[0])
-    code, out = apply_cli(
-        server, web1.token, str(jobs_d), "--host", "web1", "--group", "db", "--prune"
-    )
+    code, out = apply_cli(server, web1.token, str(jobs_d), "--host", "web1", "--group", "db")
     assert code == 0 and json.loads(out)["removed"] == ["vacuum"], out
     listed = web2.request("GET", "/v1/jobs").json()["items"]
     assert listed == []
@@ -347,3 +345,36 @@ def test_tenant_token_create_host_from_the_cli(sched: Scheduler, db_url: str) ->
         refused = cli("create", "acme", *args)
         assert refused.exit_code == 2 and words in refused.output, refused.output
     assert snapshot(sched.store) == before
+
+
+def test_a_host_token_s_after_names_only_its_own_jobs(
+    fleet: dict[str, Any], sched: Scheduler, tmp_path: Path, server: ApiServer
+) -> None:
+    web1, web2, acme = fleet["web1"], fleet["web2"], fleet["acme"]
+    mine = {k: v for k, v in applied("verify", "web1").items() if k != "schedule"}
+    # its own jobs, by name or id: allowed
+    made = web1.request("POST", "/v1/jobs", json={**mine, "after": ["backup@web1", "vacuum"]})
+    assert made.status_code == 201, made.text
+    deps = web1.request("GET", f"/v1/jobs/{made.json()['job_id']}/dependencies").json()
+    assert sorted(u["name"] for u in deps["upstream"]) == ["backup@web1", "vacuum"]
+    before = snapshot(sched.store)
+    # another host's job, a job made by hand, or an unknown one: 403 naming `after`
+    for ref in (fleet["web2_job"], "backup@web2", "by-hand", "nope"):
+        other = {k: v for k, v in applied("verify2", "web1").items() if k != "schedule"}
+        body = {**other, "after": [ref]}
+        refused = web1.request("POST", "/v1/jobs", json=body)
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["error"]["field"] == "after", refused.text
+        changed = web1.request("PATCH", f"/v1/jobs/{made.json()['job_id']}", json={"after": [ref]})
+        assert changed.status_code == 403 and "after" in changed.text, changed.text
+    assert snapshot(sched.store) == before
+    # a tenant job running after web1's job stays out of web1's view of the graph
+    hand = acme.request(
+        "POST",
+        "/v1/jobs",
+        json={"name": "report", "after": ["backup@web1"], "target": {"type": "queue", "name": "q"}},
+    )
+    assert hand.status_code == 201, hand.text
+    deps = web1.request("GET", f"/v1/jobs/{fleet['web1_job']}/dependencies").json()
+    assert [d["name"] for d in deps["downstream"]] == ["verify@web1"]
+    assert web2.request("GET", f"/v1/jobs/{fleet['web1_job']}/dependencies").status_code == 404

@@ -7,6 +7,7 @@ a dead letter of an applied job runs that job's own alert_command on its host.""
 
 from __future__ import annotations
 
+import dataclasses
 import grp
 import json
 import logging
@@ -85,7 +86,11 @@ def ref(path: Path, name: str, **more: Any) -> dict[str, Any]:
 def serve_until_idle(store: Store, directory: Path, **options: Any) -> int:
     worker = HostWorker(
         store,
-        HostConfig(name=HOST, jobs_dir=str(directory), **options),
+        HostConfig(
+            name=HOST,
+            jobs_dir=str(directory),
+            **{"state_dir": str(directory.parent / "state"), **options},
+        ),
         lease_seconds=3.0,
         heartbeat_seconds=0.5,
         poll_seconds=0.1,
@@ -262,25 +267,65 @@ def test_a_reload_changes_new_runs_and_not_the_run_in_flight(
     assert not thread.is_alive()
 
 
-def test_boot_jobs_run_once_per_start(store: Store, tmp_path: Path, shared: Path) -> None:
+def test_boot_jobs_run_once_per_boot(store: Store, tmp_path: Path, shared: Path) -> None:
     directory = jobs_dir(tmp_path)
     booted = shared / "booted"
     job_file(
         directory,
         "boot",
-        f'[[job]]\nname = "warm"\ncron = "@reboot"\nshell = "echo up >> {booted}"\n'
+        f'[[job]]\nname = "warm"\ncron = "@reboot"\nshell = "echo up >> {booted}; echo warm-out"\n'
         f'[[job]]\nname = "other-group"\ncron = "@reboot"\nshell = "echo no >> {booted}"\n'
-        'run_on = "host-group:db"\n',
+        'run_on = "host-group:db"\n'
+        '[[job]]\nname = "broken"\ncron = "@reboot"\nshell = "echo broken-out; exit 3"\n',
     )
-    worker = HostWorker(store, HostConfig(name=HOST, jobs_dir=str(directory)), poll_seconds=0.1)
+    # applied: each boot job has a central job (a `boot` schedule) for its boot runs
+    sched = Scheduler(store)
+    plan = applying.plan(
+        jobfiles.load_dir(directory),
+        HOST,
+        (),
+        applying.read_central(sched, "acme"),
+        directory=directory,
+        now=store.now(),
+    )
+    applying.execute(sched, "acme", plan, actor="test")
+    warm, broken = (sched.get_job_by_name(f"{n}@{HOST}", "acme") for n in ("warm", "broken"))
+
+    def boot_runs(job: Any) -> list[Any]:
+        return list(sched.runs(job.job_id, "acme", limit=10).items)
+
+    state, boot_id = tmp_path / "state", tmp_path / "boot_id"
+    boot_id.write_text("11111111-aaaa-4bbb-8ccc-000000000001\n")
+    config = HostConfig(
+        name=HOST, jobs_dir=str(directory), state_dir=str(state), boot_id_file=str(boot_id)
+    )
+    worker = HostWorker(store, config, poll_seconds=0.1)
     for _ in range(2):  # a supervised restart of the same worker does not boot again
         worker.run(threading.Event(), idle_exit=True)
     wait_for(booted.exists, "the boot job")
-    HostWorker(store, HostConfig(name=HOST, jobs_dir=str(directory))).run(
-        threading.Event(), idle_exit=True
-    )
-    wait_for(lambda: booted.read_text().count("up") == 2, "the second start's boot job")
+    wait_for(lambda: len(boot_runs(warm)) == 1 and len(boot_runs(broken)) == 1, "boot runs")
+    (run,) = boot_runs(warm)
+    assert (run.trigger.value, run.status.value, run.exit_code) == ("boot", "succeeded", 0)
+    assert run.output_tail == "warm-out\n"
+    (failed,) = boot_runs(broken)
+    assert (failed.status.value, failed.exit_code, failed.error) == ("failed", 3, "exit code 3")
+    assert failed.output_tail == "broken-out\n"
+    record = state / "boot-runs.json"
+    assert record.stat().st_mode & 0o777 == 0o600
+    # a new worker process in the same boot (an upgrade, a restart): not again
+    HostWorker(store, config).run(threading.Event(), idle_exit=True)
+    assert booted.read_text() == "up\n"
+    assert "warm" in json.loads(record.read_text())["jobs"]
+    # the next boot: once more
+    boot_id.write_text("11111111-aaaa-4bbb-8ccc-000000000002\n")
+    HostWorker(store, config).run(threading.Event(), idle_exit=True)
+    wait_for(lambda: booted.read_text().count("up") == 2, "the next boot's boot job")
     assert booted.read_text() == "up\nup\n"
+    wait_for(lambda: len(boot_runs(warm)) == 2, "the next boot's boot run")
+    # where no boot id can be read: once per start of the worker, as before
+    unknown = dataclasses.replace(config, boot_id_file=str(tmp_path / "missing"))
+    HostWorker(store, unknown).run(threading.Event(), idle_exit=True)
+    wait_for(lambda: booted.read_text().count("up") == 3, "the boot job without a boot id")
 
 
 def test_a_dead_letter_runs_the_alert_command_of_the_job_s_file_on_its_host(
@@ -468,7 +513,7 @@ class Daemon:
 
 
 @pytest.mark.parametrize("follow", ["sighup", "rescan"])
-def test_the_daemon_follows_its_files_and_boots_once_per_start(
+def test_the_daemon_follows_its_files_and_boots_once_per_boot(
     sqlite_url: str, tmp_path: Path, shared: Path, follow: str
 ) -> None:
     store = Store.open(sqlite_url)
@@ -483,8 +528,11 @@ def test_the_daemon_follows_its_files_and_boots_once_per_start(
     )
     rescan = 3600 if follow == "sighup" else 0.2
     config = tmp_path / "scheduled.toml"
+    boot_id = tmp_path / "boot_id"
+    boot_id.write_text("22222222-aaaa-4bbb-8ccc-000000000001\n")
     config.write_text(
         f'[host]\nname = "{HOST}"\njobs_dir = "{directory}"\nrescan_seconds = {rescan}\n'
+        f'state_dir = "{tmp_path / "state"}"\nboot_id_file = "{boot_id}"\n'
     )
     log = tmp_path / "daemon.log"
     daemon = Daemon(config, sqlite_url, log)
@@ -504,10 +552,16 @@ def test_the_daemon_follows_its_files_and_boots_once_per_start(
         assert daemon.process.poll() is None  # SIGHUP did not stop it
         daemon.stop()
         assert daemon.process.returncode == 0, daemon.text()
-        # a restart runs the boot job once more; the reload did not run it again
+        # the reload did not run the boot job again; nor does a restart in the same boot
         assert booted.read_text() == "up\n"
         daemon = Daemon(config, sqlite_url, log)
-        wait_for(lambda: booted.read_text() == "up\nup\n", "the boot job of the second start")
+        wait_for(lambda: "already run in this boot" in daemon.text(), "the restart")
+        daemon.stop()
+        assert booted.read_text() == "up\n"
+        # the next boot runs it again
+        boot_id.write_text("22222222-aaaa-4bbb-8ccc-000000000002\n")
+        daemon = Daemon(config, sqlite_url, log)
+        wait_for(lambda: booted.read_text() == "up\nup\n", "the boot job of the next boot")
     finally:
         daemon.stop()
         store.close()
@@ -577,7 +631,9 @@ def test_all_runs_the_host_worker_of_its_host_table(
         directory, "boot", f'[[job]]\nname = "b"\ncron = "@reboot"\nshell = "touch {booted}"\n'
     )
     config = tmp_path / "scheduled.toml"
-    config.write_text(f'[host]\nname = "{HOST}"\njobs_dir = "{directory}"\n')
+    config.write_text(
+        f'[host]\nname = "{HOST}"\njobs_dir = "{directory}"\nstate_dir = "{tmp_path / "state"}"\n'
+    )
     process = subprocess.Popen(
         [BIN / "scheduled-d", "all", "--config", str(config), "--db", sqlite_url],
         env={"PATH": os.environ["PATH"]},
@@ -683,3 +739,43 @@ def test_a_nul_in_the_job_file_fails_the_run_cleanly(
         assert not marker.exists()
     finally:
         store.close()
+
+
+def test_the_worker_reports_drift_between_its_files_and_the_central_jobs(
+    store: Store, tmp_path: Path
+) -> None:
+    from schedctl.cluster_status import gather_status
+    from schedctl.config import Config
+    from scheduled_d.metrics import HOST_DRIFT
+
+    directory = jobs_dir(tmp_path)
+    path = job_file(directory, "step", shell_job("step", "echo v1"))
+    worker = HostWorker(store, HostConfig(name=HOST, jobs_dir=str(directory)))
+    # nothing applied yet: the job is to be created
+    assert worker.check_drift() == [f"created step@{HOST}"]
+    assert HOST_DRIFT._value.get() == 1
+    sched = Scheduler(store)
+    plan = applying.plan(
+        jobfiles.load_dir(directory),
+        HOST,
+        (),
+        applying.read_central(sched, "acme"),
+        directory=directory,
+        now=store.now(),
+    )
+    applying.execute(sched, "acme", plan, actor="test")
+    assert worker.check_drift() == []
+    assert HOST_DRIFT._value.get() == 0
+    status = gather_status(store, Config())
+    assert [(d.host, d.drift) for d in status.host_drift] == [(HOST, ())]
+    assert not any("differ" in n for n in status.notes)
+    # edited on the host, not applied: the drift shows in the status
+    path.write_text(shell_job("step", "echo v2"))
+    assert worker.check_drift() == [f"changed step@{HOST}"]
+    status = gather_status(store, Config())
+    assert any(f"host {HOST}: job files differ" in n and "changed step@" in n for n in status.notes)
+    assert status.to_dict()["host_drift"][0]["drift"] == [f"changed step@{HOST}"]
+    # a file the worker refuses is drift too, with its reason
+    path.chmod(0o664)
+    (drift,) = worker.check_drift()
+    assert drift.startswith(f"refused {path}") and "writable" in drift

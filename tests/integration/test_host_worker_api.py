@@ -32,7 +32,7 @@ from schedctl.storage.queue import QueueRepo
 from schedctl.storage.workers import WorkerRepo
 from scheduled_d.api.server import ApiServer
 from scheduled_d.host_worker import HostWorker
-from tests.integration.api_support import Api
+from tests.integration.api_support import Api, snapshot
 from tests.integration.queue_support import run_row, wait_for
 
 BIN = Path(sys.executable).parent
@@ -92,7 +92,12 @@ def host_worker(server: ApiServer, host_api: Api, jobs: Path, **options: Any) ->
     backend = ApiLeaseBackend(server.url, host_api.token, timeout=10.0)
     return HostWorker(
         backend,
-        HostConfig(name=HOST, groups=("db",), jobs_dir=str(jobs), **options),
+        HostConfig(
+            name=HOST,
+            groups=("db",),
+            jobs_dir=str(jobs),
+            **{"state_dir": str(jobs.parent / "state"), **options},
+        ),
         lease_seconds=5.0,
         heartbeat_seconds=0.5,
         poll_seconds=0.1,
@@ -290,3 +295,104 @@ def test_a_dead_letter_runs_the_job_file_s_alert_command_over_the_api(
     # as the job's user, as its runs (not as the worker's root)
     assert int(Path(f"{marker}.uid").read_text()) == pwd.getpwnam("nobody").pw_uid
     assert sorted(p.name for p in shared.iterdir()) == ["alert.json", "alert.json.uid"]
+
+
+def test_boot_runs_are_recorded_over_the_api_once_per_boot(
+    sched: Scheduler, server: ApiServer, acme: Api, host_api: Api, jobs: Path, tmp_path: Path
+) -> None:
+    path = jobs / "boot.toml"
+    path.write_text('[[job]]\nname = "warm"\ncron = "@reboot"\nshell = "echo warm-out; exit 4"\n')
+    path.chmod(0o644)
+    # the central job as `schedctl apply` makes it, with the host token
+    body = {
+        "name": f"warm@{HOST}",
+        "schedule": {"boot": True},
+        "target": {"type": "queue", "name": f"host:{HOST}"},
+        "payload": {"job_file": str(path), "job": "warm", "host": HOST, "digest": "0" * 64},
+    }
+    job_id = host_api.new_job(body)["job_id"]
+    boot_id = tmp_path / "boot_id"
+    boot_id.write_text("33333333-aaaa-4bbb-8ccc-000000000001\n")
+
+    def history() -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = acme.request("GET", f"/v1/jobs/{job_id}/runs").json()["items"]
+        return items
+
+    for _ in range(2):  # two worker processes in one boot: one boot run
+        host_worker(server, host_api, jobs, boot_id_file=str(boot_id)).run(
+            threading.Event(), idle_exit=True
+        )
+        wait_for(lambda: len(history()) == 1, "the boot run")
+    (run,) = history()
+    assert (run["trigger"], run["status"], run["exit_code"]) == ("boot", "failed", 4)
+    assert run["output_tail"] == "warm-out\n" and run["error"] == "exit code 4"
+    boot_id.write_text("33333333-aaaa-4bbb-8ccc-000000000002\n")
+    host_worker(server, host_api, jobs, boot_id_file=str(boot_id)).run(
+        threading.Event(), idle_exit=True
+    )
+    wait_for(lambda: len(history()) == 2, "the next boot's run")
+
+
+def test_a_host_token_records_boot_runs_of_its_own_boot_jobs_only(
+    sched: Scheduler, server: ApiServer, acme: Api, host_api: Api
+) -> None:
+    other = Api(server.url, sched.new_token("acme", actor="test", host="web9"))
+    mine = {
+        "name": f"warm@{HOST}",
+        "schedule": {"boot": True},
+        "target": {"type": "queue", "name": f"host:{HOST}"},
+        "payload": {"job_file": "/etc/x.toml", "job": "warm", "host": HOST, "digest": "0" * 64},
+    }
+    host_api.new_job(mine)
+    cron = {**mine, "name": f"cron@{HOST}", "schedule": {"cron": "0 3 * * *"}}
+    cron["payload"] = {**mine["payload"], "job": "cron"}
+    host_api.new_job(cron)
+    before = snapshot(sched.store)
+    for api, name, status, field in (
+        (other, f"warm@{HOST}", 404, "job"),  # another host's: as if it did not exist
+        (host_api, "nope", 404, "job"),
+        (host_api, f"cron@{HOST}", 422, "job"),  # no @reboot job
+        (host_api, f"warm@{HOST}", 422, "seconds"),
+    ):
+        seconds = -1 if field == "seconds" else 1
+        answer = api.request("POST", "/v1/boot-runs", json={"job": name, "seconds": seconds})
+        assert answer.status_code == status, answer.text
+        assert answer.json()["error"]["field"] == field, answer.text
+    assert snapshot(sched.store) == before
+    made = host_api.request("POST", "/v1/boot-runs", json={"job": f"warm@{HOST}", "seconds": 2})
+    assert made.status_code == 201 and made.json()["status"] == "failed", made.text
+    ok = {"job": f"warm@{HOST}", "seconds": 1, "exit_code": 0, "output": "fine\n"}
+    made = host_api.request("POST", "/v1/boot-runs", json=ok)
+    assert made.status_code == 201 and made.json()["status"] == "succeeded", made.text
+
+
+def test_the_worker_reports_its_drift_over_the_api_with_its_host_token(
+    sched: Scheduler, server: ApiServer, acme: Api, host_api: Api, jobs: Path
+) -> None:
+    from schedctl.storage import host_drift
+
+    write_job(jobs, "report", 'shell = "echo v1"\n')
+    worker = host_worker(server, host_api, jobs)
+    assert worker.check_drift() == [f"created report@{HOST}"]
+    tenant_id = sched.get_tenant("acme").tenant_id
+    (row,) = host_drift.read(sched.store)
+    assert (row.tenant_id, row.host, row.drift) == (tenant_id, HOST, (f"created report@{HOST}",))
+    code, out = apply_with(server, host_api, jobs)
+    assert code == 0, out
+    assert worker.check_drift() == []
+    (row,) = host_drift.read(sched.store)
+    assert row.drift == ()
+    # only a host token reports drift, and only its own host's
+    refused = acme.request("POST", "/v1/host-drift", json={"drift": []})
+    assert refused.status_code == 403, refused.text
+    bad = host_api.request("POST", "/v1/host-drift", json={"drift": "x"})
+    assert bad.status_code == 422 and bad.json()["error"]["field"] == "drift", bad.text
+
+
+def apply_with(server: ApiServer, host_api: Api, jobs: Path) -> tuple[int, str]:
+    result = CliRunner().invoke(
+        app,
+        ["--api", server.url, "--token", host_api.token, "apply", str(jobs), "--host", HOST,
+         "--group", "db"],
+    )  # fmt: skip
+    return result.exit_code, result.output

@@ -53,6 +53,7 @@ def test_the_same_schedule_kinds_and_names() -> None:
         {"delay"},
         {"cron", "timezone"},
         {"every", "anchor"},
+        {"boot"},
     ]
     refused("schedule", schedule={"delay": 60, "cron": "* * * * *"})
 

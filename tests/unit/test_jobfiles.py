@@ -373,3 +373,61 @@ def test_output_is_central_unless_the_file_keeps_it_local() -> None:
         )
         == 1
     )
+
+
+def _dep(name: str, after: str) -> str:
+    return f'[[job]]\nname = "{name}"\nafter = {after}\ncommand = ["/bin/true"]\n'
+
+
+def test_after_names_jobs_of_the_directory_instead_of_a_schedule(tmp_path: Path) -> None:
+    (tmp_path / "a.toml").write_text(_job('command = ["/bin/true"]\n'))
+    (tmp_path / "b.toml").write_text(_dep("k", '["j"]'))
+    files = load_dir(tmp_path)
+    (dependent,) = files[1].jobs
+    assert dependent.after == ("j",) and dependent.schedule is None
+    assert not dependent.is_boot
+    body = dependent.job_body("q")
+    assert body["after"] == ["j"] and "schedule" not in body
+    # a job without `after` keeps the digest it had before the key existed
+    plain = files[0].jobs[0]
+    assert "after" not in str(plain.digest()) and plain.digest() == plain.digest()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (_dep("k", '["j"]') + 'every = "1h"\n', "give every or after, not both"),
+        (_dep("k", "[]"), "non-empty list of job names"),
+        (_dep("k", '["k"]'), "names the job itself"),
+        (_dep("k", '["bad name"]'), "each entry is the name of a job"),
+        (_dep("k", '"j"'), "non-empty list of job names"),
+    ],
+)
+def test_a_bad_after_is_refused_naming_after(text: str, message: str) -> None:
+    problem = _one(text)
+    assert problem.key == "job.after" and message in problem.message, problem
+
+
+@pytest.mark.parametrize(
+    ("texts", "message"),
+    [
+        ((_dep("k", '["nope"]'),), "names 'nope', which is no job of"),
+        (
+            (_dep("k", '["boot"]'), '[[job]]\nname = "boot"\ncron = "@reboot"\ncommand = ["/x"]\n'),
+            "an @reboot job",
+        ),
+        (
+            (_dep("a", '["b"]'), _dep("b", '["c"]'), _dep("c", '["a"]')),
+            "makes a cycle: a -> b -> c -> a",
+        ),
+    ],
+)
+def test_after_across_the_directory_unknown_boot_or_cycle(
+    tmp_path: Path, texts: tuple[str, ...], message: str
+) -> None:
+    for index, text in enumerate(texts):
+        (tmp_path / f"{index}.toml").write_text(text)
+    with pytest.raises(JobFilesError) as caught:
+        load_dir(tmp_path)
+    (problem,) = caught.value.problems
+    assert problem.key == "job.after" and message in problem.message, problem

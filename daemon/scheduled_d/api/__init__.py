@@ -27,7 +27,7 @@ from fastapi import FastAPI
 from schedctl.service import Scheduler
 from scheduled_d.api.errors import install_handlers
 from scheduled_d.api.middleware import Guard
-from scheduled_d.api.routes import alerts, jobs, leases, runs, tenant
+from scheduled_d.api.routes import alerts, hosts, jobs, leases, runs, tenant
 from scheduled_d.api.schemas import ErrorBody, Health
 from scheduled_d.api.ui import install_console
 
@@ -66,7 +66,8 @@ def create_app(scheduler: Scheduler, *, max_request_bytes: int | None = None) ->
     )
     app.state.scheduler = scheduler
     # in this order: the OpenAPI document lists the paths as they are included
-    for router in (jobs.router, runs.router, tenant.router, leases.router, alerts.router):
+    routers = (jobs.router, runs.router, tenant.router, leases.router, alerts.router, hosts.router)
+    for router in routers:
         app.include_router(router)
     app.add_api_route(
         "/healthz",

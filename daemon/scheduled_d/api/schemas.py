@@ -51,6 +51,12 @@ class AfterScheduleOut(BaseModel):
     kind: Literal["after"]
 
 
+class BootScheduleOut(BaseModel):
+    """An @reboot job of a job file: run by its host's worker once per boot."""
+
+    kind: Literal["boot"]
+
+
 class QueueTargetOut(BaseModel):
     type: Literal["queue"]
     name: str
@@ -74,7 +80,11 @@ class JobOut(BaseModel):
     name: str
     status: JobStatus
     schedule: Annotated[
-        OnceScheduleOut | IntervalScheduleOut | CronScheduleOut | AfterScheduleOut,
+        OnceScheduleOut
+        | IntervalScheduleOut
+        | CronScheduleOut
+        | AfterScheduleOut
+        | BootScheduleOut,
         Field(discriminator="kind"),
     ]
     target: Annotated[QueueTargetOut | HttpTargetOut, Field(discriminator="type")]
@@ -135,7 +145,7 @@ class RunOut(BaseModel):
     scheduled_at: str
     idempotency_key: str = Field(description="JOB_ID:SCHEDULED_AT, what targets receive.")
     tenant_id: str
-    trigger: Literal["schedule", "manual"]
+    trigger: Literal["schedule", "manual", "upstream", "boot"]
     status: Literal["dispatched", "running", "succeeded", "failed", "lost", "skipped", "dead"]
     attempt: int
     fire_at: str | None
@@ -224,6 +234,14 @@ _SCHEDULE: dict[str, Any] = {
             "required": ["every"],
             "additionalProperties": False,
             "properties": {"every": _DURATION, "anchor": _INSTANT},
+        },
+        {
+            "type": "object",
+            "required": ["boot"],
+            "additionalProperties": False,
+            "description": "An @reboot job of a job file: its host's worker runs it once "
+            "per boot and records the run (`schedctl apply` makes it).",
+            "properties": {"boot": {"const": True}},
         },
     ],
 }

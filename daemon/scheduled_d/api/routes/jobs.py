@@ -9,6 +9,7 @@ a job that exists)."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -126,6 +127,7 @@ def _create_job(
         body = {**body, "idempotency_key": idempotency_key}
     if caller.host is not None:
         caller.host.check_body(body)
+        _check_host_after(scheduler, caller, body)
     job, created = scheduler.create_job(caller.tenant, body, actor=caller.actor)
     if created:
         status, headers = 201, {"Location": f"/v1/jobs/{job.job_id}"}
@@ -262,6 +264,32 @@ def get_job(
     return _tagged(_get_job(scheduler, caller, checked_job_id(job_id)), response)
 
 
+_HEX_ID = re.compile(r"[0-9a-f]{1,40}")  # what a job id looks like (else only a name)
+
+
+def _check_host_after(scheduler: Scheduler, caller: Caller, body: Any) -> None:
+    """A host token's `after` names only jobs of its own host (by id or name)."""
+    assert caller.host is not None
+    after = body.get("after") if isinstance(body, Mapping) else None
+    if not isinstance(after, list):
+        return  # none, or the service refuses its shape naming `after`
+
+    def lookup(ref: str) -> list[Job]:
+        found: list[Job] = []
+        if _HEX_ID.fullmatch(ref):
+            try:
+                found.append(scheduler.get_job(ref, caller.tenant))
+            except errors.NotFound:
+                pass
+        try:
+            found.append(scheduler.get_job_by_name(ref, caller.tenant))
+        except errors.NotFound:
+            pass
+        return found
+
+    caller.host.check_after(after, lookup)
+
+
 def _get_job(scheduler: Scheduler, caller: Caller, job_id: str) -> Job:
     """The caller's job; for a host token only a job its host's files define (another is
     404, as one that does not exist)."""
@@ -305,6 +333,7 @@ def update_job(
     if caller.host is not None:
         current = _get_job(scheduler, caller, job_id)
         caller.host.check_body(body, current)
+        _check_host_after(scheduler, caller, body)
         job_id = current.job_id
     job = scheduler.update_job(
         job_id, body, caller.tenant, if_version=_version(if_match), actor=caller.actor
@@ -412,7 +441,26 @@ def get_job_by_name(
 def get_job_dependencies(
     job_id: JobIdPath, scheduler: SchedulerDep, caller: CallerDep
 ) -> dict[str, Any]:
-    return scheduler.job_dependencies(checked_job_id(job_id), caller.tenant)
+    job_id = caller_job_id(scheduler, caller, job_id)
+    graph = scheduler.job_dependencies(job_id, caller.tenant)
+    if caller.host is None:
+        return graph
+    # a host token sees only its own jobs in the trees (a tenant's job that runs after
+    # one of the host's is not the host's to know)
+    return {side: _own_nodes(scheduler, caller, nodes) for side, nodes in graph.items()}
+
+
+def _own_nodes(scheduler: Scheduler, caller: Caller, nodes: list[Any]) -> list[Any]:
+    assert caller.host is not None
+    kept = []
+    for node in nodes:
+        try:
+            job = scheduler.get_job(node["job_id"], caller.tenant)
+        except errors.NotFound:
+            continue
+        if caller.host.owns_job(job):
+            kept.append({**node, "children": _own_nodes(scheduler, caller, node["children"])})
+    return kept
 
 
 @router.get(
