@@ -289,7 +289,7 @@ audit_log = Table(
     Index("ix_audit_log_at", "at"),  # retention deletes by age (0019)
 )
 
-# Job-file drift (0025): what each cron host's worker last found different between its
+# Job-file drift (0022): what each cron host's worker last found different between its
 # job files and the central jobs, as `schedctl apply --check` would (storage/host_drift.py)
 host_drift = Table(
     "host_drift",

@@ -1,8 +1,8 @@
 """host_drift: what each cron host's worker last found different between its job files and
 the central jobs (`schedctl apply --check`'s drift), for `schedctl status`.
 
-Revision ID: 0025
-Revises: 0020
+Revision ID: 0022
+Revises: 0021
 """
 
 from __future__ import annotations
@@ -12,10 +12,12 @@ from alembic import op
 
 from schedctl.storage.types import UTCDateTime
 
-revision = "0025"
-down_revision = "0020"
+revision = "0022"
+down_revision = "0021"
 branch_labels = None
 depends_on = None
+# additive (a new table): the daemons of 0021 work on this schema unchanged
+compatible_with = "0021"
 
 
 def upgrade() -> None:
