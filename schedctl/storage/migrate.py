@@ -84,7 +84,9 @@ def head_revision() -> str:
 
 
 def current_revision(engine: Engine) -> str | None:
-    """The database's revision (None: never migrated); several rows are joined with ','."""
+    """The database's revision (None: never migrated); several rows are joined with ','.
+    StoreUnavailable, saying why, when the database cannot be reached."""
+    check_connection(engine)
     with engine.connect() as connection:
         if not inspect(connection).has_table(VERSION_TABLE):
             return None

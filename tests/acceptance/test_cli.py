@@ -115,7 +115,13 @@ def test_postgres_without_the_schema_says_to_upgrade(empty_pg_url: str) -> None:
 
 
 def test_unreachable_database() -> None:
-    for args in (["tenant", "list"], ["db", "upgrade"], ["db", "status"], ["job", "show", "x"]):
+    for args in (
+        ["tenant", "list"],
+        ["db", "upgrade"],
+        ["db", "downgrade"],
+        ["db", "status"],
+        ["job", "show", "x"],
+    ):
         result = invoke(*args, db=UNREACHABLE)
         assert result.exit_code == 7, result.output
         assert result.stderr.startswith("error: cannot reach the database"), result.stderr
