@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -265,7 +266,11 @@ def day_with_the_dispatcher(day: Day, inbox: Inbox) -> None:
     assert run["status"] in ("failed", "dead") and "timed out" in (run["error"] or ""), run
     pid = int((day.tmp / "child.pid").read_text())
     # the cgroup is killed whole as the run ends: bounded wait for the kernel to reap it
-    assert wait_for(lambda: not _is_sleep_300(pid), 30), f"sleep 300 (pid {pid}) survived"
+    try:
+        assert wait_for(lambda: not _is_sleep_300(pid), 30), f"sleep 300 (pid {pid}) survived"
+    finally:
+        if _is_sleep_300(pid):  # a failed containment leaves no orphan behind the test
+            os.kill(pid, signal.SIGKILL)
 
     # the failure mail: plain text first, with the output and the exit code, one message
     broken = f"broken@{HOST}"
