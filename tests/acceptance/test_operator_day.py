@@ -1,17 +1,20 @@
 """Owns the acceptance test of issue 32: an operator's day with real processes (the
-installed `schedctl` and `scheduled-d` on a SQLite file): a crontab imported, applied,
-a pause surviving `apply`, a renamed job removed centrally, `apply --check` for drift,
-and an @reboot job run once across a worker restart, in the run history.
-
-The other parts of the acceptance (a skip-overlap job skipping with its reason, a timeout
-killing a setsid child, the failure mail carrying the output, `job why` explaining a
-misfire skip) come with their branches: see the TODO hooks below."""
+installed `schedctl` and `scheduled-d` on a SQLite file, a loopback SMTP server): a crontab
+imported, applied, a pause surviving `apply`, a renamed job removed centrally, `apply
+--check` for drift, an @reboot job run once across a worker restart and in the run
+history; then under `scheduled-d all` (dispatcher, alert relay, host worker): a
+skip-overlap job skipping with its reason, a timeout killing a `setsid` child (the run's
+cgroup), the failure mail carrying the output and the exit code, and `schedctl job why`
+explaining a misfire skip after the daemon was down longer than the job's grace."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,7 @@ from tests.acceptance.process_support import (
     stops_on_sigterm,
     wait_for,
 )
+from tests.smtp_support import Inbox, smtp_server
 
 BIN = Path(schedctl_command()[0]).parent
 HOST = "web1"
@@ -79,6 +83,28 @@ class Day:
         with self.log.open("ab") as log:
             return subprocess.Popen(
                 [str(BIN / "scheduled-d"), "worker", "--config", str(config), "--db", self.db],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+            )
+
+    def daemon(self, extra: str) -> subprocess.Popen[bytes]:
+        """The whole daemon (dispatcher, alert relay, this host's worker) on the same files."""
+        config = self.tmp / "scheduled-all.toml"
+        config.write_text(
+            "poll_interval_seconds = 0.1\n"
+            f"{extra}"
+            "[host]\n"
+            f'name = "{HOST}"\n'
+            f'jobs_dir = "{self.jobs_d}"\n'
+            'tenant = "ops"\n'
+            f'state_dir = "{self.tmp / "state"}"\n'
+            f'boot_id_file = "{self.boot_id}"\n'
+            "rescan_seconds = 1\n"
+        )
+        with self.log.open("ab") as log:
+            return subprocess.Popen(
+                [str(BIN / "scheduled-d"), "all", "--config", str(config), "--db", self.db],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=self.env,
@@ -146,12 +172,117 @@ def test_an_operators_day(day: Day) -> None:
     assert len(day.runs(f"{boot}@{HOST}")) == 1
     assert day.log.read_text().count("booted-on-this-host") == 1
 
-    # TODO(issue 32 item 1, on main since cronrun): a skip-overlap job skips its next run with
-    #   the reason "previous run still running" (`schedctl runs`).
-    # TODO(issue 32 item 2, on main since cronrun): a timeout kills a `setsid sleep` child
-    #   (cgroup.kill).
-    # TODO(issue 32 item 6, on main): the failure mail carries the output's last lines
-    #   (needs the SMTP fixture of test_cron_fleet and `scheduled-d all`).
-    # TODO(issue 32 item 7, on main): `schedctl job why JOB` explains a misfire skip
-    #   (needs a run missed while the dispatcher was down).
-    # (items 1, 6 and 7 need the dispatcher: `scheduled-d all` instead of `worker` above)
+    # the rest of the day needs the dispatcher and the alert relay: `scheduled-d all`
+    (day.jobs_d / "day.toml").write_text(DAY_JOBS.format(pidfile=day.tmp / "child.pid"))
+    day.apply()
+    with smtp_server() as (inbox, smtp_port):
+        smtp_conf = (
+            f'smtp_host = "127.0.0.1"\nsmtp_port = {smtp_port}\n'
+            '[alerts]\nemail_domains = ["example.com"]\n'
+        )
+        daemon = day.daemon(smtp_conf)
+        with killed_if_left(daemon):
+            day_with_the_dispatcher(day, inbox)
+            # the misfire: the daemon stopped for longer than the grace (1s) of a 2s job
+            assert wait_for(lambda: _ended(day.runs(f"missed@{HOST}"))), day.log.read_text()
+            stops_on_sigterm(daemon, day.log)
+        time.sleep(5)
+        daemon = day.daemon(smtp_conf)
+        with killed_if_left(daemon):
+            assert wait_for(lambda: _skipped(day.runs(f"missed@{HOST}"))), day.log.read_text()
+            why = day.schedctl("job", "why", f"missed@{HOST}")
+            stops_on_sigterm(daemon, day.log)
+        # alerts on failure and dead letter: the run's final failure sent one message
+        assert len(inbox.messages) == 1, [str(m["Subject"]) for m in inbox.messages]
+    (skip,) = _skipped(day.runs(f"missed@{HOST}"))[:1]
+    assert re.fullmatch(
+        r"missed by \d+ s, more than the 1 s grace; misfire policy skip", skip["error"]
+    ), skip
+    assert "misfire policy skip" in why, why
+    assert "skipped" in why and skip["error"] in why, why
+
+
+DAY_JOBS = """\
+[[job]]
+name = "slow"
+every = "2s"
+shell = "sleep 5"
+overlap = "skip"
+retry = {{ max_attempts = 1 }}
+
+[[job]]
+name = "contained"
+cron = "0 0 1 1 *"
+shell = "setsid sleep 300 & echo $! > {pidfile}; sleep 100"
+timeout = "3s"
+retry = {{ max_attempts = 1 }}
+
+[[job]]
+name = "broken"
+cron = "0 0 1 1 *"
+shell = "echo first line of output; echo disk full >&2; exit 3"
+retry = {{ max_attempts = 1 }}
+alert_email = ["ops@example.com"]
+alert_on = ["failure", "dead_letter"]
+
+[[job]]
+name = "missed"
+every = "2s"
+shell = "echo on time"
+misfire_policy = "skip"
+grace = "1s"
+retry = {{ max_attempts = 1 }}
+"""
+ENDED = ("succeeded", "failed", "dead", "lost", "cancelled")
+
+
+def _ended(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in runs if r["status"] in ENDED]
+
+
+def _skipped(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in runs if r["status"] == "skipped"]
+
+
+def _is_sleep_300(pid: int) -> bool:
+    """Whether `pid` is still a `sleep 300` (not a reused pid of some other process)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2] == [b"sleep", b"300"]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def day_with_the_dispatcher(day: Day, inbox: Inbox) -> None:
+    # overlap = "skip": a 5s job every 2s skips the runs due while it runs, with the reason
+    slow = f"slow@{HOST}"
+    assert wait_for(lambda: _skipped(day.runs(slow))), day.log.read_text()
+    reasons = {r["error"] for r in _skipped(day.runs(slow))}
+    assert reasons == {"previous run still running"}, reasons
+    day.schedctl("job", "pause", slow)
+
+    # a timeout kills the whole run, a `setsid` child (its own session and group) included
+    contained = f"contained@{HOST}"
+    day.schedctl("job", "trigger", contained)
+    assert wait_for(lambda: _ended(day.runs(contained))), day.log.read_text()
+    (run,) = _ended(day.runs(contained))
+    assert run["status"] in ("failed", "dead") and "timed out" in (run["error"] or ""), run
+    pid = int((day.tmp / "child.pid").read_text())
+    # the cgroup is killed whole as the run ends: bounded wait for the kernel to reap it
+    try:
+        assert wait_for(lambda: not _is_sleep_300(pid), 30), f"sleep 300 (pid {pid}) survived"
+    finally:
+        if _is_sleep_300(pid):  # a failed containment leaves no orphan behind the test
+            os.kill(pid, signal.SIGKILL)
+
+    # the failure mail: plain text first, with the output and the exit code, one message
+    broken = f"broken@{HOST}"
+    day.schedctl("job", "trigger", broken)
+    assert wait_for(lambda: inbox.messages), day.log.read_text()
+    mail = inbox.messages[0]
+    assert mail["To"] == "ops@example.com"
+    assert "broken" in " ".join(str(mail["Subject"]).split())
+    part = next(p for p in mail.walk() if p.get_content_type() == "text/plain")
+    body = part.get_payload(decode=True).decode()
+    assert "first line of output" in body and "disk full" in body, body
+    assert re.search(r"exit code:\s+3\n", body.replace("\r\n", "\n")), body
+    assert "attempt:    1 of 1" in body, body
