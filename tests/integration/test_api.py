@@ -754,6 +754,8 @@ def test_openapi_document(server: ApiServer) -> None:
         ("POST", "/v1/leases/{lease_id}/fail"),
         ("POST", "/v1/queues/{name}/alert-leases"),
         ("POST", "/v1/alert-leases/{lease_id}/finish"),
+        ("POST", "/v1/boot-runs"),
+        ("POST", "/v1/host-drift"),
         ("GET", "/v1/jobs/{job_id}/alerts"),
         ("PUT", "/v1/jobs/{job_id}/alerts"),
     }
