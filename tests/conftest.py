@@ -18,6 +18,7 @@ developer's own settings never leak into tests. Tests that use the servers get t
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import sqlite3
@@ -45,6 +46,21 @@ PG_TEMPLATE_DB = "schedctl_template"
 _LOG_TAIL_LINES = 40
 # The session's servers once started, so a failing test's report can show their logs.
 _SESSION_SERVICES: dict[str, PostgresServer | ZooKeeperEnsemble] = {}
+
+
+@pytest.fixture(autouse=True)
+def _root_log_handlers_restored() -> Iterator[None]:
+    """A test that runs a daemon's entry point in this process leaves no handler behind:
+    logsetup.setup gives the root logger a StreamHandler on that moment's sys.stderr (a
+    CliRunner's, closed once its invoke ends), and a later test's log record written there
+    prints a "Logging error" traceback into that test's output."""
+    root = logging.getLogger()
+    before, level = set(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        if type(handler) is logging.StreamHandler and handler not in before:
+            root.removeHandler(handler)
+    root.setLevel(level)
 
 
 def _migrate(url: str) -> None:

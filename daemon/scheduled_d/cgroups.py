@@ -158,11 +158,12 @@ class RunCgroup:
             with contextlib.suppress(OSError):
                 os.kill(pid, sig)
 
-    def release(self) -> None:
-        """The run is over: anything it left running is killed, the cgroup removed (at a
-        later run's start where its processes are still dying)."""
+    def release(self, *, kill: bool = True) -> None:
+        """The run is over: anything it left running is killed (unless `kill` is false: a
+        command that exited by itself keeps its background children, as under cron), the
+        cgroup removed (at a later run's start where processes are still in it)."""
         self.started()
-        if self.populated():
+        if kill and self.populated():
             _kill(self.path)
         _remove(self.path, self._owner)
 

@@ -137,11 +137,11 @@ class Child:
         except (ProcessLookupError, PermissionError):
             pass  # the whole group is gone already (or beyond the worker's reach)
 
-    def release(self) -> None:
-        """After the command's end: what the run left running in its cgroup is killed and
-        the cgroup removed."""
+    def release(self, *, kill: bool = True) -> None:
+        """After the command's end: what the run left running in its cgroup is killed
+        (unless `kill` is false) and the cgroup removed once empty."""
         if self.cgroup is not None:
-            self.cgroup.release()
+            self.cgroup.release(kill=kill)
 
     def group_alive(self) -> bool:
         """Whether anything of the command's process group (or cgroup) is left (zombies

@@ -1146,13 +1146,15 @@ class _Supervisor:
         self._runs.discard(run)
         run.output_log.close()
         self._close_pipes(run)
-        if run.child.returncode is None or run.kill_at is not None:
+        forced = run.child.returncode is None or run.kill_at is not None
+        if forced:
             # only a forced stop gets here with the command alive or its SIGKILL pending:
             # never leave it orphaned
             run.child.signal_group(signal.SIGKILL)
         run.outcome.returncode = run.child.wait()
-        # the run is over: what it left running in its cgroup goes with it
-        run.child.release()
+        # a forced stop takes everything in the run's cgroup with it; a command that
+        # exited by itself keeps its background children, as under cron
+        run.child.release(kill=forced)
         run.ended()
         ending = self.worker._ended(run)
         if ending is None:
