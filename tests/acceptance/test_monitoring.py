@@ -62,7 +62,7 @@ def test_promtool_checks_the_rules_and_runs_their_unit_tests() -> None:
         cwd=RULE_TESTS.parent,
     )
     assert tested.returncode == 0, tested.stdout + tested.stderr
-    # the scheduler's absence pages, on the scrape job name the README documents
+    # the scheduler's absence pages, on the scrape job name docs/operations.md documents
     assert 'absent(up{job="scheduled"} == 1)' in rule_expressions()
 
 

@@ -1,4 +1,4 @@
-"""A restore of Postgres to an earlier point, on real servers, the two ways the README's
+"""A restore of Postgres to an earlier point, on real servers, the two ways docs/operations.md's
 backup section describes: a `pg_dump -Fc` restored with pg_restore into the database dropped
 and created again, and a base backup plus archived WAL recovered to a point in time. The
 misfire policy decides what happens to the runs that fell due since the backup, and nothing

@@ -191,7 +191,7 @@ def test_db_grant_on_sqlite_says_roles_do_not_apply(tmp_path: Path) -> None:
 def test_the_operator_setup_with_an_owner_that_is_no_superuser(
     pg_server: PostgresServer, empty_pg_url: str
 ) -> None:
-    """As the README says: an owner role owns the database and migrates it, grants the
+    """As docs/operations.md says: an owner role owns the database and migrates it, grants the
     runtime role and runs `db maintain`; the runtime role works and may not change the
     schema."""
     name = empty_pg_url.rsplit("/", 1)[1]

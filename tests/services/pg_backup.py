@@ -1,5 +1,5 @@
 """Owns the backup tools of a test Postgres, from the server's own binaries (`pg_config
---bindir`, the same version as the server), as the README's backup section runs them:
+--bindir`, the same version as the server), as docs/operations.md (Backups) runs them:
 pg_dump and pg_restore, and a server that archives its WAL, its base backup and a
 point-in-time recovery from the two.
 
@@ -23,7 +23,7 @@ from tests.services.postgres import SERVER_USER, PostgresServer
 
 COMMAND_TIMEOUT_SECONDS = 120.0
 
-# What the README says to restore with, into a new empty database: all or nothing, owned by
+# What docs/operations.md says to restore with, into a new empty database: all or nothing, owned by
 # whoever restores (roles are not in a pg_dump; `pg_dumpall --globals-only` keeps them).
 # Not --clean over the old database: Postgres 15's pg_restore then fails on the partitioned
 # runs table ("cannot drop inherited constraint runs_default_pkey of relation runs_default").
@@ -71,7 +71,7 @@ def pg_restore(server: PostgresServer, dbname: str, path: Path) -> str:
 
 class ArchivingPostgres(PostgresServer):
     """A test Postgres that archives its WAL (`archive_mode=on`, `cp` into `archive_dir`),
-    for base backups and point-in-time recovery as the README describes them."""
+    for base backups and point-in-time recovery as docs/operations.md describes them."""
 
     @property
     def archive_dir(self) -> Path:
