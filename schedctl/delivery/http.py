@@ -34,11 +34,10 @@ import contextlib
 import email.utils
 import json
 import math
-import os
 import ssl
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -49,7 +48,6 @@ from requests.utils import requote_uri
 from urllib3.util.ssl_match_hostname import match_hostname
 
 from schedctl import __version__, errors
-from schedctl.delivery.aio_proto import AioExchange
 from schedctl.delivery.ssrf import (
     AllowList,
     Destination,
@@ -224,11 +222,6 @@ class HttpDelivery:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._closed = False
-        self._aio: AioExchange | None = None
-        if os.environ.get("SCHEDULED_HTTP_CLIENT") == "aiohttp":
-            self._aio = AioExchange(
-                ca_bundle=ca_bundle, connect_timeout=self.connect_timeout, pool_size=pool_size
-            )
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -273,9 +266,6 @@ class HttpDelivery:
 
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(shut(), loop).result(5)
-        if self._aio is not None:
-            with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(self._aio.close(), loop).result(5)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
         if not thread.is_alive():
@@ -338,23 +328,6 @@ class HttpDelivery:
                 body,
             )
         )
-        if self._aio is not None:
-            try:
-                status, reason, headers, snippet, cut, broken = await self._aio.exchange(
-                    scheme="https" if route.tls_name is not None else "http",
-                    address=route.address,
-                    port=route.port,
-                    target=route.target,
-                    tls_name=route.tls_name,
-                    headers=route.headers(key, timestamp, signature, len(body)),
-                    body=body,
-                    deadline=deadline,
-                )
-            except TimeoutError:
-                return result(Verdict.retry, error=self._timed_out())
-            except Exception as exc:
-                return result(Verdict.retry, error=f"network error: {_reason(exc)}")
-            return self._answer(result, status, reason, headers, snippet, cut, broken)
         connection: _Connection | None = None
         try:
             try:
@@ -374,18 +347,6 @@ class HttpDelivery:
         finally:
             if connection is not None:
                 connection.close()
-        return self._answer(result, status, reason, headers, snippet, cut, broken)
-
-    def _answer(
-        self,
-        result: Callable[..., DeliveryResult],
-        status: int,
-        reason: str,
-        headers: dict[str, str],
-        snippet: str,
-        cut: bool,
-        broken: str | None,
-    ) -> DeliveryResult:
         if broken is not None:
             return result(
                 Verdict.retry,
@@ -519,8 +480,7 @@ MAX_INTERIM_ANSWERS = 8  # 1xx answers skipped before the real one
 MAX_ROUTES = 10_000
 DEADLINE_SLACK_SECONDS = 1e-6
 
-_PoolKey = tuple[str, str, int, str | None]
-_BASE_HEADERS: dict[bytes, dict[str, str]] = {}  # scheme, address, port, TLS name
+_PoolKey = tuple[str, str, int, str | None]  # scheme, address, port, TLS name
 
 
 @dataclass(frozen=True)
@@ -534,18 +494,6 @@ class _Route:
     target: str  # path and query, as sent (and signed)
     head: bytes
     pool: _PoolKey
-
-    def headers(self, key: str, timestamp: int, signature: str, length: int) -> dict[str, str]:
-        """The request's headers as a mapping (the aiohttp prototype)."""
-        base = _BASE_HEADERS.get(self.head)
-        if base is None:
-            lines = self.head.decode().split("\r\n")[1:]
-            base = _BASE_HEADERS[self.head] = dict(line.split(": ", 1) for line in lines if line)
-        found = dict(base)
-        found[IDEMPOTENCY_HEADER] = key
-        found[TIMESTAMP_HEADER] = str(timestamp)
-        found[SIGNATURE_HEADER] = signature
-        return found
 
     @classmethod
     def of(cls, destination: Destination, user_agent: str) -> _Route:
