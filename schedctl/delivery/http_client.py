@@ -437,8 +437,7 @@ async def _body(
         return
     if "chunked" in headers.get("transfer-encoding", "").lower():
         for _ in range(MAX_RESPONSE_BYTES):  # each chunk is at least a byte
-            size_line = await connection.readuntil(b"\r\n", MAX_HEAD_BYTES)
-            size = int(size_line.split(b";", 1)[0].strip() or b"0", 16)
+            size = _chunk_size(await connection.readuntil(b"\r\n", MAX_HEAD_BYTES))
             if size == 0:
                 # trailers, up to the empty line
                 for _ in range(MAX_HEADERS):
@@ -450,10 +449,14 @@ async def _body(
                 data += await connection.read(MAX_RESPONSE_BYTES - len(data))
                 return
             data += await connection.readexactly(size)
-            await connection.readexactly(2)
+            if await connection.readexactly(2) != b"\r\n":
+                raise ValueError("a chunk of the answer does not end where its size says")
         return
     length = headers.get("content-length")
     if length is not None:
+        # digits only: int() would also take "-5", "+5" and "1_0"
+        if not (length.isascii() and length.isdigit()):
+            raise ValueError(f"the answer's Content-Length is not a number: {length[:40]!r}")
         size = int(length)
         if size > MAX_RESPONSE_BYTES:
             connection.reusable = False
@@ -471,6 +474,19 @@ async def _body(
         if not chunk:
             return
         data += chunk
+
+
+_HEX_DIGITS = frozenset(b"0123456789abcdefABCDEF")
+MAX_CHUNK_SIZE_DIGITS = 16
+
+
+def _chunk_size(line: bytes) -> int:
+    """The size on a chunk-size line (extensions after ';' ignored): hex digits only, as
+    RFC 9112 has them (int() would also take "-5", "0x10" and an empty line as 0)."""
+    digits = line.split(b";", 1)[0].strip()
+    if not digits or len(digits) > MAX_CHUNK_SIZE_DIGITS or not _HEX_DIGITS.issuperset(digits):
+        raise ValueError(f"not a chunk size: {line[:40]!r}")
+    return int(digits, 16)
 
 
 def cause(exc: BaseException) -> str:
