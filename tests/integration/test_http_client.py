@@ -30,7 +30,6 @@ from schedctl.delivery.http_client import (
     PoolKey,
     read_body,
 )
-from schedctl.models import Verdict
 
 REQUEST = b"POST /hook HTTP/1.1\r\nHost: hooks.test\r\nContent-Length: 2\r\n\r\n{}"
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
@@ -497,7 +496,8 @@ def test_a_malformed_answer_is_a_retry(answer: bytes, error: str) -> None:
             result = await delivery.deliver_async(
                 url=f"http://127.0.0.1:{server.port}/hook", **CALL
             )
-            assert result.verdict is Verdict.retry, result
+            # compared by value: the test needs no import of where Verdict lives
+            assert result.verdict == "retry", result
             assert (result.error or "").startswith(error), result
 
     try:
