@@ -253,7 +253,6 @@ class HttpDelivery:
             loop, thread = self._loop, self._thread
         if loop is None or thread is None:
             return
-
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(self._client.close(), loop).result(5)
         loop.call_soon_threadsafe(loop.stop)
