@@ -10,7 +10,8 @@ import asyncio
 import datetime as dt
 from typing import Any
 
-from schedctl.delivery.http import DeliveryResult, HttpDelivery, _Deadlines
+from schedctl.delivery.http import DeliveryResult, HttpDelivery
+from schedctl.delivery.http_client import Deadlines
 from schedctl.models import Verdict
 from tests.integration.queue_support import hook_server
 from tests.integration.test_http_transport import trickler
@@ -122,7 +123,7 @@ def test_calls_share_one_deadline_timer_and_each_still_expires_at_its_own() -> N
             self.expired = True
 
     async def earlier_after_later() -> tuple[bool, bool]:
-        deadlines = _Deadlines()
+        deadlines = Deadlines()
         now = asyncio.get_running_loop().time()
         late, early = Call(), Call()
         deadlines.arm(late, now + 120)  # type: ignore[arg-type]
