@@ -251,8 +251,8 @@ class Worker:
 
     def _alerts(self) -> None:
         """Run the host's alert commands for this queue's due command alerts: its
-        `alert_lane` when it has one (the host worker over the API), else from the
-        database (a tenant worker over the API has no alert lane)."""
+        `alert_lane` when it has one (the host worker over the API), else through the
+        backend (the database's; a tenant worker over the API has no alert lane)."""
         if self.alert_lane is not None:
             try:
                 self.alert_lane()
