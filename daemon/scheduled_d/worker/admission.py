@@ -18,7 +18,7 @@ RECORD_BACKLOG_DIVISOR = 2
 class Slots:
     """The runs a worker holds, counted: each is in flight (leased, its command not over)
     until `ended` (its outcome on its way to the record) or `released` (nothing to
-    record), then unrecorded until `recorded`. Every change but a take wakes `wait`."""
+    record), then unrecorded until `recorded`. A release or a record wakes `wait`."""
 
     def __init__(self, concurrency: int) -> None:
         self.concurrency = concurrency
@@ -68,11 +68,11 @@ class Slots:
 
     def ended(self, count: int) -> None:
         """The commands of `count` runs are over and their outcomes go to be recorded: their
-        slots are free now, and they count against the record backlog until recorded."""
+        slots are free now (`wake` once the outcomes are handed on), and they count against
+        the record backlog until recorded."""
         with self._lock:
             self._in_flight -= count
             self._unrecorded += count
-        self._freed.set()
 
     def recorded(self, count: int) -> None:
         """`count` outcomes are recorded (or given up)."""

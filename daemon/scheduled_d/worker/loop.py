@@ -333,6 +333,7 @@ class Worker:
         self._slots.ended(len(endings))
         assert self._recorder is not None
         self._recorder.settle(endings)
+        self._slots.wake()
 
     def _drain(self) -> None:
         """Wait for the runs in flight (the supervisor watches `force` itself), then end the
