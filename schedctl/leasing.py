@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
@@ -165,6 +165,18 @@ class LeaseBackend(Settles[LeasedRun]):
         """A feed of `queue`'s new ready runs for one worker (its own connection), or None
         where this backend has none (the worker then finds them by polling)."""
         return None
+
+    def run_alert_commands(
+        self,
+        queue: str,
+        owner: str,
+        command: Sequence[str],
+        command_for: Callable[[Any], Any] | None,
+    ) -> bool:
+        """Run the host's alert command (`command`, or `command_for(alert)`) for each due
+        command alert of `queue`'s jobs; whether this backend can (False, running nothing:
+        over the API, where the host worker has an alert lane of its own instead)."""
+        return False
 
     @abc.abstractmethod
     def lease(

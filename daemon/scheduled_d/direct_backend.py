@@ -7,8 +7,8 @@ The database layer is imported only when a DirectBackend is made, so a tenant wo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from schedctl import errors
 from schedctl.leasing import Beat, LeaseBackend, LeasedRun, ReadyFeed, Settlement
@@ -90,6 +90,26 @@ class DirectBackend(LeaseBackend):
 
     def reap(self) -> int:
         return self.repo.expire_leases()
+
+    def run_alert_commands(
+        self,
+        queue: str,
+        owner: str,
+        command: Sequence[str],
+        command_for: Callable[[Any], Any] | None,
+    ) -> bool:
+        """From the database, for this backend's tenant (schedctl.alerts.command)."""
+        from schedctl.alerts.command import run_alert_commands  # database workers only
+
+        run_alert_commands(
+            self.store,
+            tenant_id=self.tenant_id,
+            queue=queue,
+            owner=owner,
+            command=command,
+            command_for=command_for,
+        )
+        return True
 
 
 def _stored(lease: LeasedRun) -> StoredLease:

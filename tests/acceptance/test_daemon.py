@@ -202,7 +202,7 @@ def test_kill_9_and_restart_loses_no_run_and_claims_none_twice(daemon: Daemon) -
         lost_keys = {f"{j}:{at.isoformat().replace('+00:00', 'Z')}" for j, at in lost_attempts}
         assert twice <= lost_keys
         # at most the worker's concurrency (4) in flight plus its record backlog: outcomes
-        # of finished runs handed to the settler and not recorded yet (worker.py)
+        # of finished runs handed to the settler and not recorded yet (worker/admission.py)
         assert len(twice) <= 4 + max(1, 4 // RECORD_BACKLOG_DIVISOR)
     finally:
         store.close()

@@ -1,5 +1,5 @@
 """Starting a worker's command (scheduled_d.spawn) and batching its backend calls
-(scheduled_d.worker._Batcher): the pipes the command gets and the worker keeps, and what
+(scheduled_d.batching.Batcher): the pipes the command gets and the worker keeps, and what
 a batch holds. No database."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import pytest
 
+from scheduled_d.batching import Batcher
 from scheduled_d.spawn import Child, spawn
-from scheduled_d.worker import _Batcher
 
 WAIT_SECONDS = 30.0  # only a bound on a hang: nothing here is timed
 
@@ -80,7 +80,7 @@ def _collector() -> tuple[list[list[int]], threading.Event, Callable[[list[int]]
 
 def test_a_batch_gathers_until_it_has_enough() -> None:
     calls, called, call = _collector()
-    batcher: _Batcher[int] = _Batcher(call, "test-batch", gather=3, linger=3600.0)
+    batcher: Batcher[int] = Batcher(call, "test-batch", gather=3, linger=3600.0)
     batcher.submit([1])
     batcher.submit([2, 3])
     assert called.wait(WAIT_SECONDS)
@@ -90,7 +90,7 @@ def test_a_batch_gathers_until_it_has_enough() -> None:
 
 def test_closing_hands_on_a_short_batch_without_waiting_out_its_linger() -> None:
     calls, _called, call = _collector()
-    batcher: _Batcher[int] = _Batcher(call, "test-batch", gather=10, linger=3600.0)
+    batcher: Batcher[int] = Batcher(call, "test-batch", gather=10, linger=3600.0)
     batcher.submit([1, 2])
     batcher.close()  # joins the thread: the two were handed on before it ended
     assert calls == [[1, 2]]
@@ -98,7 +98,7 @@ def test_closing_hands_on_a_short_batch_without_waiting_out_its_linger() -> None
 
 def test_a_short_batch_goes_once_its_linger_is_over() -> None:
     calls, called, call = _collector()
-    batcher: _Batcher[int] = _Batcher(call, "test-batch", gather=10, linger=0.01)
+    batcher: Batcher[int] = Batcher(call, "test-batch", gather=10, linger=0.01)
     batcher.submit([7])
     assert called.wait(WAIT_SECONDS)
     batcher.close()
