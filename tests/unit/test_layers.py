@@ -79,7 +79,7 @@ BACKEND_FILES = {
     "schedctl/storage/backup.py",
     "schedctl/cli/db.py",
     # the report's field names the backend it ran on
-    "schedctl/cli/bench.py",
+    "benchmarks/schedctl_bench/cli/bench.py",
 }
 # Migrations are history: each revision stays as it ran, so it names backends itself.
 BACKEND_DIRS = ("schedctl/storage/migrations/",)

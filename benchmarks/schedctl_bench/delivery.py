@@ -21,14 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from schedctl import errors
-from schedctl.bench import children, measure
-from schedctl.bench.receiver import Receiver
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.storage import bench as bench_rows
-from schedctl.storage import bench_sizes
 from schedctl.storage.jobs import new_job_id, partition_of
 from schedctl.storage.store import Store
 from schedctl.storage.tenants import TenantRepo
+from schedctl_bench import children, measure
+from schedctl_bench.receiver import Receiver
+from schedctl_bench.storage import bench as bench_rows
+from schedctl_bench.storage import bench_sizes
 
 
 def bench_tenant(store: Store, concurrency: int) -> str:

@@ -28,18 +28,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schedctl import errors, limits
-from schedctl.bench import children, measure
-from schedctl.bench.api_workers import (
+from schedctl.service import Scheduler
+from schedctl.storage.engine import redact
+from schedctl_bench import children, measure
+from schedctl_bench.api_workers import (
     SCHEDULED_D,
     api_argv,
     api_url,
     loopback_port,
     wait_healthy,
 )
-from schedctl.service import Scheduler
-from schedctl.storage import bench as bench_rows
-from schedctl.storage import bench_sizes
-from schedctl.storage.engine import redact
+from schedctl_bench.storage import bench as bench_rows
+from schedctl_bench.storage import bench_sizes
 
 API_READY_SECONDS = 30.0
 WARMUP_REQUESTS = 3  # per client, before the clock starts: connections, caches

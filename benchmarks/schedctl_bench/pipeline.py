@@ -21,15 +21,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 from schedctl import errors
-from schedctl.bench import measure
-from schedctl.bench.consumers import Consumers
-from schedctl.bench.dispatch import Dispatchers, bench_tenant
-from schedctl.bench.receiver import Receiver
 from schedctl.models import run_key
-from schedctl.storage import bench as bench_rows
-from schedctl.storage import bench_sizes
-from schedctl.storage.bulk import insert_once_jobs
 from schedctl.storage.store import Store
+from schedctl_bench import measure
+from schedctl_bench.consumers import Consumers
+from schedctl_bench.dispatch import Dispatchers, bench_tenant
+from schedctl_bench.receiver import Receiver
+from schedctl_bench.storage import bench as bench_rows
+from schedctl_bench.storage import bench_sizes
+from schedctl_bench.storage.bulk import insert_once_jobs
 
 STAGES = ("claimed", "delivered", "started", "finished")
 POLL_SECONDS = 0.2
