@@ -1,1 +1,2 @@
-"""Benchmarks shipped with schedctl (`schedctl bench ...`): measured, never asserted."""
+"""The benchmarks of schedctl (`schedctl bench ...`), a distribution of their own
+(schedctl-bench, never in the product's wheel): measured, never asserted."""

@@ -4,8 +4,8 @@ jobs a second for S seconds) on the same Postgres server, each on a fresh databa
 own, in one run; for each, when its jobs started after their due instant (last, p50, p99),
 and each peer's figure over scheduled-d's. scheduled-d's figures are its whole-path
 benchmark's (schedctl_bench.pipeline: real dispatcher, relay and worker processes); the peers
-run as plain scripts (benchmarks/schedctl_bench/peer_scripts/) under a virtual environment of their own,
-made once with pip. Measured and reported, never asserted."""
+run as plain scripts (schedctl_bench/peer_scripts/) under a virtual environment of their
+own, made once with pip. Measured and reported, never asserted."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`schedctl bench console`: the command of the web console benchmark (schedctl_bench.console),
 each /ui page's response time (p50/p99) with many jobs and runs stored; registered on the
-`bench` group in app.py. The benchmark is imported when the command runs (`schedctl --help`
+`bench` group in plugin.py. The benchmark is imported when the command runs (`schedctl --help`
 must not load sqlalchemy)."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 `bench delivery`: the commands of the whole-path benchmarks against real dispatcher, relay and
 worker processes (schedctl_bench.pipeline), of the failover benchmark
 (schedctl_bench.dispatch) and of the delivery benchmark (schedctl_bench.delivery);
-registered on the `bench` group in app.py.
+registered on the `bench` group in plugin.py.
 The benchmarks themselves are imported when a command runs: they load sqlalchemy, requests
 and pika, which `schedctl --help` must not."""
 

@@ -1,5 +1,5 @@
 """`schedctl bench peers`: the command of the side-by-side benchmark (schedctl_bench.peers)
-against procrastinate and APScheduler 4, registered on the `bench` group in app.py; its
+against procrastinate and APScheduler 4, registered on the `bench` group in plugin.py; its
 table view (a row per workload and system, with the ratio to scheduled-d). The benchmark is
 imported when the command runs (`schedctl --help` must not load sqlalchemy)."""
 

@@ -1,6 +1,6 @@
 """`schedctl bench relay`: the command of the relay benchmark (schedctl_bench.relay), signed
 HTTP deliveries per second from one relay process to a loopback keep-alive receiver;
-registered on the `bench` group in app.py. The benchmark is imported when the command runs
+registered on the `bench` group in plugin.py. The benchmark is imported when the command runs
 (`schedctl --help` must not load sqlalchemy)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`schedctl bench scale`: the command of the stored-work-at-scale benchmark
-(schedctl_bench.scale), registered on the `bench` group in app.py; its table view (one
+(schedctl_bench.scale), registered on the `bench` group in plugin.py; its table view (one
 row per figure, a column per stored count and their ratio). The benchmark is imported when
 the command runs (`schedctl --help` must not load sqlalchemy)."""
 
