@@ -145,7 +145,7 @@ def deliver_over_http(
     receiver: the job, the relay's figures (relay_until_settled) and the receiver's counts
     and CPU seconds.
     The receiver runs in its own process: in this one it would compete with the relay for
-    the interpreter lock, and the figure would be half the relay's."""
+    the interpreter lock, and the figure would measure the lock, not the relay."""
     receiver = Receiver()
     try:
         job_id = claimed_runs(store, tenant_id, "http", receiver.url, runs)

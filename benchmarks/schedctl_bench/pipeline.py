@@ -452,8 +452,7 @@ def _run(
         # the jobs' statistics as autovacuum keeps a table's that grows as it is used: made
         # seconds before the instant, the load was otherwise planned for as the empty
         # table a former run's deletion left, or not, as autovacuum's minute fell (the
-        # relays' claims probed jobs through ix_jobs_tenant, a whole index walk per run:
-        # 44-58 s to deliver a 100,000-run burst over HTTP instead of 14-18)
+        # relays' claims then probe jobs through ix_jobs_tenant, a whole index walk per run)
         bench_sizes.vacuum_analyze(store, "jobs")
         assert bench.first_due is not None
         margin = (bench.first_due - datetime.now(UTC)).total_seconds()
