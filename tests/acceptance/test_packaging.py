@@ -70,12 +70,14 @@ def test_the_product_wheel_carries_no_benchmark(tmp_path: Path) -> None:
 
 
 def test_the_check_sees_benchmark_modules() -> None:
+    # where the benchmarks used to be in the product (joined: the rewrite of references
+    # that moved them out must leave these names alone when it runs again)
     for name in (
         "schedctl_bench/cli/plugin.py",
-        "schedctl/bench/pipeline.py",
-        "schedctl/cli/bench_dispatch.py",
-        "schedctl/storage/bench.py",
-        "schedctl/storage/bulk_future.py",
+        "/".join(("schedctl", "bench", "pipeline.py")),
+        "/".join(("schedctl", "cli", "bench_dispatch.py")),
+        "/".join(("schedctl", "storage", "bench.py")),
+        "/".join(("schedctl", "storage", "bulk_future.py")),
     ):
         assert BENCH_MODULE.search(name), name
     assert not BENCH_MODULE.search("schedctl/storage/jobs.py")
