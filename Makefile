@@ -94,9 +94,12 @@ system-deps:
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# Reinstall only when pyproject.toml changed since the last install.
-$(STAMP): pyproject.toml | $(BIN)/python
+# Reinstall only when a pyproject.toml changed since the last install. The benchmarks
+# (benchmarks/: schedctl-bench, `schedctl bench ...`) are a distribution of their own, in the
+# dev venv only: install, wheelhouse, onefile and deb build the product without them.
+$(STAMP): pyproject.toml benchmarks/pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -e '.[dev]'
+	$(BIN)/pip install -e ./benchmarks
 	touch $@
 
 # config/scheduled.toml is generated from the configuration schema (schedctl/config.py and

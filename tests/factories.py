@@ -14,9 +14,9 @@ from schedctl.runpolicy import DEFAULT_RUN_POLICY, RunPolicy
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import IntervalSchedule, OnceSchedule, Schedule
 from schedctl.storage import schema
-from schedctl.storage.bulk import insert_once_jobs
 from schedctl.storage.jobs import JobRepo
 from schedctl.storage.store import Store
+from schedctl_bench.storage.bulk import insert_once_jobs
 
 
 def make_tenant(store: Store, name: str = "acme") -> str:

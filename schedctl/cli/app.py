@@ -1,12 +1,16 @@
 """Owns the root `schedctl` typer app, its global options and the `main()` entry point.
 
-Command groups live one per module and are registered here with `app.add_typer(...)`.
+Command groups live one per module and are registered here with `app.add_typer(...)`; other
+distributions add theirs through the `schedctl.plugins` entry points (schedctl-bench:
+`schedctl bench`), and without them the CLI shows nothing of theirs.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable
+from importlib.metadata import EntryPoint, entry_points
 from typing import Annotated, Any
 
 import typer
@@ -15,13 +19,6 @@ from schedctl.cli import (
     alerts,
     apply,
     audit,
-    bench,
-    bench_console,
-    bench_create,
-    bench_dispatch,
-    bench_peers,
-    bench_relay,
-    bench_scale,
     completion,
     cron_cmd,
     db,
@@ -152,30 +149,39 @@ for _group, _name, _command in (
     (tenants.app, "disallow", tenant_allow.disallow),
     (tenants.app, "delivery", tenant_allow.delivery),
     (tenants.app, "broker", tenant_allow.broker),
-    (bench.app, "delivery", bench_dispatch.delivery),
     (tenants.app, "alerts", alerts.tenant_alerts),
     (jobs.app, "alerts", alerts.job_alerts),
     (jobs.app, "import", job_import.job_import),
-    (bench.app, "burst", bench_dispatch.burst),
-    (bench.app, "steady", bench_dispatch.steady),
-    (bench.app, "failover", bench_dispatch.failover),
-    (bench.app, "relay", bench_relay.relay),
-    (bench.app, "spawn", bench_dispatch.spawn),
-    (bench.app, "worker", bench_dispatch.worker),
-    (bench.app, "create", bench_create.create),
-    (bench.app, "scale", bench_scale.scale),
-    (bench.app, "peers", bench_peers.peers),
-    (bench.app, "console", bench_console.console),
 ):
     _group.command(_name)(_command)
 tenants.app.add_typer(tenant_allow.signing_app, name="signing-secret")
-app.add_typer(bench.app, name="bench")
 app.command("completion")(completion.completion)
+
+# The entry point group of the distributions that add commands: each entry names a function
+# that takes the root app (schedctl-bench's adds the `bench` group).
+PLUGIN_GROUP = "schedctl.plugins"
+
+
+def add_plugins(root: typer.Typer, found: Iterable[EntryPoint] | None = None) -> list[str]:
+    """Let each installed plugin (`found`, default: the PLUGIN_GROUP entry points) add its
+    commands to `root`; return what went wrong, one line per plugin that could not load."""
+    problems: list[str] = []
+    for entry in entry_points(group=PLUGIN_GROUP) if found is None else found:
+        try:
+            entry.load()(root)
+        except Exception as exc:  # a broken plugin must not take the product's commands down
+            problems.append(f"plugin {entry.name!r} ({entry.value}) not loaded: {exc}")
+    return problems
+
+
+_PLUGIN_PROBLEMS = add_plugins(app)
 
 
 def main() -> None:
     """The `schedctl` console script."""
     to_devnull = stdout_is_devnull()
+    for problem in _PLUGIN_PROBLEMS:
+        print(f"warning: {problem}", file=sys.stderr)
     try:
         try:
             app()

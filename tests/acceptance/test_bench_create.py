@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import text
 
-from schedctl.bench.create import _Client
 from schedctl.storage.engine import make_engine
+from schedctl_bench.create import _Client
 from tests.acceptance.bench_support import bench
 
 

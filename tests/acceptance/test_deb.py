@@ -184,6 +184,9 @@ def test_the_package_has_the_files_and_the_control_data(packages: tuple[Path, Pa
     assert not any(name.startswith("/var/") for name in entries)
     # no pip in a dpkg-owned tree, no build paths anywhere
     assert not any("/site-packages/pip/" in name for name in entries)
+    # the product alone: the benchmarks are a distribution of their own (schedctl-bench)
+    assert any(name.endswith("/site-packages/schedctl/cli/app.py") for name in entries)
+    assert not any("schedctl_bench" in name or "/schedctl/bench/" in name for name in entries)
     assert "build/deb" not in listing
 
 

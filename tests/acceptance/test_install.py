@@ -104,6 +104,18 @@ def test_install_reinstall_and_uninstall_into_destdir(tmp_path: Path) -> None:
         assert version.returncode == 0, version.stderr
         assert version.stdout.strip() == f"{tool} {__version__}"
     venv = root / VENV.lstrip("/")
+    # the product alone: the benchmarks are a distribution of their own (schedctl-bench)
+    assert not list(venv.glob("lib/python*/site-packages/schedctl_bench*"))
+    shown = subprocess.run(
+        [str(python), str(root / PREFIX.lstrip("/") / "bin/schedctl"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"COLUMNS": "120"},
+    )
+    assert shown.returncode == 0 and shown.stderr == "", shown.stderr
+    assert " job " in shown.stdout and " bench " not in shown.stdout
     assert f"{root}" not in (venv / "pyvenv.cfg").read_text()
     assert f"{root}" not in (venv / "bin/pip").read_text().splitlines()[0]
     # installed, not editable: the venv does not read this checkout

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,10 @@ def test_the_one_file_runs_the_demo_without_the_source_tree(onefile: Path, tmp_p
     work.mkdir()
     pyz = work / "scheduled.pyz"
     shutil.copy(onefile, pyz)
+    # the product alone: the benchmarks are a distribution of their own (schedctl-bench)
+    names = zipfile.ZipFile(pyz).namelist()
+    assert any(name.endswith("/schedctl/cli/app.py") for name in names)
+    assert not any("schedctl_bench" in name or "/schedctl/bench/" in name for name in names)
     python = plain_python()
     env = {
         "HOME": str(home),  # shiv unpacks into ~/.shiv

@@ -28,18 +28,18 @@ from typing import IO, TypeVar
 from sqlalchemy import text
 
 from schedctl import errors
-from schedctl.bench.api_workers import (
+from schedctl.cluster_status import read_members
+from schedctl.coordination.assignment import assignment
+from schedctl.storage.partitions import PartitionRepo
+from schedctl.storage.store import Store
+from schedctl_bench.api_workers import (
     api_argv,
     api_url,
     api_worker_argv,
     api_worker_env,
     wait_healthy,
 )
-from schedctl.bench.consumers import worker_argv
-from schedctl.cluster_status import read_members
-from schedctl.coordination.assignment import assignment
-from schedctl.storage.partitions import PartitionRepo
-from schedctl.storage.store import Store
+from schedctl_bench.consumers import worker_argv
 from tests.services.ports import free_port, tail
 
 SCHEDULED_D = Path(sys.executable).parent / "scheduled-d"

@@ -39,10 +39,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from schedctl.bench.consumers import worker_accepts_tenant
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.storage import schema
 from schedctl.storage.store import Store
+from schedctl_bench.consumers import worker_accepts_tenant
 from tests.chaos.checker import History, check, load_history
 from tests.chaos.cluster import Cluster, wait_until
 from tests.chaos.conftest import PARTITIONS, SESSION_TIMEOUT_SECONDS

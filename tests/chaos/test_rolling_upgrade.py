@@ -34,9 +34,9 @@ import pytest
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import make_url
 
-from schedctl.bench.consumers import worker_accepts_tenant
 from schedctl.storage import migrate
 from schedctl.storage.engine import make_engine
+from schedctl_bench.consumers import worker_accepts_tenant
 from tests.chaos.checker import check, load_history
 from tests.chaos.cluster import Cluster, wait_until
 from tests.chaos.conftest import PARTITIONS, SESSION_TIMEOUT_SECONDS

@@ -18,12 +18,12 @@ from schedctl.models import Target, TargetType
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import CronSchedule, IntervalSchedule
 from schedctl.storage import schema
-from schedctl.storage.bench import move_jobs_due
 from schedctl.storage.claim import Claimer, ClaimResult, DueJob
 from schedctl.storage.jobs import JobRepo
 from schedctl.storage.partitions import PartitionRepo
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
+from schedctl_bench.storage.bench import move_jobs_due
 from tests.factories import (
     ago,
     ahead,

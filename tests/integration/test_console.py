@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import requests
 
-from schedctl.bench.console import server_seconds
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.service import Scheduler
 from schedctl.storage import schema
+from schedctl_bench.console import server_seconds
 from scheduled_d.api.server import ApiServer
 from tests.integration.api_support import snapshot
 from tests.integration.console_support import seed

@@ -17,11 +17,11 @@ from psycopg import sql
 from sqlalchemy import event, text
 
 from schedctl.service import Scheduler
-from schedctl.storage import bench_console as bench_rows
 from schedctl.storage import console, schema
-from schedctl.storage.bench_sizes import vacuum_analyze
-from schedctl.storage.bulk_future import load_future_jobs
 from schedctl.storage.store import Store
+from schedctl_bench.storage import bench_console as bench_rows
+from schedctl_bench.storage.bench_sizes import vacuum_analyze
+from schedctl_bench.storage.bulk_future import load_future_jobs
 
 pytestmark = pytest.mark.postgres
 

@@ -16,7 +16,7 @@ from schedctl import errors
 from schedctl.models import JobStatus
 from schedctl.service import Scheduler
 from schedctl.storage import schema
-from schedctl.storage.bulk import insert_once_jobs
+from schedctl_bench.storage.bulk import insert_once_jobs
 
 ACTOR = "test:quota-bounds"
 

@@ -14,11 +14,11 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from schedctl.storage import schema
-from schedctl.storage.bulk_future import load_future_jobs
 from schedctl.storage.dialect import LeaseMark, OutcomeWrites
 from schedctl.storage.dialect_postgres import _span
 from schedctl.storage.retention import ensure_run_partitions
 from schedctl.storage.store import Store
+from schedctl_bench.storage.bulk_future import load_future_jobs
 from tests.factories import make_tenant
 
 pytestmark = pytest.mark.postgres

@@ -27,11 +27,11 @@ import pytest
 import requests
 from sqlalchemy import func, select, text, update
 
-from schedctl.bench.consumers import SCHEDULED_D, Consumers, trouble_in
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage import schema
-from schedctl.storage.bulk import insert_once_jobs
 from schedctl.storage.store import Store
+from schedctl_bench.consumers import SCHEDULED_D, Consumers, trouble_in
+from schedctl_bench.storage.bulk import insert_once_jobs
 from tests.factories import make_tenant, set_tenant
 from tests.services.ports import free_port
 

@@ -78,8 +78,6 @@ BACKEND_FILES = {
     # the restore's report says what else Postgres needs (its grants)
     "schedctl/storage/backup.py",
     "schedctl/cli/db.py",
-    # the report's field names the backend it ran on
-    "schedctl/cli/bench.py",
 }
 # Migrations are history: each revision stays as it ran, so it names backends itself.
 BACKEND_DIRS = ("schedctl/storage/migrations/",)

@@ -1,6 +1,7 @@
-"""Owns the test that SQL lives only in schedctl/storage/: no module outside it imports
-SQLAlchemy or the table definitions (schedctl.storage.schema), read from the source files
-themselves, imports inside functions and TYPE_CHECKING blocks included."""
+"""Owns the test that SQL lives only in schedctl/storage/ (and the benchmarks' own in
+benchmarks/schedctl_bench/storage/): no module outside them imports SQLAlchemy or the table
+definitions (schedctl.storage.schema), read from the source files themselves, imports inside
+functions and TYPE_CHECKING blocks included."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-STORAGE = ROOT / "schedctl" / "storage"
-# the packages whose code runs in production; tests may build their own queries
-SOURCES = (ROOT / "schedctl", ROOT / "daemon")
+STORAGE = (ROOT / "schedctl" / "storage", ROOT / "benchmarks" / "schedctl_bench" / "storage")
+# the packages whose code runs in production, and the benchmarks (schedctl-bench); tests may
+# build their own queries
+SOURCES = (ROOT / "schedctl", ROOT / "daemon", ROOT / "benchmarks")
 FORBIDDEN = ("sqlalchemy", "schedctl.storage.schema")
 # the peers' drivers of `schedctl bench peers`: other systems' code run by their own venv's
 # python (APScheduler's data store is SQLAlchemy), never imported by schedctl
-FOREIGN = ROOT / "schedctl" / "bench" / "peer_scripts"
+FOREIGN = ROOT / "benchmarks" / "schedctl_bench" / "peer_scripts"
 
 
 def _imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
@@ -38,7 +40,7 @@ def _outside_storage() -> list[Path]:
     return [
         path
         for path in files
-        if not path.is_relative_to(STORAGE) and not path.is_relative_to(FOREIGN)
+        if not any(path.is_relative_to(folder) for folder in (*STORAGE, FOREIGN))
     ]
 
 
@@ -47,7 +49,9 @@ def test_the_scan_sees_the_sources() -> None:
     names = {path.relative_to(ROOT).as_posix() for path in _outside_storage()}
     assert {"schedctl/service.py", "schedctl/cluster_status.py"} <= names
     assert "daemon/scheduled_d/dispatcher.py" in names
+    assert "benchmarks/schedctl_bench/pipeline.py" in names
     assert not any(name.startswith("schedctl/storage/") for name in names)
+    assert not any("/storage/" in name or "/peer_scripts/" in name for name in names)
 
 
 def test_the_scan_finds_a_forbidden_import() -> None:

@@ -41,8 +41,8 @@ DELIVERY_TABLES = ("outbox", "queue_messages", "runs", "run_attempts")
 
 def clear_dead_rows(store: Store) -> None:
     """Before a delivery measurement: vacuum_analyze the delivery tables, so that each
-    measurement starts from the same state whatever ran before it (one bench relay after
-    another, the outbox's dead rows slowed the claims to a third by the fourth run)."""
+    measurement starts from the same state whatever ran before it (the dead rows of the
+    runs before it would slow its claims, more with each run)."""
     for table in DELIVERY_TABLES:
         vacuum_analyze(store, table)
 

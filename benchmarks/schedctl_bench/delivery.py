@@ -21,14 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from schedctl import errors
-from schedctl.bench import children, measure
-from schedctl.bench.receiver import Receiver
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.storage import bench as bench_rows
-from schedctl.storage import bench_sizes
 from schedctl.storage.jobs import new_job_id, partition_of
 from schedctl.storage.store import Store
 from schedctl.storage.tenants import TenantRepo
+from schedctl_bench import children, measure
+from schedctl_bench.receiver import Receiver
+from schedctl_bench.storage import bench as bench_rows
+from schedctl_bench.storage import bench_sizes
 
 
 def bench_tenant(store: Store, concurrency: int) -> str:
@@ -145,7 +145,7 @@ def deliver_over_http(
     receiver: the job, the relay's figures (relay_until_settled) and the receiver's counts
     and CPU seconds.
     The receiver runs in its own process: in this one it would compete with the relay for
-    the interpreter lock, and the figure would be half the relay's."""
+    the interpreter lock, and the figure would measure the lock, not the relay."""
     receiver = Receiver()
     try:
         job_id = claimed_runs(store, tenant_id, "http", receiver.url, runs)

@@ -15,10 +15,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from schedctl.bench import measure
-from schedctl.bench.delivery import bench_tenant, deliver_over_http
-from schedctl.storage import bench as bench_rows
 from schedctl.storage.store import Store
+from schedctl_bench import measure
+from schedctl_bench.delivery import bench_tenant, deliver_over_http
+from schedctl_bench.storage import bench as bench_rows
 
 
 def _round(value: float | None) -> float | None:

@@ -1,6 +1,6 @@
-"""`schedctl bench relay`: the command of the relay benchmark (schedctl.bench.relay), signed
+"""`schedctl bench relay`: the command of the relay benchmark (schedctl_bench.relay), signed
 HTTP deliveries per second from one relay process to a loopback keep-alive receiver;
-registered on the `bench` group in app.py. The benchmark is imported when the command runs
+registered on the `bench` group in plugin.py. The benchmark is imported when the command runs
 (`schedctl --help` must not load sqlalchemy)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Annotated
 
 import typer
 
-from schedctl.cli.bench_options import LaneWidthOption, count, keep_option, seconds
 from schedctl.cli.common import OutputOption, cli_state, output_format
 from schedctl.cli.output import emit
+from schedctl_bench.cli.bench_options import LaneWidthOption, count, keep_option, seconds
 
 
 def relay(
@@ -25,7 +25,7 @@ def relay(
     """Signed HTTP deliveries per second from one `scheduled-d relay` to a loopback
     keep-alive receiver, p50/p99 call latency, duplicates and missing runs. Use a scratch
     database: it adds a tenant, a job and its runs (removed after unless --keep)."""
-    from schedctl.bench.relay import run_relay_bench
+    from schedctl_bench.relay import run_relay_bench
 
     result = run_relay_bench(
         cli_state(ctx).store(), runs=runs, concurrency=concurrency, timeout=timeout, keep=keep

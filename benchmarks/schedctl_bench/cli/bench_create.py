@@ -1,6 +1,6 @@
 """Owns `schedctl bench create`: jobs created per second through a `scheduled-d api` process
 on loopback, by single POST /v1/jobs or by POST /v1/jobs:batch (--batch), from C keep-alive
-clients, or by `schedctl job import` (--import) (schedctl/bench/create.py does the work).
+clients, or by `schedctl job import` (--import) (benchmarks/schedctl_bench/create.py does the work).
 Measured and reported, never asserted."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Annotated
 import typer
 
 from schedctl import limits
-from schedctl.cli.bench_options import KeepJobsOption, count, seconds
 from schedctl.cli.common import OutputOption, cli_state, output_format
 from schedctl.cli.output import emit
+from schedctl_bench.cli.bench_options import KeepJobsOption, count, seconds
 
 
 def create(
@@ -56,7 +56,7 @@ def create(
     idempotency key, from --concurrency keep-alive clients; with the latency of a request
     (p50/p99/max). A throwaway tenant creates one-time jobs a year ahead (nothing fires)
     and is deleted with its jobs at the end unless --keep."""
-    from schedctl.bench.create import CreateBenchConfig, run
+    from schedctl_bench.create import CreateBenchConfig, run
 
     state = cli_state(ctx)
     scheduler = state.database()  # refuses --api: the benchmark starts its own API

@@ -1,6 +1,6 @@
-"""`schedctl bench console`: the command of the web console benchmark (schedctl.bench.console),
+"""`schedctl bench console`: the command of the web console benchmark (schedctl_bench.console),
 each /ui page's response time (p50/p99) with many jobs and runs stored; registered on the
-`bench` group in app.py. The benchmark is imported when the command runs (`schedctl --help`
+`bench` group in plugin.py. The benchmark is imported when the command runs (`schedctl --help`
 must not load sqlalchemy)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Annotated
 
 import typer
 
-from schedctl.cli.bench_options import count, keep_option
 from schedctl.cli.common import OutputOption, cli_state, output_format, say
 from schedctl.cli.output import OutputFormat, emit
+from schedctl_bench.cli.bench_options import count, keep_option
 
 
 def console(
@@ -30,8 +30,8 @@ def console(
     under 300 ms server time per page at 100,000 jobs and 1,000,000 runs. `scheduled-d api`
     runs as its own process. Use a scratch database (Postgres to measure what production
     sees): the tenant and its rows are removed after unless --keep."""
-    from schedctl.bench.console import run_console_bench
-    from schedctl.cli.bench import _api_process
+    from schedctl_bench.cli.bench import _api_process
+    from schedctl_bench.console import run_console_bench
 
     state = cli_state(ctx)
     store = state.database().store

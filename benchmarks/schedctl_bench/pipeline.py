@@ -21,15 +21,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 from schedctl import errors
-from schedctl.bench import measure
-from schedctl.bench.consumers import Consumers
-from schedctl.bench.dispatch import Dispatchers, bench_tenant
-from schedctl.bench.receiver import Receiver
 from schedctl.models import run_key
-from schedctl.storage import bench as bench_rows
-from schedctl.storage import bench_sizes
-from schedctl.storage.bulk import insert_once_jobs
 from schedctl.storage.store import Store
+from schedctl_bench import measure
+from schedctl_bench.consumers import Consumers
+from schedctl_bench.dispatch import Dispatchers, bench_tenant
+from schedctl_bench.receiver import Receiver
+from schedctl_bench.storage import bench as bench_rows
+from schedctl_bench.storage import bench_sizes
+from schedctl_bench.storage.bulk import insert_once_jobs
 
 STAGES = ("claimed", "delivered", "started", "finished")
 POLL_SECONDS = 0.2
@@ -452,8 +452,7 @@ def _run(
         # the jobs' statistics as autovacuum keeps a table's that grows as it is used: made
         # seconds before the instant, the load was otherwise planned for as the empty
         # table a former run's deletion left, or not, as autovacuum's minute fell (the
-        # relays' claims probed jobs through ix_jobs_tenant, a whole index walk per run:
-        # 44-58 s to deliver a 100,000-run burst over HTTP instead of 14-18)
+        # relays' claims then probe jobs through ix_jobs_tenant, a whole index walk per run)
         bench_sizes.vacuum_analyze(store, "jobs")
         assert bench.first_due is not None
         margin = (bench.first_due - datetime.now(UTC)).total_seconds()

@@ -21,9 +21,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from schedctl import errors
-from schedctl.bench import children
-from schedctl.bench.measure import ms, percentile
-from schedctl.cli.bench_options import KeepJobsOption, count, seconds
 from schedctl.cli.common import (
     OutputOption,
     actor,
@@ -32,6 +29,9 @@ from schedctl.cli.common import (
     say,
 )
 from schedctl.cli.output import OutputFormat, emit
+from schedctl_bench import children
+from schedctl_bench.cli.bench_options import KeepJobsOption, count, seconds
+from schedctl_bench.measure import ms, percentile
 
 if TYPE_CHECKING:
     # requests and the storage modules are imported where they are used: `schedctl --help`
@@ -253,7 +253,7 @@ def _wait_healthy(base_url: str, process: subprocess.Popen[bytes], log_path: Pat
 
 def _delete_tenant(scheduler: Scheduler, tenant_id: str) -> None:
     """Remove what the benchmark made: its jobs (and any runs), tokens, audit rows, tenant."""
-    from schedctl.storage import bench as bench_rows
+    from schedctl_bench.storage import bench as bench_rows
 
     bench_rows.delete_tenant(scheduler.store, tenant_id)
 

@@ -167,8 +167,8 @@ def outbox_left(store: Store, job_id: str) -> int:
 
 def outbox_holds(store: Store, job_id: str) -> bool:
     """Whether any of the job's runs is still in the outbox: a look at one row, where a
-    count read them all (the bench's poll every 20 ms took a quarter of a core from the
-    relay it measured)."""
+    count would read them all (the bench polls this while the relay it measures runs, on
+    the same cores)."""
     return _has_job_rows(store, schema.outbox, job_id)
 
 

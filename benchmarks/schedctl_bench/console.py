@@ -22,15 +22,15 @@ from datetime import timedelta
 from typing import Any
 
 from schedctl import errors
-from schedctl.bench import measure
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.service import Scheduler
-from schedctl.storage import bench as shared_rows
-from schedctl.storage import bench_console as bench_rows
-from schedctl.storage.bench_sizes import vacuum_analyze
-from schedctl.storage.bulk_future import load_future_jobs
 from schedctl.storage.cursors import encode_cursor
 from schedctl.storage.store import Store
+from schedctl_bench import measure
+from schedctl_bench.storage import bench as shared_rows
+from schedctl_bench.storage import bench_console as bench_rows
+from schedctl_bench.storage.bench_sizes import vacuum_analyze
+from schedctl_bench.storage.bulk_future import load_future_jobs
 
 # starts `scheduled-d api` on the same database and yields its base URL (the CLI's
 # _api_process: the API in its own process, as in production)

@@ -1,4 +1,4 @@
-"""Owns the rows of the web console benchmark (schedctl/bench/console.py): a tenant's runs
+"""Owns the rows of the web console benchmark (schedctl_bench/console.py): a tenant's runs
 spread over past days (a few failed or skipped, so that the late page has something to
 show), its dead letters, and the ids the timed pages name. On Postgres the server makes the
 runs (INSERT ... SELECT over the tenant's jobs and generate_series) into day partitions

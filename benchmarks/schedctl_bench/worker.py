@@ -1,7 +1,7 @@
 """Owns the worker benchmark behind `schedctl bench worker` (cli/bench_dispatch.py): how many
 commands a second ONE `scheduled-d worker` process starts while it drains a backlog of
 already-queued `/bin/true` runs (one one-time job each), against the spawn ceiling measured
-in the same run (schedctl.bench.pipeline.spawn_ceiling, before and after the drain, so
+in the same run (schedctl_bench.pipeline.spawn_ceiling, before and after the drain, so
 that a change in the machine's load shows). Measured and reported, never asserted.
 
 Everything is bounded: a fixed number of runs, a deadline, one worker process this command
@@ -18,14 +18,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from schedctl import errors
-from schedctl.bench import measure
-from schedctl.bench.consumers import Consumers
-from schedctl.bench.delivery import bench_tenant
-from schedctl.bench.pipeline import spawn_ceiling
-from schedctl.storage import bench as bench_rows
-from schedctl.storage import bench_sizes
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
+from schedctl_bench import measure
+from schedctl_bench.consumers import Consumers
+from schedctl_bench.delivery import bench_tenant
+from schedctl_bench.pipeline import spawn_ceiling
+from schedctl_bench.storage import bench as bench_rows
+from schedctl_bench.storage import bench_sizes
 
 POLL_SECONDS = 0.1
 STOP_SECONDS = 60.0

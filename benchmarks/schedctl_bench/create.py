@@ -28,18 +28,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schedctl import errors, limits
-from schedctl.bench import children, measure
-from schedctl.bench.api_workers import (
+from schedctl.service import Scheduler
+from schedctl.storage.engine import redact
+from schedctl_bench import children, measure
+from schedctl_bench.api_workers import (
     SCHEDULED_D,
     api_argv,
     api_url,
     loopback_port,
     wait_healthy,
 )
-from schedctl.service import Scheduler
-from schedctl.storage import bench as bench_rows
-from schedctl.storage import bench_sizes
-from schedctl.storage.engine import redact
+from schedctl_bench.storage import bench as bench_rows
+from schedctl_bench.storage import bench_sizes
 
 API_READY_SECONDS = 30.0
 WARMUP_REQUESTS = 3  # per client, before the clock starts: connections, caches
@@ -73,10 +73,10 @@ class _Tally:
 def run(scheduler: Scheduler, database_url: str, config: CreateBenchConfig) -> dict[str, Any]:
     """Start the API, create the jobs, report. The tenant is removed afterwards unless kept."""
     # from the state a former run left, vacuumed: its deleted jobs gone and the statistics
-    # current. Autovacuum otherwise counted the table empty (no live rows over pages not
-    # yet given back) while this run filled it, and until its next analyze Postgres took
-    # the new tenant's jobs for one row and looked each key up by walking all of them
-    # (ix_jobs_tenant_status): imports of 150,000 in 76-82 s instead of 15
+    # current. Autovacuum otherwise counts the table empty (no live rows over pages not
+    # yet given back) while this run fills it, and until its next analyze Postgres takes
+    # the new tenant's jobs for one row and looks each key up by walking all of them
+    # (ix_jobs_tenant_status)
     for table in ("jobs", "audit_log"):
         bench_sizes.vacuum_analyze(scheduler.store, table)
     tenant, token = scheduler.create_tenant(f"bench-create-{uuid.uuid4().hex[:8]}", "cli:bench")
@@ -96,8 +96,8 @@ def run(scheduler: Scheduler, database_url: str, config: CreateBenchConfig) -> d
                 tally, elapsed, imported = _import(host, port, token, config)
             else:
                 # from when the clients' warm-up is over, with the clock: a batch run's
-                # warm-up (3 requests of 1,000 jobs per client) would otherwise count
-                # almost twice the timed jobs' CPU against them
+                # warm-up (3 requests of 1,000 jobs per client) would otherwise count its
+                # own CPU against the timed jobs
                 tally, elapsed, cpu_before = _drive(
                     host, port, token, config, lambda: measure.cpu_seconds(pid)
                 )

@@ -1,7 +1,7 @@
 """Owns the benchmarks' loopback HTTP receiver: a minimal keep-alive HTTP/1.1 server
 (asyncio, Content-Length bodies) on 127.0.0.1 that answers 204 to every POST and records,
 per run key (the Idempotency-Key header), each time it was received, and how many POSTs
-came without a v2 signature. It runs as its own process (`python -m schedctl.bench.receiver`),
+came without a v2 signature. It runs as its own process (`python -m schedctl_bench.receiver`),
 so that it does not compete with the bench or a relay for CPU or an interpreter lock; it
 prints its port on the first line of stdout and stops when its stdin closes.
 
@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from schedctl import errors
-from schedctl.bench import children
+from schedctl_bench import children
 
 
 class _Counts:
@@ -107,7 +107,7 @@ class Receiver:
 
     def __init__(self) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "schedctl.bench.receiver"],
+            [sys.executable, "-m", "schedctl_bench.receiver"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

@@ -3,7 +3,7 @@ stored (and the same with a smaller --compare count), a real `scheduled-d dispat
 every partition claims a burst due now (claims per second, peak RSS), the dispatcher's due
 read of the next window is timed (the same range read of the due index it preloads with), and
 the bytes each stored job and each run-history row take are reported. On SQLite it also
-runs the embedded burst (`scheduled-d all`) through schedctl.bench.pipeline. Measured and
+runs the embedded burst (`scheduled-d all`) through schedctl_bench.pipeline. Measured and
 reported, never asserted."""
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from datetime import timedelta
 from typing import Any
 
 from schedctl import errors
-from schedctl.bench import measure
-from schedctl.bench.dispatch import Dispatchers, bench_tenant
-from schedctl.storage import bench as bench_rows
-from schedctl.storage import bench_sizes
-from schedctl.storage.bulk import insert_once_jobs
-from schedctl.storage.bulk_future import load_future_jobs
 from schedctl.storage.claim import Claimer
 from schedctl.storage.store import Store
+from schedctl_bench import measure
+from schedctl_bench.dispatch import Dispatchers, bench_tenant
+from schedctl_bench.storage import bench as bench_rows
+from schedctl_bench.storage import bench_sizes
+from schedctl_bench.storage.bulk import insert_once_jobs
+from schedctl_bench.storage.bulk_future import load_future_jobs
 
 FUTURE_START = timedelta(days=1)  # the first future job: never due during the benchmark
 FUTURE_SPAN = timedelta(days=365)  # the future jobs are spread evenly over this
@@ -251,8 +251,8 @@ def run_scale(
 def embedded_burst(store: Store, url: str, *, burst: int, lead: float, timeout: float) -> Any:
     """SQLite's figure: `burst` runs due at one instant through one `scheduled-d all` (the
     embedded default, no worker: a run is delivered once it is in the built-in queue), the
-    whole-path burst of schedctl.bench.pipeline."""
-    from schedctl.bench import pipeline
+    whole-path burst of schedctl_bench.pipeline."""
+    from schedctl_bench import pipeline
 
     plan = pipeline.Plan(
         target="queue",

@@ -1,5 +1,5 @@
-"""`schedctl bench peers`: the command of the side-by-side benchmark (schedctl.bench.peers)
-against procrastinate and APScheduler 4, registered on the `bench` group in app.py; its
+"""`schedctl bench peers`: the command of the side-by-side benchmark (schedctl_bench.peers)
+against procrastinate and APScheduler 4, registered on the `bench` group in plugin.py; its
 table view (a row per workload and system, with the ratio to scheduled-d). The benchmark is
 imported when the command runs (`schedctl --help` must not load sqlalchemy)."""
 
@@ -11,9 +11,9 @@ from typing import Annotated, Any
 
 import typer
 
-from schedctl.cli.bench_options import ConcurrencyOption, count, seconds
 from schedctl.cli.common import OutputOption, cli_state, output_format
 from schedctl.cli.output import OutputFormat, emit
+from schedctl_bench.cli.bench_options import ConcurrencyOption, count, seconds
 
 
 def default_venv() -> Path:
@@ -104,7 +104,7 @@ def peers(
     after their due instant (last, p50, p99) and each peer's figure over scheduled-d's.
     The peers are pip-installed into --venv the first time."""
     from schedctl import errors
-    from schedctl.bench import peers as bench_peers
+    from schedctl_bench import peers as bench_peers
 
     systems: tuple[str, ...] = bench_peers.SYSTEMS
     if only is not None:
@@ -115,7 +115,7 @@ def peers(
                 f"must name some of {', '.join(bench_peers.SYSTEMS)}, not {only!r}", field="only"
             )
     url = cli_state(ctx).database_url()
-    from schedctl.storage.scratch import backend
+    from schedctl_bench.storage.scratch import backend
 
     if backend(url) != "postgresql":
         raise errors.ValidationError("the peers run on Postgres: give a postgresql URL", field="db")

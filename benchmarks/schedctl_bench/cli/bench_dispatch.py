@@ -1,8 +1,8 @@
 """`schedctl bench burst`, `bench steady`, `bench spawn`, `bench worker`, `bench failover` and
 `bench delivery`: the commands of the whole-path benchmarks against real dispatcher, relay and
-worker processes (schedctl.bench.pipeline), of the failover benchmark
-(schedctl.bench.dispatch) and of the delivery benchmark (schedctl.bench.delivery);
-registered on the `bench` group in app.py.
+worker processes (schedctl_bench.pipeline), of the failover benchmark
+(schedctl_bench.dispatch) and of the delivery benchmark (schedctl_bench.delivery);
+registered on the `bench` group in plugin.py.
 The benchmarks themselves are imported when a command runs: they load sqlalchemy, requests
 and pika, which `schedctl --help` must not."""
 
@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from schedctl.cli.bench_options import (
+from schedctl.cli.common import OutputOption, cli_state, output_format
+from schedctl.cli.output import OutputFormat, emit
+from schedctl_bench.cli.bench_options import (
     BatchOption,
     ConcurrencyOption,
     DispatchersOption,
@@ -28,18 +30,16 @@ from schedctl.cli.bench_options import (
     keep_option,
     seconds,
 )
-from schedctl.cli.common import OutputOption, cli_state, output_format
-from schedctl.cli.output import OutputFormat, emit
 
 if TYPE_CHECKING:
-    from schedctl.bench.pipeline import Plan
+    from schedctl_bench.pipeline import Plan
 
 
 def _url(ctx: typer.Context) -> str:
     return cli_state(ctx).store().engine.url.render_as_string(hide_password=False)
 
 
-STAGES = ("claimed", "delivered", "started", "finished")  # as schedctl.bench.pipeline.STAGES
+STAGES = ("claimed", "delivered", "started", "finished")  # as schedctl_bench.pipeline.STAGES
 PLAN_KNOBS = (
     "embedded",
     "relays",
@@ -53,8 +53,8 @@ PLAN_KNOBS = (
 
 def _plan(ctx: typer.Context, options: dict[str, Any]) -> Plan:
     """The processes of a run, from a command's options (its locals())."""
-    from schedctl.bench.dispatch import Dispatchers
-    from schedctl.bench.pipeline import Plan
+    from schedctl_bench.dispatch import Dispatchers
+    from schedctl_bench.pipeline import Plan
 
     group = Dispatchers(
         _url(ctx), options["dispatchers"], options["zookeeper"], options["batch_size"]
@@ -108,7 +108,7 @@ def burst(
     for each stage (claimed, delivered, started, finished) how long after the instant the
     last run got there, lateness p50/p99/max, duplicates, missing and peak RSS. Use a
     scratch database: it adds a tenant with its jobs, deleted at the end."""
-    from schedctl.bench import pipeline
+    from schedctl_bench import pipeline
 
     plan = _plan(ctx, locals())
     result = pipeline.burst(cli_state(ctx).store(), plan, jobs=jobs, lead_seconds=lead)
@@ -146,7 +146,7 @@ def steady(
     lateness of each stage (claimed, delivered, started, finished), duplicates, missing and
     peak RSS. --timeout counts after the last run's instant. Use a scratch database: it adds
     a tenant with its jobs, deleted at the end."""
-    from schedctl.bench import pipeline
+    from schedctl_bench import pipeline
 
     plan = _plan(ctx, locals())
     result = pipeline.steady(cli_state(ctx).store(), plan, rate=rate, duration=duration)
@@ -162,7 +162,7 @@ def spawn(
     """The spawn ceiling: how many times a second Python starts /bin/true from --threads
     threads on this machine (the most one worker process could start), and the CPU of one
     start, the child's included."""
-    from schedctl.bench.pipeline import spawn_ceiling
+    from schedctl_bench.pipeline import spawn_ceiling
 
     spawns = spawn_ceiling(duration, threads)
     result = {
@@ -193,7 +193,7 @@ def worker(
     one-time job each): commands started a second, against the spawn ceiling measured in
     the same run, and the worker's CPU per run. Use a scratch database: it adds a tenant,
     its jobs and their runs (removed after unless --keep)."""
-    from schedctl.bench.worker import run_worker_bench
+    from schedctl_bench.worker import run_worker_bench
 
     result = run_worker_bench(
         cli_state(ctx).store(),
@@ -218,7 +218,7 @@ def failover(
     """Recovery time: three dispatchers, then kill -9, SIGSTOP and SIGTERM of one each;
     the seconds until its partitions are owned again. Use a scratch database."""
     store = cli_state(ctx).store()
-    from schedctl.bench import dispatch
+    from schedctl_bench import dispatch
 
     result = dispatch.failover(
         store,
@@ -247,7 +247,7 @@ def delivery(
     """Deliveries per second from the outbox to a loopback HTTP endpoint and into the
     built-in queue (and RabbitMQ with --rabbitmq). Use a scratch database: it adds a
     tenant, jobs and runs."""
-    from schedctl.bench.delivery import run_delivery_bench
+    from schedctl_bench.delivery import run_delivery_bench
 
     result = run_delivery_bench(
         cli_state(ctx).store(),

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from schedctl import errors
-from schedctl.bench import children
-from schedctl.bench.api_workers import (
+from schedctl_bench import children
+from schedctl_bench.api_workers import (
     api_argv,
     api_url,
     api_worker_argv,

@@ -1,6 +1,6 @@
 """Owns the benchmarks' dispatcher processes (N `scheduled-d dispatcher` on one database),
 the unpaced bench tenant, and the failover benchmark (re-own time after kill -9, SIGSTOP,
-SIGTERM). The whole-path burst and steady benchmarks are in schedctl.bench.pipeline."""
+SIGTERM). The whole-path burst and steady benchmarks are in schedctl_bench.pipeline."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from schedctl import errors
-from schedctl.bench import children
-from schedctl.storage import bench as bench_rows
 from schedctl.storage.store import Store
 from schedctl.storage.tenants import TenantRepo
+from schedctl_bench import children
+from schedctl_bench.storage import bench as bench_rows
 
 SCHEDULED_D = Path(sys.executable).parent / "scheduled-d"
 

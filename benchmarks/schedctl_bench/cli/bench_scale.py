@@ -1,5 +1,5 @@
 """`schedctl bench scale`: the command of the stored-work-at-scale benchmark
-(schedctl.bench.scale), registered on the `bench` group in app.py; its table view (one
+(schedctl_bench.scale), registered on the `bench` group in plugin.py; its table view (one
 row per figure, a column per stored count and their ratio). The benchmark is imported when
 the command runs (`schedctl --help` must not load sqlalchemy)."""
 
@@ -10,9 +10,9 @@ from typing import Annotated, Any
 
 import typer
 
-from schedctl.cli.bench_options import BatchOption, TimeoutOption, count, keep_option, seconds
 from schedctl.cli.common import OutputOption, cli_state, output_format
 from schedctl.cli.output import OutputFormat, emit
+from schedctl_bench.cli.bench_options import BatchOption, TimeoutOption, count, keep_option, seconds
 
 FIGURES = (
     ("load_rows_per_second", "load rows/s"),
@@ -80,7 +80,7 @@ def scale(
     next minute over every partition is timed; bytes per stored job and per run-history
     row. On SQLite also the embedded burst (`scheduled-d all`): how long after the instant
     the last run was in the queue. Loads with COPY on Postgres. Use a scratch database."""
-    from schedctl.bench import scale as bench_scale
+    from schedctl_bench import scale as bench_scale
 
     if compare >= future_jobs:
         from schedctl import errors

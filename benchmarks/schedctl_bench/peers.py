@@ -3,9 +3,9 @@ and APScheduler 4 run the same burst (N jobs due at one instant) and the same st
 jobs a second for S seconds) on the same Postgres server, each on a fresh database of its
 own, in one run; for each, when its jobs started after their due instant (last, p50, p99),
 and each peer's figure over scheduled-d's. scheduled-d's figures are its whole-path
-benchmark's (schedctl.bench.pipeline: real dispatcher, relay and worker processes); the peers
-run as plain scripts (schedctl/bench/peer_scripts/) under a virtual environment of their own,
-made once with pip. Measured and reported, never asserted."""
+benchmark's (schedctl_bench.pipeline: real dispatcher, relay and worker processes); the peers
+run as plain scripts (schedctl_bench/peer_scripts/) under a virtual environment of their
+own, made once with pip. Measured and reported, never asserted."""
 
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from schedctl import errors
-from schedctl.bench import children
-from schedctl.bench.pipeline import lateness
-from schedctl.storage import scratch
+from schedctl_bench import children
+from schedctl_bench.pipeline import lateness
+from schedctl_bench.storage import scratch
 
 PEERS = ("procrastinate", "apscheduler")
 SYSTEMS = ("scheduled-d", *PEERS)
@@ -195,9 +195,9 @@ def ratios(by_system: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def run_scheduled_d(url: str, workload: str, w: Workloads) -> dict[str, Any]:
     """The whole-path benchmark on a fresh database: one dispatcher, one relay, one worker
     running /bin/true with w.concurrency commands at once."""
-    from schedctl.bench import pipeline
-    from schedctl.bench.dispatch import Dispatchers
     from schedctl.storage.store import Store
+    from schedctl_bench import pipeline
+    from schedctl_bench.dispatch import Dispatchers
 
     rendered = url
     store = Store.open(rendered, upgrade=True)

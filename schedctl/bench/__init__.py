@@ -1,1 +1,0 @@
-"""Benchmarks shipped with schedctl (`schedctl bench ...`): measured, never asserted."""
