@@ -7,7 +7,6 @@ import dataclasses
 import logging
 import os
 import signal
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -115,13 +114,6 @@ def _open_store(config: Config, mode: str, *, upgrade: bool) -> Store:
     return Store.open(
         url, upgrade=upgrade or sets_itself_up(url), application_name=f"scheduled-d {mode}"
     )
-
-
-def _run_threads(targets: list[tuple[str, Callable[[], None]]]) -> list[threading.Thread]:
-    threads = [threading.Thread(target=fn, name=name, daemon=True) for name, fn in targets]
-    for thread in threads:
-        thread.start()
-    return threads
 
 
 def _bounded(parse: Callable[..., Any], field: str, low: int, high: int) -> Callable[[Any], Any]:

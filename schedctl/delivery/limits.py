@@ -111,10 +111,6 @@ class DeliveryLimits:
         with self._lock:
             return self._concurrency.get(lane.tenant_id, self.default_concurrency)
 
-    def free_slots(self, lane: Lane) -> int:
-        with self._lock:
-            return self._free_slots(lane)
-
     def _free_slots(self, lane: Lane) -> int:
         limit = self._concurrency.get(lane.tenant_id, self.default_concurrency)
         return max(0, min(limit - self._busy.get(lane, 0), self.max_in_flight - self._total))
@@ -139,11 +135,6 @@ class DeliveryLimits:
         """Spend `count` tokens (for rows claimed within `capacity`)."""
         with self._lock:
             self._bucket(tenant_id).take(count)
-
-    def refund(self, lane: Lane, rows: int) -> None:
-        """Give back tokens for rows that were claimed but need no delivery (cancelled)."""
-        with self._lock:
-            self._bucket(lane.tenant_id).put_back(rows)
 
     def try_acquire(self, lane: Lane) -> bool:
         """Occupy one slot of the lane (and of the relay) if one is free."""
@@ -171,7 +162,3 @@ class DeliveryLimits:
     def in_flight(self) -> int:
         with self._lock:
             return self._total
-
-    def seconds_until_token(self, tenant_id: str) -> float:
-        with self._lock:
-            return self._bucket(tenant_id).seconds_until(1)

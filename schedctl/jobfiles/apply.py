@@ -40,7 +40,6 @@ if TYPE_CHECKING:
     Jobs = Scheduler | ApiClient
 
 BOOT = "boot (runs on the host's worker start)"  # no longer a skip reason: kept for callers
-PAYLOAD_KEYS = placement.APPLY_PAYLOAD_KEYS
 # normalising a body needs a clock; one before any file's instant keeps `at` jobs that have
 # already run comparable (the real clock checks only what is about to be sent)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
