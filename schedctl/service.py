@@ -25,7 +25,7 @@ from schedctl.host_scope import HostScope
 from schedctl.jobpatch import JobPatch, parse_job_patch
 from schedctl.jobspec import parse_job_request, parse_schedule
 from schedctl.limits import DEFAULT_MAX_PAYLOAD_BYTES
-from schedctl.models import Job, JobStatus, Outcome, Page, Run, Tenant
+from schedctl.models import CreateOutcome, Job, JobStatus, Page, Run, Tenant
 from schedctl.scheduling.schedules import AfterSchedule, BootSchedule
 from schedctl.storage import alerts as alert_store
 from schedctl.storage import dependencies
@@ -171,7 +171,7 @@ class Scheduler(Closing):
         item = self._new_job(found, body, self._validation_now(), actor=actor)
         admit = quota_admission(found.tenant_id, self._quotas(found))
 
-        def create_many(items: Sequence[NewJob]) -> list[Outcome]:
+        def create_many(items: Sequence[NewJob]) -> list[CreateOutcome]:
             return self.jobs.create_many(
                 found.tenant_id,
                 items,
@@ -190,9 +190,11 @@ class Scheduler(Closing):
             alert_store.set_settings(self.store, found.tenant_id, job.job_id, item.spec.alerts)
         return job, created
 
-    def create_many(self, tenant: TenantRef, bodies: Sequence[Any], *, actor: str) -> list[Outcome]:
+    def create_many(
+        self, tenant: TenantRef, bodies: Sequence[Any], *, actor: str
+    ) -> list[CreateOutcome]:
         """Create up to MAX_BATCH jobs from REST-shaped bodies in one transaction; one
-        Outcome per body, in order: the job and whether it is new (else an idempotent
+        CreateOutcome per body, in order: the job and whether it is new (else an idempotent
         replay), or the SchedError that refused it, naming the field. A refused body writes
         nothing; the others are created as by create_job, quotas included: once the
         tenant's create rate or max_jobs is reached, the remaining bodies are refused (429)
@@ -203,14 +205,14 @@ class Scheduler(Closing):
             )
         found = self._tenant(tenant)
         now = self._validation_now()
-        results: list[Outcome | None] = [None] * len(bodies)
+        results: list[CreateOutcome | None] = [None] * len(bodies)
         valid: list[int] = []
         items: list[NewJob] = []
         for index, body in enumerate(bodies):
             try:
                 items.append(self._new_job(found, body, now))
             except errors.SchedError as exc:
-                results[index] = Outcome(error=exc)
+                results[index] = CreateOutcome(error=exc)
                 continue
             valid.append(index)
         outcomes = self.jobs.create_many(
@@ -226,7 +228,7 @@ class Scheduler(Closing):
                 alert_store.set_settings(
                     self.store, found.tenant_id, outcome.job.job_id, item.spec.alerts
                 )
-        return [r if r is not None else Outcome(error=errors.SchedError()) for r in results]
+        return [r if r is not None else CreateOutcome(error=errors.SchedError()) for r in results]
 
     def _new_job(
         self, tenant: Tenant, body: Any, now: datetime, *, actor: str | None = None

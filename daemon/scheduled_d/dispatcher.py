@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 
 from schedctl import errors, retrying
 from schedctl.coordination.base import Coordinator
+from schedctl.delivery.limits import TokenBucket
 from schedctl.storage.changes import ChangeFeed, open_change_feed
 from schedctl.storage.claim import Claimer, ClaimResult, DueJob
 from schedctl.storage.store import Store
@@ -47,24 +48,6 @@ class DispatcherStats:
     claims: int = 0  # claim transactions (batches)
     # seconds between each claimed run's fire time and its claim, newest last
     lateness: deque[float] = field(default_factory=lambda: deque(maxlen=LATENESS_SAMPLES))
-
-
-class TokenBucket:
-    """`rate` tokens a second, bursting to one second's worth."""
-
-    def __init__(self, rate: float) -> None:
-        self.rate = max(rate, 0.001)
-        self.tokens = self.rate
-        self.at = time.monotonic()
-
-    def take(self) -> bool:
-        now = time.monotonic()
-        self.tokens = min(self.rate, self.tokens + (now - self.at) * self.rate)
-        self.at = now
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
-            return True
-        return False
 
 
 class Dispatcher:
@@ -219,7 +202,7 @@ class Dispatcher:
         bucket = self._buckets.get(tenant_id)
         if bucket is None:
             bucket = self._buckets[tenant_id] = TokenBucket(self._rates.get(tenant_id, 1000.0))
-        return bucket.take()
+        return bucket.take(1) == 1
 
     def _account(self, result: ClaimResult, batch: list[DueJob], now: datetime) -> None:
         self.stats.claims += 1

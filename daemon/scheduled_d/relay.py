@@ -54,7 +54,7 @@ from schedctl.delivery.rabbitmq import BrokerPool, Message
 from schedctl.delivery.ssrf import Resolver
 from schedctl.models import Lane, TargetType, Verdict
 from schedctl.storage.dialect import OUTBOX_WORD
-from schedctl.storage.outbox import Delivery, OutboxRepo, Outcome, TenantSettings
+from schedctl.storage.outbox import Delivery, DeliveryOutcome, OutboxRepo, TenantSettings
 from schedctl.storage.payloads import decode_payload
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.settle import unexpected_error
@@ -235,7 +235,7 @@ class Relay:
         # outcomes for the settler: a deque (an append is atomic) and an event set only when
         # it is not set already, instead of a queue.Queue, whose put takes a lock and
         # notifies a condition for every delivery
-        self._outcomes: deque[Outcome] = deque()
+        self._outcomes: deque[DeliveryOutcome] = deque()
         self._outcome_ready = threading.Event()
         self._unsettled = 0  # outcomes produced and not recorded yet
         self._unsettled_lock = threading.Lock()
@@ -766,7 +766,7 @@ class Relay:
         with self._unsettled_lock:
             self._unsettled += 1
         self._outcomes.append(
-            Outcome(
+            DeliveryOutcome(
                 delivery=delivery,
                 verdict=result.verdict,
                 started_at=started,
@@ -795,7 +795,7 @@ class Relay:
 
     def _settle_loop(self) -> None:
         backoff = retrying.Backoff(retrying.STORE_UNAVAILABLE)
-        pending: list[Outcome] = []
+        pending: list[DeliveryOutcome] = []
         while True:
             if not pending:
                 if not self._outcomes:
@@ -833,7 +833,7 @@ class Relay:
             pending = []
             backoff.reset()
 
-    def _settle(self, outcomes: Sequence[Outcome]) -> None:
+    def _settle(self, outcomes: Sequence[DeliveryOutcome]) -> None:
         result = self.outbox.settle(outcomes)
         self._let_go([x.delivery for x in outcomes])
         self._forget(len(outcomes))
@@ -845,7 +845,7 @@ class Relay:
             log.warning("relay: %d run(s) dead-lettered", result.dead)
 
     def _settle_pending(self) -> None:
-        pending: list[Outcome] = []
+        pending: list[DeliveryOutcome] = []
         while self._outcomes:
             pending.append(self._outcomes.popleft())
         for start in range(0, len(pending), SETTLE_BATCH):

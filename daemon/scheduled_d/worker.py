@@ -100,7 +100,7 @@ class TailBuffer:
 
 
 @dataclass
-class _Outcome:
+class _RunOutcome:
     returncode: int | None = None
     timed_out: bool = False
     lease_lost: bool = False
@@ -767,7 +767,7 @@ class _Run:
         self._on_end = spec.on_end if spec is not None else None
         self.child = child
         self.started_at = started_at
-        self.outcome = _Outcome()
+        self.outcome = _RunOutcome()
         # output kept on the host: no tail is held, so none can be sent
         self.keep_output = keep_output
         tail_bytes = 0 if keep_output else worker.output_tail_bytes

@@ -19,7 +19,8 @@ Clock = Callable[[], float]
 
 
 class TokenBucket:
-    """`rate` tokens a second, holding at most `burst` (default: one second's worth)."""
+    """`rate` tokens a second, holding at most `burst` (default: one second's worth); the
+    dispatcher paces a tenant's catch-up with one too."""
 
     def __init__(self, rate: float, burst: float | None = None, *, clock: Clock = time.monotonic):
         self._clock = clock
@@ -49,19 +50,6 @@ class TokenBucket:
         granted = max(0, min(count, int(self._tokens)))
         self._tokens -= granted
         return granted
-
-    def put_back(self, count: int) -> None:
-        """Return tokens taken for work that did not happen."""
-        self._refill()
-        self._tokens = min(self.burst, self._tokens + max(count, 0))
-
-    def seconds_until(self, count: int = 1) -> float:
-        """How long until `count` tokens are there (inf for a zero rate)."""
-        self._refill()
-        missing = count - self._tokens
-        if missing <= 0:
-            return 0.0
-        return missing / self.rate if self.rate > 0 else float("inf")
 
 
 class DeliveryLimits:

@@ -33,7 +33,7 @@ from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.exc import IntegrityError
 
 from schedctl import errors, limits
-from schedctl.models import Job, JobSpec, JobStatus, Outcome
+from schedctl.models import CreateOutcome, Job, JobSpec, JobStatus
 from schedctl.scheduling.schedules import AfterSchedule, first_occurrence, schedule_to_dict
 from schedctl.scheduling.windows import fire_time
 from schedctl.storage import dependencies, job_lookup, schema
@@ -104,8 +104,8 @@ def create_jobs(
     actor: str,
     admit: Admit | None = None,
     metrics_max_jobs: int | None = None,
-) -> list[Outcome]:
-    """Create `items` for the tenant in one transaction; one Outcome per item, in order.
+) -> list[CreateOutcome]:
+    """Create `items` for the tenant in one transaction; one CreateOutcome per item, in order.
     `admit` (the quota checks) runs first in the same transaction, so what it allows is
     atomic with the insert. With `metrics_max_jobs`, an item with `metrics = true` that
     would give the tenant more such jobs is refused, naming `metrics`."""
@@ -152,7 +152,7 @@ class _Batch:
         self.items = items
         self.actor = actor
         self.partition_count = partition_count
-        self.results: list[Outcome | None] = [None] * len(items)
+        self.results: list[CreateOutcome | None] = [None] * len(items)
         self.replays: dict[int, int] = {}  # item -> the earlier item its key replays
         self.batch_keys: dict[str, int] = {}  # key -> the item creating it here
         self.batch_names: dict[str, str] = {}  # name -> job id created here
@@ -210,7 +210,7 @@ class _Batch:
                     except errors.SchedError as exc:
                         refused = exc
             if refused is not None or not isinstance(row, dict):
-                self.results[index] = Outcome(error=refused)
+                self.results[index] = CreateOutcome(error=refused)
                 continue
             row["created_at"] = row["updated_at"] = now
             admitted += 1
@@ -224,16 +224,16 @@ class _Batch:
         self._flush(now)
         record(admitted)
 
-    def outcomes(self) -> list[Outcome]:
+    def outcomes(self) -> list[CreateOutcome]:
         """One per item, in order. The created jobs are built here, after the commit: out
         of the tenant's lock."""
         for index, row in self.created.items():
             job = _job_of(self.items[index].spec, row)
-            self.results[index] = Outcome(job=job, created=True)
+            self.results[index] = CreateOutcome(job=job, created=True)
         for index, earlier in self.replays.items():
             first = self.results[earlier]
             assert first is not None and first.job is not None
-            self.results[index] = Outcome(job=first.job, created=False)
+            self.results[index] = CreateOutcome(job=first.job, created=False)
         done = [o for o in self.results if o is not None]
         assert len(done) == len(self.results)
         return done
@@ -285,12 +285,12 @@ class _Batch:
 
     # -- one item ----------------------------------------------------------------------
 
-    def _replay(self, index: int, spec: JobSpec, row: RowMapping | None) -> Outcome | None:
+    def _replay(self, index: int, spec: JobSpec, row: RowMapping | None) -> CreateOutcome | None:
         key = spec.idempotency_key
         if row is not None:
             if row["status"] == JobStatus.deleted.value:
                 # the key keeps its meaning while the deleted job's row is kept: no new job
-                return Outcome(
+                return CreateOutcome(
                     error=errors.Conflict(
                         f"idempotency key {key!r} belongs to job {row['job_id']}, "
                         "which was deleted",
@@ -298,12 +298,12 @@ class _Batch:
                     )
                 )
             if row["request_hash"] != spec.request_hash:
-                return Outcome(error=_other_body(key, f"job {row['job_id']}"))
-            return Outcome(job=job_from_row(row), created=False)
+                return CreateOutcome(error=_other_body(key, f"job {row['job_id']}"))
+            return CreateOutcome(job=job_from_row(row), created=False)
         assert key is not None
         earlier = self.batch_keys[key]
         if self.items[earlier].spec.request_hash != spec.request_hash:
-            return Outcome(error=_other_body(key, f"item {earlier} of this batch"))
+            return CreateOutcome(error=_other_body(key, f"item {earlier} of this batch"))
         self.replays[index] = earlier
         return None
 
@@ -410,11 +410,11 @@ class _Batch:
                 row["name"] = _long_name(item.spec.name, row["job_id"])
                 renamed.append((index, row))
             else:
-                self.results[index] = Outcome(error=job_lookup.name_conflict(row["name"]))
+                self.results[index] = CreateOutcome(error=job_lookup.name_conflict(row["name"]))
         left_out = self._write(renamed, now) if renamed else set()
         for index, row in renamed:
             if row["job_id"] in left_out:  # somebody gave a job that very name
-                self.results[index] = Outcome(error=job_lookup.name_conflict(row["name"]))
+                self.results[index] = CreateOutcome(error=job_lookup.name_conflict(row["name"]))
             else:
                 self.batch_names[row["name"]] = row["job_id"]
                 written.append((index, row))
@@ -454,7 +454,7 @@ class _Batch:
                     return  # its name was taken meanwhile: refused
                 dependencies.add(self.connection, row["job_id"], self.tenant_id, spec.after)
         except errors.SchedError as exc:
-            self.results[index] = Outcome(error=exc)
+            self.results[index] = CreateOutcome(error=exc)
             return
         self._claim(index, row)
         self.created[index] = row

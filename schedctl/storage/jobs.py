@@ -13,7 +13,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from schedctl import errors
-from schedctl.models import Job, JobSpec, JobStatus, Outcome, Page, Run, RunStatus, RunTrigger
+from schedctl.models import CreateOutcome, Job, JobSpec, JobStatus, Page, Run, RunStatus, RunTrigger
 from schedctl.scheduling.schedules import (
     AfterSchedule,
     OnceSchedule,
@@ -44,9 +44,9 @@ from schedctl.storage.store import Store
 # MAX_PAGE (defined in cursors.py) is re-exported: the API takes its page bound from here
 __all__ = [
     "MAX_PAGE",
+    "CreateOutcome",
     "JobRepo",
     "NewJob",
-    "Outcome",
     "new_job_id",
     "partition_of",
     "reschedule_values",
@@ -240,8 +240,8 @@ class JobRepo:
         actor: str,
         admit: Admit | None = None,
         metrics_max_jobs: int | None = None,
-    ) -> list[Outcome]:
-        """Up to MAX_BATCH jobs in one transaction, one Outcome each (storage/job_create.py)."""
+    ) -> list[CreateOutcome]:
+        """Up to MAX_BATCH jobs in one transaction, one CreateOutcome each (job_create.py)."""
         return create_jobs(
             self.store,
             tenant_id,

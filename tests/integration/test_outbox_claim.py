@@ -20,7 +20,7 @@ from schedctl.models import Lane, TargetType, Verdict
 from schedctl.storage import schema
 from schedctl.storage.clock import db_now
 from schedctl.storage.jobs import JobRepo
-from schedctl.storage.outbox import Delivery, OutboxRepo, Outcome
+from schedctl.storage.outbox import Delivery, DeliveryOutcome, OutboxRepo
 from schedctl.storage.settle import CANCELLED_ERROR, LOST_ERROR
 from schedctl.storage.store import Store
 from tests.factories import make_tenant
@@ -155,10 +155,12 @@ def test_one_claim_of_payloads_a_cancelled_run_and_an_expired_lease(store: Store
     assert tokens == {claimed.deliveries[0].lease}
 
 
-def outcome(delivery: Delivery, verdict: Verdict, retry_after: float | None = None) -> Outcome:
+def outcome(
+    delivery: Delivery, verdict: Verdict, retry_after: float | None = None
+) -> DeliveryOutcome:
     now = datetime.now(UTC)
     error = None if verdict is Verdict.succeeded else "HTTP 503"
-    return Outcome(delivery, verdict, now, now, error=error, retry_after=retry_after)
+    return DeliveryOutcome(delivery, verdict, now, now, error=error, retry_after=retry_after)
 
 
 def test_a_settle_reads_the_database_clock_in_its_locking_statement(

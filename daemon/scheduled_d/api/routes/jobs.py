@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from schedctl import errors, limits
-from schedctl.models import Job, Outcome
+from schedctl.models import CreateOutcome, Job
 from schedctl.service import Scheduler
 from schedctl.views import job_to_dict, run_to_dict
 from scheduled_d.api.auth import (
@@ -216,7 +216,7 @@ def _batch_bodies(body: Any) -> list[Any]:
     return jobs
 
 
-def _batch_result(index: int, outcome: Outcome, minimal: bool) -> dict[str, Any]:
+def _batch_result(index: int, outcome: CreateOutcome, minimal: bool) -> dict[str, Any]:
     if outcome.error is not None:
         exc = outcome.error
         result: dict[str, Any] = {
