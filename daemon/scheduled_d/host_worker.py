@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from schedctl import errors, jobspec
 from schedctl.config import HostConfig
 from schedctl.jobfiles.host import Changes, HostFiles, run_as
-from schedctl.jobfiles.model import Job
+from schedctl.jobfiles.model import FileJob
 from schedctl.jobfiles.placement import central_name, host_queues
 from schedctl.leasing import LeaseBackend
 from schedctl.leasing import LeasedRun as Lease
@@ -61,7 +61,7 @@ BOOT_JOIN_SECONDS = 5.0
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def run_spec(job: Job, payload: Any) -> RunSpec:
+def run_spec(job: FileJob, payload: Any) -> RunSpec:
     """What running `job` executes: its argv, its stdin text (else `payload` as JSON), its
     environment (over HOME, USER and LOGNAME of its user when it has one of its own), its
     account, working directory and timeout. Raises a SchedError when its user cannot be
@@ -85,13 +85,13 @@ def run_spec(job: Job, payload: Any) -> RunSpec:
     )
 
 
-def file_reference(job: Job) -> dict[str, str]:
+def file_reference(job: FileJob) -> dict[str, str]:
     """A run's stdin when its file gives no stdin text: the job's reference as the file
     has it, never the central payload (which the API can change)."""
     return {"job_file": str(job.path), "job": job.name}
 
 
-def _file_limits(job: Job) -> tuple[int, int]:
+def _file_limits(job: FileJob) -> tuple[int, int]:
     """(timeout seconds, max_concurrency) as the file sets them, with the central defaults
     for what it leaves out (0: none; max_concurrency 1 unless asked)."""
     body: dict[str, Any] = {
@@ -103,7 +103,7 @@ def _file_limits(job: Job) -> tuple[int, int]:
     return spec.timeout_seconds, spec.max_concurrency
 
 
-def _timeout_seconds(job: Job) -> int:
+def _timeout_seconds(job: FileJob) -> int:
     """The job's timeout as its file sets it (0: none)."""
     return _file_limits(job)[0]
 
@@ -209,7 +209,7 @@ class HostWorker:
         spec = run_spec(job, file_reference(job))
         return dataclasses.replace(spec, on_end=self._admit(job))
 
-    def _admit(self, job: Job) -> Callable[[], None]:
+    def _admit(self, job: FileJob) -> Callable[[], None]:
         """Count a run of `job` as running here; Conflict (the attempt fails, nothing
         runs) when the file's max_concurrency of them already run on this host, whatever
         the central job allows. Returns what ends the count."""
@@ -451,7 +451,7 @@ class HostWorker:
             threads.append(thread)
         return threads
 
-    def _boot(self, job: Job) -> None:
+    def _boot(self, job: FileJob) -> None:
         try:
             spec = run_spec(job, {"job_file": str(job.path), "job": job.name, "boot": True})
             timeout = _timeout_seconds(job)
@@ -508,7 +508,7 @@ class HostWorker:
         self._record_boot(job, seconds, code if code >= 0 else None, how, output)
 
     def _record_boot(
-        self, job: Job, seconds: float, code: int | None, error: str | None, output: str | None
+        self, job: FileJob, seconds: float, code: int | None, error: str | None, output: str | None
     ) -> None:
         """The boot run in the run history of the job's central job (NAME@HOST, made by
         `schedctl apply`): over the API with the host token, or in the database. Not
@@ -536,7 +536,7 @@ class HostWorker:
             log.warning("boot job %r: not in the run history: %s", job.name, exc)
 
     @staticmethod
-    def _boot_io(job: Job, process: subprocess.Popen[bytes], stdin: bytes, tail: _Tail) -> None:
+    def _boot_io(job: FileJob, process: subprocess.Popen[bytes], stdin: bytes, tail: _Tail) -> None:
         assert process.stdin is not None and process.stdout is not None
         writer = threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True)
         writer.start()
