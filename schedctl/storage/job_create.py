@@ -85,7 +85,7 @@ def new_job_id() -> str:
 
 def new_job_ids(count: int) -> list[str]:
     """`count` ids as new_job_id makes them, from one clock read and one read of random
-    bytes (a read each was a twentieth of a batch's CPU)."""
+    bytes (a read per id was a visible share of a batch's CPU)."""
     millis = f"{int(time.time() * 1000):012x}"
     random = os.urandom(10 * count).hex()
     return [millis + random[20 * n : 20 * n + 20] for n in range(count)]
@@ -422,8 +422,8 @@ class _Batch:
 
     def _write(self, pending: list[tuple[int, dict[str, Any]]], now: datetime) -> set[str]:
         # one statement without RETURNING (on Postgres an INSERT over one array per column:
-        # a multi-row INSERT ... RETURNING of a thousand rows, 26,000 parameters, took four
-        # times as long as an executemany, which took twice as long as this); the jobs are
+        # a multi-row INSERT ... RETURNING of a thousand rows, 26,000 parameters, and an
+        # executemany were both slower); the jobs are
         # built from the rows written, after the commit (outcomes)
         # jobs, audit entries and notifications in one statement where the backend can
         rows = [row for _, row in pending]
@@ -476,8 +476,8 @@ def _lookup(dialect: Dialect) -> CompoundSelect[Any]:
     The tenant is a scalar subquery, not a value the planner sees: Postgres's statistics
     lag behind a new tenant (an import's, until the table's next analyze), and planned
     for the value they take it for a tenant of about one job and look in every job of
-    the tenant for each key (ix_jobs_tenant_status, then a filter): 0.6 ms a key at
-    3,000 jobs, the import slowing as it went. Not knowing the value, it takes the
+    the tenant for each key (ix_jobs_tenant_status, then a filter), the import slowing
+    as it went. Not knowing the value, it takes the
     unique index, one probe a key. And it is run unprepared (mappings_planned_now): a
     generic plan kept from when the table was empty scanned it for each key."""
     built = _LOOKUPS.get(type(dialect))
