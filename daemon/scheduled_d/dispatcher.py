@@ -32,8 +32,8 @@ FULL_RELOAD_SECONDS = 300.0
 LATENESS_SAMPLES = 100_000
 # Runs due within this of each other are claimed together: at a steady rate each run is due
 # a few ms after the last, and waking for each one made a claim transaction per run or two
-# (the claim's fixed cost was a third of `scheduled-d all`'s CPU at 500 runs/s). The price
-# is at most this much lateness, against a 2 s promise.
+# (the claim's fixed cost then dominated `scheduled-d all`'s CPU). The price is at most
+# this much lateness, against a 2 s promise.
 CLAIM_LINGER_SECONDS = 0.02
 
 

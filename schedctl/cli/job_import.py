@@ -172,7 +172,7 @@ def _api_text(line: str) -> str:
     """A line to send through the API as it was written, once it is known to be JSON that
     the server reads as json.loads reads the line (orjson, in C, first; what it refuses, such
     as NaN or a lone surrogate, is checked the slow way): parsing every line and encoding the
-    batch again took half of an import's own CPU."""
+    batch again dominated an import's own CPU."""
     text = line.strip()
     try:
         orjson.loads(text)

@@ -123,8 +123,8 @@ class PostgresDialect:
         self, connection: Connection, tenant_id: str, queue: str, fetch: int
     ) -> tuple[datetime, Sequence[Sequence[Any]]]:
         # Planned at each execution, never prepared: a generic plan does not know the LIMIT
-        # and was made while the queue looked empty; with 100,000 messages queued it joined
-        # and sorted the whole queue (or worse) and two workers stalled for minutes on it.
+        # and was made while the queue looked empty; with a big backlog queued it joined
+        # and sorted the whole queue (or worse) and the workers stalled on it.
         rows = _pg_rows(
             connection,
             _LEASE_CANDIDATES,

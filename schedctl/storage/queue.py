@@ -176,8 +176,8 @@ class QueueRepo(Settles[Lease]):
                 return 0
             # Two single-table reads, not a join or a subquery per row: a plan made while
             # the tables were small (psycopg prepares repeated statements, which keep their
-            # plan) costs at worst one scan per batch here; the joined read, once, ran for
-            # minutes after a burst's load.
+            # plan) costs at worst one scan per batch here; the joined read, once, ran far
+            # longer after a burst's load.
             jobs = {
                 job_id: (status, overlap)
                 for job_id, status, overlap in connection.execute(
