@@ -1014,6 +1014,8 @@ _UPDATE_RUNS = (
 # ends are dead entries, walked at every planning. Updates by key also name the keys with
 # `= ANY` on the table's index: planned with the batch's real size and stale statistics, a
 # join alone became a hash join over a seq scan of the queue and of today's runs.
+# The statements test_worker_plans.py checks start with a `/* name */` tag, by which it
+# finds them in what Postgres reports (their text changes, the tag stays).
 _LEASE_CANDIDATES = """
 SELECT m.id, m.job_id, m.scheduled_at, m.attempt, j.max_attempts, j.retry_base_seconds,
        j.retry_max_seconds, j.max_concurrency, j.timeout_seconds,
@@ -1037,12 +1039,14 @@ SELECT m.id, m.job_id, m.scheduled_at, m.attempt, j.max_attempts, j.retry_base_s
  FOR UPDATE OF m SKIP LOCKED
 """
 _LEASED_COUNTS = """
+/* leased_counts */
 SELECT job_id, count(*) FROM queue_messages
  WHERE job_id = ANY(CAST(%(job_ids)b AS text[])) AND leased_until IS NOT NULL
  GROUP BY job_id
 """
 _MARK_LEASED = (
     """
+/* mark_leased */
 WITH v AS (
     SELECT * FROM unnest(CAST(%(ids)b AS bigint[]), CAST(%(job_ids)b AS text[]),
                          CAST(%(scheduled_ats)b AS timestamptz[]),
@@ -1063,6 +1067,7 @@ UPDATE runs SET status = 'running', attempt = v.attempt,
     + _RUNS_SPAN
 )
 _HELD_MESSAGES = """
+/* held_messages */
 SELECT m.id, m.queue, m.job_id, m.scheduled_at, m.tenant_id, m.attempt, j.max_attempts,
        j.retry_base_seconds, j.retry_max_seconds, m.lease_owner, (SELECT clock_timestamp())
   FROM queue_messages AS m
@@ -1145,7 +1150,7 @@ def _record_outcomes(table_name: str, *, aligned: bool = False) -> str:
             if name != "status":
                 update_runs = update_runs.replace(f"%(r_{name})b", f"%(a_{name})b")
     return (
-        "WITH attempts AS ("
+        "/* record_outcomes */ WITH attempts AS ("
         + _INSERT_ATTEMPTS.replace("%(", "%(a_")
         + f"), gone AS (DELETE FROM {table_name} WHERE id = ANY(CAST(%(gone)b AS bigint[])))"
         + ", runs_set AS ("
