@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from schedctl import errors
+from schedctl import errors, why
 from schedctl.alerts.model import AlertConfig, parse_alerts
 from schedctl.alerts.policy import AlertPolicy
 from schedctl.closing import Closing
@@ -38,6 +38,7 @@ from schedctl.storage.jobs import JobRepo
 from schedctl.storage.quotas import MAX_JOBS_RETRY_AFTER_SECONDS, QuotaUse, quota_admission
 from schedctl.storage.store import Store
 from schedctl.storage.tenants import TenantRepo, TokenInfo, token_id_of
+from schedctl.storage.workers import WorkerRepo
 
 # A tenant argument: a name or an id, or the Tenant itself (the API has it from the token
 # and saves a lookup per request).
@@ -238,7 +239,7 @@ class Scheduler(Closing):
         spec = parse_job_request(body, now=now, max_payload_bytes=self.max_payload_bytes)
         if spec.target.url is not None:
             # the SSRF guard at creation; every delivery checks again
-            # the SSRF guard loads requests: only a command that creates an HTTP job needs it
+            # the SSRF guard loads asyncio: only a command that creates an HTTP job needs it
             from schedctl.delivery.ssrf import check_at_creation
 
             check_at_creation(spec.target.url, tenant.allow_list)
@@ -497,9 +498,6 @@ class Scheduler(Closing):
         """`schedctl job why`: the schedule and next fires, the last runs with their
         reasons, the current lateness, the live workers of its queue, and its pause and
         alert state (schedctl/why.py)."""
-        from schedctl import why
-        from schedctl.storage.workers import WorkerRepo
-
         job = self.get_job(job_id, tenant)  # another tenant's job is NotFound
         runs = list(self.jobs.runs(job.job_id, job.tenant_id, limit=why.LAST_RUNS).items)
         workers = (
@@ -549,7 +547,7 @@ class Scheduler(Closing):
         if patch.target is not None and patch.target.url is not None:
             # the SSRF guard resolves names: before the transaction, never holding the lock
             owner = found if found is not None else self.tenants.get(job.tenant_id)
-            # the SSRF guard loads requests: only an update to an HTTP target needs it
+            # the SSRF guard loads asyncio: only an update to an HTTP target needs it
             from schedctl.delivery.ssrf import check_at_creation
 
             check_at_creation(patch.target.url, owner.allow_list)

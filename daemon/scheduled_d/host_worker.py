@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -42,9 +43,11 @@ from schedctl.jobfiles.model import FileJob
 from schedctl.jobfiles.placement import central_name, host_queues
 from schedctl.leasing import LeaseBackend
 from schedctl.leasing import LeasedRun as Lease
+from scheduled_d import sdnotify
 from scheduled_d.boot_runs import BootRuns, read_boot_id
 from scheduled_d.direct_backend import DirectBackend
-from scheduled_d.signals import add_reload_listener
+from scheduled_d.signals import add_reload_listener, stop_on_signals
+from scheduled_d.supervise import run_inline
 from scheduled_d.worker import INHERITED_VARIABLES, RunSpec, Worker
 
 if TYPE_CHECKING:
@@ -115,8 +118,6 @@ DRIFT_SECONDS = 300.0
 
 def _fqdn_domain() -> str | None:
     """The mail domain `schedctl apply` assumes for local mailboxes (its --mail-domain)."""
-    import socket
-
     fqdn = socket.getfqdn()
     return fqdn if "." in fqdn and not fqdn.startswith("localhost") else None
 
@@ -311,7 +312,7 @@ class HostWorker:
         and as the gauge scheduled_host_jobs_drift."""
         from schedctl.jobfiles import JobFilesError, load_dir
         from schedctl.jobfiles import apply as applying
-        from scheduled_d.metrics import HOST_DRIFT
+        from scheduled_d.metrics import HOST_DRIFT  # here: it loads the database layer
 
         backend = self._make_backend()
         drift: list[str]
@@ -350,7 +351,7 @@ class HostWorker:
         return client, str(client.whoami()["name"])
 
     def _drift_logged(self) -> None:
-        from scheduled_d.metrics import HOST_DRIFT
+        from scheduled_d.metrics import HOST_DRIFT  # here: it loads the database layer
 
         self._drift_due = time.monotonic() + DRIFT_SECONDS
         try:
@@ -686,10 +687,6 @@ def run_host_worker(
     """`scheduled-d worker` with a [host] table or --jobs-dir: the host worker in this
     process until SIGTERM/SIGINT (a second one kills the commands in flight), leasing from
     the database (a Store) or through a LeaseBackend (run_api_host_worker's)."""
-    from scheduled_d import sdnotify
-    from scheduled_d.signals import stop_on_signals
-    from scheduled_d.supervise import run_inline
-
     with stop_on_signals() as (stop, force):
         host_worker = HostWorker(
             store, host, lease_seconds=lease_seconds, heartbeat_seconds=min(5.0, lease_seconds / 3)

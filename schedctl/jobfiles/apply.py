@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from schedctl import errors
 from schedctl.alerts.model import AlertConfig, parse_alerts
+from schedctl.config import load_config
 from schedctl.jobfiles import placement
 from schedctl.jobfiles.model import FileJob, JobFile, JobFilesError, Problem, RunOnKind
 from schedctl.jobfiles.tomllines import key_lines, locate
@@ -136,8 +137,6 @@ def read_host(path: str | Path | None) -> tuple[str, tuple[str, ...]]:
     without a file or table."""
     if path is None:
         return _node_name(), ()
-    from schedctl.config import load_config
-
     host = load_config(path).host
     if host is None:
         return _node_name(), ()

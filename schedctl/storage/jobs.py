@@ -24,7 +24,7 @@ from schedctl.scheduling.schedules import (
 )
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.scheduling.windows import fire_time
-from schedctl.storage import job_lookup, schema
+from schedctl.storage import dependencies, job_lookup, schema
 from schedctl.storage.audit import audit
 from schedctl.storage.changes import notify_job_change
 from schedctl.storage.clock import db_now
@@ -197,8 +197,6 @@ def _record_paused_skips(connection: Connection, job: Job, now: datetime) -> Non
         if row is not None:
             inserted.append((job.job_id, scheduled_at, "skipped (paused)"))
     if inserted:
-        from schedctl.storage import dependencies
-
         # as a misfire skip: the dependents' runs of a skipped upstream run are skipped
         dependencies.on_settled(connection, succeeded=(), ended=inserted, now=now)
 
