@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from schedctl import errors, jobspec
 from schedctl.config import HostConfig
-from schedctl.jobfiles.host import Changes, HostFiles, run_as
+from schedctl.jobfiles.host import FileChanges, HostFiles, run_as
 from schedctl.jobfiles.model import FileJob
 from schedctl.jobfiles.placement import central_name, host_queues
 from schedctl.leasing import LeaseBackend
@@ -181,7 +181,7 @@ class HostWorker:
 
     # -- the files ---------------------------------------------------------------------------
 
-    def reload(self, why: str = "rescan") -> Changes:
+    def reload(self, why: str = "rescan") -> FileChanges:
         with self._scan_lock:
             changes = self.files.scan()
         if changes.any or why != "rescan":

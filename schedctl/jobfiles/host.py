@@ -81,7 +81,7 @@ def placement_problem(job: FileJob, host: str, groups: Iterable[str], queue: str
 
 
 @dataclass(frozen=True)
-class Changes:
+class FileChanges:
     """What one scan found, by file path."""
 
     added: tuple[str, ...] = ()
@@ -132,7 +132,7 @@ class HostFiles:
         self._missing_logged = False
         return opened
 
-    def scan(self) -> Changes:
+    def scan(self) -> FileChanges:
         """Reload the files that were added or changed, forget the removed ones. The
         directory is walked once (opening.open_dir) and each file is opened, judged and
         read through one descriptor: what is loaded is what was judged."""
@@ -178,7 +178,7 @@ class HostFiles:
             removed = sorted(k for k in self._entries if k not in seen)
             for key in removed:
                 del self._entries[key]
-        changes = Changes(tuple(added), tuple(changed), tuple(removed), tuple(refused))
+        changes = FileChanges(tuple(added), tuple(changed), tuple(removed), tuple(refused))
         for key in removed:
             log.info("job files: %s removed; its jobs are no longer defined here", key)
         return changes
