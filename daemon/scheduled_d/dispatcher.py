@@ -43,7 +43,6 @@ class DispatcherStats:
     skipped: int = 0
     stale: int = 0
     fenced_batches: int = 0
-    aborted_batches: int = 0
     reloads: int = 0
     claims: int = 0  # claim transactions (batches)
     # seconds between each claimed run's fire time and its claim, newest last
@@ -213,8 +212,6 @@ class Dispatcher:
         metrics.SKIPPED.inc(result.skipped)
         metrics.STALE.inc(result.stale)
         metrics.FENCED.inc(1 if result.fenced else 0)
-        if result.aborted:
-            self.stats.aborted_batches += 1
         if result.fenced:
             self.stats.fenced_batches += 1
             log.warning("fenced off partitions %s: another owner has them", sorted(result.fenced))
