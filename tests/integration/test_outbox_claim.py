@@ -260,7 +260,7 @@ def test_a_settle_waits_for_rows_another_transaction_holds(pg_store: Store) -> N
 def test_the_claim_statement_reads_and_leases_by_index_at_100000_rows(pg_store: Store) -> None:
     """The plan of the one-statement claim over a big outbox: the lease is an index scan by
     primary key, never a seq scan of the whole outbox (an UPDATE ... FROM the picked rows
-    was planned as a hash join over all of them: 24 ms a claim at 100,000 rows)."""
+    was planned as a hash join over all of them)."""
     from schedctl.storage.dialect_postgres import _LEASE_OUTBOX
 
     url = pg_store.engine.url.set(drivername="postgresql")
@@ -295,9 +295,9 @@ def test_the_claim_is_planned_at_every_execution_never_kept_from_an_empty_outbox
 ) -> None:
     """psycopg prepares a statement run five times, and Postgres may then keep one generic
     plan. A relay started before a burst made it while the outbox was empty: a seq scan and
-    a sort of the whole outbox for every claim (25-33 ms instead of 3 at 20,000 rows), until
-    an analyze happened to invalidate it; `bench burst --target http` then took 44-57 s
-    instead of 15-18. Fails when the claim statement is prepared on its connection."""
+    a sort of the whole outbox for every claim, until an analyze happened to invalidate
+    it, and an HTTP burst took several times as long. Fails when the claim statement is
+    prepared on its connection."""
     store = pg_store
     tenant = make_tenant(store, "quiet")
     lane = Lane(tenant, TargetType.http)
