@@ -170,7 +170,7 @@ def create_jobs_batch(
 
     With `Prefer: return=minimal` a created or replayed job's result holds its `job_id`
     and `name` instead of the whole `job` (for imports, which need no more: the whole jobs
-    were much of the server's work and most of the client's)."""
+    were a sixth of the server's work and most of the client's)."""
     bodies = _batch_bodies(body)
     outcomes = scheduler.create_many(caller.tenant, bodies, actor=caller.actor)
     minimal = prefers_minimal(prefer)
