@@ -23,7 +23,7 @@ from schedctl.alerts.model import AlertConfig, parse_alerts
 from schedctl.api_call import api_base_url, authorize, send
 from schedctl.closing import Closing
 from schedctl.job_refs import shortest_among
-from schedctl.models import Job, JobStatus, Outcome, Page, Run
+from schedctl.models import CreateOutcome, Job, JobStatus, Page, Run
 from schedctl.views import job_from_dict, run_from_dict
 
 DEFAULT_TIMEOUT_SECONDS = 30.0
@@ -89,17 +89,17 @@ class ApiClient(Closing):
 
     def create_many(
         self, tenant: str | None, bodies: Sequence[Any], *, actor: str = ""
-    ) -> list[Outcome]:
+    ) -> list[CreateOutcome]:
         """POST /v1/jobs:batch (up to MAX_BATCH_JOBS bodies, each with its own
-        idempotency_key): one Outcome per body, in order, each refusal rebuilt as the
+        idempotency_key): one CreateOutcome per body, in order, each refusal rebuilt as the
         SchedError its code names."""
         del actor  # the server records the token id
         self._check_tenant(tenant)
         return self._batch(len(bodies), json={"jobs": list(bodies)})
 
-    def import_many(self, tenant: str | None, encoded: Sequence[str]) -> list[Outcome]:
+    def import_many(self, tenant: str | None, encoded: Sequence[str]) -> list[CreateOutcome]:
         """create_many of bodies already encoded as JSON text (a JSON Lines file's lines),
-        answered with Prefer: return=minimal: each Outcome says created or replayed, with
+        answered with Prefer: return=minimal: each CreateOutcome says created or replayed, with
         no job (its id and name are all the server sends), or holds the error."""
         self._check_tenant(tenant)
         return self._batch(
@@ -108,7 +108,7 @@ class ApiClient(Closing):
             headers={"Content-Type": "application/json", "Prefer": "return=minimal"},
         )
 
-    def _batch(self, count: int, **request: Any) -> list[Outcome]:
+    def _batch(self, count: int, **request: Any) -> list[CreateOutcome]:
         """POST /v1/jobs:batch (`request`: the body and headers) -> `count` outcomes."""
         data = self._json("POST", "/v1/jobs:batch", **request)
         results = data.get("results")
@@ -279,14 +279,14 @@ class ApiClient(Closing):
         return response
 
 
-def _outcome(item: Any) -> Outcome:
+def _outcome(item: Any) -> CreateOutcome:
     """One result of a batch: the job (201 created, 200 replayed) or its error."""
     if not isinstance(item, dict):
         raise errors.SchedError("the API answered the batch with unexpected JSON")
     if isinstance(item.get("job"), dict):
-        return Outcome(job=job_from_dict(item["job"]), created=item.get("status") == 201)
+        return CreateOutcome(job=job_from_dict(item["job"]), created=item.get("status") == 201)
     if item.get("status") in (200, 201) and isinstance(item.get("job_id"), str):
-        return Outcome(created=item["status"] == 201)  # Prefer: return=minimal
+        return CreateOutcome(created=item["status"] == 201)  # Prefer: return=minimal
     error, code = item.get("error"), item.get("status")
     detail: dict[str, Any] = error if isinstance(error, dict) else {}
     status = code if isinstance(code, int) else 500
@@ -296,10 +296,10 @@ def _outcome(item: Any) -> Outcome:
     field = detail.get("field") if isinstance(detail.get("field"), str) else None
     if issubclass(kind, errors.QuotaExceeded):
         retry = item.get("retry_after")
-        return Outcome(
+        return CreateOutcome(
             error=kind(message, field=field, retry_after=retry if isinstance(retry, int) else None)
         )
-    return Outcome(error=kind(message, field=field))
+    return CreateOutcome(error=kind(message, field=field))
 
 
 def _alerts_job(job_id: str | None) -> str:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from schedctl import errors, limits
-from schedctl.models import Outcome
+from schedctl.models import CreateOutcome
 from schedctl.storage.job_create import NewJob
 
 # rounds of one tenant's creates in flight at once
@@ -37,15 +37,15 @@ class _Waiter:
     woken: threading.Event = field(default_factory=threading.Event)  # answered or to lead
     answered: threading.Event = field(default_factory=threading.Event)
     lead: bool = False  # woken to lead the next round
-    outcome: Outcome | None = None
+    outcome: CreateOutcome | None = None
     error: BaseException | None = None
 
 
-CreateMany = Callable[[Sequence[NewJob]], list[Outcome]]
+CreateMany = Callable[[Sequence[NewJob]], list[CreateOutcome]]
 
 
 class CreateCombiner:
-    """`create(tenant_id, item, create_many)` -> the item's Outcome, created together with
+    """`create(tenant_id, item, create_many)` -> the item's CreateOutcome, created together with
     the same tenant's concurrent creates by one leader's `create_many(items)`."""
 
     def __init__(self) -> None:
@@ -53,7 +53,7 @@ class CreateCombiner:
         self._pending: dict[str, list[_Waiter]] = {}
         self._leaders: dict[str, int] = {}  # tenant -> its leaders (at most ROUNDS_AT_ONCE)
 
-    def create(self, tenant_id: str, item: NewJob, create_many: CreateMany) -> Outcome:
+    def create(self, tenant_id: str, item: NewJob, create_many: CreateMany) -> CreateOutcome:
         waiter = _Waiter(item)
         with self._lock:
             self._pending.setdefault(tenant_id, []).append(waiter)

@@ -61,8 +61,9 @@ MACROS = (
 
 
 @dataclass(frozen=True)
-class Skipped:
-    """A line not converted: its number, its text and why."""
+class LineNote:
+    """A crontab line (its number and text) and why it was not converted (skipped) or may
+    not mean what it says (a warning)."""
 
     line: int
     text: str
@@ -78,9 +79,9 @@ class Conversion:
 
     jobs: list[dict[str, Any]] = field(default_factory=list)
     lines: list[int] = field(default_factory=list)  # the crontab line of each job
-    skipped: list[Skipped] = field(default_factory=list)
+    skipped: list[LineNote] = field(default_factory=list)
     # lines converted that may not mean what they say (a user column in a user crontab)
-    warnings: list[Skipped] = field(default_factory=list)
+    warnings: list[LineNote] = field(default_factory=list)
 
     @property
     def timezones(self) -> list[str]:
@@ -174,12 +175,12 @@ def convert(
                 continue
             job = _entry(line, state, system=system, user=user, host_group=host_group)
         except _Skip as skip:
-            result.skipped.append(Skipped(number, stripped.replace("\0", "\\0"), skip.reason))
+            result.skipped.append(LineNote(number, stripped.replace("\0", "\\0"), skip.reason))
             continue
         if not system:
             warning = _user_column(job, user)
             if warning is not None:
-                result.warnings.append(Skipped(number, stripped, warning))
+                result.warnings.append(LineNote(number, stripped, warning))
         job["name"] = _unique(_comment_name(comment) or _base_name(job), names)
         result.jobs.append(job)
         result.lines.append(number)

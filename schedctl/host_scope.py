@@ -27,8 +27,6 @@ from schedctl.jobfiles import placement
 if TYPE_CHECKING:
     from schedctl.models import Job
 
-# what `schedctl apply` puts in a central job's payload (schedctl.jobfiles.apply)
-APPLY_PAYLOAD_KEYS = placement.APPLY_PAYLOAD_KEYS
 # what a create or update body of a host token may hold: what apply sends, nothing more
 # (`after` naming only the host's own jobs: check_after; no idempotency key)
 HOST_BODY_KEYS = frozenset(

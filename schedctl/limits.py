@@ -260,11 +260,6 @@ def _json_int(text: str) -> int | OversizedInt:
     return int(text)
 
 
-def json_int(text: str) -> int | OversizedInt:
-    """json.loads's parse_int: an integer, or OversizedInt past MAX_NUMBER_DIGITS digits."""
-    return _json_int(text)
-
-
 def parse_json(
     text: str | bytes,
     field: str,

@@ -163,7 +163,7 @@ class Job:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class CreateOutcome:
     """One job of a batch create: the job and whether this call created it (else an
     idempotent replay), or the error that refused it."""
 
@@ -191,7 +191,7 @@ class Run:
 
 
 @dataclass(frozen=True)
-class Attempt:
+class AttemptLog:
     """One attempt of a run: recorded when finished, or running (its output so far)."""
 
     attempt: int

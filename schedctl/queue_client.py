@@ -16,18 +16,16 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import requests
 
 from schedctl import __version__, errors, limits
 from schedctl.api_call import api_base_url, authorize, send
+from schedctl.client import ApiClient
 from schedctl.leasing import Beat, Finish, LeaseBackend, LeasedRun, Settlement
 from schedctl.scheduling.timeparse import format_instant
-
-if TYPE_CHECKING:
-    from schedctl.client import ApiClient
 
 R = TypeVar("R")
 
@@ -254,8 +252,6 @@ class ApiLeaseBackend(LeaseBackend):
 
     def jobs_client(self) -> ApiClient:
         """The API client of the same token (the host's own central jobs, for its drift)."""
-        from schedctl.client import ApiClient
-
         return ApiClient(self.base_url, self._token, timeout=self.timeout)
 
     def report_drift(self, drift: list[str]) -> None:

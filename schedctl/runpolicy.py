@@ -61,10 +61,6 @@ class RunPolicy:
         """Its part of a job's REST view (and of a job file)."""
         return self.columns()
 
-    @property
-    def has_limits(self) -> bool:
-        return (self.memory_max, self.cpu_weight, self.tasks_max) != (None, None, None)
-
 
 @dataclass(frozen=True)
 class RunLimits:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from schedctl import errors
+from schedctl import errors, why
 from schedctl.alerts.model import AlertConfig, parse_alerts
 from schedctl.alerts.policy import AlertPolicy
 from schedctl.closing import Closing
@@ -25,7 +25,7 @@ from schedctl.host_scope import HostScope
 from schedctl.jobpatch import JobPatch, parse_job_patch
 from schedctl.jobspec import parse_job_request, parse_schedule
 from schedctl.limits import DEFAULT_MAX_PAYLOAD_BYTES
-from schedctl.models import Job, JobStatus, Outcome, Page, Run, Tenant
+from schedctl.models import CreateOutcome, Job, JobStatus, Page, Run, Tenant
 from schedctl.scheduling.schedules import AfterSchedule, BootSchedule
 from schedctl.storage import alerts as alert_store
 from schedctl.storage import dependencies
@@ -38,6 +38,7 @@ from schedctl.storage.jobs import JobRepo
 from schedctl.storage.quotas import MAX_JOBS_RETRY_AFTER_SECONDS, QuotaUse, quota_admission
 from schedctl.storage.store import Store
 from schedctl.storage.tenants import TenantRepo, TokenInfo, token_id_of
+from schedctl.storage.workers import WorkerRepo
 
 # A tenant argument: a name or an id, or the Tenant itself (the API has it from the token
 # and saves a lookup per request).
@@ -171,7 +172,7 @@ class Scheduler(Closing):
         item = self._new_job(found, body, self._validation_now(), actor=actor)
         admit = quota_admission(found.tenant_id, self._quotas(found))
 
-        def create_many(items: Sequence[NewJob]) -> list[Outcome]:
+        def create_many(items: Sequence[NewJob]) -> list[CreateOutcome]:
             return self.jobs.create_many(
                 found.tenant_id,
                 items,
@@ -190,9 +191,11 @@ class Scheduler(Closing):
             alert_store.set_settings(self.store, found.tenant_id, job.job_id, item.spec.alerts)
         return job, created
 
-    def create_many(self, tenant: TenantRef, bodies: Sequence[Any], *, actor: str) -> list[Outcome]:
+    def create_many(
+        self, tenant: TenantRef, bodies: Sequence[Any], *, actor: str
+    ) -> list[CreateOutcome]:
         """Create up to MAX_BATCH jobs from REST-shaped bodies in one transaction; one
-        Outcome per body, in order: the job and whether it is new (else an idempotent
+        CreateOutcome per body, in order: the job and whether it is new (else an idempotent
         replay), or the SchedError that refused it, naming the field. A refused body writes
         nothing; the others are created as by create_job, quotas included: once the
         tenant's create rate or max_jobs is reached, the remaining bodies are refused (429)
@@ -203,14 +206,14 @@ class Scheduler(Closing):
             )
         found = self._tenant(tenant)
         now = self._validation_now()
-        results: list[Outcome | None] = [None] * len(bodies)
+        results: list[CreateOutcome | None] = [None] * len(bodies)
         valid: list[int] = []
         items: list[NewJob] = []
         for index, body in enumerate(bodies):
             try:
                 items.append(self._new_job(found, body, now))
             except errors.SchedError as exc:
-                results[index] = Outcome(error=exc)
+                results[index] = CreateOutcome(error=exc)
                 continue
             valid.append(index)
         outcomes = self.jobs.create_many(
@@ -226,7 +229,7 @@ class Scheduler(Closing):
                 alert_store.set_settings(
                     self.store, found.tenant_id, outcome.job.job_id, item.spec.alerts
                 )
-        return [r if r is not None else Outcome(error=errors.SchedError()) for r in results]
+        return [r if r is not None else CreateOutcome(error=errors.SchedError()) for r in results]
 
     def _new_job(
         self, tenant: Tenant, body: Any, now: datetime, *, actor: str | None = None
@@ -236,7 +239,7 @@ class Scheduler(Closing):
         spec = parse_job_request(body, now=now, max_payload_bytes=self.max_payload_bytes)
         if spec.target.url is not None:
             # the SSRF guard at creation; every delivery checks again
-            # the SSRF guard loads requests: only a command that creates an HTTP job needs it
+            # the SSRF guard loads asyncio: only a command that creates an HTTP job needs it
             from schedctl.delivery.ssrf import check_at_creation
 
             check_at_creation(spec.target.url, tenant.allow_list)
@@ -495,9 +498,6 @@ class Scheduler(Closing):
         """`schedctl job why`: the schedule and next fires, the last runs with their
         reasons, the current lateness, the live workers of its queue, and its pause and
         alert state (schedctl/why.py)."""
-        from schedctl import why
-        from schedctl.storage.workers import WorkerRepo
-
         job = self.get_job(job_id, tenant)  # another tenant's job is NotFound
         runs = list(self.jobs.runs(job.job_id, job.tenant_id, limit=why.LAST_RUNS).items)
         workers = (
@@ -547,7 +547,7 @@ class Scheduler(Closing):
         if patch.target is not None and patch.target.url is not None:
             # the SSRF guard resolves names: before the transaction, never holding the lock
             owner = found if found is not None else self.tenants.get(job.tenant_id)
-            # the SSRF guard loads requests: only an update to an HTTP target needs it
+            # the SSRF guard loads asyncio: only an update to an HTTP target needs it
             from schedctl.delivery.ssrf import check_at_creation
 
             check_at_creation(patch.target.url, owner.allow_list)

@@ -110,8 +110,8 @@ def _secrets(secrets: Secrets) -> list[str | bytes]:
 
 
 # HMAC-SHA256 (RFC 2104) with the key's padded blocks hashed once per secret: a signature
-# then costs copies of the two prepared hashes, a fifth of hmac.digest's time (which sets
-# the key up again on every call). Bounded: secrets are few and rotate rarely.
+# then costs copies of the two prepared hashes, far less than hmac.digest (which sets the
+# key up again on every call). Bounded: secrets are few and rotate rarely.
 _BLOCK_BYTES = 64  # SHA-256's block
 _IPAD = bytes(x ^ 0x36 for x in range(256))
 _OPAD = bytes(x ^ 0x5C for x in range(256))

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
+from schedctl import limits
 from schedctl.alerts.model import AlertConfig
 from schedctl.models import Job, JobStatus, Run, RunStatus, TargetType
 from schedctl.scheduling.schedules import next_occurrence
@@ -136,8 +138,6 @@ def _local(at: str, zone: str | None) -> str:
     """A next fire time in UTC, and in the schedule's zone when it has another."""
     if not zone or zone == "UTC":
         return at
-    from zoneinfo import ZoneInfo
-
     local = datetime.fromisoformat(at.replace("Z", "+00:00")).astimezone(ZoneInfo(zone))
     return f"{at} ({local.strftime('%Y-%m-%d %H:%M:%S %Z')} {zone})"
 
@@ -148,7 +148,6 @@ def has_queue(job: Job) -> bool:
 
 def render(data: dict[str, Any]) -> str:
     """The report as text (control characters in recorded reasons made harmless)."""
-    from schedctl import limits
 
     def clean(value: Any) -> str:
         return limits.CONTROL_CHARS.sub("\ufffd", str(value))

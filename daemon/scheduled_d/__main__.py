@@ -7,7 +7,6 @@ import dataclasses
 import logging
 import os
 import signal
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -16,9 +15,16 @@ import typer
 
 from schedctl import errors, limits
 from schedctl.cli.version import version_option
-from schedctl.config import Config, HostConfig, WorkerConfig, command_env, load_config
+from schedctl.config import (
+    Config,
+    HostConfig,
+    WorkerConfig,
+    command_env,
+    load_config,
+    require_database_choice,
+)
 from scheduled_d import logsetup, sdnotify
-from scheduled_d.checks import check_bind
+from scheduled_d.checks import check_bind, check_configuration
 from scheduled_d.private_env import keep_environment_private
 from scheduled_d.signals import handle_sighup, set_reload_hook
 
@@ -105,7 +111,6 @@ def _preflight(config: Config) -> None:
 
 def _open_store(config: Config, mode: str, *, upgrade: bool) -> Store:
     # imported here: `worker --api` needs no database and loads no database code
-    from schedctl.config import require_database_choice
     from schedctl.storage.engine import normalize_url, sets_itself_up
     from schedctl.storage.store import Store
 
@@ -115,13 +120,6 @@ def _open_store(config: Config, mode: str, *, upgrade: bool) -> Store:
     return Store.open(
         url, upgrade=upgrade or sets_itself_up(url), application_name=f"scheduled-d {mode}"
     )
-
-
-def _run_threads(targets: list[tuple[str, Callable[[], None]]]) -> list[threading.Thread]:
-    threads = [threading.Thread(target=fn, name=name, daemon=True) for name, fn in targets]
-    for thread in threads:
-        thread.start()
-    return threads
 
 
 def _bounded(parse: Callable[..., Any], field: str, low: int, high: int) -> Callable[[Any], Any]:
@@ -507,8 +505,6 @@ def check_config(
 ) -> None:
     """Validate the configuration: every table and key (unknown keys are errors), types,
     ranges, listen addresses, worker commands; exit 2 naming the key, FILE and LINE."""
-    from scheduled_d.checks import check_configuration
-
     try:
         summary = check_configuration(file, bind=bind)
     except errors.SchedError as error:

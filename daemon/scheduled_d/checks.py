@@ -120,6 +120,8 @@ def _check_zookeeper(config: Config, path: Path | None, text: str) -> str:
     """The connection string, the credentials (file readable, one user:password line) and
     the TLS files (they load), as the dispatcher will use them; the summary's ZooKeeper
     part (what protects the connection, never the secret)."""
+    # here, as below: every mode imports this module (check_bind), check-config alone
+    # needs kazoo and the database layer
     from schedctl.coordination.zkaccess import ZooKeeperAccess
     from schedctl.coordination.zookeeper import check_hosts
 

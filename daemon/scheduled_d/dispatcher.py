@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 
 from schedctl import errors, retrying
 from schedctl.coordination.base import Coordinator
+from schedctl.delivery.limits import TokenBucket
 from schedctl.storage.changes import ChangeFeed, open_change_feed
 from schedctl.storage.claim import Claimer, ClaimResult, DueJob
 from schedctl.storage.store import Store
@@ -31,8 +32,8 @@ FULL_RELOAD_SECONDS = 300.0
 LATENESS_SAMPLES = 100_000
 # Runs due within this of each other are claimed together: at a steady rate each run is due
 # a few ms after the last, and waking for each one made a claim transaction per run or two
-# (the claim's fixed cost was a third of `scheduled-d all`'s CPU at 500 runs/s). The price
-# is at most this much lateness, against a 2 s promise.
+# (the claim's fixed cost then dominated `scheduled-d all`'s CPU). The price is at most
+# this much lateness, against a 2 s promise.
 CLAIM_LINGER_SECONDS = 0.02
 
 
@@ -42,29 +43,10 @@ class DispatcherStats:
     skipped: int = 0
     stale: int = 0
     fenced_batches: int = 0
-    aborted_batches: int = 0
     reloads: int = 0
     claims: int = 0  # claim transactions (batches)
     # seconds between each claimed run's fire time and its claim, newest last
     lateness: deque[float] = field(default_factory=lambda: deque(maxlen=LATENESS_SAMPLES))
-
-
-class TokenBucket:
-    """`rate` tokens a second, bursting to one second's worth."""
-
-    def __init__(self, rate: float) -> None:
-        self.rate = max(rate, 0.001)
-        self.tokens = self.rate
-        self.at = time.monotonic()
-
-    def take(self) -> bool:
-        now = time.monotonic()
-        self.tokens = min(self.rate, self.tokens + (now - self.at) * self.rate)
-        self.at = now
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
-            return True
-        return False
 
 
 class Dispatcher:
@@ -219,7 +201,7 @@ class Dispatcher:
         bucket = self._buckets.get(tenant_id)
         if bucket is None:
             bucket = self._buckets[tenant_id] = TokenBucket(self._rates.get(tenant_id, 1000.0))
-        return bucket.take()
+        return bucket.take(1) == 1
 
     def _account(self, result: ClaimResult, batch: list[DueJob], now: datetime) -> None:
         self.stats.claims += 1
@@ -230,8 +212,6 @@ class Dispatcher:
         metrics.SKIPPED.inc(result.skipped)
         metrics.STALE.inc(result.stale)
         metrics.FENCED.inc(1 if result.fenced else 0)
-        if result.aborted:
-            self.stats.aborted_batches += 1
         if result.fenced:
             self.stats.fenced_batches += 1
             log.warning("fenced off partitions %s: another owner has them", sorted(result.fenced))

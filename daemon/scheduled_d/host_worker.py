@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -37,14 +38,16 @@ from typing import TYPE_CHECKING, Any
 
 from schedctl import errors, jobspec
 from schedctl.config import HostConfig
-from schedctl.jobfiles.host import Changes, HostFiles, run_as
-from schedctl.jobfiles.model import Job
+from schedctl.jobfiles.host import FileChanges, HostFiles, run_as
+from schedctl.jobfiles.model import FileJob
 from schedctl.jobfiles.placement import central_name, host_queues
 from schedctl.leasing import LeaseBackend
 from schedctl.leasing import LeasedRun as Lease
+from scheduled_d import sdnotify
 from scheduled_d.boot_runs import BootRuns, read_boot_id
 from scheduled_d.direct_backend import DirectBackend
-from scheduled_d.signals import add_reload_listener
+from scheduled_d.signals import add_reload_listener, stop_on_signals
+from scheduled_d.supervise import run_inline
 from scheduled_d.worker import INHERITED_VARIABLES, RunSpec, Worker
 
 if TYPE_CHECKING:
@@ -61,7 +64,7 @@ BOOT_JOIN_SECONDS = 5.0
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def run_spec(job: Job, payload: Any) -> RunSpec:
+def run_spec(job: FileJob, payload: Any) -> RunSpec:
     """What running `job` executes: its argv, its stdin text (else `payload` as JSON), its
     environment (over HOME, USER and LOGNAME of its user when it has one of its own), its
     account, working directory and timeout. Raises a SchedError when its user cannot be
@@ -85,13 +88,13 @@ def run_spec(job: Job, payload: Any) -> RunSpec:
     )
 
 
-def file_reference(job: Job) -> dict[str, str]:
+def file_reference(job: FileJob) -> dict[str, str]:
     """A run's stdin when its file gives no stdin text: the job's reference as the file
     has it, never the central payload (which the API can change)."""
     return {"job_file": str(job.path), "job": job.name}
 
 
-def _file_limits(job: Job) -> tuple[int, int]:
+def _file_limits(job: FileJob) -> tuple[int, int]:
     """(timeout seconds, max_concurrency) as the file sets them, with the central defaults
     for what it leaves out (0: none; max_concurrency 1 unless asked)."""
     body: dict[str, Any] = {
@@ -103,7 +106,7 @@ def _file_limits(job: Job) -> tuple[int, int]:
     return spec.timeout_seconds, spec.max_concurrency
 
 
-def _timeout_seconds(job: Job) -> int:
+def _timeout_seconds(job: FileJob) -> int:
     """The job's timeout as its file sets it (0: none)."""
     return _file_limits(job)[0]
 
@@ -115,8 +118,6 @@ DRIFT_SECONDS = 300.0
 
 def _fqdn_domain() -> str | None:
     """The mail domain `schedctl apply` assumes for local mailboxes (its --mail-domain)."""
-    import socket
-
     fqdn = socket.getfqdn()
     return fqdn if "." in fqdn and not fqdn.startswith("localhost") else None
 
@@ -180,7 +181,7 @@ class HostWorker:
 
     # -- the files ---------------------------------------------------------------------------
 
-    def reload(self, why: str = "rescan") -> Changes:
+    def reload(self, why: str = "rescan") -> FileChanges:
         with self._scan_lock:
             changes = self.files.scan()
         if changes.any or why != "rescan":
@@ -209,7 +210,7 @@ class HostWorker:
         spec = run_spec(job, file_reference(job))
         return dataclasses.replace(spec, on_end=self._admit(job))
 
-    def _admit(self, job: Job) -> Callable[[], None]:
+    def _admit(self, job: FileJob) -> Callable[[], None]:
         """Count a run of `job` as running here; Conflict (the attempt fails, nothing
         runs) when the file's max_concurrency of them already run on this host, whatever
         the central job allows. Returns what ends the count."""
@@ -311,7 +312,7 @@ class HostWorker:
         and as the gauge scheduled_host_jobs_drift."""
         from schedctl.jobfiles import JobFilesError, load_dir
         from schedctl.jobfiles import apply as applying
-        from scheduled_d.metrics import HOST_DRIFT
+        from scheduled_d.metrics import HOST_DRIFT  # here: it loads the database layer
 
         backend = self._make_backend()
         drift: list[str]
@@ -350,7 +351,7 @@ class HostWorker:
         return client, str(client.whoami()["name"])
 
     def _drift_logged(self) -> None:
-        from scheduled_d.metrics import HOST_DRIFT
+        from scheduled_d.metrics import HOST_DRIFT  # here: it loads the database layer
 
         self._drift_due = time.monotonic() + DRIFT_SECONDS
         try:
@@ -451,7 +452,7 @@ class HostWorker:
             threads.append(thread)
         return threads
 
-    def _boot(self, job: Job) -> None:
+    def _boot(self, job: FileJob) -> None:
         try:
             spec = run_spec(job, {"job_file": str(job.path), "job": job.name, "boot": True})
             timeout = _timeout_seconds(job)
@@ -508,7 +509,7 @@ class HostWorker:
         self._record_boot(job, seconds, code if code >= 0 else None, how, output)
 
     def _record_boot(
-        self, job: Job, seconds: float, code: int | None, error: str | None, output: str | None
+        self, job: FileJob, seconds: float, code: int | None, error: str | None, output: str | None
     ) -> None:
         """The boot run in the run history of the job's central job (NAME@HOST, made by
         `schedctl apply`): over the API with the host token, or in the database. Not
@@ -536,7 +537,7 @@ class HostWorker:
             log.warning("boot job %r: not in the run history: %s", job.name, exc)
 
     @staticmethod
-    def _boot_io(job: Job, process: subprocess.Popen[bytes], stdin: bytes, tail: _Tail) -> None:
+    def _boot_io(job: FileJob, process: subprocess.Popen[bytes], stdin: bytes, tail: _Tail) -> None:
         assert process.stdin is not None and process.stdout is not None
         writer = threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True)
         writer.start()
@@ -686,10 +687,6 @@ def run_host_worker(
     """`scheduled-d worker` with a [host] table or --jobs-dir: the host worker in this
     process until SIGTERM/SIGINT (a second one kills the commands in flight), leasing from
     the database (a Store) or through a LeaseBackend (run_api_host_worker's)."""
-    from scheduled_d import sdnotify
-    from scheduled_d.signals import stop_on_signals
-    from scheduled_d.supervise import run_inline
-
     with stop_on_signals() as (stop, force):
         host_worker = HostWorker(
             store, host, lease_seconds=lease_seconds, heartbeat_seconds=min(5.0, lease_seconds / 3)

@@ -138,7 +138,7 @@ def _run_all(
 
     def claimed(result: ClaimResult) -> None:
         # only when it has work: woken after every claim that only queued runs itself, the
-        # relay's looking cost a tenth of the daemon's CPU at 500 runs/s
+        # relay spent the daemon's CPU on looking
         if relays and (result.relayed or relays[-1].routes_brokers):
             relays[-1].wake()
         for worker in list(workers.values()):

@@ -94,9 +94,6 @@ class Notifier:
     def stopping(self, status: str | None = None) -> bool:
         return self.notify("STOPPING=1", *([f"STATUS={status}"] if status else []))
 
-    def reloading(self) -> bool:
-        return self.notify("RELOADING=1")
-
     def status(self, text: str) -> bool:
         return self.notify(f"STATUS={text}")
 

@@ -8,13 +8,13 @@ go of the interpreter lock while the child starts, so several threads can start 
 at once (os.posix_spawn, cheaper per call, holds the lock until the child has exec'd: on
 a busy machine that serialized every start behind the slowest). The pipes are made here
 and handed to Popen as plain descriptors: Popen then makes no pipes and wraps nothing in
-file objects, a third of its cost per start.
+file objects, much of its cost per start.
 
 With a run cgroup (cgroups.py), the command is started by /bin/sh, which first enters the
 cgroup by writing to a descriptor of its cgroup.procs the worker opened (the kernel checks
 the opener's rights: a command run as another user enters it too) and then executes the
 command: nothing the command does happens outside its cgroup. (A pre-exec hook in Python
-would make Popen fork the whole worker instead of vfork: thirty times slower.)
+would make Popen fork the whole worker instead of vfork, which is far slower.)
 """
 
 from __future__ import annotations

@@ -81,8 +81,8 @@ def parse_alerts(value: Any, field_name: str = "alerts") -> AlertConfig:
         if not isinstance(webhook, str):
             raise errors.ValidationError("must be an http(s) URL", field=f"{field_name}.webhook")
         # a target's rules: no credentials (they would reach logs and the alert's errors)
-        from schedctl.delivery.ssrf import split_url
-        from schedctl.jobspec import check_url
+        from schedctl.delivery.ssrf import split_url  # here: it loads asyncio
+        from schedctl.jobspec import check_url  # here: jobspec imports this module
 
         check_url(webhook, f"{field_name}.webhook")
         split_url(webhook, f"{field_name}.webhook")  # and a host name that can be sent

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -20,7 +21,7 @@ import typer
 from schedctl import errors, jobfiles
 from schedctl.cli.common import CliState, OutputOption, actor, cli_state, output_format, say
 from schedctl.cli.output import OutputFormat, emit_json, emit_table, err_console
-from schedctl.config import DEFAULT_CONFIG_PATH
+from schedctl.config import DEFAULT_CONFIG_PATH, load_config
 from schedctl.host_scope import HostScope
 from schedctl.jobfiles import apply as applying
 from schedctl.jobfiles import placement
@@ -158,8 +159,6 @@ def apply(
 def _api_of_host_table(state: CliState, config: str) -> None:
     """With neither --db nor --api: the REST API and the host token of the [host] table
     (api_url, token_file) when it names them, as the host's worker uses them."""
-    from schedctl.config import load_config
-
     host = load_config(config).host
     if host is None or host.api_url is None:
         return
@@ -197,8 +196,6 @@ def _token_scope(me: dict[str, Any], host: str, groups: tuple[str, ...]) -> Host
 
 
 def _fqdn_domain() -> str | None:
-    import socket
-
     fqdn = socket.getfqdn()
     return fqdn if "." in fqdn and not fqdn.startswith("localhost") else None
 

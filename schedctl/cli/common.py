@@ -31,7 +31,13 @@ from typer.core import TyperGroup
 
 from schedctl import errors, limits
 from schedctl.cli.output import OutputFormat, console, emit, err_console
-from schedctl.config import Config, default_database_url, load_config
+from schedctl.config import (
+    Config,
+    default_database_url,
+    load_config,
+    require_database_choice,
+    where_looked,
+)
 
 if TYPE_CHECKING:
     # imported where a command needs them: `schedctl --help` must not load sqlalchemy,
@@ -160,7 +166,6 @@ def check_database_choice(config: Config, url: str, command: tuple[str, ...] = (
     not there yet, refuse a command that only looks (a ConfigError naming database_url,
     nothing created), and let one that creates (tenant create, db upgrade) make it, saying
     where on stderr, once. `command`: the subcommand's words ("tenant", "create")."""
-    from schedctl.config import require_database_choice, where_looked
     from schedctl.storage.engine import database_of, normalize_url
 
     require_database_choice(config)

@@ -28,7 +28,7 @@ from schedctl.cli.output import OutputFormat, emit, emit_json, err_console
 
 if TYPE_CHECKING:
     from schedctl.client import ApiClient
-    from schedctl.models import Outcome
+    from schedctl.models import CreateOutcome
     from schedctl.service import Scheduler
 
 # a batch also stops short of this many bytes of job bodies, so that it stays under the
@@ -105,7 +105,7 @@ def job_import(
     ):
         # the next batch is on its way while this one is answered and tallied: the server
         # (or the database) is not idle while this process reads and parses
-        in_flight: deque[tuple[_Batch, Future[list[Outcome]]]] = deque()
+        in_flight: deque[tuple[_Batch, Future[list[CreateOutcome]]]] = deque()
         for batch in _batches(stream, summary, raw=isinstance(scheduler, ApiClient)):
             in_flight.append((batch, pool.submit(_create, scheduler, tenant, batch)))
             if len(in_flight) >= IN_FLIGHT:
@@ -172,7 +172,7 @@ def _api_text(line: str) -> str:
     """A line to send through the API as it was written, once it is known to be JSON that
     the server reads as json.loads reads the line (orjson, in C, first; what it refuses, such
     as NaN or a lone surrogate, is checked the slow way): parsing every line and encoding the
-    batch again took half of an import's own CPU."""
+    batch again dominated an import's own CPU."""
     text = line.strip()
     try:
         orjson.loads(text)
@@ -191,7 +191,9 @@ def _api_text(line: str) -> str:
     return text
 
 
-def _create(scheduler: Scheduler | ApiClient, tenant: str | None, batch: _Batch) -> list[Outcome]:
+def _create(
+    scheduler: Scheduler | ApiClient, tenant: str | None, batch: _Batch
+) -> list[CreateOutcome]:
     """The batch's outcomes (in a pool thread); a batch refused as a whole raises."""
     if not batch.bodies:
         return []
@@ -205,7 +207,7 @@ def _create(scheduler: Scheduler | ApiClient, tenant: str | None, batch: _Batch)
 
 def _tally(
     batch: _Batch,
-    answer: Future[list[Outcome]],
+    answer: Future[list[CreateOutcome]],
     summary: _Summary,
     advance: Callable[[int], None],
 ) -> None:

@@ -30,7 +30,7 @@ from schedctl.cli.common import (
     output_format,
 )
 from schedctl.cli.output import OutputFormat
-from schedctl.models import Attempt, Run, RunStatus, run_key
+from schedctl.models import AttemptLog, Run, RunStatus, run_key
 from schedctl.scheduling.timeparse import format_instant, parse_instant
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ _NOT_STARTED = (RunStatus.dispatched, RunStatus.skipped)
 @dataclass(frozen=True)
 class RunOutput:
     run: Run
-    attempts: tuple[Attempt, ...]
+    attempts: tuple[AttemptLog, ...]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -66,7 +66,7 @@ def _instant(value: datetime | None) -> str | None:
     return None if value is None else format_instant(value)
 
 
-def attempt_dict(attempt: Attempt) -> dict[str, Any]:
+def attempt_dict(attempt: AttemptLog) -> dict[str, Any]:
     return {
         "attempt": attempt.attempt,
         "status": attempt.status,
@@ -78,14 +78,16 @@ def attempt_dict(attempt: Attempt) -> dict[str, Any]:
     }
 
 
-def _live(run: Run) -> Attempt:
+def _live(run: Run) -> AttemptLog:
     """The attempt a worker holds now, its output as of the last heartbeat."""
-    return Attempt(run.attempt, run.status.value, run.started_at, None, None, None, run.output_tail)
+    return AttemptLog(
+        run.attempt, run.status.value, run.started_at, None, None, None, run.output_tail
+    )
 
 
-def _latest_only(run: Run) -> Attempt:
+def _latest_only(run: Run) -> AttemptLog:
     """What the runs row says of its latest attempt (all --api can see)."""
-    return Attempt(
+    return AttemptLog(
         run.attempt,
         run.status.value,
         run.started_at,
@@ -183,7 +185,7 @@ def _write(text: str) -> None:
     sys.stdout.flush()  # a closed pipe is found now, and ends the command quietly
 
 
-def header(run: Run, attempt: Attempt) -> str:
+def header(run: Run, attempt: AttemptLog) -> str:
     parts = [f"attempt {attempt.attempt}: {attempt.status}"]
     if attempt.started_at is not None:
         parts.append(f"started {format_instant(attempt.started_at)}")

@@ -67,7 +67,7 @@ def allow(
 ) -> None:
     """Let TENANT's HTTP jobs call HOST or CIDR even where the SSRF guard refuses by default
     (loopback, private, link-local, CGNAT, ...). Public destinations need no entry."""
-    from schedctl.delivery.ssrf import normalize_entry  # loads requests: only when needed
+    from schedctl.delivery.ssrf import normalize_entry  # loads asyncio: only when needed
 
     entries, changed = _repo(ctx).allow(tenant, normalize_entry(entry), actor=actor())
     done = f"{'allowed' if changed else 'already allowed'}: {entries[-1] if changed else entry}"

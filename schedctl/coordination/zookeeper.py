@@ -77,7 +77,7 @@ def _stat(raw: Any) -> _Stat:
 
 
 @dataclass(frozen=True)
-class _Outcome:
+class _CallAnswer:
     """The answer to one asynchronous ZooKeeper call: a value, an error, or no answer yet."""
 
     value: Any = None
@@ -85,7 +85,7 @@ class _Outcome:
     answered: bool = True
 
 
-_NO_ANSWER = _Outcome(answered=False)
+_NO_ANSWER = _CallAnswer(answered=False)
 
 
 def check_hosts(hosts: str) -> None:
@@ -700,7 +700,7 @@ class ZooKeeperCoordinator:
 
     # -- waiting on kazoo's asynchronous results -------------------------------------------
 
-    def _await(self, result: Any, deadline: float, *, interruptible: bool = True) -> _Outcome:
+    def _await(self, result: Any, deadline: float, *, interruptible: bool = True) -> _CallAnswer:
         """The outcome of one async call, waiting at most until `deadline` (and no longer
         than until stop() is called, unless `interruptible` is False)."""
         for _ in range(int(max(0.0, deadline - time.monotonic()) / _SLICE_SECONDS) + 2):
@@ -712,13 +712,13 @@ class ZooKeeperCoordinator:
         if not result.ready():
             return _NO_ANSWER
         try:
-            return _Outcome(value=result.get(block=False))
+            return _CallAnswer(value=result.get(block=False))
         except Exception as exc:
-            return _Outcome(error=exc)
+            return _CallAnswer(error=exc)
 
     def _gather(
         self, pending: Mapping[K, Any], deadline: float, *, interruptible: bool = True
-    ) -> dict[K, _Outcome]:
+    ) -> dict[K, _CallAnswer]:
         # the calls are already on the wire, pipelined: waiting for them one by one costs
         # one round trip in all, not one each
         return {

@@ -19,7 +19,8 @@ Clock = Callable[[], float]
 
 
 class TokenBucket:
-    """`rate` tokens a second, holding at most `burst` (default: one second's worth)."""
+    """`rate` tokens a second, holding at most `burst` (default: one second's worth); the
+    dispatcher paces a tenant's catch-up with one too."""
 
     def __init__(self, rate: float, burst: float | None = None, *, clock: Clock = time.monotonic):
         self._clock = clock
@@ -49,19 +50,6 @@ class TokenBucket:
         granted = max(0, min(count, int(self._tokens)))
         self._tokens -= granted
         return granted
-
-    def put_back(self, count: int) -> None:
-        """Return tokens taken for work that did not happen."""
-        self._refill()
-        self._tokens = min(self.burst, self._tokens + max(count, 0))
-
-    def seconds_until(self, count: int = 1) -> float:
-        """How long until `count` tokens are there (inf for a zero rate)."""
-        self._refill()
-        missing = count - self._tokens
-        if missing <= 0:
-            return 0.0
-        return missing / self.rate if self.rate > 0 else float("inf")
 
 
 class DeliveryLimits:
@@ -111,10 +99,6 @@ class DeliveryLimits:
         with self._lock:
             return self._concurrency.get(lane.tenant_id, self.default_concurrency)
 
-    def free_slots(self, lane: Lane) -> int:
-        with self._lock:
-            return self._free_slots(lane)
-
     def _free_slots(self, lane: Lane) -> int:
         limit = self._concurrency.get(lane.tenant_id, self.default_concurrency)
         return max(0, min(limit - self._busy.get(lane, 0), self.max_in_flight - self._total))
@@ -139,11 +123,6 @@ class DeliveryLimits:
         """Spend `count` tokens (for rows claimed within `capacity`)."""
         with self._lock:
             self._bucket(tenant_id).take(count)
-
-    def refund(self, lane: Lane, rows: int) -> None:
-        """Give back tokens for rows that were claimed but need no delivery (cancelled)."""
-        with self._lock:
-            self._bucket(lane.tenant_id).put_back(rows)
 
     def try_acquire(self, lane: Lane) -> bool:
         """Occupy one slot of the lane (and of the relay) if one is free."""
@@ -171,7 +150,3 @@ class DeliveryLimits:
     def in_flight(self) -> int:
         with self._lock:
             return self._total
-
-    def seconds_until_token(self, tenant_id: str) -> float:
-        with self._lock:
-            return self._bucket(tenant_id).seconds_until(1)

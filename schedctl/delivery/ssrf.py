@@ -21,7 +21,7 @@ How it is checked, at job creation and again at every delivery:
    denote, so they are checked as that address;
 2. a host name is resolved and *every* address is checked: one bad address refuses the
    destination (a name with a public and a private address is not a loophole);
-3. delivery connects to one of the checked addresses itself (`PinnedAdapter`), sending the
+3. delivery connects to one of the checked addresses itself (`pinned_url`), sending the
    original host in the Host header and as TLS SNI and certificate name -- so a DNS answer
    that changes between the check and the connection (rebinding) is never used;
 4. no redirect is followed: a 3xx is the endpoint's answer, not a new destination.
@@ -47,17 +47,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
 import idna
-from requests import PreparedRequest
-from requests.adapters import HTTPAdapter
 
 from schedctl import errors, limits
-
-if TYPE_CHECKING:
-    from requests.adapters import _HostParams, _PoolKwargs
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -720,27 +714,6 @@ def hide_addresses(text: str) -> str:
 
 
 # -- connecting to the checked address -------------------------------------------------------
-
-
-class PinnedAdapter(HTTPAdapter):
-    """A requests adapter for requests whose URL already names the checked IP address: the
-    TLS handshake sends the original host name (from the Host header) as SNI and checks the
-    certificate against it, so pinning the address changes nothing but where we connect."""
-
-    def build_connection_pool_key_attributes(
-        self, request: PreparedRequest, verify: Any, cert: Any = None
-    ) -> tuple[_HostParams, _PoolKwargs]:
-        host_params, pool_kwargs = super().build_connection_pool_key_attributes(
-            request, verify, cert
-        )
-        if host_params.get("scheme") == "https":
-            name = tls_name(request.headers.get("Host", ""))
-            if name:
-                # part of the pool key, so each (address, name) pair has its own pool
-                extra = cast(dict[str, Any], pool_kwargs)
-                extra["server_hostname"] = name
-                extra["assert_hostname"] = name
-        return host_params, pool_kwargs
 
 
 def tls_name(host_header: str) -> str:

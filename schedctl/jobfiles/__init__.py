@@ -2,7 +2,7 @@
 
 load_dir(DIR) -> [JobFile]      every file validated together (JobFilesError lists all)
 load_file(PATH) / parse_text(TEXT, PATH) -> JobFile
-Job.job_body(queue)             the REST / `job create` body: schedule, limits and the
+FileJob.job_body(queue)         the REST / `job create` body: schedule, limits and the
                                 reference (file, name) as payload -- never the command
 render(jobs) -> TOML text       what import-crontab writes (loads back through load_*)
 placement                       central name and queue of a job per host (NAME@HOST, host:H,
@@ -21,7 +21,7 @@ from schedctl.jobfiles.load import (
 )
 from schedctl.jobfiles.model import (
     Alerts,
-    Job,
+    FileJob,
     JobFile,
     JobFilesError,
     JobRef,
@@ -35,7 +35,7 @@ __all__ = [
     "DEFAULT_DIR",
     "JOB_KEYS",
     "Alerts",
-    "Job",
+    "FileJob",
     "JobFile",
     "JobFilesError",
     "JobRef",

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from schedctl import errors
 from schedctl.alerts.model import AlertConfig, parse_alerts
+from schedctl.config import load_config
 from schedctl.jobfiles import placement
-from schedctl.jobfiles.model import Job, JobFile, JobFilesError, Problem, RunOnKind
+from schedctl.jobfiles.model import FileJob, JobFile, JobFilesError, Problem, RunOnKind
 from schedctl.jobfiles.tomllines import key_lines, locate
 from schedctl.jobpatch import parse_job_patch
 from schedctl.jobspec import parse_job_request
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
     Jobs = Scheduler | ApiClient
 
 BOOT = "boot (runs on the host's worker start)"  # no longer a skip reason: kept for callers
-PAYLOAD_KEYS = placement.APPLY_PAYLOAD_KEYS
 # normalising a body needs a clock; one before any file's instant keeps `at` jobs that have
 # already run comparable (the real clock checks only what is about to be sent)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -82,7 +82,7 @@ class Entry:
 
     name: str
     action: Action
-    job: Job | None = None  # the file's job (None: a removed central job)
+    job: FileJob | None = None  # the file's job (None: a removed central job)
     current: CentralJob | None = None
     body: dict[str, Any] | None = None  # the create body
     update: dict[str, Any] = field(default_factory=dict)  # the update body (changed)
@@ -91,7 +91,7 @@ class Entry:
 
 
 @dataclass(frozen=True)
-class Skipped:
+class SkippedJob:
     name: str
     file: str
     reason: str
@@ -105,7 +105,7 @@ class Plan:
     host: str
     directory: str
     entries: tuple[Entry, ...]
-    skipped: tuple[Skipped, ...]
+    skipped: tuple[SkippedJob, ...]
 
     def of(self, action: Action) -> list[Entry]:
         return [e for e in self.entries if e.action is action]
@@ -137,8 +137,6 @@ def read_host(path: str | Path | None) -> tuple[str, tuple[str, ...]]:
     without a file or table."""
     if path is None:
         return _node_name(), ()
-    from schedctl.config import load_config
-
     host = load_config(path).host
     if host is None:
         return _node_name(), ()
@@ -154,7 +152,7 @@ def _node_name() -> str:
 
 
 def central_body(
-    job: Job,
+    job: FileJob,
     host: str,
     mail_domain: str | None = None,
     names: Mapping[str, str] | None = None,
@@ -207,7 +205,7 @@ def plan(
     groups = tuple(groups)
     by_name = {c.job.name: c for c in central if c.job.status is not JobStatus.deleted}
     entries: list[Entry] = []
-    skipped: list[Skipped] = []
+    skipped: list[SkippedJob] = []
     problems: list[Problem] = []
     wanted: set[str] = set()
     names = {
@@ -220,7 +218,7 @@ def plan(
         for index, job in enumerate(file.jobs):
             if not placement.applies_to(job, host, groups):
                 reason = f"runs on every host of group {job.run_on.group}, not this one"
-                skipped.append(Skipped(job.name, str(job.path), reason))
+                skipped.append(SkippedJob(job.name, str(job.path), reason))
                 continue
             name = placement.central_name(job, host)
             wanted.add(name)
@@ -239,7 +237,7 @@ def plan(
             entries.append(Entry(name, Action.removed, current=found.job))
         else:
             reason = f"no longer in {directory} (kept: --keep-removed)"
-            skipped.append(Skipped(name, str(found.job.payload["job_file"]), reason))
+            skipped.append(SkippedJob(name, str(found.job.payload["job_file"]), reason))
     return Plan(host, str(directory), tuple(_upstreams_first(entries)), tuple(skipped))
 
 
@@ -271,7 +269,7 @@ def _ours(job: CentralJob, host: str, root: Path) -> bool:
     return isinstance(job_file, str) and Path(job_file).parent.resolve() == root
 
 
-def _check_alerts(job: Job, mail_domain: str | None) -> None:
+def _check_alerts(job: FileJob, mail_domain: str | None) -> None:
     """What a job file may say and the central alerts cannot hold, refused by name rather
     than dropped: an alert that silently never comes is worse than an error."""
     local = [a for a in job.alerts.email if "@" not in a]
@@ -288,7 +286,7 @@ def _check_alerts(job: Job, mail_domain: str | None) -> None:
 
 
 def _entry(
-    job: Job,
+    job: FileJob,
     host: str,
     found: Central | None,
     now: datetime,
@@ -343,7 +341,7 @@ def _entry(
     )  # fmt: skip
 
 
-def _wanted_status(job: Job, current: CentralJob) -> str:
+def _wanted_status(job: FileJob, current: CentralJob) -> str:
     """`enabled = false` is the declarative off: paused. `enabled = true` (or no key) makes
     active only a job apply itself paused (its payload says `disabled`); an operator's
     pause (`job pause`) survives every apply, until the operator resumes it."""
@@ -430,7 +428,7 @@ def _update_body(
     return update
 
 
-def _problem(job: Job, index: int, exc: errors.ValidationError) -> Problem:
+def _problem(job: FileJob, index: int, exc: errors.ValidationError) -> Problem:
     """A refusal of the central store, located at the file's key."""
     field_name = exc.field or "name"
     key = _FILE_KEYS.get(field_name, field_name.split(".")[0])

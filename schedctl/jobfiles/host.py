@@ -1,7 +1,7 @@
 """Owns what a host's worker trusts of its job files: the permission rule (cron's, applied to
 each file as it is opened once: schedctl.jobfiles.opening), the set of files currently
 loaded (rescanned on demand), the resolution of a run's reference
-{job_file, job} to a Job of those files, and the account a job runs as.
+{job_file, job} to a FileJob of those files, and the account a job runs as.
 
 A run's payload only *names* a job: the command, user, environment and working directory
 always come from this host's own files, so whoever can create jobs centrally cannot make
@@ -23,7 +23,7 @@ from typing import Any
 
 from schedctl import errors
 from schedctl.jobfiles.load import MAX_FILES, load_dir, read_job_file
-from schedctl.jobfiles.model import Job, JobFile, JobFilesError, Problem
+from schedctl.jobfiles.model import FileJob, JobFile, JobFilesError, Problem
 from schedctl.jobfiles.opening import OpenDir, Refused, account_name, file_stamp, open_dir
 from schedctl.jobfiles.placement import queue_for, runs_here
 
@@ -60,7 +60,7 @@ def _signature(opened: OpenDir, name: str, info: os.stat_result) -> tuple[object
     return (opened.path_of(name), *file_stamp(info), *opened.stamps)
 
 
-def placement_problem(job: Job, host: str, groups: Iterable[str], queue: str) -> str | None:
+def placement_problem(job: FileJob, host: str, groups: Iterable[str], queue: str) -> str | None:
     """Why a run of `job` taken from `queue` by the worker of `host` (member of `groups`)
     must not run it, or None. The run must come from the queue `schedctl apply` puts the
     job's runs on (placement.queue_for), on a host the job applies to: whoever can queue a
@@ -81,7 +81,7 @@ def placement_problem(job: Job, host: str, groups: Iterable[str], queue: str) ->
 
 
 @dataclass(frozen=True)
-class Changes:
+class FileChanges:
     """What one scan found, by file path."""
 
     added: tuple[str, ...] = ()
@@ -106,7 +106,7 @@ class HostFiles:
     """The job files of `directory` this host's worker trusts and has loaded. `scan()`
     (at start, on SIGHUP, periodically) reloads what changed; a file refused (permissions)
     or invalid is left out with its reasons logged, and the other files still load. A job
-    resolved before a scan keeps its Job: runs in flight are not affected."""
+    resolved before a scan keeps its FileJob: runs in flight are not affected."""
 
     directory: Path
     uid: int = field(default_factory=os.geteuid)  # trusted as root is, as a file's owner
@@ -132,7 +132,7 @@ class HostFiles:
         self._missing_logged = False
         return opened
 
-    def scan(self) -> Changes:
+    def scan(self) -> FileChanges:
         """Reload the files that were added or changed, forget the removed ones. The
         directory is walked once (opening.open_dir) and each file is opened, judged and
         read through one descriptor: what is loaded is what was judged."""
@@ -178,7 +178,7 @@ class HostFiles:
             removed = sorted(k for k in self._entries if k not in seen)
             for key in removed:
                 del self._entries[key]
-        changes = Changes(tuple(added), tuple(changed), tuple(removed), tuple(refused))
+        changes = FileChanges(tuple(added), tuple(changed), tuple(removed), tuple(refused))
         for key in removed:
             log.info("job files: %s removed; its jobs are no longer defined here", key)
         return changes
@@ -208,7 +208,7 @@ class HostFiles:
         with self._lock:
             return [e.file for _, e in sorted(self._entries.items()) if e.file is not None]
 
-    def jobs(self) -> list[Job]:
+    def jobs(self) -> list[FileJob]:
         return [job for file in self.files() for job in file.jobs]
 
     def _entry(self, key: str) -> _Entry | None:
@@ -232,8 +232,8 @@ class HostFiles:
         real = os.path.realpath(key)  # outside the lock: it reads the filesystem
         return next((e for e, target in candidates if target == real), None)
 
-    def resolve(self, payload: Any, *, host: str, groups: Iterable[str], queue: str) -> Job:
-        """The Job a run's payload {job_file, job} names, from the files loaded now, for a
+    def resolve(self, payload: Any, *, host: str, groups: Iterable[str], queue: str) -> FileJob:
+        """The FileJob a run's payload {job_file, job} names, from the files loaded now, for a
         run taken from `queue` by the worker of `host` (member of `groups`); else NotFound
         "job X of FILE is not defined on this host" (with why, when the file was refused),
         or naming why the job does not run from that queue (placement_problem). Nothing of
@@ -274,7 +274,7 @@ class HostFiles:
             raise errors.NotFound(f"job {name!r} of {job_file!r} {problem}", field="job")
         return found
 
-    def boot_jobs(self, host: str, groups: Iterable[str] = ()) -> list[Job]:
+    def boot_jobs(self, host: str, groups: Iterable[str] = ()) -> list[FileJob]:
         """The enabled @reboot jobs this host runs at its worker's start: its own, its
         groups' and every-host ones (of its groups, when given)."""
         groups = set(groups)
@@ -304,7 +304,7 @@ class Account:
     home: str
 
 
-def run_as(job: Job, *, euid: int | None = None, egid: int | None = None) -> Account | None:
+def run_as(job: FileJob, *, euid: int | None = None, egid: int | None = None) -> Account | None:
     """The account of `job`'s user/group, or None when that is the worker's own (`euid`,
     `egid`: default this process's). Raises NotFound for an unknown user or group,
     ConfigError when the job needs another user and the worker does not run as root (only

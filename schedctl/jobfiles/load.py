@@ -24,7 +24,7 @@ from schedctl import config, errors, jobspec, limits
 from schedctl.jobfiles.model import (
     DEFAULT_SHELL,
     Alerts,
-    Job,
+    FileJob,
     JobFile,
     JobFilesError,
     JobRef,
@@ -186,7 +186,7 @@ def parse_text(text: str, path: str | Path) -> JobFile:
     if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
         problem(("job",), "must be [[job]] tables")
         tables = []
-    jobs: list[Job] = []
+    jobs: list[FileJob] = []
     for index, table in enumerate(tables):
         name = table.get("name") if isinstance(table.get("name"), str) else None
         refusals: list[_Refused] = []
@@ -202,7 +202,7 @@ def parse_text(text: str, path: str | Path) -> JobFile:
 
 
 def _duplicates(files: list[JobFile]) -> list[Problem]:
-    seen: dict[str, Job] = {}
+    seen: dict[str, FileJob] = {}
     found = []
     for file in files:
         for job in file.jobs:
@@ -226,7 +226,7 @@ def _after_problems(files: list[JobFile], root: Path) -> list[Problem]:
     jobs = {job.name: job for file in files for job in file.jobs}
     found: list[Problem] = []
 
-    def refuse(job: Job, message: str) -> None:
+    def refuse(job: FileJob, message: str) -> None:
         found.append(Problem(str(job.path), job.line, "job.after", message, job.name))
 
     for job in jobs.values():
@@ -267,8 +267,8 @@ def _after_problems(files: list[JobFile], root: Path) -> list[Problem]:
 # -- one [[job]] table -----------------------------------------------------------------
 
 
-def _job(table: dict[str, Any], path: Path, line: int, out: list[_Refused]) -> Job | None:
-    """The Job, or None with every refusal appended to `out` (key paths under the table)."""
+def _job(table: dict[str, Any], path: Path, line: int, out: list[_Refused]) -> FileJob | None:
+    """The FileJob, or None with every refusal appended to `out` (key paths under the table)."""
 
     def check(fn: Any, *args: Any) -> Any:
         try:
@@ -308,7 +308,7 @@ def _job(table: dict[str, Any], path: Path, line: int, out: list[_Refused]) -> J
     if out:
         return None
     argv, shell = command
-    return Job(
+    return FileJob(
         name=name,
         path=path,
         line=line,
@@ -623,7 +623,7 @@ def _alerts(table: Mapping[str, Any]) -> Alerts:
     return Alerts(email, webhook, command, tuple(on), no_success)
 
 
-def resolve(ref: JobRef, directory: str | Path = DEFAULT_DIR) -> Job:
+def resolve(ref: JobRef, directory: str | Path = DEFAULT_DIR) -> FileJob:
     """The job a central reference names, read from this host's own `directory`: the
     reference is not trusted to point anywhere else (a path outside the directory, a
     hidden or non-.toml file is refused), and the job must still be in that file."""

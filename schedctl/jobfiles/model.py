@@ -1,7 +1,7 @@
-"""Owns the validated shape of a job file: Job, JobFile, where a job runs, its alerts, and
+"""Owns the validated shape of a job file: FileJob, JobFile, where a job runs, its alerts, and
 the errors that name file, line and key.
 
-A Job holds everything its host needs to run it (command, user, environment); what goes
+A FileJob holds everything its host needs to run it (command, user, environment); what goes
 to the central store is only `job_body()` (schedule and limits) and `ref` (file + name):
 commands never leave the host.
 """
@@ -79,14 +79,14 @@ class JobRef:
 
 
 @dataclass(frozen=True)
-class Job:
+class FileJob:
     """One validated [[job]] table."""
 
     name: str
     path: Path
     line: int
     # the REST schedule object ({"cron", "timezone"} | {"every"} | {"run_at"}); None: @reboot
-    # (dicts are left out of the hash, so that a Job can be a set member or a dict key)
+    # (dicts are left out of the hash, so that a FileJob can be a set member or a dict key)
     schedule: dict[str, Any] | None = field(hash=False)
     command: tuple[str, ...] | None = None
     shell: str | None = None
@@ -184,7 +184,7 @@ class JobFile:
     """One *.toml file of the directory and the jobs it defines, in file order."""
 
     path: Path
-    jobs: tuple[Job, ...]
+    jobs: tuple[FileJob, ...]
 
 
 @dataclass(frozen=True)

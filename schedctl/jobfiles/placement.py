@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterable
 
 from schedctl import errors
-from schedctl.jobfiles.model import Job, RunOnKind
+from schedctl.jobfiles.model import FileJob, RunOnKind
 from schedctl.models import EVERY_HOST_QUEUE_PREFIX
 
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", re.ASCII)
@@ -73,14 +73,14 @@ def host_queues(host: str, groups: Iterable[str] = ()) -> list[str]:
     ]
 
 
-def central_name(job: Job, host: str) -> str:
+def central_name(job: FileJob, host: str) -> str:
     """The central job's name: the file's name for a host-group job, NAME@HOST otherwise."""
     if job.run_on.kind is RunOnKind.host_group:
         return job.name
     return f"{job.name}@{check_host(host)}"
 
 
-def queue_for(job: Job, host: str) -> str:
+def queue_for(job: FileJob, host: str) -> str:
     """The built-in queue the central job's runs go to."""
     if job.run_on.kind is RunOnKind.host_group:
         assert job.run_on.group is not None  # load refuses 'host-group' without a group
@@ -90,7 +90,7 @@ def queue_for(job: Job, host: str) -> str:
     return host_queue(host)
 
 
-def applies_to(job: Job, host: str, groups: Iterable[str] = ()) -> bool:
+def applies_to(job: FileJob, host: str, groups: Iterable[str] = ()) -> bool:
     """Whether applying the files on `host` (member of `groups`) defines this job: every job
     but an every-host job of a group the host is not in."""
     check_host(host)
@@ -99,7 +99,7 @@ def applies_to(job: Job, host: str, groups: Iterable[str] = ()) -> bool:
     return True
 
 
-def runs_here(job: Job, host: str, groups: Iterable[str] = ()) -> bool:
+def runs_here(job: FileJob, host: str, groups: Iterable[str] = ()) -> bool:
     """Whether `host` (member of `groups`) runs the job's runs (or, @reboot, runs it at its
     worker's start): a job it applies, but a host-group job only on the group's members
     (any host may apply one; its runs go to the group's queue)."""

@@ -196,7 +196,7 @@ def _contexts(connection: Connection, job_ids: set[str]) -> dict[str, JobContext
 def _job_file_reference(stored: str) -> dict[str, Any]:
     """A job file job's payload ({"job_file", "job", "host"}: a reference, never a command),
     else {}. Any other payload is the tenant's data and is not looked into (nor mailed)."""
-    from schedctl.storage.payloads import decode_payload
+    from schedctl.storage.payloads import decode_payload  # here: it loads cryptography
 
     try:
         value = decode_payload(stored)

@@ -15,7 +15,6 @@ from schedctl import limits
 from schedctl.models import Page
 from schedctl.storage import schema
 from schedctl.storage.cursors import check_page_limit, decode_cursor, encode_cursor
-from schedctl.storage.dialect import dialect_of
 from schedctl.storage.rows import as_stored
 from schedctl.storage.store import Store
 
@@ -52,14 +51,6 @@ def audit(
             detail=json.dumps(detail) if detail is not None else None,
         )
     )
-
-
-def audit_many(connection: Connection, entries: list[dict[str, Any]]) -> None:
-    """Several entries (at, tenant_id, actor, action, job_id; no detail) in one statement."""
-    if entries:
-        dialect_of(connection).insert_audit_entries(
-            connection, [{"detail": None, **e} for e in entries]
-        )
 
 
 class AuditRepo:

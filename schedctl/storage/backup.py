@@ -17,9 +17,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from sqlalchemy import inspect, select
 from sqlalchemy.engine import URL, make_url
 
 from schedctl import errors
+from schedctl.storage import schema
 from schedctl.storage.engine import (
     SQLITE_FILE_MODE,
     check_connection,
@@ -185,10 +187,6 @@ def _check_sqlite_backup(source: Path) -> None:
 def _check_target(url: str, force: bool) -> None:
     """The database to be replaced: refuse (nothing changed) one in use by a dispatcher,
     or holding a scheduler already, unless `force`."""
-    from sqlalchemy import inspect, select
-
-    from schedctl.storage import schema
-
     if _is_sqlite(url):
         path = _sqlite_path(url)
         if not path.exists() or path.stat().st_size == 0:

@@ -36,9 +36,9 @@ from schedctl.storage.store import Store, is_lock_race
 class DueJob(NamedTuple):
     """What a dispatcher read about a due job; claiming succeeds only at this version.
 
-    A named tuple, not a dataclass: a burst preloads and claims 100,000 of them, and a
-    frozen dataclass's __init__ (one object.__setattr__ per field) was a tenth of the
-    dispatcher's CPU. The fields are in _DUE_COLUMNS's order."""
+    A named tuple, not a dataclass: a burst preloads and claims a whole window of them,
+    and a frozen dataclass's __init__ costs one object.__setattr__ per field, on the
+    dispatcher's hot path. The fields are in _DUE_COLUMNS's order."""
 
     job_id: str
     tenant_id: str
@@ -110,7 +110,7 @@ def due_query(
 
 
 # distinct stored schedules parsed and kept: a burst's jobs, or an hourly cron's, share a
-# handful of texts, and parsing each row's again was a third of a 100,000-run preload
+# handful of texts, and parsing each row's again dominated a big preload
 SCHEDULE_CACHE = 4096
 
 
@@ -214,7 +214,7 @@ class Claimer:
             )
             following: DueJob | None = None
             if plan.next_run_at is not None:
-                # built whole: _replace goes through _make and a dict, twice the cost
+                # built whole: _replace goes through _make and a dict
                 following = DueJob(
                     job_id=d.job_id,
                     tenant_id=d.tenant_id,

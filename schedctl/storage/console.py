@@ -214,7 +214,7 @@ def lateness(store: Store, tenant_id: str, *, window: timedelta = timedelta(hour
             for job_id, count, last_at in failed_runs
         ]
         # each failing job's latest run of the day, in one read of the same day partitions
-        # (a query per job probed every day partition's index: 100 of them took 400 ms)
+        # (a query per job probed every day partition's index, once per failing job)
         latest: dict[str, tuple[datetime, str]] = {}
         if failing_rows:
             for job_id, at, run_status in connection.execute(
@@ -251,7 +251,7 @@ def _recent_lateness(
     at most MAX_RECENT_RUNS of the tenant's runs dispatched in the last `window`, and the
     sample's size. On Postgres the database takes the percentiles (percentile_disc: the
     nearest rank, as _nearest_rank): reading the 5,000 rows' three times and converting
-    them was most of the late page's time (50 of 90 ms)."""
+    them was most of the late page's time."""
     r = schema.runs
     recent = (
         r.c.tenant_id == tenant_id,

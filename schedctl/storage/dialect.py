@@ -301,7 +301,7 @@ class Dialect(Protocol):
 
         A built-in queue lives in this database, so the claim's own transaction delivers to
         it: the run reaches its target at the instant it is claimed, with no relay stage
-        between (it was a second of a 100,000-run burst, and relay CPU beside the claim).
+        between (a stage that cost a burst time, and relay CPU beside the claim).
         The outbox keeps what needs a relay's decision at delivery time: HTTP, tenants
         whose queues are a RabbitMQ broker, and every-host queues (skipped on a host with
         no live worker at that moment). A cancel that commits after the claim is honoured

@@ -123,8 +123,8 @@ class PostgresDialect:
         self, connection: Connection, tenant_id: str, queue: str, fetch: int
     ) -> tuple[datetime, Sequence[Sequence[Any]]]:
         # Planned at each execution, never prepared: a generic plan does not know the LIMIT
-        # and was made while the queue looked empty; with 100,000 messages queued it joined
-        # and sorted the whole queue (or worse) and two workers stalled for minutes on it.
+        # and was made while the queue looked empty; with a big backlog queued it joined
+        # and sorted the whole queue (or worse) and the workers stalled on it.
         rows = _pg_rows(
             connection,
             _LEASE_CANDIDATES,
@@ -145,7 +145,7 @@ class PostgresDialect:
         self, connection: Connection, leases: Sequence[LeasedRow], mark: LeaseMark
     ) -> None:
         # unprepared, as lease_candidates: the generic plan made on a near-empty queue
-        # joined by seq scans of the queue and today's runs, 6 ms a lease at 60,000 runs
+        # joined by seq scans of the queue and today's runs, growing with both
         _pg_keyed(
             connection,
             _MARK_LEASED,
@@ -340,7 +340,7 @@ class PostgresDialect:
     def id_in(self, column: Any, ids: Sequence[int]) -> Any:
         # one array parameter (= ANY): one statement text whatever the batch size, which
         # psycopg parses once, instead of one placeholder per id (a new text, parsed again,
-        # for every length; it cost the relay a tenth of its CPU)
+        # for every length, on the relay's hot path)
         return column == any_(bindparam(None, list(ids), type_=ARRAY(BigInteger)))
 
     def insert_attempts(self, connection: Connection, rows: list[dict[str, Any]]) -> None:
@@ -376,8 +376,8 @@ class PostgresDialect:
         runs = _ALIGNED_RUN_ARRAYS if aligned else _RUN_ARRAYS
         # Planned at each execution, never prepared (as lease_candidates): a worker that
         # settled its first runs while the queue and today's runs were near empty kept a
-        # generic plan scanning both whole for every batch; at 2,000 runs/s that scan grew
-        # with the run history until Postgres's CPU, not the workers, set the pace
+        # generic plan scanning both whole for every batch; that scan grew with the run
+        # history until Postgres's CPU, not the workers, set the pace
         return _pg_keyed(
             connection,
             statement,
@@ -444,9 +444,8 @@ class PostgresDialect:
         lanes = sorted(wanted.items(), key=lambda item: (item[0].tenant_id, item[0].kind))
         # Planned at each execution, never prepared (as lease_candidates): a relay started
         # before a burst ran it on an empty outbox, and the generic plan Postgres then kept
-        # was a seq scan and a sort of the whole outbox per claim (25-33 ms instead of 3 at
-        # 20,000 rows) until an analyze happened to replace it: a 100,000-run burst over
-        # HTTP took 44-57 s instead of 15-18
+        # was a seq scan and a sort of the whole outbox per claim until an analyze happened
+        # to replace it, slowing a whole HTTP burst several times over
         return _pg_rows(
             connection,
             _LEASE_OUTBOX,
@@ -668,8 +667,8 @@ class PostgresDialect:
         connection.execute(text(_GENERATE_ONCE_JOBS.format(columns=names)), params)
 
     def set_jobs_due(self, connection: Connection, due: Sequence[tuple[str, datetime]]) -> None:
-        # one UPDATE from arrays per 40,000: an executemany of 120,000 single-row updates
-        # once took ten minutes here
+        # one UPDATE from arrays per 40,000, not an executemany of single-row updates (a
+        # round trip and a plan each)
         for start in range(0, len(due), 40_000):
             chunk = due[start : start + 40_000]
             connection.execute(
@@ -702,8 +701,8 @@ class PostgresDialect:
         # A probe per string, each limited to its one row. `column = ANY(:name)` could be
         # planned as one scan of the table or of the tenant's rows, and the same lateral
         # join without the LIMIT is flattened into a join that was (a hash of every job of
-        # the tenant per batch): either way a 1,000-job batch's lookups grew with the table,
-        # from 10 ms at 1,000 jobs to 75 ms at 20,000. The LIMIT keeps the subquery whole.
+        # the tenant per batch): either way a batch's lookups grew with the table. The
+        # LIMIT keeps the subquery whole.
         wanted = (
             func.unnest(bindparam(name, type_=ARRAY(Text))).table_valued("value").render_derived()
         )
@@ -716,8 +715,8 @@ class PostgresDialect:
         # psycopg prepares a statement run five times, and Postgres may then keep one
         # generic plan until the table's next analyze. Made while the table was empty (a
         # fresh database, or a deleted tenant's jobs vacuumed away) it scans the table
-        # for each key: the first import's batches took 48-66 s each instead of 0.1,
-        # until autovacuum's minute came.
+        # for each key, so the first import's batches crawled until autovacuum's minute
+        # came.
         driver = connection.connection.driver_connection
         assert driver is not None
         threshold = driver.prepare_threshold
@@ -754,8 +753,8 @@ class PostgresDialect:
         # one round trip, not three (each a wait on the server and a hand-over of the
         # interpreter lock, per combiner round of single creates); the rows go as one
         # JSON document each (orjson, in C), not one array per column: psycopg dumps an
-        # array element by element in Python, 32 arrays per statement, which cost more
-        # than the rest of a small batch's insert
+        # array element by element in Python, 32 arrays per statement, which outweighed
+        # the rest of a small batch's insert
         params = {
             "jobs": _json_rows(rows),
             "audit": _json_rows(audit_rows),
@@ -920,8 +919,8 @@ def _pg_keyed(connection: Connection, sql: str, params: dict[str, Any]) -> list[
     """_pg_rows (planned now) for a statement that joins runs or messages with a batch's
     unnested keys, with nested loops off for it. The batch's runs are new to the
     statistics, so Postgres expects one row where the batch has hundreds; with nested
-    loops it then compared every row found with the whole batch (a join filter: 87 ms for
-    500 runs, and the relay's settles and the worker's leases went quadratic in the batch).
+    loops it then compared every row found with the whole batch (a join filter: the
+    relay's settles and the worker's leases went quadratic in the batch).
     Without them it hashes the batch and reads the runs by their keys' index."""
     driver = connection.connection.driver_connection
     assert driver is not None
@@ -934,7 +933,7 @@ def _pg_keyed(connection: Connection, sql: str, params: dict[str, Any]) -> list[
 
 def _pg_binary(connection: Connection, sql: str, params: dict[str, Any]) -> list[Any]:
     """Run one statement on the transaction's own psycopg connection with parameters in
-    binary format: big arrays dump about 7 times faster than as text."""
+    binary format: big arrays dump much faster than as text."""
     driver = connection.connection.driver_connection
     assert driver is not None
     with driver.cursor() as cursor:
@@ -944,9 +943,9 @@ def _pg_binary(connection: Connection, sql: str, params: dict[str, Any]) -> list
 
 # Postgres: a batch of rows as one statement over arrays (unnest), one array per column: a
 # constant statement text and C-speed parameter encoding, instead of one statement per row
-# in a pipeline (executemany), which was a fifth of the relay's CPU. The arrays go in binary
+# in a pipeline (executemany), a large share of the relay's CPU. The arrays go in binary
 # format (_pg_binary): as text, psycopg quotes every string element with a regular
-# expression in Python, which cost the settler a tenth of its time.
+# expression in Python, on the settler's hot path.
 _ATTEMPT_ARRAYS = (
     ("job_id", "text"),
     ("scheduled_at", "timestamptz"),
@@ -1012,10 +1011,11 @@ _UPDATE_RUNS = (
 # round trip of its own. A message's job is a LATERAL primary-key lookup (LIMIT 1: never
 # flattened into a join): planning a join of the queue with jobs costed a merge join by
 # reading the ends of jobs_pkey, and where the newest jobs were deleted or updated those
-# ends are dead entries, walked at every planning (0.5-2.7 ms a plan, 0.1 now). Updates
-# by key also name the keys with `= ANY` on the table's index: planned with the batch's
-# real size (128 rows) and stale statistics, a join alone became a hash join over a seq
-# scan of the queue and of today's runs (78-160 ms a statement, 350 starts/s).
+# ends are dead entries, walked at every planning. Updates by key also name the keys with
+# `= ANY` on the table's index: planned with the batch's real size and stale statistics, a
+# join alone became a hash join over a seq scan of the queue and of today's runs.
+# The statements test_worker_plans.py checks start with a `/* name */` tag, by which it
+# finds them in what Postgres reports (their text changes, the tag stays).
 _LEASE_CANDIDATES = """
 SELECT m.id, m.job_id, m.scheduled_at, m.attempt, j.max_attempts, j.retry_base_seconds,
        j.retry_max_seconds, j.max_concurrency, j.timeout_seconds,
@@ -1039,12 +1039,14 @@ SELECT m.id, m.job_id, m.scheduled_at, m.attempt, j.max_attempts, j.retry_base_s
  FOR UPDATE OF m SKIP LOCKED
 """
 _LEASED_COUNTS = """
+/* leased_counts */
 SELECT job_id, count(*) FROM queue_messages
  WHERE job_id = ANY(CAST(%(job_ids)b AS text[])) AND leased_until IS NOT NULL
  GROUP BY job_id
 """
 _MARK_LEASED = (
     """
+/* mark_leased */
 WITH v AS (
     SELECT * FROM unnest(CAST(%(ids)b AS bigint[]), CAST(%(job_ids)b AS text[]),
                          CAST(%(scheduled_ats)b AS timestamptz[]),
@@ -1065,6 +1067,7 @@ UPDATE runs SET status = 'running', attempt = v.attempt,
     + _RUNS_SPAN
 )
 _HELD_MESSAGES = """
+/* held_messages */
 SELECT m.id, m.queue, m.job_id, m.scheduled_at, m.tenant_id, m.attempt, j.max_attempts,
        j.retry_base_seconds, j.retry_max_seconds, m.lease_owner, (SELECT clock_timestamp())
   FROM queue_messages AS m
@@ -1080,8 +1083,8 @@ SELECT m.id, m.queue, m.job_id, m.scheduled_at, m.tenant_id, m.attempt, j.max_at
 # read was; the lane read is due_outbox_rows'; every row it locks is leased (rows of a
 # stopped job or an expired lease are settled in the same transaction right after, which
 # overwrites or deletes the lease) by primary key, `= ANY(ARRAY(...))` (an UPDATE ... FROM
-# the CTE was planned as a hash join over a seq scan of the whole outbox: 24 ms a claim at
-# 100,000 rows); the job and the tenant are one primary-key lookup per row (a LATERAL with
+# the CTE was planned as a hash join over a seq scan of the whole outbox); the job and the
+# tenant are one primary-key lookup per row (a LATERAL with
 # LIMIT 1 is never flattened into a join, which the planner once made a hash join over the
 # whole jobs table).
 _LEASE_OUTBOX = """
@@ -1147,7 +1150,7 @@ def _record_outcomes(table_name: str, *, aligned: bool = False) -> str:
             if name != "status":
                 update_runs = update_runs.replace(f"%(r_{name})b", f"%(a_{name})b")
     return (
-        "WITH attempts AS ("
+        "/* record_outcomes */ WITH attempts AS ("
         + _INSERT_ATTEMPTS.replace("%(", "%(a_")
         + f"), gone AS (DELETE FROM {table_name} WHERE id = ANY(CAST(%(gone)b AS bigint[])))"
         + ", runs_set AS ("

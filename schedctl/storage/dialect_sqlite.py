@@ -183,7 +183,7 @@ class SqliteDialect:
         # The transaction is BEGIN IMMEDIATE: no other writer until it ends, so the jobs
         # read active at their version here are exactly those the conditional UPDATE
         # matches. One read and one executemany of one compiled UPDATE, instead of a
-        # statement built per job (the claim of a 10,000 burst took 15 s of CPU so).
+        # statement built per job (which made a big burst's claim CPU-bound).
         stored: dict[str, tuple[int, str]] = {}
         for chunk in _chunks(sorted({u["job_id"] for u in updates})):
             found = connection.execute(_job_versions(), {"ids": chunk})
@@ -528,7 +528,7 @@ def _straight_to_queue(row: Mapping[str, Any], brokers: set[str]) -> bool:
 
 
 # The statements of the worker's lease and settle, built once: building and cache-keying a
-# statement per call was about a fifth of the embedded daemon's CPU at 500 runs/s.
+# statement per call was a large share of the embedded daemon's CPU.
 
 
 @functools.cache

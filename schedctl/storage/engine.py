@@ -56,7 +56,7 @@ _KEYWORD_DSN = re.compile(r"^(host|hostaddr|port|dbname|user|service)\s*=", re.I
 
 def _keyword_dsn_url(dsn: str) -> str:
     """libpq's `key=value ...` form as a postgresql+psycopg URL with every key in the query."""
-    from psycopg.conninfo import conninfo_to_dict
+    from psycopg.conninfo import conninfo_to_dict  # here: only a Postgres URL needs psycopg
 
     try:
         parts = {k: str(v) for k, v in conninfo_to_dict(dsn).items() if v is not None}

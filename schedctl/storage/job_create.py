@@ -33,7 +33,7 @@ from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.exc import IntegrityError
 
 from schedctl import errors, limits
-from schedctl.models import Job, JobSpec, JobStatus, Outcome
+from schedctl.models import CreateOutcome, Job, JobSpec, JobStatus
 from schedctl.scheduling.schedules import AfterSchedule, first_occurrence, schedule_to_dict
 from schedctl.scheduling.windows import fire_time
 from schedctl.storage import dependencies, job_lookup, schema
@@ -85,7 +85,7 @@ def new_job_id() -> str:
 
 def new_job_ids(count: int) -> list[str]:
     """`count` ids as new_job_id makes them, from one clock read and one read of random
-    bytes (a read each was a twentieth of a batch's CPU)."""
+    bytes (a read per id was a visible share of a batch's CPU)."""
     millis = f"{int(time.time() * 1000):012x}"
     random = os.urandom(10 * count).hex()
     return [millis + random[20 * n : 20 * n + 20] for n in range(count)]
@@ -104,8 +104,8 @@ def create_jobs(
     actor: str,
     admit: Admit | None = None,
     metrics_max_jobs: int | None = None,
-) -> list[Outcome]:
-    """Create `items` for the tenant in one transaction; one Outcome per item, in order.
+) -> list[CreateOutcome]:
+    """Create `items` for the tenant in one transaction; one CreateOutcome per item, in order.
     `admit` (the quota checks) runs first in the same transaction, so what it allows is
     atomic with the insert. With `metrics_max_jobs`, an item with `metrics = true` that
     would give the tenant more such jobs is refused, naming `metrics`."""
@@ -152,7 +152,7 @@ class _Batch:
         self.items = items
         self.actor = actor
         self.partition_count = partition_count
-        self.results: list[Outcome | None] = [None] * len(items)
+        self.results: list[CreateOutcome | None] = [None] * len(items)
         self.replays: dict[int, int] = {}  # item -> the earlier item its key replays
         self.batch_keys: dict[str, int] = {}  # key -> the item creating it here
         self.batch_names: dict[str, str] = {}  # name -> job id created here
@@ -210,7 +210,7 @@ class _Batch:
                     except errors.SchedError as exc:
                         refused = exc
             if refused is not None or not isinstance(row, dict):
-                self.results[index] = Outcome(error=refused)
+                self.results[index] = CreateOutcome(error=refused)
                 continue
             row["created_at"] = row["updated_at"] = now
             admitted += 1
@@ -224,16 +224,16 @@ class _Batch:
         self._flush(now)
         record(admitted)
 
-    def outcomes(self) -> list[Outcome]:
+    def outcomes(self) -> list[CreateOutcome]:
         """One per item, in order. The created jobs are built here, after the commit: out
         of the tenant's lock."""
         for index, row in self.created.items():
             job = _job_of(self.items[index].spec, row)
-            self.results[index] = Outcome(job=job, created=True)
+            self.results[index] = CreateOutcome(job=job, created=True)
         for index, earlier in self.replays.items():
             first = self.results[earlier]
             assert first is not None and first.job is not None
-            self.results[index] = Outcome(job=first.job, created=False)
+            self.results[index] = CreateOutcome(job=first.job, created=False)
         done = [o for o in self.results if o is not None]
         assert len(done) == len(self.results)
         return done
@@ -285,12 +285,12 @@ class _Batch:
 
     # -- one item ----------------------------------------------------------------------
 
-    def _replay(self, index: int, spec: JobSpec, row: RowMapping | None) -> Outcome | None:
+    def _replay(self, index: int, spec: JobSpec, row: RowMapping | None) -> CreateOutcome | None:
         key = spec.idempotency_key
         if row is not None:
             if row["status"] == JobStatus.deleted.value:
                 # the key keeps its meaning while the deleted job's row is kept: no new job
-                return Outcome(
+                return CreateOutcome(
                     error=errors.Conflict(
                         f"idempotency key {key!r} belongs to job {row['job_id']}, "
                         "which was deleted",
@@ -298,12 +298,12 @@ class _Batch:
                     )
                 )
             if row["request_hash"] != spec.request_hash:
-                return Outcome(error=_other_body(key, f"job {row['job_id']}"))
-            return Outcome(job=job_from_row(row), created=False)
+                return CreateOutcome(error=_other_body(key, f"job {row['job_id']}"))
+            return CreateOutcome(job=job_from_row(row), created=False)
         assert key is not None
         earlier = self.batch_keys[key]
         if self.items[earlier].spec.request_hash != spec.request_hash:
-            return Outcome(error=_other_body(key, f"item {earlier} of this batch"))
+            return CreateOutcome(error=_other_body(key, f"item {earlier} of this batch"))
         self.replays[index] = earlier
         return None
 
@@ -410,11 +410,11 @@ class _Batch:
                 row["name"] = _long_name(item.spec.name, row["job_id"])
                 renamed.append((index, row))
             else:
-                self.results[index] = Outcome(error=job_lookup.name_conflict(row["name"]))
+                self.results[index] = CreateOutcome(error=job_lookup.name_conflict(row["name"]))
         left_out = self._write(renamed, now) if renamed else set()
         for index, row in renamed:
             if row["job_id"] in left_out:  # somebody gave a job that very name
-                self.results[index] = Outcome(error=job_lookup.name_conflict(row["name"]))
+                self.results[index] = CreateOutcome(error=job_lookup.name_conflict(row["name"]))
             else:
                 self.batch_names[row["name"]] = row["job_id"]
                 written.append((index, row))
@@ -422,8 +422,8 @@ class _Batch:
 
     def _write(self, pending: list[tuple[int, dict[str, Any]]], now: datetime) -> set[str]:
         # one statement without RETURNING (on Postgres an INSERT over one array per column:
-        # a multi-row INSERT ... RETURNING of a thousand rows, 26,000 parameters, took four
-        # times as long as an executemany, which took twice as long as this); the jobs are
+        # a multi-row INSERT ... RETURNING of a thousand rows, 26,000 parameters, and an
+        # executemany were both slower); the jobs are
         # built from the rows written, after the commit (outcomes)
         # jobs, audit entries and notifications in one statement where the backend can
         rows = [row for _, row in pending]
@@ -454,7 +454,7 @@ class _Batch:
                     return  # its name was taken meanwhile: refused
                 dependencies.add(self.connection, row["job_id"], self.tenant_id, spec.after)
         except errors.SchedError as exc:
-            self.results[index] = Outcome(error=exc)
+            self.results[index] = CreateOutcome(error=exc)
             return
         self._claim(index, row)
         self.created[index] = row
@@ -476,8 +476,8 @@ def _lookup(dialect: Dialect) -> CompoundSelect[Any]:
     The tenant is a scalar subquery, not a value the planner sees: Postgres's statistics
     lag behind a new tenant (an import's, until the table's next analyze), and planned
     for the value they take it for a tenant of about one job and look in every job of
-    the tenant for each key (ix_jobs_tenant_status, then a filter): 0.6 ms a key at
-    3,000 jobs, the import slowing as it went. Not knowing the value, it takes the
+    the tenant for each key (ix_jobs_tenant_status, then a filter), the import slowing
+    as it went. Not knowing the value, it takes the
     unique index, one probe a key. And it is run unprepared (mappings_planned_now): a
     generic plan kept from when the table was empty scanned it for each key."""
     built = _LOOKUPS.get(type(dialect))

@@ -57,16 +57,6 @@ def check_name_free(
         raise name_conflict(name, other)
 
 
-def default_name(connection: Connection, tenant_id: str, base: str, job_id: str) -> str:
-    """The name of a job created without one: the readable default (where it goes and how
-    often) plus the new id's last 6 random hex digits; with that taken too (1 in 16 million
-    per pair), the whole id."""
-    short = f"{base[: MAX_NAME - 7]}-{job_id[-6:]}"
-    if name_taken_by(connection, tenant_id, short) is None:
-        return short
-    return f"{base[: MAX_NAME - len(job_id) - 1]}-{job_id}"
-
-
 def name_conflict(name: str, job_id: str | None = None) -> errors.Conflict:
     held = f" (job {job_id})" if job_id else ""
     return errors.Conflict(

@@ -13,7 +13,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from schedctl import errors
-from schedctl.models import Job, JobSpec, JobStatus, Outcome, Page, Run, RunStatus, RunTrigger
+from schedctl.models import CreateOutcome, Job, JobSpec, JobStatus, Page, Run, RunStatus, RunTrigger
 from schedctl.scheduling.schedules import (
     AfterSchedule,
     OnceSchedule,
@@ -24,7 +24,7 @@ from schedctl.scheduling.schedules import (
 )
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.scheduling.windows import fire_time
-from schedctl.storage import job_lookup, schema
+from schedctl.storage import dependencies, job_lookup, schema
 from schedctl.storage.audit import audit
 from schedctl.storage.changes import notify_job_change
 from schedctl.storage.clock import db_now
@@ -44,9 +44,9 @@ from schedctl.storage.store import Store
 # MAX_PAGE (defined in cursors.py) is re-exported: the API takes its page bound from here
 __all__ = [
     "MAX_PAGE",
+    "CreateOutcome",
     "JobRepo",
     "NewJob",
-    "Outcome",
     "new_job_id",
     "partition_of",
     "reschedule_values",
@@ -197,8 +197,6 @@ def _record_paused_skips(connection: Connection, job: Job, now: datetime) -> Non
         if row is not None:
             inserted.append((job.job_id, scheduled_at, "skipped (paused)"))
     if inserted:
-        from schedctl.storage import dependencies
-
         # as a misfire skip: the dependents' runs of a skipped upstream run are skipped
         dependencies.on_settled(connection, succeeded=(), ended=inserted, now=now)
 
@@ -240,8 +238,8 @@ class JobRepo:
         actor: str,
         admit: Admit | None = None,
         metrics_max_jobs: int | None = None,
-    ) -> list[Outcome]:
-        """Up to MAX_BATCH jobs in one transaction, one Outcome each (storage/job_create.py)."""
+    ) -> list[CreateOutcome]:
+        """Up to MAX_BATCH jobs in one transaction, one CreateOutcome each (job_create.py)."""
         return create_jobs(
             self.store,
             tenant_id,

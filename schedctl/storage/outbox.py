@@ -39,7 +39,7 @@ from schedctl.storage.clock import db_now
 from schedctl.storage.dialect import Lock
 from schedctl.storage.settle import (
     STOPPED_JOB_STATUSES,
-    Attempt,
+    AttemptResult,
     Ending,
     Held,
     id_in,
@@ -97,7 +97,7 @@ class Delivery:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class DeliveryOutcome:
     """The result of one delivery attempt, to be settled."""
 
     delivery: Delivery
@@ -306,7 +306,7 @@ class OutboxRepo:
         }
         lease_ids: list[int] = []
         cancelled: list[Any] = []
-        lost_rows: list[tuple[Held, Attempt]] = []
+        lost_rows: list[tuple[Held, AttemptResult]] = []
         for row in rows:
             job = jobs.get(row["job_id"])
             tenant = tenants.get(row["tenant_id"])
@@ -380,7 +380,7 @@ class OutboxRepo:
 
     # -- settling ----------------------------------------------------------------------------
 
-    def settle(self, outcomes: Sequence[Outcome]) -> SettleResult:
+    def settle(self, outcomes: Sequence[DeliveryOutcome]) -> SettleResult:
         """Record a batch of attempt outcomes in one transaction: succeeded rows leave the
         outbox, failures are retried after a backoff (at least the endpoint's Retry-After)
         or, permanent or out of attempts, dead-lettered. Outcomes whose lease is no longer
@@ -405,7 +405,7 @@ class OutboxRepo:
                 )
                 query = self.store.dialect.lock(query)
                 held = {r.id: (r.lease_owner, r.attempt) for r in connection.execute(query)}
-            valid: dict[int, Outcome] = {}
+            valid: dict[int, DeliveryOutcome] = {}
             for x in outcomes:
                 if held.get(x.delivery.outbox_id) == (x.delivery.lease, x.delivery.attempt):
                     # one outcome per lease: a second for the same attempt changes nothing
@@ -553,8 +553,8 @@ _ENDINGS = {
 }
 
 
-def _attempt_of(outcome: Outcome) -> Attempt:
-    return Attempt(
+def _attempt_of(outcome: DeliveryOutcome) -> AttemptResult:
+    return AttemptResult(
         _ENDINGS[outcome.verdict],
         outcome.started_at,
         outcome.finished_at,

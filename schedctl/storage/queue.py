@@ -40,7 +40,7 @@ from schedctl.storage.settle import (
     LOST_ERROR,
     MAX_OUTPUT_CHARS,
     STOPPED_JOB_STATUSES,
-    Attempt,
+    AttemptResult,
     Ending,
     Held,
     clip,
@@ -176,8 +176,8 @@ class QueueRepo(Settles[Lease]):
                 return 0
             # Two single-table reads, not a join or a subquery per row: a plan made while
             # the tables were small (psycopg prepares repeated statements, which keep their
-            # plan) costs at worst one scan per batch here; the joined read, once, ran for
-            # minutes after a burst's load.
+            # plan) costs at worst one scan per batch here; the joined read, once, ran far
+            # longer after a burst's load.
             jobs = {
                 job_id: (status, overlap)
                 for job_id, status, overlap in connection.execute(
@@ -457,10 +457,10 @@ class QueueRepo(Settles[Lease]):
         changed) otherwise."""
         return self.finish_many([(lease, attempt_of(lease, settlement))])[0]
 
-    def finish_many(self, items: Sequence[tuple[Lease, Attempt]]) -> list[bool]:
+    def finish_many(self, items: Sequence[tuple[Lease, AttemptResult]]) -> list[bool]:
         """Settle many leases' attempts in one transaction (a worker's group commit): for
         each, True when it was settled, False (and nothing changed for it) when the lease
-        was no longer ours. `Attempt.worker` is the lease owner.
+        was no longer ours. `AttemptResult.worker` is the lease owner.
 
         Idempotent: a settle whose commit answer was lost (the connection dropped during
         COMMIT, as in a database failover) raised StoreUnavailable with its outcome
@@ -473,7 +473,7 @@ class QueueRepo(Settles[Lease]):
                 connection, sorted({lease.message_id for lease, _ in items})
             )
             found = {row[0]: (_held_from_tuple(row), row[9]) for row in rows}
-            ours: list[tuple[Held, Attempt]] = []
+            ours: list[tuple[Held, AttemptResult]] = []
             settled: list[bool] = []
             for lease, attempt in items:
                 row = found.pop(lease.message_id, None)
@@ -799,20 +799,25 @@ def _replace_running(
         return
     started = {row[0]: (row[1], row[2]) for row in rows}
     _, held_rows = dialect_of(connection).held_messages(connection, sorted(started))
-    items: list[tuple[Held, Attempt]] = []
+    items: list[tuple[Held, AttemptResult]] = []
     for row in held_rows:
         held = _held_from_tuple(row)
         started_at, tail = started[held.row_id]
         error = f"replaced by the run of {format_instant(replacing[held.job_id])}"
         items.append(
-            (held, Attempt(Ending.stopped, started_at, now, row[9], error=error, output_tail=tail))
+            (
+                held,
+                AttemptResult(
+                    Ending.stopped, started_at, now, row[9], error=error, output_tail=tail
+                ),
+            )
         )
     settle(connection, items, now=now)
 
 
-def attempt_of(lease: Lease, settlement: Settlement) -> Attempt:
+def attempt_of(lease: Lease, settlement: Settlement) -> AttemptResult:
     """The attempt a worker's settlement of `lease` records."""
-    return Attempt(
+    return AttemptResult(
         _ENDINGS[settlement.finish],
         settlement.started_at,
         settlement.finished_at,
@@ -876,7 +881,9 @@ def _is_retryable(exc: BaseException) -> bool:
     return is_lock_race(exc)
 
 
-def _already_recorded(connection: Connection, items: Sequence[tuple[Lease, Attempt]]) -> list[int]:
+def _already_recorded(
+    connection: Connection, items: Sequence[tuple[Lease, AttemptResult]]
+) -> list[int]:
     """The positions in `items` whose attempt is already recorded as this lease owner's
     own outcome (a run_attempts row of that attempt by that owner, not the reaper's
     `lost`): an earlier settle of it committed though its caller never heard so."""

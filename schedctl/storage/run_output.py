@@ -9,7 +9,7 @@ from datetime import datetime
 
 from sqlalchemy import select
 
-from schedctl.models import Attempt, Run
+from schedctl.models import AttemptLog, Run
 from schedctl.storage import schema
 from schedctl.storage.rows import run_from_row, run_query
 from schedctl.storage.store import Store
@@ -26,10 +26,10 @@ def get_run(store: Store, job_id: str, scheduled_at: datetime) -> Run | None:
 
 def attempts(
     store: Store, job_id: str, scheduled_ats: Iterable[datetime]
-) -> dict[datetime, list[Attempt]]:
+) -> dict[datetime, list[AttemptLog]]:
     """The recorded attempts of each run of `job_id` at `scheduled_ats`, oldest first."""
     wanted = list(scheduled_ats)[:MAX_RUNS_PER_READ]
-    result: dict[datetime, list[Attempt]] = {at: [] for at in wanted}
+    result: dict[datetime, list[AttemptLog]] = {at: [] for at in wanted}
     if not wanted:
         return result
     a = schema.run_attempts
@@ -45,7 +45,7 @@ def attempts(
         )
     for row in rows:
         result.setdefault(row["scheduled_at"], []).append(
-            Attempt(
+            AttemptLog(
                 attempt=row["attempt"],
                 status=row["status"],
                 started_at=row["started_at"],

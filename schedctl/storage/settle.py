@@ -85,7 +85,7 @@ class Held:
 
 
 @dataclass(frozen=True)
-class Attempt:
+class AttemptResult:
     """The outcome of one attempt, to be recorded."""
 
     ending: Ending
@@ -120,9 +120,9 @@ def unexpected_error(exc: BaseException) -> str:
     return f"delivery failed unexpectedly: {type(exc).__name__}: {exc}"
 
 
-def lost(*, started_at: datetime | None, now: datetime, worker: str | None) -> Attempt:
+def lost(*, started_at: datetime | None, now: datetime, worker: str | None) -> AttemptResult:
     """The attempt of a worker or relay whose lease ran out."""
-    return Attempt(Ending.lost, started_at, now, worker, error=LOST_ERROR)
+    return AttemptResult(Ending.lost, started_at, now, worker, error=LOST_ERROR)
 
 
 def run_by_key() -> tuple[ColumnElement[bool], ColumnElement[bool]]:
@@ -142,7 +142,7 @@ def id_in(connection: Connection, column: Any, ids: Sequence[int]) -> ColumnElem
 
 def settle(
     connection: Connection,
-    items: Sequence[tuple[Held, Attempt]],
+    items: Sequence[tuple[Held, AttemptResult]],
     *,
     now: datetime,
     rng: random.Random | None = None,
@@ -322,7 +322,7 @@ def skip_cancelled(
     )
 
 
-def _retry_delay(held: Held, attempt: Attempt, rng: random.Random | None) -> float | None:
+def _retry_delay(held: Held, attempt: AttemptResult, rng: random.Random | None) -> float | None:
     """Seconds until the next attempt, or None when there is none (dead letter)."""
     if attempt.ending not in (Ending.retryable, Ending.lost):
         return None

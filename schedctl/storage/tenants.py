@@ -114,6 +114,7 @@ class TenantRepo:
 
     def create(self, name: str, *, actor: str) -> tuple[Tenant, str]:
         """A new tenant and its first API token (returned here and never again)."""
+        # here: signing_secrets imports this module
         from schedctl.storage.signing_secrets import encode_secret, new_secret
 
         validate_tenant_name(name)

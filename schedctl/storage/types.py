@@ -37,8 +37,8 @@ class UTCDateTime(TypeDecorator[datetime]):
 
         # SQLite: one function straight to the stored text (the format of SQLAlchemy's
         # SQLite DATETIME), not this class's step and then the impl's: a claim or a
-        # settle binds several instants per row, and the two steps were a tenth of the
-        # embedded daemon's CPU
+        # settle binds several instants per row, so the two steps were on the embedded
+        # daemon's hot path
         def to_text(value: datetime | None) -> str | None:
             if value is None:
                 return None
@@ -46,7 +46,7 @@ class UTCDateTime(TypeDecorator[datetime]):
                 raise ValueError("naive datetime given to a UTC column")
             if value.tzinfo is not UTC:
                 value = value.astimezone(UTC)
-            # %-formatting the fields: half the CPU of replace(tzinfo=None).isoformat()
+            # %-formatting the fields: cheaper than replace(tzinfo=None).isoformat()
             return _STORED_FORMAT % (
                 value.year,
                 value.month,

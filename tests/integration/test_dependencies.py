@@ -27,7 +27,7 @@ from schedctl.scheduling.schedules import AfterSchedule, CronSchedule
 from schedctl.service import Scheduler
 from schedctl.storage import dependencies, schema
 from schedctl.storage.claim import Claimer
-from schedctl.storage.outbox import OutboxRepo, Outcome
+from schedctl.storage.outbox import DeliveryOutcome, OutboxRepo
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
 from tests.factories import create_job, make_tenant, move_next_run, spec
@@ -83,7 +83,7 @@ def settle_http(store: Store, verdict: Verdict = Verdict.succeeded) -> list[str]
         {Lane(existing_tenant(store), TargetType.http): 50}, "relay", lease_seconds=60
     )
     now = store.now()
-    repo.settle([Outcome(d, verdict, now, now) for d in claimed.deliveries])
+    repo.settle([DeliveryOutcome(d, verdict, now, now) for d in claimed.deliveries])
     return [d.job_id for d in claimed.deliveries]
 
 

@@ -20,7 +20,7 @@ from schedctl.models import Lane, TargetType, Verdict
 from schedctl.storage import schema
 from schedctl.storage.clock import db_now
 from schedctl.storage.jobs import JobRepo
-from schedctl.storage.outbox import Delivery, OutboxRepo, Outcome
+from schedctl.storage.outbox import Delivery, DeliveryOutcome, OutboxRepo
 from schedctl.storage.settle import CANCELLED_ERROR, LOST_ERROR
 from schedctl.storage.store import Store
 from tests.factories import make_tenant
@@ -155,10 +155,12 @@ def test_one_claim_of_payloads_a_cancelled_run_and_an_expired_lease(store: Store
     assert tokens == {claimed.deliveries[0].lease}
 
 
-def outcome(delivery: Delivery, verdict: Verdict, retry_after: float | None = None) -> Outcome:
+def outcome(
+    delivery: Delivery, verdict: Verdict, retry_after: float | None = None
+) -> DeliveryOutcome:
     now = datetime.now(UTC)
     error = None if verdict is Verdict.succeeded else "HTTP 503"
-    return Outcome(delivery, verdict, now, now, error=error, retry_after=retry_after)
+    return DeliveryOutcome(delivery, verdict, now, now, error=error, retry_after=retry_after)
 
 
 def test_a_settle_reads_the_database_clock_in_its_locking_statement(
@@ -258,7 +260,7 @@ def test_a_settle_waits_for_rows_another_transaction_holds(pg_store: Store) -> N
 def test_the_claim_statement_reads_and_leases_by_index_at_100000_rows(pg_store: Store) -> None:
     """The plan of the one-statement claim over a big outbox: the lease is an index scan by
     primary key, never a seq scan of the whole outbox (an UPDATE ... FROM the picked rows
-    was planned as a hash join over all of them: 24 ms a claim at 100,000 rows)."""
+    was planned as a hash join over all of them)."""
     from schedctl.storage.dialect_postgres import _LEASE_OUTBOX
 
     url = pg_store.engine.url.set(drivername="postgresql")
@@ -293,9 +295,9 @@ def test_the_claim_is_planned_at_every_execution_never_kept_from_an_empty_outbox
 ) -> None:
     """psycopg prepares a statement run five times, and Postgres may then keep one generic
     plan. A relay started before a burst made it while the outbox was empty: a seq scan and
-    a sort of the whole outbox for every claim (25-33 ms instead of 3 at 20,000 rows), until
-    an analyze happened to invalidate it; `bench burst --target http` then took 44-57 s
-    instead of 15-18. Fails when the claim statement is prepared on its connection."""
+    a sort of the whole outbox for every claim, until an analyze happened to invalidate
+    it, and an HTTP burst took several times as long. Fails when the claim statement is
+    prepared on its connection."""
     store = pg_store
     tenant = make_tenant(store, "quiet")
     lane = Lane(tenant, TargetType.http)

@@ -209,13 +209,17 @@ def test_create_cron(sched: Scheduler, tenant: str) -> None:
 
 def test_create_every(sched: Scheduler, tenant: str) -> None:
     anchor = datetime(2026, 1, 1, tzinfo=UTC)
+    before = sched.store.now()
     job, _ = sched.create_job(
         tenant, job_body(schedule={"every": "45s", "anchor": iso(anchor)}), actor=ACTOR
     )
+    after = sched.store.now()
     assert job.schedule == IntervalSchedule(45, anchor)
     assert job.next_run_at is not None
     assert (job.next_run_at - anchor).total_seconds() % 45 == 0
-    assert timedelta(0) < job.next_run_at - sched.store.now() <= timedelta(seconds=45)
+    # the next fire after the create's own clock, which lies between the two reads (a
+    # single read after the create failed when a fire time fell between the two)
+    assert before < job.next_run_at <= after + timedelta(seconds=45)
 
 
 def test_create_http_target_and_all_options(sched: Scheduler, tenant: str) -> None:

@@ -17,7 +17,7 @@ from schedctl.delivery.http import HttpDelivery, parse_retry_after
 from schedctl.models import Lane, RunStatus, TargetType, Verdict
 from schedctl.storage import schema
 from schedctl.storage.jobs import JobRepo
-from schedctl.storage.outbox import OutboxRepo, Outcome
+from schedctl.storage.outbox import DeliveryOutcome, OutboxRepo
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.settle import (
     CANCELLED_ERROR,
@@ -188,7 +188,7 @@ def test_both_paths_keep_the_end_of_long_output(store: Store) -> None:
     (delivery,) = outbox.claim(
         {Lane(tenant, TargetType.http): 10}, "relay", lease_seconds=60
     ).deliveries
-    outcome = Outcome(delivery, Verdict.failed, now, now, error=long, detail=long)
+    outcome = DeliveryOutcome(delivery, Verdict.failed, now, now, error=long, detail=long)
     assert outbox.settle([outcome]).dead == 1
     for job_id, scheduled_at in ((job, at), (http, http_at)):
         (attempt,) = attempts(store, job_id, scheduled_at)

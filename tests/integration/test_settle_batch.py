@@ -10,7 +10,7 @@ from sqlalchemy import func, select
 
 from schedctl.models import Lane, TargetType, Verdict
 from schedctl.storage import schema
-from schedctl.storage.outbox import OutboxRepo, Outcome
+from schedctl.storage.outbox import DeliveryOutcome, OutboxRepo
 from schedctl.storage.store import Store
 from tests.integration.queue_support import (
     allow_loopback_tenant,
@@ -36,7 +36,7 @@ def test_a_batch_of_outcomes_is_settled_run_by_run(store: Store) -> None:
     assert len(claimed) == len(runs)
     now = datetime.now(UTC)
     outcomes = [
-        Outcome(
+        DeliveryOutcome(
             delivery=d,
             verdict=VERDICTS[i % 3],
             started_at=now,

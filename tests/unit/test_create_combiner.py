@@ -11,7 +11,7 @@ from typing import cast
 
 from schedctl import errors
 from schedctl.create_combiner import ROUNDS_AT_ONCE, CreateCombiner
-from schedctl.models import Outcome
+from schedctl.models import CreateOutcome
 from schedctl.storage.job_create import NewJob
 
 WAIT = 30.0
@@ -27,14 +27,14 @@ class HeldRounds:
         self.release = threading.Event()
         self.fail = fail
 
-    def __call__(self, items: Sequence[NewJob]) -> list[Outcome]:
+    def __call__(self, items: Sequence[NewJob]) -> list[CreateOutcome]:
         names = [cast(str, item) for item in items]
         self.rounds.append(names)
         self.started.release()
         assert self.release.wait(WAIT)
         if self.fail in names:
             raise errors.StoreUnavailable("the database went away")
-        return [Outcome(error=errors.Conflict(name)) for name in names]
+        return [CreateOutcome(error=errors.Conflict(name)) for name in names]
 
 
 def create_in_thread(
@@ -72,7 +72,7 @@ def test_a_second_round_runs_while_the_first_is_in_the_database() -> None:
     for thread in threads:
         thread.join(WAIT)
     assert rounds.rounds[2:] == [["c", "d"]]
-    assert {name: str(cast(Outcome, answer).error) for name, answer in answers.items()} == {
+    assert {name: str(cast(CreateOutcome, answer).error) for name, answer in answers.items()} == {
         name: name for name in "abcd"
     }
     assert (combiner._pending, combiner._leaders) == ({}, {})
@@ -89,7 +89,7 @@ def test_a_failed_round_fails_only_its_own_creates() -> None:
     for thread in threads:
         thread.join(WAIT)
     assert isinstance(answers["a"], errors.StoreUnavailable)
-    assert str(cast(Outcome, answers["b"]).error) == "b"
+    assert str(cast(CreateOutcome, answers["b"]).error) == "b"
     assert (combiner._pending, combiner._leaders) == ({}, {})
 
 
@@ -98,10 +98,10 @@ def test_many_threads_each_get_their_own_outcome_and_nothing_is_left() -> None:
     sizes: list[int] = []
     pause = threading.Event()
 
-    def create_many(items: Sequence[NewJob]) -> list[Outcome]:
+    def create_many(items: Sequence[NewJob]) -> list[CreateOutcome]:
         sizes.append(len(items))
         pause.wait(0.002)  # a round in the database
-        return [Outcome(error=errors.Conflict(cast(str, item))) for item in items]
+        return [CreateOutcome(error=errors.Conflict(cast(str, item))) for item in items]
 
     answers: dict[str, object] = {}
 
@@ -113,7 +113,7 @@ def test_many_threads_each_get_their_own_outcome_and_nothing_is_left() -> None:
         thread.start()
     for thread in threads:
         thread.join(WAIT)
-    assert {name: str(cast(Outcome, answer).error) for name, answer in answers.items()} == {
+    assert {name: str(cast(CreateOutcome, answer).error) for name, answer in answers.items()} == {
         f"j{i}": f"j{i}" for i in range(200)
     }
     assert sum(sizes) == 200

@@ -18,7 +18,7 @@ from schedctl import errors
 from schedctl.config import HostConfig, load_config
 from schedctl.jobfiles.host import HostFiles, check_dir, permission_problem, run_as
 from schedctl.jobfiles.load import parse_text
-from schedctl.jobfiles.model import Job, JobFilesError
+from schedctl.jobfiles.model import FileJob, JobFilesError
 from scheduled_d.checks import check_configuration
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to chown files")
@@ -279,7 +279,7 @@ def test_a_job_resolves_only_on_its_host_and_from_its_own_queue(tmp_path: Path) 
     files = HostFiles(directory)
     files.scan()
 
-    def resolve(name: str, queue: str) -> Job:
+    def resolve(name: str, queue: str) -> FileJob:
         payload = {"job_file": str(path), "job": name}
         return files.resolve(payload, host="web-1", groups=("web",), queue=queue)
 
@@ -406,7 +406,7 @@ def test_check_config_validates_the_job_files_of_the_host(tmp_path: Path) -> Non
 # -- the account -------------------------------------------------------------------------------
 
 
-def job_as(user: str | None, group: str | None = None) -> Job:
+def job_as(user: str | None, group: str | None = None) -> FileJob:
     text = JOB.format(name="j", cron="@daily")
     if user:
         text += f'user = "{user}"\n'

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from schedctl import errors
-from schedctl.jobfiles import Job, parse_text
+from schedctl.jobfiles import FileJob, parse_text
 from schedctl.jobfiles import placement as pl
 from tests.jobfile_texts import true_jobs
 
@@ -17,7 +17,7 @@ TEXT = true_jobs(
 )
 
 
-def _jobs() -> dict[str, Job]:
+def _jobs() -> dict[str, FileJob]:
     return {j.name: j for j in parse_text(TEXT, "/etc/scheduled/jobs.d/a.toml").jobs}
 
 

@@ -110,6 +110,23 @@ def test_replay_older_than_five_minutes_is_refused() -> None:
         check(SECRET, headers, now=NOW - 301)
 
 
+def test_the_window_runs_from_the_whole_second_in_the_header() -> None:
+    """A delivery signed 0.999 s into a second carries that second (rounded down), and a
+    receiver's five minutes run from the header's value: 299.5 s after the signing instant
+    is 300.499 s after the header, a replay. A test that checked "arrival + 299 s" failed
+    whenever the delivery crossed a second; a check at the edge starts from the header."""
+    signed = NOW + 0.999
+    headers = headers_for(now=signed)
+    assert headers[TIMESTAMP_HEADER] == str(NOW)
+    check(SECRET, headers, now=NOW + 300)  # the edge itself is inside
+    check(SECRET, headers, now=NOW - 300)
+    for late in (signed + 299.5, NOW + 300.001):
+        with pytest.raises(errors.SignatureError, match="replay"):
+            check(SECRET, headers, now=late)
+    with pytest.raises(errors.SignatureError, match="future"):
+        check(SECRET, headers, now=NOW - 300.001)
+
+
 def test_rotation_two_signatures_and_a_receiver_with_either_secret_verifies() -> None:
     headers = headers_for([SECRET, OLD_SECRET])
     values = [v.strip() for v in headers[SIGNATURE_HEADER].split(",")]

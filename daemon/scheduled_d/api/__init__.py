@@ -61,7 +61,7 @@ def create_app(scheduler: Scheduler, *, max_request_bytes: int | None = None) ->
         # FastAPI's own OpenTelemetry off: the daemon exports its metrics itself (Prometheus,
         # middleware.py), its "logs" would record exception messages (SQL parameters hold
         # payloads), and asking whether a provider is configured read the environment on
-        # every request, a twentieth of a create's CPU
+        # every request
         telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
     )
     app.state.scheduler = scheduler

@@ -14,7 +14,7 @@ from typing import Any
 from schedctl import errors, retrying
 from schedctl.delivery.http import DeliveryResult
 from schedctl.models import TargetType, Verdict
-from schedctl.storage.outbox import Delivery, OutboxRepo, Outcome
+from schedctl.storage.outbox import Delivery, DeliveryOutcome, OutboxRepo
 from scheduled_d.batching import Batcher
 from scheduled_d.relay.leases import HeldLeases
 from scheduled_d.relay.stats import DELIVERIES, DELIVERY_SECONDS, RelayStats
@@ -50,7 +50,7 @@ class Settler:
         self._unsettled = 0  # outcomes produced and not recorded yet
         self._unsettled_lock = threading.Lock()
         self._stop = threading.Event()
-        self._batcher: Batcher[Outcome] | None = None
+        self._batcher: Batcher[DeliveryOutcome] | None = None
 
     def start(self) -> None:
         """Start the settling thread (once)."""
@@ -110,7 +110,7 @@ class Settler:
             )
         with self._unsettled_lock:
             self._unsettled += 1
-        outcome = Outcome(
+        outcome = DeliveryOutcome(
             delivery=delivery,
             verdict=result.verdict,
             started_at=started,
@@ -123,7 +123,7 @@ class Settler:
         assert batcher is not None, "the relay starts its settler before it claims"
         batcher.submit((outcome,))
 
-    def _settle_batch(self, outcomes: list[Outcome]) -> None:
+    def _settle_batch(self, outcomes: list[DeliveryOutcome]) -> None:
         """The settling thread's call: record, retrying while the database is away (kept
         in memory meanwhile); once closing, one try only."""
         backoff = retrying.Backoff(retrying.STORE_UNAVAILABLE)
@@ -150,7 +150,7 @@ class Settler:
                 )
                 backoff.wait(self._stop)
 
-    def _settle(self, outcomes: Sequence[Outcome]) -> None:
+    def _settle(self, outcomes: Sequence[DeliveryOutcome]) -> None:
         result = self.outbox.settle(outcomes)
         self.leases.let_go([x.delivery for x in outcomes])
         self._forget(len(outcomes))
