@@ -14,7 +14,9 @@ Each run gets `run-N` there before its command executes: the child enters it its
 another user enters it too), so nothing it starts, `setsid` ones included, is outside.
 A timeout, cancel or lost lease kills the whole cgroup (cgroup.kill; SIGKILL to every pid
 of cgroup.procs where it is missing); once the run is over, what it left behind is killed
-too and the cgroup removed. memory_max, cpu_weight and tasks_max go to memory.max,
+too and the cgroup removed; one that its run left empty, if the run had no limits, is kept
+for the next such run instead (at most as many as ran at once; all removed at exit).
+memory_max, cpu_weight and tasks_max go to memory.max,
 cpu.weight and pids.max where those controllers can be enabled in the subtree (said once
 at start, and by check-config, where not).
 
