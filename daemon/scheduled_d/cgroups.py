@@ -16,9 +16,9 @@ A timeout, cancel or lost lease kills the whole cgroup (cgroup.kill; SIGKILL to 
 of cgroup.procs where it is missing); once the run is over, what it left behind is killed
 too and the cgroup removed; one that its run left empty, if the run had no limits, is kept
 for the next such run instead (at most as many as ran at once; all removed at exit).
-memory_max, cpu_weight and tasks_max go to memory.max,
-cpu.weight and pids.max where those controllers can be enabled in the subtree (said once
-at start, and by check-config, where not).
+memory_max, cpu_weight and tasks_max go to memory.max, cpu.weight and pids.max where those
+controllers can be enabled in the subtree (said once at start, and by check-config, where
+not).
 
 Where no cgroup can be had (no cgroup2 mount, not writable, or SCHEDULED_D_CONTAINMENT=
 process-group), runs are contained by their process group only, as before; the worker
