@@ -14,9 +14,11 @@ Each run gets `run-N` there before its command executes: the child enters it its
 another user enters it too), so nothing it starts, `setsid` ones included, is outside.
 A timeout, cancel or lost lease kills the whole cgroup (cgroup.kill; SIGKILL to every pid
 of cgroup.procs where it is missing); once the run is over, what it left behind is killed
-too and the cgroup removed. memory_max, cpu_weight and tasks_max go to memory.max,
-cpu.weight and pids.max where those controllers can be enabled in the subtree (said once
-at start, and by check-config, where not).
+too and the cgroup removed; one that its run left empty, if the run had no limits, is kept
+for the next such run instead (at most as many as ran at once; all removed at exit).
+memory_max, cpu_weight and tasks_max go to memory.max, cpu.weight and pids.max where those
+controllers can be enabled in the subtree (said once at start, and by check-config, where
+not).
 
 Where no cgroup can be had (no cgroup2 mount, not writable, or SCHEDULED_D_CONTAINMENT=
 process-group), runs are contained by their process group only, as before; the worker
@@ -56,6 +58,10 @@ class Containment:
     owned: bool = False  # a subtree of its own in the root cgroup, removed at exit
     _numbers: itertools.count[int] = field(default_factory=itertools.count)
     _lingering: list[Path] = field(default_factory=list)
+    # empty run cgroups of runs without limits, their cgroup.procs and cgroup.events open:
+    # the next such run takes one (a cgroup made and removed each run cost the worker a
+    # tenth of its CPU); at most as many as runs were ever in flight at once
+    _free: list[tuple[Path, int, int]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -80,18 +86,35 @@ class Containment:
         if self.subtree is None:
             return None
         self._sweep()
-        path = self.subtree / f"run-{next(self._numbers)}"
+        reusable = limits is None or limits == RunLimits()
+        if reusable:
+            try:
+                free = self._free.pop()  # (atomic: no lock needed)
+            except IndexError:
+                pass
+            else:
+                return RunCgroup(*free[:2], self, free[2])
+        # plain strings on this path: it runs once a run, and pathlib's joins cost more
+        # than the mkdir
+        name = f"{self.subtree}/run-{next(self._numbers)}"
+        path = Path(name)
         try:
-            path.mkdir()
+            os.mkdir(name)
             if limits is not None:
                 self._limit(path, limits)
-            procs = os.open(path / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
+            procs = os.open(f"{name}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
         except OSError as exc:
             log.warning("cannot make the run's cgroup %s (%s): process group only", path, exc)
             with contextlib.suppress(OSError):
                 path.rmdir()
             return None
-        return RunCgroup(path, procs, self)
+        events: int | None = None
+        if reusable:
+            try:
+                events = os.open(f"{name}/cgroup.events", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                pass  # then removed after its run, as one with limits
+        return RunCgroup(path, procs, self, events)
 
     def _limit(self, path: Path, limits: RunLimits) -> None:
         values = {
@@ -113,11 +136,23 @@ class Containment:
         for path in paths:
             _remove(path, self)
 
+    def trim(self) -> None:
+        """Remove the empty run cgroups kept for reuse."""
+        while True:
+            try:
+                path, procs, events = self._free.pop()
+            except IndexError:
+                return
+            os.close(procs)
+            os.close(events)
+            _remove(path, self)
+
     def close(self) -> None:
         """At exit: what is left of the runs is killed, their cgroups and an owned subtree
         removed."""
         if self.subtree is None:
             return
+        self.trim()
         for path in list(self.subtree.glob("run-*")):
             _kill(path)
             _remove(path, None, wait=True)
@@ -127,18 +162,31 @@ class Containment:
 
 
 class RunCgroup:
-    """One run's cgroup: the child enters it through `procs_fd` before it executes."""
+    """One run's cgroup: the child enters it through `procs_fd` before it executes. With
+    `events_fd` (a run without limits) it goes back to its Containment for the next run
+    once its run is over and nothing is left in it."""
 
-    def __init__(self, path: Path, procs_fd: int, owner: Containment) -> None:
+    def __init__(
+        self, path: Path, procs_fd: int, owner: Containment, events_fd: int | None = None
+    ) -> None:
         self.path = path
         self.procs_fd: int | None = procs_fd
+        self._events_fd = events_fd
         self._owner = owner
+        self._released = False
 
     def started(self) -> None:
-        """The child has its own copy of the descriptor: the worker's is closed."""
-        if self.procs_fd is not None:
+        """The child has its own copy of the descriptor: the worker's is closed (kept, for
+        the next run, in a cgroup for reuse)."""
+        if self.procs_fd is not None and self._events_fd is None:
             os.close(self.procs_fd)
             self.procs_fd = None
+
+    def _close(self) -> None:
+        for fd in (self.procs_fd, self._events_fd):
+            if fd is not None:
+                os.close(fd)
+        self.procs_fd = self._events_fd = None
 
     def pids(self) -> list[int]:
         return _pids(self.path)
@@ -161,9 +209,31 @@ class RunCgroup:
     def release(self, *, kill: bool = True) -> None:
         """The run is over: anything it left running is killed (unless `kill` is false: a
         command that exited by itself keeps its background children, as under cron), the
-        cgroup removed (at a later run's start where processes are still in it)."""
-        self.started()
-        if kill and self.populated():
+        cgroup removed (at a later run's start where processes are still in it). Once only:
+        a cgroup gone back for reuse is another run's."""
+        if self._released:
+            return
+        self._released = True
+        if self._events_fd is not None and self.procs_fd is not None:
+            try:
+                empty = b"populated 0" in os.pread(self._events_fd, 256, 0)
+            except OSError:
+                empty = False
+            if empty:  # nothing of the run is left: the cgroup is reused as it is
+                self._owner._free.append((self.path, self.procs_fd, self._events_fd))
+                self.procs_fd = self._events_fd = None
+                return
+        self._close()
+        # most runs leave nothing behind: the rmdir alone ends those (EBUSY otherwise,
+        # then what is left is killed, or kept, and the cgroup removed later)
+        try:
+            os.rmdir(self.path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            pass
+        if kill:
             _kill(self.path)
         _remove(self.path, self._owner)
 

@@ -19,6 +19,7 @@ from schedctl.storage.jobs import JobRepo
 from schedctl.storage.queue import QueueRepo
 from schedctl.storage.store import Store
 from scheduled_d import cgroups
+from scheduled_d.spawn import Child, spawn
 from tests.factories import make_tenant
 from tests.integration.queue_support import (
     queue_job,
@@ -47,6 +48,7 @@ def _no_leftovers() -> Iterator[None]:
     yield
     here = cgroups.containment()
     if here.subtree is not None:
+        here.trim()
         here._sweep()
         mount = cgroups.find_v2_mount(Path("/proc/self/mountinfo").read_text())
         if mount is not None:
@@ -80,6 +82,7 @@ def test_a_setsid_child_is_gone_after_the_timeout(store: Store, tmp_path: Path) 
 
 
 def _sweep_done() -> bool:
+    cgroups.containment().trim()  # (the empty ones kept for reuse)
     cgroups.containment()._sweep()
     return _run_cgroups() == []
 
@@ -232,3 +235,53 @@ def test_skip_never_runs_two_at_once_with_real_commands(store: Store, tmp_path: 
         row = run_row(store, job, at)
         assert (row["status"], row["error"]) == ("skipped", "previous run still running")
     assert log.read_text().split() == ["start", "end"]
+
+
+def _output(child: Child) -> str:
+    """All a command wrote to stdout, once it has exited (and nothing else holds the pipe)."""
+    child.wait()
+    # blocking: a background child may hold the pipe a moment longer (until its redirection)
+    os.set_blocking(child.stdout, True)
+    out = b""
+    while chunk := os.read(child.stdout, 4096):
+        out += chunk
+    return out.decode()
+
+
+def test_an_emptied_run_cgroup_is_reused_and_one_with_a_process_left_is_not() -> None:
+    here = cgroups.containment()
+    if here.subtree is None:
+        pytest.skip(here.describe())
+    here.trim()
+    env = {"PATH": "/usr/bin:/bin"}
+    first = here.new_run()
+    assert first is not None
+    spawn(["true"], env, cgroup=first).wait()
+    first.release()
+    first.release()  # once only: it is not kept twice
+    second, third = here.new_run(), here.new_run()
+    assert second is not None and third is not None
+    assert second.path == first.path and third.path != first.path
+    third.release()
+    left = 0
+    try:
+        # a command that exits by itself keeps its background child (as under cron)
+        script = "cat /proc/self/cgroup; sleep 300 >/dev/null 2>&1 & echo $!"
+        child = spawn(["sh", "-c", script], env, cgroup=second)
+        text = _output(child)
+        assert f"/{second.path.name}\n" in text  # the reused cgroup still holds the command
+        left = int(text.split()[-1])
+        child.release(kill=False)
+        assert pid_alive(left) and second.path.exists()
+        fourth = here.new_run()
+        assert fourth is not None and fourth.path != second.path
+        fourth.release()
+    finally:
+        if left:
+            os.kill(left, signal.SIGKILL)
+    # a run with limits gets a cgroup of its own, removed after it
+    limited = here.new_run(RunLimits(tasks_max=50))
+    assert limited is not None and limited.path != third.path
+    limited.release()
+    assert not limited.path.exists()
+    wait_for(_sweep_done, "every run's cgroup removed")
