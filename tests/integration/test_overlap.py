@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
+
 from schedctl.leasing import Beat
 from schedctl.runpolicy import SKIPPED_OVERLAP, Overlap, RunPolicy
 from schedctl.scheduling.timeparse import format_instant
@@ -13,6 +15,9 @@ from schedctl.storage.queue import Lease, QueueRepo
 from schedctl.storage.store import Store
 from tests.factories import make_tenant
 from tests.integration.queue_support import attempts, messages, queue_job, run_row, trigger
+
+# every test on both start paths (tests/conftest.py: start_path)
+pytestmark = pytest.mark.usefixtures("start_path")
 
 
 def _job(store: Store, overlap: Overlap, **options: object) -> str:
