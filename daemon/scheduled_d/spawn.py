@@ -303,6 +303,7 @@ SPAWN_ENV = "SCHEDULED_D_SPAWN"  # "sh": Popen and the /bin/sh trampoline even w
 HELPER = Path(__file__).parent / "native" / "_vspawn.so"
 _ABI = 1  # vspawn_abi() of the helper this module speaks to (native/vspawn.c: VSPAWN_ABI)
 _STAGE_EXEC, _STAGE_SETUP = 0, 1  # where the child failed (else: in the worker itself)
+_NGROUPS_MAX = 65536  # Linux's, as Popen checks it
 
 
 def _load() -> tuple[ctypes.CDLL | None, str]:
@@ -416,6 +417,8 @@ def _start_native(
         if number is not None and number < 0:
             raise ValueError(f"{what} ID cannot be negative, got {number}")
     groups = list(extra_groups or ())
+    if len(groups) > _NGROUPS_MAX:
+        raise ValueError("too many groups")
     c_groups = (ctypes.c_uint * max(len(groups), 1))(*groups)
     cwd = os.fsencode(workdir) if workdir is not None else None
     if cwd is not None and b"\0" in cwd:

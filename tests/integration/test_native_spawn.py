@@ -8,9 +8,11 @@ path. No database."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import stat
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -79,10 +81,48 @@ def test_a_command_run_as_another_user_has_exactly_its_ids_and_groups(
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
 def test_the_supplementary_groups_are_emptied_when_the_run_has_none(start_path: str) -> None:
-    out, err, code = _finish(spawn(["cat", "/proc/self/status"], ENV, user=UID, group=GID,
-                                   extra_groups=[]))  # fmt: skip
+    before = os.getgroups()
+    os.setgroups([GROUPS[0]])  # a group of the worker's that the run must not keep
+    try:
+        child = spawn(["cat", "/proc/self/status"], ENV, user=UID, group=GID, extra_groups=[])
+    finally:
+        os.setgroups(before)
+    out, err, code = _finish(child)
     assert code == 0, err
     assert _status(out)["Groups"].strip() == ""
+
+
+PYTHON = "/usr/bin/python3"  # (the venv's interpreter may be below a home only root may enter)
+FAIL_CLOSED = """
+import sys
+from scheduled_d.spawn import spawn
+try:
+    spawn(["touch", sys.argv[1]], {"PATH": "/usr/bin:/bin"}, user=0, group=%d)
+except OSError as exc:
+    print(type(exc).__name__, exc.errno, exc.filename)
+else:
+    print("started")
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
+@pytest.mark.skipif(not os.access(PYTHON, os.X_OK), reason=f"needs {PYTHON}")
+def test_a_user_switch_the_worker_may_not_make_fails_closed(
+    start_path: str, tmp_path: Path
+) -> None:
+    # a worker that is not root asks for root: refused in the child, nothing executed
+    tmp_path.chmod(0o777)
+    marker = tmp_path / "ran"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(spawning.__file__).parents[1])}
+    if start_path == "sh":
+        env[spawning.SPAWN_ENV] = "sh"
+    done = subprocess.run(
+        [PYTHON, "-c", FAIL_CLOSED % GID, str(marker)], env=env, user=UID, group=GID,
+        extra_groups=[], capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["PermissionError", str(errno.EPERM), "None"]
+    assert not marker.exists()
 
 
 def _error(
