@@ -53,13 +53,13 @@ from schedctl.delivery.limits import DeliveryLimits
 from schedctl.delivery.rabbitmq import BrokerPool, Message
 from schedctl.delivery.ssrf import Resolver
 from schedctl.models import Lane, TargetType, Verdict
-from schedctl.storage.dialect import OUTBOX_WORD
-from schedctl.storage.outbox import Delivery, OutboxRepo, Outcome, TenantSettings
-from schedctl.storage.payloads import decode_payload
-from schedctl.storage.queue import QueueRepo
-from schedctl.storage.settle import unexpected_error
-from schedctl.storage.signing_secrets import SigningKeyCache
-from schedctl.storage.store import Store
+from schedctl.storage.backend.dialect import OUTBOX_WORD
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.payloads import decode_payload
+from schedctl.storage.pipeline.outbox import Delivery, OutboxRepo, Outcome, TenantSettings
+from schedctl.storage.pipeline.queue import QueueRepo
+from schedctl.storage.pipeline.settle import unexpected_error
+from schedctl.storage.tenants.signing_secrets import SigningKeyCache
 from scheduled_d.ready import ReadyListener
 
 log = logging.getLogger(__name__)

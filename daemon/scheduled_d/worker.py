@@ -42,8 +42,8 @@ from scheduled_d.spawn import Child, spawn
 if TYPE_CHECKING:
     # the database layer is imported only by DirectBackend: `--api` workers never load it
     from schedctl.alerts.command import AlertCommand
-    from schedctl.storage.alerts import AlertRow
-    from schedctl.storage.store import Store
+    from schedctl.storage.db.store import Store
+    from schedctl.storage.records.alerts import AlertRow
 
 log = logging.getLogger(__name__)
 

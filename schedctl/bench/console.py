@@ -29,8 +29,8 @@ from schedctl.storage import bench as shared_rows
 from schedctl.storage import bench_console as bench_rows
 from schedctl.storage.bench_sizes import vacuum_analyze
 from schedctl.storage.bulk_future import load_future_jobs
-from schedctl.storage.cursors import encode_cursor
-from schedctl.storage.store import Store
+from schedctl.storage.db.cursors import encode_cursor
+from schedctl.storage.db.store import Store
 
 # starts `scheduled-d api` on the same database and yields its base URL (the CLI's
 # _api_process: the API in its own process, as in production)

@@ -39,7 +39,7 @@ from schedctl.bench.api_workers import (
 from schedctl.service import Scheduler
 from schedctl.storage import bench as bench_rows
 from schedctl.storage import bench_sizes
-from schedctl.storage.engine import redact
+from schedctl.storage.db.engine import redact
 
 API_READY_SECONDS = 30.0
 WARMUP_REQUESTS = 3  # per client, before the clock starts: connections, caches

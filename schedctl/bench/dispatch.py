@@ -18,8 +18,8 @@ from typing import Any
 from schedctl import errors
 from schedctl.bench import children
 from schedctl.storage import bench as bench_rows
-from schedctl.storage.store import Store
-from schedctl.storage.tenants import TenantRepo
+from schedctl.storage.db.store import Store
+from schedctl.storage.tenants.tenants import TenantRepo
 
 SCHEDULED_D = Path(sys.executable).parent / "scheduled-d"
 

@@ -26,7 +26,7 @@ from typing import Any
 from schedctl import errors
 from schedctl.bench import children
 from schedctl.bench.pipeline import lateness
-from schedctl.storage import scratch
+from schedctl.storage.db import scratch
 
 PEERS = ("procrastinate", "apscheduler")
 SYSTEMS = ("scheduled-d", *PEERS)
@@ -197,7 +197,7 @@ def run_scheduled_d(url: str, workload: str, w: Workloads) -> dict[str, Any]:
     running /bin/true with w.concurrency commands at once."""
     from schedctl.bench import pipeline
     from schedctl.bench.dispatch import Dispatchers
-    from schedctl.storage.store import Store
+    from schedctl.storage.db.store import Store
 
     rendered = url
     store = Store.open(rendered, upgrade=True)

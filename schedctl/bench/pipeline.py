@@ -29,7 +29,7 @@ from schedctl.models import run_key
 from schedctl.storage import bench as bench_rows
 from schedctl.storage import bench_sizes
 from schedctl.storage.bulk import insert_once_jobs
-from schedctl.storage.store import Store
+from schedctl.storage.db.store import Store
 
 STAGES = ("claimed", "delivered", "started", "finished")
 POLL_SECONDS = 0.2

@@ -18,7 +18,7 @@ from typing import Any
 from schedctl.bench import measure
 from schedctl.bench.delivery import bench_tenant, deliver_over_http
 from schedctl.storage import bench as bench_rows
-from schedctl.storage.store import Store
+from schedctl.storage.db.store import Store
 
 
 def _round(value: float | None) -> float | None:

@@ -20,8 +20,8 @@ from schedctl.storage import bench as bench_rows
 from schedctl.storage import bench_sizes
 from schedctl.storage.bulk import insert_once_jobs
 from schedctl.storage.bulk_future import load_future_jobs
-from schedctl.storage.claim import Claimer
-from schedctl.storage.store import Store
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.claim import Claimer
 
 FUTURE_START = timedelta(days=1)  # the first future job: never due during the benchmark
 FUTURE_SPAN = timedelta(days=365)  # the future jobs are spread evenly over this

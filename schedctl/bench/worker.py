@@ -24,8 +24,8 @@ from schedctl.bench.delivery import bench_tenant
 from schedctl.bench.pipeline import spawn_ceiling
 from schedctl.storage import bench as bench_rows
 from schedctl.storage import bench_sizes
-from schedctl.storage.queue import QueueRepo
-from schedctl.storage.store import Store
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.queue import QueueRepo
 
 POLL_SECONDS = 0.1
 STOP_SECONDS = 60.0

@@ -115,7 +115,7 @@ def peers(
                 f"must name some of {', '.join(bench_peers.SYSTEMS)}, not {only!r}", field="only"
             )
     url = cli_state(ctx).database_url()
-    from schedctl.storage.scratch import backend
+    from schedctl.storage.db.scratch import backend
 
     if backend(url) != "postgresql":
         raise errors.ValidationError("the peers run on Postgres: give a postgresql URL", field="db")

@@ -12,11 +12,11 @@ from typing import Any
 from sqlalchemy import Connection, Table, and_, case, delete, exists, func, select, update
 
 from schedctl.scheduling.schedules import OnceSchedule, schedule_to_dict
-from schedctl.storage import schema
-from schedctl.storage.jobs import new_job_id
-from schedctl.storage.once_rows import once_job_row
-from schedctl.storage.quotas import forget_quota_use
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.jobs import new_job_id
+from schedctl.storage.jobs.quotas import forget_quota_use
+from schedctl.storage.pipeline.once_rows import once_job_row
 
 # rows per INSERT statement of a bulk load
 CHUNK = 2000

@@ -12,9 +12,9 @@ from typing import Any
 
 from sqlalchemy import func, insert, select, text
 
-from schedctl.storage import schema
-from schedctl.storage.retention import partition_name
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.records.retention import partition_name
 
 DEAD_LETTERS = 1000
 SQLITE_CHUNK = 20_000

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from sqlalchemy import func, select
 
-from schedctl.storage import schema
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
 
 
 def table_bytes(store: Store, table: str) -> int | None:

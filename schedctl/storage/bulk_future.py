@@ -16,10 +16,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from schedctl.storage import bench as bench_rows
-from schedctl.storage import schema
-from schedctl.storage.once_rows import once_job_row
-from schedctl.storage.quotas import forget_quota_use
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.quotas import forget_quota_use
+from schedctl.storage.pipeline.once_rows import once_job_row
 
 CHUNK_ROWS = 250_000  # rows per INSERT ... SELECT transaction
 PARALLEL_SESSIONS = 2

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import text
 
 from schedctl.bench.create import _Client
-from schedctl.storage.engine import make_engine
+from schedctl.storage.db.engine import make_engine
 from tests.acceptance.bench_support import bench
 
 

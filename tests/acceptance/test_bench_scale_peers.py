@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from schedctl.bench import peers
-from schedctl.storage import scratch
+from schedctl.storage.db import scratch
 from tests.acceptance.bench_support import bench, bench_refusal
 
 # -- bench scale ---------------------------------------------------------------------------
@@ -69,7 +69,7 @@ def test_scale_on_postgres_loads_with_the_server_and_leaves_nothing(pg_url: str)
     assert_levels(result, [1000, 3000], 40)
     assert result["levels"][1]["jobs_stored"] == 3000
     from schedctl.storage import bench_sizes
-    from schedctl.storage.store import Store
+    from schedctl.storage.db.store import Store
 
     store = Store.open(pg_url)
     try:
@@ -86,10 +86,10 @@ def test_server_made_rows_have_the_partition_and_schedule_python_gives_them(pg_u
 
     from schedctl.bench.dispatch import bench_tenant
     from schedctl.scheduling.schedules import schedule_from_dict
-    from schedctl.storage import schema
     from schedctl.storage.bulk_future import load_future_jobs
-    from schedctl.storage.job_create import partition_of
-    from schedctl.storage.store import Store
+    from schedctl.storage.db import schema
+    from schedctl.storage.db.store import Store
+    from schedctl.storage.jobs.job_create import partition_of
 
     store = Store.open(pg_url)
     try:

@@ -21,13 +21,15 @@ def test_the_wheel_carries_both_packages_and_the_migrations(tmp_path: Path) -> N
     )
     (wheel,) = tmp_path.glob("schedctl-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    migrations = sorted(n for n in names if n.startswith("schedctl/storage/migrations/versions/"))
+    migrations = sorted(
+        n for n in names if n.startswith("schedctl/storage/db/migrations/versions/")
+    )
     expected = sorted(
-        f"schedctl/storage/migrations/versions/{p.name}"
-        for p in (ROOT / "schedctl/storage/migrations/versions").glob("*.py")
+        f"schedctl/storage/db/migrations/versions/{p.name}"
+        for p in (ROOT / "schedctl/storage/db/migrations/versions").glob("*.py")
     )
     assert migrations == expected
-    assert "schedctl/storage/migrations/env.py" in names
+    assert "schedctl/storage/db/migrations/env.py" in names
     assert "scheduled_d/__main__.py" in names
     assert any(n.endswith("entry_points.txt") for n in names)
     # the web console's templates and its own script and stylesheet (no CDN at run time)

@@ -38,8 +38,8 @@ from schedctl.bench.api_workers import (
 from schedctl.bench.consumers import worker_argv
 from schedctl.cluster_status import read_members
 from schedctl.coordination.assignment import assignment
-from schedctl.storage.partitions import PartitionRepo
-from schedctl.storage.store import Store
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.partitions import PartitionRepo
 from tests.services.ports import free_port, tail
 
 SCHEDULED_D = Path(sys.executable).parent / "scheduled-d"

@@ -35,9 +35,9 @@ from sqlalchemy import select, text
 
 from schedctl.bench.consumers import worker_accepts_tenant
 from schedctl.scheduling.misfire import MisfirePolicy
-from schedctl.storage import schema
-from schedctl.storage.migrate import upgrade
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.migrate import upgrade
+from schedctl.storage.db.store import Store
 from tests.chaos.checker import check, load_history
 from tests.chaos.cluster import Cluster, wait_until
 from tests.chaos.conftest import PARTITIONS, SESSION_TIMEOUT_SECONDS

@@ -41,8 +41,8 @@ from sqlalchemy import select
 
 from schedctl.bench.consumers import worker_accepts_tenant
 from schedctl.scheduling.misfire import MisfirePolicy
-from schedctl.storage import schema
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
 from tests.chaos.checker import History, check, load_history
 from tests.chaos.cluster import Cluster, wait_until
 from tests.chaos.conftest import PARTITIONS, SESSION_TIMEOUT_SECONDS

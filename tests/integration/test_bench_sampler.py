@@ -8,7 +8,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from schedctl.bench.pipeline import _QueueSampler
-from schedctl.storage.store import Store
+from schedctl.storage.db.store import Store
 from tests.factories import insert_queue_message_row, insert_tenant_row
 
 

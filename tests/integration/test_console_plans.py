@@ -18,10 +18,11 @@ from sqlalchemy import event, text
 
 from schedctl.service import Scheduler
 from schedctl.storage import bench_console as bench_rows
-from schedctl.storage import console, schema
 from schedctl.storage.bench_sizes import vacuum_analyze
 from schedctl.storage.bulk_future import load_future_jobs
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.records import console
 
 pytestmark = pytest.mark.postgres
 

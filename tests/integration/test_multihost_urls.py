@@ -16,8 +16,8 @@ from sqlalchemy import text
 from typer.testing import CliRunner
 
 from schedctl.cli.app import app
-from schedctl.storage.engine import normalize_url
-from schedctl.storage.store import Store
+from schedctl.storage.db.engine import normalize_url
+from schedctl.storage.db.store import Store
 from tests.services.ports import free_port
 
 pytestmark = pytest.mark.postgres

@@ -17,12 +17,12 @@ import pytest
 from sqlalchemy import select, text, update
 
 from schedctl.models import Lane, TargetType, Verdict
-from schedctl.storage import schema
-from schedctl.storage.clock import db_now
-from schedctl.storage.jobs import JobRepo
-from schedctl.storage.outbox import Delivery, OutboxRepo, Outcome
-from schedctl.storage.settle import CANCELLED_ERROR, LOST_ERROR
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.clock import db_now
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.jobs import JobRepo
+from schedctl.storage.pipeline.outbox import Delivery, OutboxRepo, Outcome
+from schedctl.storage.pipeline.settle import CANCELLED_ERROR, LOST_ERROR
 from tests.factories import make_tenant
 from tests.integration.queue_support import (
     allow_loopback_tenant,
@@ -259,7 +259,7 @@ def test_the_claim_statement_reads_and_leases_by_index_at_100000_rows(pg_store: 
     """The plan of the one-statement claim over a big outbox: the lease is an index scan by
     primary key, never a seq scan of the whole outbox (an UPDATE ... FROM the picked rows
     was planned as a hash join over all of them: 24 ms a claim at 100,000 rows)."""
-    from schedctl.storage.dialect_postgres import _LEASE_OUTBOX
+    from schedctl.storage.backend.dialect_postgres import _LEASE_OUTBOX
 
     url = pg_store.engine.url.set(drivername="postgresql")
     with psycopg.connect(url.render_as_string(hide_password=False)) as connection:

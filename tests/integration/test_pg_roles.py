@@ -20,9 +20,9 @@ from typer.testing import CliRunner
 
 from schedctl.cli.app import app
 from schedctl.service import Scheduler
-from schedctl.storage import schema
-from schedctl.storage.retention import maintain_runs, partition_name
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.records.retention import maintain_runs, partition_name
 from scheduled_d.maintenance import maintain_once
 from tests.integration.api_support import Api, serving
 from tests.pg_roles import RUNTIME_ROLE

@@ -15,8 +15,8 @@ from sqlalchemy import func, select, update
 from schedctl import errors
 from schedctl.models import JobStatus
 from schedctl.service import Scheduler
-from schedctl.storage import schema
 from schedctl.storage.bulk import insert_once_jobs
+from schedctl.storage.db import schema
 
 ACTOR = "test:quota-bounds"
 

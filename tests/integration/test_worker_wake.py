@@ -18,13 +18,13 @@ from sqlalchemy import text
 from schedctl.coordination.local import LocalCoordinator
 from schedctl.leasing import LeasedRun
 from schedctl.models import Target, TargetType
-from schedctl.storage import dependencies
-from schedctl.storage.claim import Claimer
-from schedctl.storage.dead_letters import DeadLetterRepo
-from schedctl.storage.dialect import OUTBOX_WORD, queue_word
-from schedctl.storage.dialect_postgres import QUEUE_CHANNEL
-from schedctl.storage.queue import QueueRepo
-from schedctl.storage.store import Store
+from schedctl.storage.backend.dialect import OUTBOX_WORD, queue_word
+from schedctl.storage.backend.dialect_postgres import QUEUE_CHANNEL
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline import dependencies
+from schedctl.storage.pipeline.claim import Claimer
+from schedctl.storage.pipeline.dead_letters import DeadLetterRepo
+from schedctl.storage.pipeline.queue import QueueRepo
 from scheduled_d.direct_backend import DirectBackend
 from scheduled_d.relay import Relay
 from tests.factories import ago, create_job, make_tenant, once_at

@@ -29,9 +29,9 @@ from sqlalchemy import func, select, text, update
 
 from schedctl.bench.consumers import SCHEDULED_D, Consumers, trouble_in
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.storage import schema
 from schedctl.storage.bulk import insert_once_jobs
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
 from tests.factories import make_tenant, set_tenant
 from tests.services.ports import free_port
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy.dialects import postgresql
 
-from schedctl.storage.dialect import Lock, dialect_named, known_dialects
-from schedctl.storage.engine import make_engine
-from schedctl.storage.schema import jobs
-from schedctl.storage.store import Store
+from schedctl.storage.backend.dialect import Lock, dialect_named, known_dialects
+from schedctl.storage.db.engine import make_engine
+from schedctl.storage.db.schema import jobs
+from schedctl.storage.db.store import Store
 
 
 def test_every_supported_backend_has_a_dialect() -> None:

@@ -1,7 +1,7 @@
 """The layers keep their direction and their seams: storage stores and delivery decides, so
 no storage module imports schedctl.delivery (the value types both need live in
 schedctl.models and schedctl.backoff); and Postgres differs from SQLite in one place,
-storage/dialect*.py, so no other module branches on the backend."""
+storage/backend/dialect*.py, so no other module branches on the backend."""
 
 from __future__ import annotations
 
@@ -51,17 +51,17 @@ BACKEND_BRANCH = re.compile(
 # Where a backend may be named, and why.
 BACKEND_FILES = {
     # the seam itself: the interface, the choice, one file per backend
-    "schedctl/storage/dialect.py",
-    "schedctl/storage/dialect_postgres.py",
-    "schedctl/storage/dialect_sqlite.py",
+    "schedctl/storage/backend/dialect.py",
+    "schedctl/storage/backend/dialect_postgres.py",
+    "schedctl/storage/backend/dialect_sqlite.py",
     # the Store creates its dialect (and keeps is_postgres for reports and tests)
-    "schedctl/storage/store.py",
+    "schedctl/storage/db/store.py",
     # URL normalisation and engine creation are per backend by nature
-    "schedctl/storage/engine.py",
+    "schedctl/storage/db/engine.py",
     # column types ask the dialect by SQLAlchemy's name for it
-    "schedctl/storage/types.py",
+    "schedctl/storage/db/types.py",
     # declarative DDL: SQLAlchemy's per-backend type variants and partial-index options
-    "schedctl/storage/schema.py",
+    "schedctl/storage/db/schema.py",
     # the default database URL, the demo's, and help texts naming the URL forms
     "schedctl/config.py",
     "schedctl/config_doc.py",
@@ -70,19 +70,19 @@ BACKEND_FILES = {
     "daemon/scheduled_d/checks.py",
     # the migration runner sets Postgres's lock timeout around each step (an SQLite file has
     # no lock to wait for)
-    "schedctl/storage/migrate.py",
+    "schedctl/storage/db/migrate.py",
     # PENDING the dialect: the console's lateness percentiles are computed by Postgres,
     # in Python on SQLite
-    "schedctl/storage/console.py",
+    "schedctl/storage/records/console.py",
     # backup and restore use each backend's own tool (SQLite's backup API, pg_dump), and
     # the restore's report says what else Postgres needs (its grants)
-    "schedctl/storage/backup.py",
+    "schedctl/storage/db/backup.py",
     "schedctl/cli/db.py",
     # the report's field names the backend it ran on
     "schedctl/cli/bench.py",
 }
 # Migrations are history: each revision stays as it ran, so it names backends itself.
-BACKEND_DIRS = ("schedctl/storage/migrations/",)
+BACKEND_DIRS = ("schedctl/storage/db/migrations/",)
 # Queries another change is moving into storage repositories; they go through the dialect
 # there (then leave this list).
 PENDING: set[str] = set()
@@ -102,7 +102,7 @@ def test_backends_differ_only_behind_the_dialect() -> None:
             ]
             if hits:
                 stray[name] = hits
-    assert stray == {}, "backend branches outside storage/dialect*.py"
+    assert stray == {}, "backend branches outside storage/backend/dialect*.py"
 
 
 def test_the_dialect_check_sees_branches() -> None:

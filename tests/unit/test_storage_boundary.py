@@ -1,5 +1,5 @@
 """Owns the test that SQL lives only in schedctl/storage/: no module outside it imports
-SQLAlchemy or the table definitions (schedctl.storage.schema), read from the source files
+SQLAlchemy or the table definitions (schedctl.storage.db.schema), read from the source files
 themselves, imports inside functions and TYPE_CHECKING blocks included."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 STORAGE = ROOT / "schedctl" / "storage"
 # the packages whose code runs in production; tests may build their own queries
 SOURCES = (ROOT / "schedctl", ROOT / "daemon")
-FORBIDDEN = ("sqlalchemy", "schedctl.storage.schema")
+FORBIDDEN = ("sqlalchemy", "schedctl.storage.db.schema")
 # the peers' drivers of `schedctl bench peers`: other systems' code run by their own venv's
 # python (APScheduler's data store is SQLAlchemy), never imported by schedctl
 FOREIGN = ROOT / "schedctl" / "bench" / "peer_scripts"
@@ -57,7 +57,7 @@ def test_the_scan_finds_a_forbidden_import() -> None:
         "from schedctl.storage import schema\n"
     )
     modules = {m for _, m in _imported_modules(ast.parse(source)) if _forbidden(m)}
-    assert {"sqlalchemy", "sqlalchemy.exc", "schedctl.storage.schema"} <= modules
+    assert {"sqlalchemy", "sqlalchemy.exc", "schedctl.storage.db.schema"} <= modules
     assert not _forbidden("schedctl.storage") and not _forbidden("sqlalchemyish")
 
 
