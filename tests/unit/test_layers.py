@@ -36,7 +36,7 @@ def test_no_storage_module_imports_delivery() -> None:
 
 def test_the_check_sees_imports() -> None:
     # a guard against a check that passes because it finds nothing at all
-    assert "schedctl.models" in imported_modules(ROOT / "schedctl" / "storage" / "outbox.py")
+    assert "schedctl.models" in imported_modules(ROOT / "schedctl/storage/pipeline/outbox.py")
 
 
 # -- one dialect seam ------------------------------------------------------------------------
@@ -106,6 +106,6 @@ def test_backends_differ_only_behind_the_dialect() -> None:
 
 
 def test_the_dialect_check_sees_branches() -> None:
-    text = (ROOT / "schedctl" / "storage" / "store.py").read_text()
+    text = (ROOT / "schedctl/storage/db/store.py").read_text()
     assert BACKEND_BRANCH.search(text)
     assert all((ROOT / name).exists() for name in BACKEND_FILES | PENDING)

@@ -24,7 +24,7 @@ def _imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
             found.extend((node.lineno, alias.name) for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.append((node.lineno, node.module))
-            # `from schedctl.storage import schema` names the module as an attribute
+            # `from schedctl.storage.db import schema` names the module as an attribute
             found.extend((node.lineno, f"{node.module}.{alias.name}") for alias in node.names)
     return found
 
@@ -54,7 +54,7 @@ def test_the_scan_finds_a_forbidden_import() -> None:
     source = (
         "from sqlalchemy import select\n"
         "def f():\n    import sqlalchemy.exc\n"
-        "from schedctl.storage import schema\n"
+        "from schedctl.storage.db import schema\n"
     )
     modules = {m for _, m in _imported_modules(ast.parse(source)) if _forbidden(m)}
     assert {"sqlalchemy", "sqlalchemy.exc", "schedctl.storage.db.schema"} <= modules

@@ -242,7 +242,8 @@ class JobRepo:
         admit: Admit | None = None,
         metrics_max_jobs: int | None = None,
     ) -> list[Outcome]:
-        """Up to MAX_BATCH jobs in one transaction, one Outcome each (storage/jobs/job_create.py)."""
+        """Up to MAX_BATCH jobs in one transaction, one Outcome each
+        (storage/jobs/job_create.py)."""
         return create_jobs(
             self.store,
             tenant_id,

@@ -197,7 +197,8 @@ class TenantRepo:
 
     def signing_secret(self, name_or_id: str) -> str:
         """The HMAC key for the tenant's HTTP deliveries (the receiver verifies with it),
-        decrypted; see schedctl.storage.tenants.signing_secrets for the previous one and rotation."""
+        decrypted; see schedctl.storage.tenants.signing_secrets for the previous one and
+        rotation."""
         from schedctl.storage.tenants.signing_secrets import decode_secret
 
         tenant = self.get(name_or_id)

@@ -1,4 +1,5 @@
-"""Alembic environment: runs migrations on the connection that schedctl.storage.db.migrate hands it."""
+"""Alembic environment: runs migrations on the connection that schedctl.storage.db.migrate
+hands it."""
 
 from __future__ import annotations
 
