@@ -28,7 +28,7 @@ from schedctl.service import Scheduler
 from schedctl.storage import bench as shared_rows
 from schedctl.storage import bench_console as bench_rows
 from schedctl.storage.bench_sizes import vacuum_analyze
-from schedctl.storage.bulk_future import load_future_jobs
+from schedctl.storage.bulk_future import generates_rows, load_future_jobs
 from schedctl.storage.db.cursors import encode_cursor
 from schedctl.storage.db.store import Store
 
@@ -68,7 +68,7 @@ def run_console_bench(
         say(f"loading {per_job * jobs:,} runs ({per_job} per job)")
         bench_rows.load_runs(store, tenant_id, per_job, now)
         letters = bench_rows.load_dead_letters(store, tenant_id, now)
-        if store.dialect.generates_rows:
+        if generates_rows(store):
             for table in ("jobs", "runs", "dead_letters"):
                 vacuum_analyze(store, table)
         loaded = time.monotonic() - began

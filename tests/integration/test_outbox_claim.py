@@ -22,6 +22,7 @@ from schedctl.storage.db.clock import db_now
 from schedctl.storage.db.store import Store
 from schedctl.storage.jobs.jobs import JobRepo
 from schedctl.storage.pipeline.outbox import Delivery, OutboxRepo, Outcome
+from schedctl.storage.pipeline.outbox_statements import outbox_statements
 from schedctl.storage.pipeline.settle import CANCELLED_ERROR, LOST_ERROR
 from tests.factories import make_tenant
 from tests.integration.queue_support import (
@@ -299,9 +300,10 @@ def test_the_claim_is_planned_at_every_execution_never_kept_from_an_empty_outbox
     store = pg_store
     tenant = make_tenant(store, "quiet")
     lane = Lane(tenant, TargetType.http)
+    statements = outbox_statements(store.dialect)
     with store.tx() as connection:
         for _ in range(8):
-            store.dialect.lease_outbox_rows(connection, {lane: 64}, "relay/1/1", 9.0)
+            statements.lease_outbox_rows(connection, {lane: 64}, "relay/1/1", 9.0)
         prepared = connection.execute(
             text("SELECT statement FROM pg_prepared_statements"),
         ).scalars()

@@ -13,11 +13,12 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from schedctl.storage.backend.dialect import LeaseMark, OutcomeWrites
-from schedctl.storage.backend.dialect_postgres import _span
+from schedctl.storage.backend.dialect_postgres import runs_span
 from schedctl.storage.bulk_future import load_future_jobs
 from schedctl.storage.db import schema
 from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.lease_statements import LeaseMark, lease_statements
+from schedctl.storage.pipeline.settle_statements import OutcomeWrites, settle_statements
 from schedctl.storage.records.retention import ensure_run_partitions
 from tests.factories import make_tenant
 
@@ -39,18 +40,18 @@ def test_lease_and_settle_statements_are_never_prepared(pg_store: Store) -> None
     2,000 runs/s (`bench steady`) the lease took 6 ms instead of 0.5 and the runs started
     40 s late instead of 20. Fails when any of them is prepared on its connection."""
     store = pg_store
-    dialect = store.dialect
+    leases, settles = lease_statements(store.dialect), settle_statements(store.dialect)
     now = datetime.now(UTC)
     with store.tx() as connection:
         for n in range(8):
-            dialect.mark_leased(
+            leases.mark_leased(
                 connection,
                 [(-1 - n, f"none-{n}", now, 1)],
                 LeaseMark("worker/1", now + timedelta(seconds=30), now),
             )
-            assert dialect.leased_counts(connection, [f"none-{n}"]) == {}
-            assert dialect.held_messages(connection, [-1 - n])[1] == []
-            dialect.record_outcomes(
+            assert leases.leased_counts(connection, [f"none-{n}"]) == {}
+            assert leases.held_messages(connection, [-1 - n])[1] == []
+            settles.record_outcomes(
                 connection,
                 OutcomeWrites(
                     attempts=[],
@@ -89,7 +90,7 @@ def _lease_params(instants: list[datetime]) -> dict[str, Any]:
         "owners": ["worker/1"] * n,
         "leased_until": instants[0],
         "now": instants[0],
-        **_span(instants),
+        **runs_span(instants),
     }
 
 
@@ -150,7 +151,9 @@ def test_settling_runs_newer_than_the_statistics_is_not_quadratic(pg_store: Stor
         }
         for at in instants
     ]
-    plans = _executed_plans(pg_store, lambda c: pg_store.dialect.update_runs(c, rows))
+    plans = _executed_plans(
+        pg_store, lambda c: settle_statements(pg_store.dialect).update_runs(c, rows)
+    )
     assert any("Update on runs" in plan for plan in plans), plans
     assert not any("Join Filter" in plan for plan in plans), plans
 

@@ -54,6 +54,19 @@ BACKEND_FILES = {
     "schedctl/storage/backend/dialect.py",
     "schedctl/storage/backend/dialect_postgres.py",
     "schedctl/storage/backend/dialect_sqlite.py",
+    # each hot path's statements, Postgres's beside SQLite's, in the module of its path
+    "schedctl/storage/pipeline/claim_statements.py",
+    "schedctl/storage/pipeline/lease_statements.py",
+    "schedctl/storage/pipeline/outbox_statements.py",
+    "schedctl/storage/pipeline/settle_statements.py",
+    "schedctl/storage/jobs/create_statements.py",
+    "schedctl/storage/records/status_statements.py",
+    # the day partitions of runs: Postgres's capability
+    "schedctl/storage/records/run_partitions.py",
+    # the benchmarks' own statements (database settings, sizes, vacuum, generated rows):
+    # they leave the Dialect and go with the benchmarks
+    "schedctl/storage/bench.py",
+    "schedctl/storage/bench_sizes.py",
     # the Store creates its dialect (and keeps is_postgres for reports and tests)
     "schedctl/storage/db/store.py",
     # URL normalisation and engine creation are per backend by nature

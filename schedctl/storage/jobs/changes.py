@@ -18,7 +18,7 @@ from schedctl.storage.db.store import Store
 
 def notify_job_change(connection: Connection, job_id: str, partition: int) -> None:
     """Tell the dispatchers (at commit) that this job's next run may have moved."""
-    dialect_of(connection).notify_job_change(connection, job_id, partition)
+    dialect_of(connection).notify_job_changes(connection, [(job_id, partition)])
 
 
 def notify_job_changes(connection: Connection, changed: Sequence[tuple[str, int]]) -> None:

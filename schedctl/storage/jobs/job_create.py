@@ -42,6 +42,7 @@ from schedctl.storage.db.clock import db_now
 from schedctl.storage.db.rows import JOB_AS_STORED, as_stored, job_from_row
 from schedctl.storage.db.store import Store
 from schedctl.storage.jobs import job_lookup
+from schedctl.storage.jobs.create_statements import create_statements
 from schedctl.storage.jobs.payloads import encode_payload
 from schedctl.storage.pipeline import dependencies
 
@@ -429,7 +430,7 @@ class _Batch:
         # built from the rows written, after the commit (outcomes)
         # jobs, audit entries and notifications in one statement where the backend can
         rows = [row for _, row in pending]
-        return self.dialect.insert_created_jobs(
+        return create_statements(self.dialect).insert_created_jobs(
             self.connection,
             rows,
             [

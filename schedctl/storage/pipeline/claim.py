@@ -32,6 +32,7 @@ from schedctl.storage.backend.dialect import Dialect, Lock
 from schedctl.storage.db import schema
 from schedctl.storage.db.store import Store, is_lock_race
 from schedctl.storage.pipeline import dependencies
+from schedctl.storage.pipeline.claim_statements import claim_statements
 
 
 class DueJob(NamedTuple):
@@ -312,7 +313,7 @@ class Claimer:
     def _advance_jobs(
         self, connection: Connection, updates: list[dict[str, Any]], now: datetime
     ) -> set[str]:
-        return self.store.dialect.advance_jobs(connection, updates, now)
+        return claim_statements(self.store.dialect).advance_jobs(connection, updates, now)
 
     def _insert_runs(
         self, connection: Connection, rows: list[dict[str, Any]], now: datetime
@@ -321,7 +322,7 @@ class Claimer:
         delivery of each dispatched one inserted; returns the runs inserted."""
         if not rows:
             return []
-        return self.store.dialect.insert_runs(connection, rows, now)
+        return claim_statements(self.store.dialect).insert_runs(connection, rows, now)
 
 
 def misfire_reason(d: DueJob, nominal: datetime, now: datetime, plan: ClaimPlan) -> str:

@@ -223,6 +223,13 @@ def on_settled(
         _skip_down(connection, failed, edges, now)
 
 
+def edges_out_of(connection: Connection, upstreams: Sequence[str]) -> list[tuple[str, str]]:
+    """The dependency edges (job_id, upstream_job_id) out of the jobs `upstreams`."""
+    if not upstreams:
+        return []
+    return [(r[0], r[1]) for r in connection.execute(_edges_from(), {"ids": sorted(upstreams)})]
+
+
 @functools.cache
 def _edges_from() -> Any:
     """The dependency edges out of the upstream jobs `ids` (built once: every settle on

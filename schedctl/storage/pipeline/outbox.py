@@ -38,6 +38,7 @@ from schedctl.storage.backend.dialect import Lock
 from schedctl.storage.db import schema
 from schedctl.storage.db.clock import db_now
 from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.outbox_statements import OutboxLease, outbox_statements
 from schedctl.storage.pipeline.settle import (
     STOPPED_JOB_STATUSES,
     Attempt,
@@ -208,7 +209,8 @@ class OutboxRepo:
                 if not self._due_rows(connection, wanted, db_now(connection)):
                     return OutboxClaim()
         with self.store.tx() as connection:
-            leased = self.store.dialect.lease_outbox_rows(connection, wanted, token, lease_seconds)
+            statements = outbox_statements(self.store.dialect)
+            leased = statements.lease_outbox_rows(connection, wanted, token, lease_seconds)
             if leased is not None:
                 return self._leased(connection, leased, token)
             now = db_now(connection)
@@ -221,7 +223,7 @@ class OutboxRepo:
     def _due_rows(
         self, connection: Connection, wanted: Mapping[Lane, int], now: datetime
     ) -> list[RowMapping]:
-        return self.store.dialect.due_outbox_rows(connection, wanted, now)
+        return outbox_statements(self.store.dialect).due_outbox_rows(connection, wanted, now)
 
     def _jobs_and_tenants(
         self, connection: Connection, rows: Sequence[RowMapping]
@@ -251,36 +253,42 @@ class OutboxRepo:
         return jobs, tenants
 
     def _leased(
-        self, connection: Connection, leased: Sequence[tuple[Any, ...]], token: str
+        self, connection: Connection, leased: Sequence[OutboxLease], token: str
     ) -> OutboxClaim:
-        """_lease for the rows Dialect.lease_outbox_rows read and leased already (columns
-        OUTBOX_LEASE_COLUMNS)."""
+        """_lease for the rows outbox_statements' lease_outbox_rows read and leased
+        already."""
         if not leased:
             return OutboxClaim()
         rows: list[dict[str, Any]] = []
         jobs: dict[str, _Job] = {}
         tenants: dict[str, _Tenant] = {}
         for r in leased:
-            scheduled_at = r[2] if r[2].tzinfo is UTC else r[2].astimezone(UTC)
+            at = r.scheduled_at
             rows.append(
                 {
-                    "id": r[0],
-                    "job_id": r[1],
-                    "scheduled_at": scheduled_at,
-                    "tenant_id": r[3],
-                    "target_type": r[4],
-                    "target": r[5],
-                    "attempt": r[6],
-                    "lease_owner": r[7],
-                    "payload": r[8],
+                    "id": r.id,
+                    "job_id": r.job_id,
+                    "scheduled_at": at if at.tzinfo is UTC else at.astimezone(UTC),
+                    "tenant_id": r.tenant_id,
+                    "target_type": r.target_type,
+                    "target": r.target,
+                    "attempt": r.attempt,
+                    "lease_owner": r.lease_owner,
+                    "payload": r.payload,
                 }
             )
             # a job's payload comes with its first row only; a gone job has no status
-            if r[10] is not None or (r[9] is not None and r[1] not in jobs):
-                jobs[r[1]] = _Job(r[9], r[10], r[11], r[12], r[13])
-            if r[14] and r[3] not in tenants:
-                tenants[r[3]] = _Tenant(r[15], r[16], r[17])
-        now = leased[0][18].astimezone(UTC)
+            if r.job_payload is not None or (r.job_status is not None and r.job_id not in jobs):
+                jobs[r.job_id] = _Job(
+                    r.job_status,
+                    r.job_payload,
+                    r.max_attempts,
+                    r.retry_base_seconds,
+                    r.retry_max_seconds,
+                )
+            if r.tenant_found and r.tenant_id not in tenants:
+                tenants[r.tenant_id] = _Tenant(r.signing_secret, r.allow_list, r.broker_url)
+        now = leased[0].now.astimezone(UTC)
         return self._lease(connection, rows, jobs, tenants, token, now, None)
 
     def _lease(
@@ -388,23 +396,10 @@ class OutboxRepo:
         result = SettleResult()
         if not outcomes:
             return result
-        o = schema.outbox
         ids = [x.delivery.outbox_id for x in outcomes]
         with self.store.tx() as connection:
-            now: datetime | None
-            locked = self.store.dialect.lock_outbox_leases(connection, ids)
-            if locked is not None:
-                now, held = locked
-            else:
-                now = db_now(connection)
-                query = (
-                    select(o.c.id, o.c.lease_owner, o.c.attempt)
-                    .where(id_in(connection, o.c.id, ids))
-                    # id order: two settlers (or a settler and a release) lock in one order
-                    .order_by(o.c.id)
-                )
-                query = self.store.dialect.lock(query)
-                held = {r.id: (r.lease_owner, r.attempt) for r in connection.execute(query)}
+            # id order: two settlers (or a settler and a release) lock in one order
+            now, held = outbox_statements(self.store.dialect).lock_outbox_leases(connection, ids)
             valid: dict[int, Outcome] = {}
             for x in outcomes:
                 if held.get(x.delivery.outbox_id) == (x.delivery.lease, x.delivery.attempt):

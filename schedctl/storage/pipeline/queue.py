@@ -29,11 +29,17 @@ from schedctl.leasing import Beat, Finish, Settlement, Settles
 from schedctl.models import EVERY_HOST_QUEUE_PREFIX, RunStatus, TargetType, run_key
 from schedctl.runpolicy import SKIPPED_OVERLAP, Overlap, RunLimits
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.storage.backend.dialect import LeaseMark, dialect_of, queue_word
+from schedctl.storage.backend.dialect import dialect_of, queue_word
 from schedctl.storage.db import schema
 from schedctl.storage.db.clock import db_now
 from schedctl.storage.db.store import Store, is_lock_race
 from schedctl.storage.jobs.payloads import decode_payload
+from schedctl.storage.pipeline.lease_statements import (
+    HeldMessage,
+    LeaseCandidate,
+    LeaseMark,
+    lease_statements,
+)
 from schedctl.storage.pipeline.settle import (
     CANCELLED_ERROR,
     CANCELLED_RUNNING_ERROR,
@@ -257,36 +263,35 @@ class QueueRepo(Settles[Lease]):
         tenant_id: str,
     ) -> list[Lease]:
         m = schema.queue_messages
-        dialect = self.store.dialect
+        statements = lease_statements(self.store.dialect)
         # a few more than asked: several may belong to one job with a single slot left.
         # Only a few: each row is read, loaded and locked (SKIP LOCKED hides it from other
         # workers until this commits), and a job at its limit is filtered out by the query
         # itself, so a short lease only means the next call takes the rest
-        now, found = dialect.lease_candidates(
+        now, found = statements.lease_candidates(
             connection, tenant_id, queue, limit + min(limit // 4, 100) + 4
         )
         if not found:
             return []
-        # rows of LEASE_COLUMNS: id, job_id, scheduled_at, attempt, max_attempts,
-        # retry_base_seconds, retry_max_seconds, max_concurrency, timeout_seconds, payload,
-        # status, overlap, memory_max, cpu_weight, tasks_max
-        cancelled = [c for c in found if c[10] in STOPPED_JOB_STATUSES]
+        cancelled = [c for c in found if c.status in STOPPED_JOB_STATUSES]
         if cancelled:
             # queued but not started: a cancelled job's runs are not run
-            skip_cancelled(connection, m, [(c[0], c[1], c[2]) for c in cancelled], now=now)
-            found = [c for c in found if c[10] not in STOPPED_JOB_STATUSES]
+            skip_cancelled(
+                connection, m, [(c.id, c.job_id, c.scheduled_at) for c in cancelled], now=now
+            )
+            found = [c for c in found if c.status not in STOPPED_JOB_STATUSES]
             if not found:
                 return []
         # Serialize the slot count per job: a second worker waits here and then counts the
         # first one's committed lease, so two cannot both take the last slot. Jobs without
         # a limit (max_concurrency 0) have no slots to count: when all are such, two
         # statements fewer.
-        slots = {c[0]: _slots(c) for c in found}
-        job_ids = sorted({c[1] for c in found if slots[c[0]] > 0})
+        slots = {c.id: _slots(c) for c in found}
+        job_ids = sorted({c.job_id for c in found if slots[c.id] > 0})
         counts: dict[str, int] = {}
         if job_ids:
-            dialect.lock_job_slots(connection, job_ids)
-            counts = dialect.leased_counts(connection, job_ids)
+            statements.lock_job_slots(connection, job_ids)
+            counts = statements.leased_counts(connection, job_ids)
         leased_until = now + timedelta(seconds=lease_seconds)
         leases: list[Lease] = []
         skipped: list[tuple[int, str, datetime]] = []
@@ -294,35 +299,41 @@ class QueueRepo(Settles[Lease]):
         for c in found:
             if len(leases) >= limit:
                 break
-            job_id, max_concurrency = c[1], slots[c[0]]
+            job_id, max_concurrency = c.job_id, slots[c.id]
             if max_concurrency > 0:
                 in_use = counts.get(job_id, 0)
                 if in_use >= max_concurrency:
                     # a first attempt of a skip job is skipped, of a replace job replaces
                     # the running run (it starts at a next lease, once that one is gone);
                     # anything else waits for a slot
-                    if c[11] == Overlap.SKIP and c[3] == 1:
-                        skipped.append((c[0], job_id, c[2]))
-                    elif c[11] == Overlap.REPLACE and c[3] == 1 and job_id not in replacing:
-                        replacing[job_id] = c[2]
+                    if c.overlap == Overlap.SKIP and c.attempt == 1:
+                        skipped.append((c.id, job_id, c.scheduled_at))
+                    elif (
+                        c.overlap == Overlap.REPLACE and c.attempt == 1 and job_id not in replacing
+                    ):
+                        replacing[job_id] = c.scheduled_at
                     continue
                 counts[job_id] = in_use + 1
             leases.append(
                 Lease(
-                    message_id=c[0],
+                    message_id=c.id,
                     queue=queue,
                     job_id=job_id,
-                    scheduled_at=c[2],
+                    scheduled_at=c.scheduled_at,
                     tenant_id=tenant_id,
-                    attempt=c[3],
-                    max_attempts=c[4],
-                    retry_base_seconds=c[5],
-                    retry_max_seconds=c[6],
-                    timeout_seconds=c[8],
-                    payload=decode_payload(c[9]),
+                    attempt=c.attempt,
+                    max_attempts=c.max_attempts,
+                    retry_base_seconds=c.retry_base_seconds,
+                    retry_max_seconds=c.retry_max_seconds,
+                    timeout_seconds=c.timeout_seconds,
+                    payload=decode_payload(c.payload),
                     owner=owner if isinstance(owner, str) else owner(),
                     leased_until=leased_until,
-                    run_limits=RunLimits(c[12], c[13], c[14]) if c[12:15] != (None,) * 3 else None,
+                    run_limits=(
+                        RunLimits(c.memory_max, c.cpu_weight, c.tasks_max)
+                        if (c.memory_max, c.cpu_weight, c.tasks_max) != (None,) * 3
+                        else None
+                    ),
                 )
             )
         if skipped:
@@ -331,7 +342,7 @@ class QueueRepo(Settles[Lease]):
             _replace_running(connection, replacing, now)
         if leases:
             # one statement for the batch on Postgres (arrays), not two per message
-            dialect.mark_leased(
+            statements.mark_leased(
                 connection,
                 [(x.message_id, x.job_id, x.scheduled_at, x.attempt) for x in leases],
                 LeaseMark(
@@ -469,10 +480,10 @@ class QueueRepo(Settles[Lease]):
         if not items:
             return []
         with self.store.tx() as connection:
-            now, rows = self.store.dialect.held_messages(
+            now, rows = lease_statements(self.store.dialect).held_messages(
                 connection, sorted({lease.message_id for lease, _ in items})
             )
-            found = {row[0]: (_held_from_tuple(row), row[9]) for row in rows}
+            found = {row.id: (_held_from_message(row), row.lease_owner) for row in rows}
             ours: list[tuple[Held, Attempt]] = []
             settled: list[bool] = []
             for lease, attempt in items:
@@ -769,15 +780,15 @@ def _overlap_on_arrival(
     return [r for r in deliver if r["id"] not in gone]
 
 
-def _slots(c: Sequence[Any]) -> int:
-    """How many runs of a candidate's job (a LEASE_COLUMNS row) may be held at once for it
-    to be leased: 0 is no limit. `allow` has none; a first attempt of `skip` or `replace`
-    one; all else (`queue`, a retry) the job's max_concurrency."""
-    if c[11] == Overlap.ALLOW:
+def _slots(c: LeaseCandidate) -> int:
+    """How many runs of a candidate's job may be held at once for it to be leased: 0 is no
+    limit. `allow` has none; a first attempt of `skip` or `replace` one; all else (`queue`,
+    a retry) the job's max_concurrency."""
+    if c.overlap == Overlap.ALLOW:
         return 0
-    if c[11] != Overlap.QUEUE and c[3] == 1:
+    if c.overlap != Overlap.QUEUE and c.attempt == 1:
         return 1
-    return int(c[7])
+    return int(c.max_concurrency)
 
 
 def _replace_running(
@@ -798,14 +809,20 @@ def _replace_running(
     if not rows:
         return
     started = {row[0]: (row[1], row[2]) for row in rows}
-    _, held_rows = dialect_of(connection).held_messages(connection, sorted(started))
+    statements = lease_statements(dialect_of(connection))
+    _, held_rows = statements.held_messages(connection, sorted(started))
     items: list[tuple[Held, Attempt]] = []
     for row in held_rows:
-        held = _held_from_tuple(row)
+        held = _held_from_message(row)
         started_at, tail = started[held.row_id]
         error = f"replaced by the run of {format_instant(replacing[held.job_id])}"
         items.append(
-            (held, Attempt(Ending.stopped, started_at, now, row[9], error=error, output_tail=tail))
+            (
+                held,
+                Attempt(
+                    Ending.stopped, started_at, now, row.lease_owner, error=error, output_tail=tail
+                ),
+            )
         )
     settle(connection, items, now=now)
 
@@ -853,22 +870,21 @@ def _held_from_row(row: RowMapping) -> Held:
     )
 
 
-def _held_from_tuple(row: Sequence[Any]) -> Held:
-    """A Held of a row of HELD_COLUMNS (Dialect.held_messages)."""
-    max_attempts = row[6]
+def _held_from_message(row: HeldMessage) -> Held:
+    """A Held of a held message (lease_statements' held_messages)."""
     return Held(
         table=schema.queue_messages,
-        row_id=row[0],
-        job_id=row[2],
-        scheduled_at=row[3],
-        tenant_id=row[4],
+        row_id=row.id,
+        job_id=row.job_id,
+        scheduled_at=row.scheduled_at,
+        tenant_id=row.tenant_id,
         target_type=TargetType.queue.value,
-        target=row[1],
-        attempt=row[5],
+        target=row.queue,
+        attempt=row.attempt,
         # no job row: nothing to retry against, so this attempt is the last
-        max_attempts=max_attempts if max_attempts is not None else 0,
-        retry_base_seconds=row[7] or 0.0,
-        retry_max_seconds=row[8] or 0.0,
+        max_attempts=row.max_attempts if row.max_attempts is not None else 0,
+        retry_base_seconds=row.retry_base_seconds or 0.0,
+        retry_max_seconds=row.retry_max_seconds or 0.0,
     )
 
 

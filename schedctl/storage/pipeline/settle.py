@@ -36,9 +36,10 @@ from schedctl.backoff import backoff_delay
 # the worker side (no database) owns the text; settling records it
 from schedctl.leasing import CANCELLED_RUNNING_ERROR as CANCELLED_RUNNING_ERROR
 from schedctl.models import JobStatus, RunStatus
-from schedctl.storage.backend.dialect import OutcomeWrites, dialect_of
+from schedctl.storage.backend.dialect import dialect_of
 from schedctl.storage.db import schema
 from schedctl.storage.pipeline import dependencies
+from schedctl.storage.pipeline.settle_statements import OutcomeWrites, settle_statements
 from schedctl.storage.records import alerts, run_metrics
 
 LOST_ERROR = "lease expired: the worker or relay holding the run stopped"
@@ -266,7 +267,7 @@ def settle(
     tables = list(gone.items())
     # the attempts, the runs, (for one table) the rows whose runs ended and the dependents
     # of the runs that ended: one statement where the backend can
-    edges = dialect_of(connection).record_outcomes(
+    edges = settle_statements(dialect_of(connection)).record_outcomes(
         connection,
         OutcomeWrites(
             attempts,

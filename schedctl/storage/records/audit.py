@@ -18,6 +18,7 @@ from schedctl.storage.db import schema
 from schedctl.storage.db.cursors import check_page_limit, decode_cursor, encode_cursor
 from schedctl.storage.db.rows import as_stored
 from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.create_statements import create_statements
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ def audit(
 def audit_many(connection: Connection, entries: list[dict[str, Any]]) -> None:
     """Several entries (at, tenant_id, actor, action, job_id; no detail) in one statement."""
     if entries:
-        dialect_of(connection).insert_audit_entries(
+        create_statements(dialect_of(connection)).insert_audit_entries(
             connection, [{"detail": None, **e} for e in entries]
         )
 

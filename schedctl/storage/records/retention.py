@@ -16,11 +16,17 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 
 from sqlalchemy import delete
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
 from schedctl import errors
 from schedctl.storage.db import schema
 from schedctl.storage.db.store import Store
+from schedctl.storage.records.run_partitions import (
+    PostgresRunPartitions,
+    RunPartitions,
+    run_partitioning,
+)
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +125,19 @@ def days_covered(days: frozenset[date], today: date) -> int:
     return count
 
 
+def _partitions(store: Store, connection: Connection) -> RunPartitions | None:
+    """The day partitions of runs; None where runs is one table."""
+    partitioning = run_partitioning(store.dialect)
+    return None if partitioning is None else partitioning.read(connection)
+
+
+def _partitioned(store: Store) -> PostgresRunPartitions:
+    """The partitions' statements, where _partitions found some."""
+    partitioning = run_partitioning(store.dialect)
+    assert partitioning is not None
+    return partitioning
+
+
 def ensure_run_partitions(
     store: Store, *, today: date | None = None, days_ahead: int = DAYS_AHEAD
 ) -> list[str]:
@@ -128,7 +147,7 @@ def ensure_run_partitions(
     retention precision."""
     today = today or datetime.now(UTC).date()
     with store.read() as connection:
-        partitions = store.dialect.run_partitions(connection)
+        partitions = _partitions(store, connection)
     if partitions is None or not partitions.owned:
         return []
     created = []
@@ -141,7 +160,7 @@ def ensure_run_partitions(
         end = start + timedelta(days=1)
         try:
             with store.tx() as connection:
-                if not store.dialect.create_run_partition(connection, name, start, end):
+                if not _partitioned(store).create(connection, name, start, end):
                     continue
             created.append(name)
         except DBAPIError as exc:
@@ -159,9 +178,9 @@ def drop_expired_runs(
     cutoff = datetime.combine(today - timedelta(days=retention_days), time(), UTC)
     removed = 0
     with store.tx() as connection:
-        partitions = store.dialect.run_partitions(connection)
+        partitions = _partitions(store, connection)
         if partitions is not None and partitions.owned:
-            removed += store.dialect.drop_run_partitions(connection, cutoff)
+            removed += _partitioned(store).drop_before(connection, cutoff)
         result = connection.execute(delete(schema.runs).where(schema.runs.c.scheduled_at < cutoff))
         removed += result.rowcount or 0
         connection.execute(
@@ -187,7 +206,7 @@ def maintain_runs(
     today = today or datetime.now(UTC).date()
     if require_owner:
         with store.read() as connection:
-            found = store.dialect.run_partitions(connection)
+            found = _partitions(store, connection)
         if found is not None and not found.owned:
             raise errors.ConfigError(
                 "this database role does not own the runs table, so it cannot make or drop "
@@ -199,7 +218,7 @@ def maintain_runs(
     removed = drop_expired_runs(store, retention_days=retention_days, today=today)
     pruned = prune_records(store, records)
     with store.read() as connection:
-        partitions = store.dialect.run_partitions(connection)
+        partitions = _partitions(store, connection)
     if partitions is None:
         return Maintenance(created=created, removed=removed, pruned=pruned)
     return Maintenance(

@@ -22,6 +22,7 @@ from schedctl.storage.db import schema
 from schedctl.storage.db.clock import db_now
 from schedctl.storage.db.engine import first_line
 from schedctl.storage.db.store import Store
+from schedctl.storage.records.status_statements import status_statements
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,8 @@ def _partitions(connection: Connection) -> list[PartitionStatus]:
 
 
 def _lag(connection: Connection, now: datetime, partition_count: int) -> LagStatus:
-    oldest, due = dialect_of(connection).due_lag(connection, now, partition_count)
+    statements = status_statements(dialect_of(connection))
+    oldest, due = statements.due_lag(connection, now, partition_count)
     if oldest is None:
         return LagStatus(None, 0.0, due)
     return LagStatus(oldest, max(0.0, (now - oldest).total_seconds()), due)
