@@ -260,7 +260,7 @@ def test_the_claim_statement_reads_and_leases_by_index_at_100000_rows(pg_store: 
     """The plan of the one-statement claim over a big outbox: the lease is an index scan by
     primary key, never a seq scan of the whole outbox (an UPDATE ... FROM the picked rows
     was planned as a hash join over all of them: 24 ms a claim at 100,000 rows)."""
-    from schedctl.storage.backend.dialect_postgres import _LEASE_OUTBOX
+    from schedctl.storage.pipeline.outbox_statements import _LEASE_OUTBOX
 
     url = pg_store.engine.url.set(drivername="postgresql")
     with psycopg.connect(url.render_as_string(hide_password=False)) as connection:

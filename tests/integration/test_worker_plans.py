@@ -98,7 +98,7 @@ def test_a_lease_updates_only_the_day_partitions_of_its_runs(pg_store: Store) ->
     """The run history is partitioned by day: a lease's runs are updated in the partitions
     holding them, not in an Append over every day's (planned and opened for a handful of
     rows). A batch across midnight touches both days. Fails without the span bounds."""
-    from schedctl.storage.backend.dialect_postgres import _MARK_LEASED
+    from schedctl.storage.pipeline.lease_statements import _MARK_LEASED
 
     ensure_run_partitions(pg_store)  # today's and the next days'
     today = datetime.now(UTC).replace(hour=12, minute=0, second=0, microsecond=0)
@@ -177,7 +177,7 @@ def _executed_plans(store: Store, run: Callable[[Connection], object]) -> list[s
 def test_the_lease_reads_unleased_messages_by_the_partial_ready_index(pg_store: Store) -> None:
     """ix_queue_messages_ready holds unleased messages only (0015): the lease's candidate
     read must state `leased_until IS NULL` for Postgres to use it at all."""
-    from schedctl.storage.backend.dialect_postgres import _LEASE_CANDIDATES
+    from schedctl.storage.pipeline.lease_statements import _LEASE_CANDIDATES
 
     tenant = make_tenant(pg_store, "reader")
     with _connect(pg_store) as connection:
@@ -216,7 +216,7 @@ def test_planning_a_lease_reads_nothing_of_the_jobs_index(pg_store: Store) -> No
     buffers and 0.5 ms a plan in `bench worker`, up to 2.7 ms while a dispatcher updated
     jobs. Read by a LATERAL primary-key lookup, the planner never looks there. Fails on
     the join."""
-    from schedctl.storage.backend.dialect_postgres import _HELD_MESSAGES, _LEASE_CANDIDATES
+    from schedctl.storage.pipeline.lease_statements import _HELD_MESSAGES, _LEASE_CANDIDATES
 
     tenant = make_tenant(pg_store, "planner")
     with pg_store.tx() as connection:

@@ -80,11 +80,10 @@ class Dialect(Protocol):
         """The database's clock, aware UTC: every process agrees on "now"."""
         ...
 
-    def locked_clock(self) -> Any | None:
+    def locked_clock(self) -> Any:
         """`now` as an SQL expression to read in a statement that does other work (one
         round trip less), read after the statement locked its rows (in the RETURNING of
-        an UPDATE: a wait for the lock comes before it); None where `now` costs no
-        statement (the clock is this process's)."""
+        an UPDATE: a wait for the lock comes before it)."""
         ...
 
     def clock(self, begin: Callable[[], AbstractContextManager[Connection]]) -> datetime:
@@ -128,9 +127,9 @@ class Dialect(Protocol):
         that work is ready, at commit. (insert_runs tells them itself.)"""
         ...
 
-    def ready_feed(self, engine: Engine, word: str) -> ReadyFeed | None:
+    def ready_feed(self, engine: Engine, word: str) -> ReadyFeed:
         """A feed of one word (queue_word for a worker's queue, OUTBOX_WORD for a relay), on
-        its own connection; None where workers and relays poll."""
+        its own connection (one that hears nothing where no word crosses processes)."""
         ...
 
     def id_in(self, column: Any, ids: Sequence[int]) -> Any:

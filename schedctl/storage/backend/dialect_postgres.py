@@ -105,7 +105,7 @@ class PostgresDialect:
         if words:
             notify_all(connection, QUEUE_CHANNEL, sorted(words))
 
-    def ready_feed(self, engine: Engine, word: str) -> ReadyFeed | None:
+    def ready_feed(self, engine: Engine, word: str) -> ReadyFeed:
         return PostgresReadyFeed(engine, word)
 
     def id_in(self, column: Any, ids: Sequence[int]) -> Any:

@@ -5,6 +5,7 @@ claim and the lane reads go row by row; run history is one table, pruned by rete
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -26,6 +27,7 @@ from schedctl.storage.backend.dialect import (
     Changes,
     Lock,
 )
+from schedctl.storage.db.types import UTCDateTime
 
 COUNTER_KEY = "jobs_changed"
 # bound values per IN list: well under SQLite's limit of variables in one statement
@@ -46,8 +48,10 @@ class SqliteDialect:
         # one machine: its clock is every process's clock
         return datetime.now(UTC)
 
-    def locked_clock(self) -> None:
-        return None  # `now` is this machine's clock: no round trip to save
+    def locked_clock(self) -> Any:
+        # this machine's clock, bound when the statement runs: the write lock is the
+        # transaction's already, so no wait for a lock comes after it
+        return bindparam("locked_clock", callable_=_utc_now, type_=UTCDateTime())
 
     def clock(self, begin: Callable[[], AbstractContextManager[Connection]]) -> datetime:
         return datetime.now(UTC)
@@ -84,8 +88,8 @@ class SqliteDialect:
     def notify_ready(self, connection: Connection, words: Collection[str]) -> None:
         pass  # one machine: `scheduled-d all` wakes its workers and relay in process
 
-    def ready_feed(self, engine: Engine, word: str) -> ReadyFeed | None:
-        return None
+    def ready_feed(self, engine: Engine, word: str) -> ReadyFeed:
+        return QuietFeed()
 
     def id_in(self, column: Any, ids: Sequence[int]) -> Any:
         return column.in_(ids)
@@ -116,6 +120,22 @@ class SqliteDialect:
     ) -> list[RowMapping]:
         # SQLite plans each statement when it is compiled, with no statistics to go stale
         return list(connection.execute(statement, params).mappings())
+
+
+class QuietFeed:
+    """The ready feed of one machine's database: no word crosses processes (`scheduled-d
+    all` wakes its workers and relay in process), so it answers, after each wait, that it
+    heard nothing; the loop's own polling finds what other processes readied."""
+
+    def __init__(self) -> None:
+        self._closed = threading.Event()
+
+    def wait(self, timeout: float) -> bool:
+        self._closed.wait(timeout)
+        return False
+
+    def close(self) -> None:
+        self._closed.set()
 
 
 class SqliteChangeFeed:
@@ -151,6 +171,10 @@ class SqliteChangeFeed:
 
     def close(self) -> None:
         self._raw.close()
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
 
 
 def chunks(items: Sequence[Any]) -> list[Sequence[Any]]:

@@ -26,7 +26,6 @@ from schedctl import errors
 from schedctl.models import JobStatus
 from schedctl.storage.backend.dialect import Dialect, dialect_of
 from schedctl.storage.db import schema
-from schedctl.storage.db.clock import db_now
 from schedctl.storage.db.types import UTCDateTime
 from schedctl.storage.jobs.job_create import Admission, Admit
 
@@ -200,7 +199,7 @@ _TAKES: dict[type, Any] = {}
 def _take(dialect: Dialect) -> Any:
     """take_quota_use's statement for the backend, built once: the bounds raised by
     `adding` (NULL stays NULL), the row locked by the UPDATE, the quotas and the raised
-    bounds returned, and the clock read after the lock where the dialect can."""
+    bounds returned, and the clock read after the lock."""
     built = _TAKES.get(type(dialect))
     if built is not None:
         return built
@@ -219,7 +218,7 @@ def _take(dialect: Dialect) -> Any:
             _tenants.c.quota_slots_bound,
             _tenants.c.quota_rate_since,
             _tenants.c.quota_rate_bound,
-            *([] if clock is None else [clock]),
+            clock,
         )
     )
     return built
@@ -235,7 +234,7 @@ def take_quota_use(connection: Connection, tenant_id: str, adding: int) -> Quota
     ).first()
     if row is None:
         raise errors.NotFound(f"no tenant {tenant_id!r}", field="tenant")
-    now = row[5].astimezone(UTC) if len(row) > 5 else db_now(connection)
+    now = row[5].astimezone(UTC)
     return QuotaUse(
         tenant_id=tenant_id,
         max_jobs=int(row.max_jobs),

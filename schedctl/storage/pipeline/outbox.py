@@ -211,46 +211,12 @@ class OutboxRepo:
         with self.store.tx() as connection:
             statements = outbox_statements(self.store.dialect)
             leased = statements.lease_outbox_rows(connection, wanted, token, lease_seconds)
-            if leased is not None:
-                return self._leased(connection, leased, token)
-            now = db_now(connection)
-            rows = self._due_rows(connection, wanted, now)
-            if not rows:
-                return OutboxClaim()
-            jobs, tenants = self._jobs_and_tenants(connection, rows)
-            return self._lease(connection, rows, jobs, tenants, token, now, lease_seconds)
+            return self._leased(connection, leased, token)
 
     def _due_rows(
         self, connection: Connection, wanted: Mapping[Lane, int], now: datetime
     ) -> list[RowMapping]:
         return outbox_statements(self.store.dialect).due_outbox_rows(connection, wanted, now)
-
-    def _jobs_and_tenants(
-        self, connection: Connection, rows: Sequence[RowMapping]
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        j, t = schema.jobs, schema.tenants
-        jobs = {
-            r.job_id: r
-            for r in connection.execute(
-                select(
-                    j.c.job_id,
-                    j.c.status,
-                    j.c.payload,
-                    j.c.max_attempts,
-                    j.c.retry_base_seconds,
-                    j.c.retry_max_seconds,
-                ).where(j.c.job_id.in_({r["job_id"] for r in rows}))
-            ).all()
-        }
-        tenants = {
-            r.tenant_id: r
-            for r in connection.execute(
-                select(t.c.tenant_id, t.c.signing_secret, t.c.allow_list, t.c.broker_url).where(
-                    t.c.tenant_id.in_({r["tenant_id"] for r in rows})
-                )
-            ).all()
-        }
-        return jobs, tenants
 
     def _leased(
         self, connection: Connection, leased: Sequence[OutboxLease], token: str
@@ -289,22 +255,20 @@ class OutboxRepo:
             if r.tenant_found and r.tenant_id not in tenants:
                 tenants[r.tenant_id] = _Tenant(r.signing_secret, r.allow_list, r.broker_url)
         now = leased[0].now.astimezone(UTC)
-        return self._lease(connection, rows, jobs, tenants, token, now, None)
+        return self._lease(connection, rows, jobs, tenants, token, now)
 
     def _lease(
         self,
         connection: Connection,
-        rows: Sequence[Any],  # RowMappings, or dicts with their keys
+        rows: Sequence[dict[str, Any]],
         jobs: Mapping[str, Any],
         tenants: Mapping[str, Any],
         token: str,
         now: datetime,
-        lease_seconds: float | None,
     ) -> OutboxClaim:
         """Deliveries of the rows whose job and tenant still deliver, settled lost attempts
-        of the expired leases, skipped runs of stopped jobs. lease_seconds: the lease to
-        write on the deliveries' rows; None: their rows are leased already (every row: the
-        settling of the others overwrites or deletes theirs)."""
+        of the expired leases, skipped runs of stopped jobs. Every row is leased already
+        (the settling of the others overwrites or deletes their lease)."""
         o = schema.outbox
         result = OutboxClaim()
         # parsed once per tenant, not once per row
@@ -312,7 +276,6 @@ class OutboxRepo:
             tenant_id: tuple(str(a) for a in json.loads(row.allow_list))
             for tenant_id, row in tenants.items()
         }
-        lease_ids: list[int] = []
         cancelled: list[Any] = []
         lost_rows: list[tuple[Held, Attempt]] = []
         for row in rows:
@@ -330,7 +293,6 @@ class OutboxRepo:
                     (held, lost(started_at=None, now=now, worker=_worker(row["lease_owner"])))
                 )
                 continue
-            lease_ids.append(row["id"])
             result.deliveries.append(
                 Delivery(
                     outbox_id=row["id"],
@@ -350,12 +312,6 @@ class OutboxRepo:
                     allow_list=allowed[row["tenant_id"]],
                     broker_url=tenant.broker_url,
                 )
-            )
-        if lease_ids and lease_seconds is not None:
-            connection.execute(
-                update(o)
-                .where(id_in(connection, o.c.id, lease_ids))
-                .values(available_at=now + timedelta(seconds=lease_seconds), lease_owner=token)
             )
         if lost_rows:
             settle(connection, lost_rows, now=now, rng=self._rng)

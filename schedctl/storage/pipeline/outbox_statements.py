@@ -5,10 +5,10 @@ OutboxLease) and the settle's lock of the leased rows."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple, Protocol
 
-from sqlalchemy import select, text
+from sqlalchemy import select, text, update
 from sqlalchemy.engine import Connection, RowMapping
 
 from schedctl.models import Lane
@@ -61,11 +61,10 @@ class OutboxStatements(Protocol):
         wanted: Mapping[Lane, int],
         token: str,
         lease_seconds: float,
-    ) -> list[OutboxLease] | None:
+    ) -> list[OutboxLease]:
         """due_outbox_rows, the lease of every row it finds (lease_owner `token`,
         available_at the database's now plus `lease_seconds`) and the reads of their jobs
-        and tenants, as one statement (one round trip). None on SQLite, whose statements
-        cost no round trip: the caller reads and leases step by step."""
+        and tenants, as one statement (one round trip) where the backend has round trips."""
         ...
 
     def lock_outbox_leases(
@@ -122,7 +121,7 @@ class _Postgres:
         wanted: Mapping[Lane, int],
         token: str,
         lease_seconds: float,
-    ) -> list[OutboxLease] | None:
+    ) -> list[OutboxLease]:
         lanes = sorted(wanted.items(), key=lambda item: (item[0].tenant_id, item[0].kind))
         # Planned at each execution, never prepared (as lease_candidates): a relay started
         # before a burst ran it on an empty outbox, and the generic plan Postgres then kept
@@ -190,8 +189,70 @@ class _Sqlite:
         wanted: Mapping[Lane, int],
         token: str,
         lease_seconds: float,
-    ) -> list[OutboxLease] | None:
-        return None  # transactions are serialized and local: the steps cost no round trips
+    ) -> list[OutboxLease]:
+        # the same reads and lease as Postgres's one statement, step by step: transactions
+        # are serialized and local, so the steps cost no round trips
+        o, j, t = schema.outbox, schema.jobs, schema.tenants
+        now = dialect_of(connection).now(connection)
+        rows = self.due_outbox_rows(connection, wanted, now)
+        if not rows:
+            return []
+        jobs = {
+            r.job_id: r
+            for r in connection.execute(
+                select(
+                    j.c.job_id,
+                    j.c.status,
+                    j.c.payload,
+                    j.c.max_attempts,
+                    j.c.retry_base_seconds,
+                    j.c.retry_max_seconds,
+                ).where(j.c.job_id.in_({r["job_id"] for r in rows}))
+            )
+        }
+        tenants = {
+            r.tenant_id: r
+            for r in connection.execute(
+                select(t.c.tenant_id, t.c.signing_secret, t.c.allow_list, t.c.broker_url).where(
+                    t.c.tenant_id.in_({r["tenant_id"] for r in rows})
+                )
+            )
+        }
+        connection.execute(
+            update(o)
+            .where(o.c.id.in_([r["id"] for r in rows]))
+            .values(available_at=now + timedelta(seconds=lease_seconds), lease_owner=token)
+        )
+        leased: list[OutboxLease] = []
+        paid: set[str] = set()  # jobs whose payload came already
+        for r in rows:
+            job, tenant = jobs.get(r["job_id"]), tenants.get(r["tenant_id"])
+            first = job is not None and r["job_id"] not in paid
+            paid.add(r["job_id"])
+            leased.append(
+                OutboxLease(
+                    id=r["id"],
+                    job_id=r["job_id"],
+                    scheduled_at=r["scheduled_at"],
+                    tenant_id=r["tenant_id"],
+                    target_type=r["target_type"],
+                    target=r["target"],
+                    attempt=r["attempt"],
+                    lease_owner=r["lease_owner"],
+                    payload=r["payload"],
+                    job_status=job.status if job is not None else None,
+                    job_payload=job.payload if first and job is not None else None,
+                    max_attempts=job.max_attempts if job is not None else None,
+                    retry_base_seconds=job.retry_base_seconds if job is not None else None,
+                    retry_max_seconds=job.retry_max_seconds if job is not None else None,
+                    tenant_found=tenant is not None,
+                    signing_secret=tenant.signing_secret if tenant is not None else None,
+                    allow_list=tenant.allow_list if tenant is not None else None,
+                    broker_url=tenant.broker_url if tenant is not None else None,
+                    now=now,
+                )
+            )
+        return leased
 
     def lock_outbox_leases(
         self, connection: Connection, ids: Sequence[int]
