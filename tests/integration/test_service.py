@@ -17,6 +17,7 @@ from schedctl.scheduling.schedules import CronSchedule, IntervalSchedule, OnceSc
 from schedctl.service import Scheduler
 from schedctl.storage.db import schema
 from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.create_statements import create_statements
 from tests.integration.queue_support import table_snapshot
 
 ACTOR = "test:service"
@@ -168,7 +169,8 @@ def test_a_job_row_inserted_twice_is_an_integrity_error(sched: Scheduler, tenant
             .one()
         )
     with pytest.raises(IntegrityError), sched.store.engine.begin() as connection:
-        dialect_of(connection).insert_jobs(connection, [{**row, "job_id": "f" * 32}])
+        statements = create_statements(dialect_of(connection))
+        statements.insert_jobs(connection, [{**row, "job_id": "f" * 32}])
 
 
 # -- create ----------------------------------------------------------------------------
