@@ -1,7 +1,7 @@
-"""Owns the Postgres side of the Dialect (storage/backend/dialect.py): clock_timestamp(), row locks
-with SKIP LOCKED, LISTEN/NOTIFY, advisory locks for worker leases, the claim's batched
-statements over arrays bound in binary, the relay's one-statement lane read, and the day
-partitions of run history."""
+"""Owns the Postgres side of the Dialect (storage/backend/dialect.py): clock_timestamp(), row
+locks with SKIP LOCKED, LISTEN/NOTIFY feeds, keys bound as arrays; and the driver helpers
+the hot paths' Postgres statements run through (pg_rows, pg_keyed, pg_binary: the
+transaction's own psycopg cursor, arrays in binary, planned at execution where asked)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Owns the SQLite side of the Dialect (storage/backend/dialect.py): the embedded, one-machine
 backend. Its transactions are BEGIN IMMEDIATE, i.e. serialized, so there are no row locks,
-lock races or advisory locks to take; job changes bump a counter the dispatcher polls; the
-claim and the lane reads go row by row; run history is one table, pruned by retention."""
+lock races or advisory locks to take; job changes bump a counter the dispatcher polls; no
+word of ready work crosses processes (QuietFeed); batches are IN lists of chunks."""
 
 from __future__ import annotations
 
