@@ -3,11 +3,11 @@
 One batch is one transaction that (1) proves each partition's fencing epoch, (2) advances
 every job on the version it was read at, and (3) inserts the run rows, unique on
 (job_id, scheduled_at), and each dispatched run's delivery: its built-in queue message,
-or an outbox row for a relay (Dialect.insert_runs says which). A stale reader, a paused
-former owner or a cancel that committed first all make the conditional update match
-nothing, so nothing is claimed twice. On Postgres each step is one statement over arrays
-(unnest), so a batch of thousands of runs is a handful of round trips (the dialect's
-advance_jobs and insert_runs).
+or an outbox row for a relay (claim_statements.queue_target says which). A stale reader,
+a paused former owner or a cancel that committed first all make the conditional update
+match nothing, so nothing is claimed twice. On Postgres each step is one statement over
+arrays (unnest), so a batch of thousands of runs is a handful of round trips
+(claim_statements.py: advance_jobs and insert_runs).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class ClaimResult:
     stale: int = 0  # jobs whose version moved on (claimed elsewhere, cancelled, changed)
     # dispatched runs whose delivery goes through the outbox (HTTP, RabbitMQ, every-host
     # queues): a relay has work; the claim queued the rest into built-in queues itself
-    # (except for a tenant whose queues are a broker: see Dialect.insert_runs)
+    # (except for a tenant whose queues are a broker: see claim_statements.insert_runs)
     relayed: int = 0
     fenced: set[int] = field(default_factory=set)  # partitions whose epoch is not ours
     aborted: bool = False  # lost a lock race; nothing committed
@@ -127,8 +127,37 @@ _COMPLETED = JobStatus.completed.value
 
 
 def _due_from_row(r: Any) -> DueJob:
-    # positional, in _DUE_COLUMNS's order: a plain tuple row, no mapping per row
-    return DueJob(r[0], r[1], r[2], r[3], _schedule(r[4]), r[5], r[6], _POLICIES[r[7]], *r[8:13])
+    # unpacked in _DUE_COLUMNS's order: a plain tuple row, no mapping per row
+    (
+        job_id,
+        tenant_id,
+        partition,
+        version,
+        schedule,
+        next_run_at,
+        next_fire_at,
+        misfire_policy,
+        grace_seconds,
+        window_seconds,
+        end_at,
+        target_type,
+        target,
+    ) = r
+    return DueJob(
+        job_id,
+        tenant_id,
+        partition,
+        version,
+        _schedule(schedule),
+        next_run_at,
+        next_fire_at,
+        _POLICIES[misfire_policy],
+        grace_seconds,
+        window_seconds,
+        end_at,
+        target_type,
+        target,
+    )
 
 
 class Claimer:

@@ -212,7 +212,7 @@ def on_settled(
     failed = sorted(set(ended))
     if not done and not failed:
         return
-    if edges is None:  # else read by the caller already (Dialect.record_outcomes)
+    if edges is None:  # else read by the caller already (record_outcomes)
         ids = sorted({u for u, _ in done} | {u for u, _, _ in failed})
         edges = connection.execute(_edges_from(), {"ids": ids}).all()
     if not edges:  # the common case: one index read and nothing to do

@@ -447,7 +447,7 @@ def _worker(lease: str) -> str:
 
 
 class _Job(NamedTuple):
-    """What a claim needs of a job (Dialect.lease_outbox_rows)."""
+    """What a claim needs of a job (outbox_statements.lease_outbox_rows)."""
 
     status: str
     payload: str | None
@@ -457,7 +457,7 @@ class _Job(NamedTuple):
 
 
 class _Tenant(NamedTuple):
-    """What a claim needs of a tenant (Dialect.lease_outbox_rows)."""
+    """What a claim needs of a tenant (outbox_statements.lease_outbox_rows)."""
 
     signing_secret: str
     allow_list: str
