@@ -26,17 +26,17 @@ from schedctl import errors
 from schedctl.config import Config
 from schedctl.coordination.assignment import assignment
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.storage import host_drift
-from schedctl.storage.host_drift import HostDrift
-from schedctl.storage.queue import QueueRepo, QueueStat
-from schedctl.storage.status import (
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs import host_drift
+from schedctl.storage.jobs.host_drift import HostDrift
+from schedctl.storage.pipeline.queue import QueueRepo, QueueStat
+from schedctl.storage.pipeline.workers import WorkerRepo
+from schedctl.storage.records.status import (
     LagStatus,
     OutboxStatus,
     PartitionStatus,
     read_database_status,
 )
-from schedctl.storage.store import Store
-from schedctl.storage.workers import WorkerRepo
 
 if TYPE_CHECKING:
     from schedctl.coordination.zkaccess import ZooKeeperAccess
@@ -92,9 +92,9 @@ class ClusterStatus:
     dead_letters: int  # not replayed
     dead_letters_total: int
     notes: tuple[str, ...] = field(default=())
-    # live workers' names by (tenant_id, queue) (storage/workers.py)
+    # live workers' names by (tenant_id, queue) (storage/pipeline/workers.py)
     workers: Mapping[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
-    # each cron host's job-file drift at its worker's last check (storage/host_drift.py)
+    # each cron host's job-file drift at its worker's last check (storage/jobs/host_drift.py)
     host_drift: tuple[HostDrift, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:

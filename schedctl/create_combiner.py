@@ -1,7 +1,7 @@
 """Owns combining concurrent single creates of one tenant into batch transactions (group
 commit): a tenant's creates serialize on its quota row lock anyway, so instead of N threads
 queueing for that lock with a transaction each, a leader creates what every waiting thread
-brought in one transaction (storage/job_create.py), in arrival order, and each thread gets
+brought in one transaction (storage/jobs/job_create.py), in arrival order, and each thread gets
 its own outcome, as if they had run one after another (a key or a name used twice is a
 replay or a conflict for the later one, quotas count in order). A leader answers its own
 request after one round and hands the lead to the next waiting thread, so no request waits
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from schedctl import errors, limits
 from schedctl.models import CreateOutcome
-from schedctl.storage.job_create import NewJob
+from schedctl.storage.jobs.job_create import NewJob
 
 # rounds of one tenant's creates in flight at once
 ROUNDS_AT_ONCE = 2

@@ -1,6 +1,6 @@
 """Owns payload encryption at rest: `PayloadCipher` (Fernet keys with rotation) and where its
 keys come from (a key file or the environment). Tenants' signing secrets are encrypted with
-the same keys (schedctl.storage.signing_secrets).
+the same keys (schedctl.storage.tenants.signing_secrets).
 
 Stored form: ``enc:v1:<Fernet token>``. Text without the prefix is a payload written before
 encryption was enabled and is read as it is, so turning encryption on needs no migration.

@@ -1,6 +1,6 @@
 """Owns the pure arithmetic of shortened job ids: common prefixes, and the shortest unique
 prefixes (at least MIN_SHOWN characters) of a set of ids. The database side (prefixes
-among all of a tenant's jobs, resolving a prefix) is schedctl/storage/job_lookup.py."""
+among all of a tenant's jobs, resolving a prefix) is schedctl/storage/jobs/job_lookup.py."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ beat, ack, fail, stop_cancelled, reap), `LeasedRun`, what the worker needs of a 
 `Settles`, the one place ack, fail and stop_cancelled turn into a `Settlement`.
 
 Two backends implement it: the direct one over the database
-(scheduled_d.direct_backend.DirectBackend, over schedctl.storage.queue.QueueRepo, which
+(scheduled_d.direct_backend.DirectBackend, over schedctl.storage.pipeline.queue.QueueRepo, which
 settles through `Settles` too) and the tenant one over the REST API
 (schedctl.queue_client.ApiLeaseBackend), so the worker's supervision (heartbeats, timeouts,
 cancellation, output tails) is one piece of code for both.

@@ -53,8 +53,9 @@ class TargetType(enum.StrEnum):
 
 
 # A built-in queue named `every:HOST` carries an every-host job file's runs for one host: a run
-# reaches it only while a worker of that queue is live (storage/queue.py move_outbox), so an
-# every-host job runs once on each live host, and a host that is down gets no backlog.
+# reaches it only while a worker of that queue is live (storage/pipeline/queue.py
+# move_outbox), so an every-host job runs once on each live host, and a host that is down
+# gets no backlog.
 EVERY_HOST_QUEUE_PREFIX = "every:"
 
 

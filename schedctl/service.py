@@ -27,18 +27,18 @@ from schedctl.jobspec import parse_job_request, parse_schedule
 from schedctl.limits import DEFAULT_MAX_PAYLOAD_BYTES
 from schedctl.models import CreateOutcome, Job, JobStatus, Page, Run, Tenant
 from schedctl.scheduling.schedules import AfterSchedule, BootSchedule
-from schedctl.storage import alerts as alert_store
-from schedctl.storage import dependencies
-from schedctl.storage.audit import AuditRepo
-from schedctl.storage.cursors import check_page_limit, decode_cursor
-from schedctl.storage.job_create import MAX_BATCH, NewJob
-from schedctl.storage.job_lookup import JobLookup
-from schedctl.storage.job_updates import delete_job, update_job
-from schedctl.storage.jobs import JobRepo
-from schedctl.storage.quotas import MAX_JOBS_RETRY_AFTER_SECONDS, QuotaUse, quota_admission
-from schedctl.storage.store import Store
-from schedctl.storage.tenants import TenantRepo, TokenInfo, token_id_of
-from schedctl.storage.workers import WorkerRepo
+from schedctl.storage.db.cursors import check_page_limit, decode_cursor
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.job_create import MAX_BATCH, NewJob
+from schedctl.storage.jobs.job_lookup import JobLookup
+from schedctl.storage.jobs.job_updates import delete_job, update_job
+from schedctl.storage.jobs.jobs import JobRepo
+from schedctl.storage.jobs.quotas import MAX_JOBS_RETRY_AFTER_SECONDS, QuotaUse, quota_admission
+from schedctl.storage.pipeline import dependencies
+from schedctl.storage.pipeline.workers import WorkerRepo
+from schedctl.storage.records import alerts as alert_store
+from schedctl.storage.records.audit import AuditRepo
+from schedctl.storage.tenants.tenants import TenantRepo, TokenInfo, token_id_of
 
 # A tenant argument: a name or an id, or the Tenant itself (the API has it from the token
 # and saves a lookup per request).
@@ -444,7 +444,7 @@ class Scheduler(Closing):
         target = "" if job_id is None else self._job_ref(job_id, found.tenant_id)[0]
         return alert_store.get_settings(self.store, found.tenant_id, target)
 
-    # -- job names and id prefixes (schedctl/storage/job_lookup.py) --------------------
+    # -- job names and id prefixes (schedctl/storage/jobs/job_lookup.py) --------------------
 
     def resolve_job(self, tenant: TenantRef | None, ref: str) -> str:
         """The id of the job `ref` names: an exact id, else the exact name of a job not
@@ -498,6 +498,7 @@ class Scheduler(Closing):
         """`schedctl job why`: the schedule and next fires, the last runs with their
         reasons, the current lateness, the live workers of its queue, and its pause and
         alert state (schedctl/why.py)."""
+
         job = self.get_job(job_id, tenant)  # another tenant's job is NotFound
         runs = list(self.jobs.runs(job.job_id, job.tenant_id, limit=why.LAST_RUNS).items)
         workers = (

@@ -30,8 +30,8 @@ from schedctl.scheduling.schedules import schedule_from_dict, schedule_to_dict
 from schedctl.scheduling.timeparse import format_instant
 
 if TYPE_CHECKING:
-    from schedctl.storage.audit import AuditEntry
-    from schedctl.storage.tenants import TokenInfo
+    from schedctl.storage.records.audit import AuditEntry
+    from schedctl.storage.tenants.tenants import TokenInfo
 
 
 def _instant(value: datetime | None) -> str | None:

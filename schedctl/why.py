@@ -17,7 +17,7 @@ from schedctl.alerts.model import AlertConfig
 from schedctl.models import Job, JobStatus, Run, RunStatus, TargetType
 from schedctl.scheduling.schedules import next_occurrence
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.storage.workers import WorkerSeen
+from schedctl.storage.pipeline.workers import WorkerSeen
 from schedctl.views import schedule_summary
 
 NEXT_FIRES = 5  # next fire times shown

@@ -29,7 +29,7 @@ from typing import Any
 
 from schedctl import errors, limits
 from schedctl.service import Scheduler
-from schedctl.storage.engine import redact
+from schedctl.storage.db.engine import redact
 from schedctl_bench import children, measure
 from schedctl_bench.api_workers import (
     SCHEDULED_D,

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from schedctl import errors
-from schedctl.storage.store import Store
-from schedctl.storage.tenants import TenantRepo
+from schedctl.storage.db.store import Store
+from schedctl.storage.tenants.tenants import TenantRepo
 from schedctl_bench import children
 from schedctl_bench.storage import bench as bench_rows
 

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 from schedctl import errors
 from schedctl.models import run_key
-from schedctl.storage.store import Store
+from schedctl.storage.db.store import Store
 from schedctl_bench import measure
 from schedctl_bench.consumers import Consumers
 from schedctl_bench.dispatch import Dispatchers, bench_tenant

@@ -29,7 +29,7 @@ from scheduled_d.private_env import keep_environment_private
 from scheduled_d.signals import handle_sighup, set_reload_hook
 
 if TYPE_CHECKING:
-    from schedctl.storage.store import Store
+    from schedctl.storage.db.store import Store
 
 app = typer.Typer(
     help="scheduled-d: the scheduler daemon. Modes: dispatcher, relay, api, worker, all.",
@@ -111,8 +111,8 @@ def _preflight(config: Config) -> None:
 
 def _open_store(config: Config, mode: str, *, upgrade: bool) -> Store:
     # imported here: `worker --api` needs no database and loads no database code
-    from schedctl.storage.engine import normalize_url, sets_itself_up
-    from schedctl.storage.store import Store
+    from schedctl.storage.db.engine import normalize_url, sets_itself_up
+    from schedctl.storage.db.store import Store
 
     require_database_choice(config)
     url = normalize_url(config.database_url)

@@ -140,7 +140,7 @@ def _check_zookeeper(config: Config, path: Path | None, text: str) -> str:
 
 
 def _check_database_url(config: Config, path: Path | None, text: str) -> None:
-    from schedctl.storage.engine import is_database_url, normalize_url
+    from schedctl.storage.db.engine import is_database_url, normalize_url
 
     if not is_database_url(normalize_url(config.database_url)):
         raise errors.ConfigError(

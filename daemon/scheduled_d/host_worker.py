@@ -53,8 +53,8 @@ from scheduled_d.worker import INHERITED_VARIABLES, RunSpec, Worker
 if TYPE_CHECKING:
     from schedctl.alerts.command import AlertCommand
     from schedctl.queue_client import ApiLeaseBackend
-    from schedctl.storage.alerts import AlertRow
-    from schedctl.storage.store import Store
+    from schedctl.storage.db.store import Store
+    from schedctl.storage.records.alerts import AlertRow
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +255,7 @@ class HostWorker:
         central job's payload names it ({job_file, job}), and it must be a job of this
         host's files that runs on this host from that queue (as for a run: HostFiles.resolve).
         NotFound when there is no such job or it has no alert_command."""
-        from schedctl.storage.jobs import JobRepo
+        from schedctl.storage.jobs.jobs import JobRepo
 
         central = JobRepo(store).get(alert.job_id, alert.tenant_id)
         return self._alert_command_of(central.payload, queue, alert.kind, alert.job_id)
@@ -330,7 +330,7 @@ class HostWorker:
         except JobFilesError as exc:
             drift = [f"refused {p.path}: {p.key}: {p.message}" for p in exc.problems]
         if isinstance(backend, DirectBackend):
-            from schedctl.storage import host_drift
+            from schedctl.storage.jobs import host_drift
 
             host_drift.report(backend.store, backend.tenant_id, self.host.name, drift)
         else:
@@ -518,7 +518,7 @@ class HostWorker:
         try:
             backend = self._make_backend()
             if isinstance(backend, DirectBackend):
-                from schedctl.storage import boot_runs
+                from schedctl.storage.jobs import boot_runs
 
                 boot_runs.record(
                     backend.store, backend.tenant_id, name, seconds=seconds, exit_code=code,
@@ -563,7 +563,7 @@ class HostWorker:
 
     def _make_backend(self) -> LeaseBackend:
         if self._backend is None:
-            from schedctl.storage.store import Store
+            from schedctl.storage.db.store import Store
 
             assert isinstance(self.store, Store)
             self._backend = DirectBackend(self.store, self.host.tenant)

@@ -11,8 +11,8 @@ import threading
 
 from schedctl import errors
 from schedctl.config import Config
-from schedctl.storage.retention import MIN_DAYS_AHEAD, RecordRetention, maintain_runs
-from schedctl.storage.store import Store
+from schedctl.storage.db.store import Store
+from schedctl.storage.records.retention import MIN_DAYS_AHEAD, RecordRetention, maintain_runs
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from schedctl.coordination.base import Coordinator
 from schedctl.coordination.local import LocalCoordinator
 from schedctl.coordination.zkaccess import ZooKeeperAccess
 from schedctl.coordination.zookeeper import ZooKeeperCoordinator
-from schedctl.storage.alerts import last_successes
-from schedctl.storage.claim import ClaimResult
-from schedctl.storage.store import Store
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.claim import ClaimResult
+from schedctl.storage.records.alerts import last_successes
 from scheduled_d import sdnotify
 from scheduled_d.dispatcher import Dispatcher
 from scheduled_d.maintenance import record_retention, run_maintenance

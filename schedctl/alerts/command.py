@@ -27,9 +27,9 @@ from typing import IO
 
 from schedctl import errors
 from schedctl.alerts.model import COMMAND
-from schedctl.storage import alerts as repo
-from schedctl.storage.alerts import AlertRow
-from schedctl.storage.store import Store
+from schedctl.storage.db.store import Store
+from schedctl.storage.records import alerts as repo
+from schedctl.storage.records.alerts import AlertRow
 
 log = logging.getLogger("schedctl.alerts")
 

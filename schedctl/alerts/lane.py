@@ -21,10 +21,10 @@ from schedctl.alerts.policy import AlertPolicy
 from schedctl.delivery import email
 from schedctl.delivery.http import HttpDelivery
 from schedctl.models import Verdict
-from schedctl.storage import alerts as repo
-from schedctl.storage.signing_secrets import SigningKeyCache
-from schedctl.storage.store import Store
-from schedctl.storage.tenant_delivery import TenantDeliveryRepo
+from schedctl.storage.db.store import Store
+from schedctl.storage.records import alerts as repo
+from schedctl.storage.tenants.signing_secrets import SigningKeyCache
+from schedctl.storage.tenants.tenant_delivery import TenantDeliveryRepo
 
 log = logging.getLogger("schedctl.alerts")
 

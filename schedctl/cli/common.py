@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from schedctl.client import ApiClient
     from schedctl.models import Page
     from schedctl.service import Scheduler
-    from schedctl.storage.store import Store
+    from schedctl.storage.db.store import Store
 
 # from the error classes (schedctl.errors): a new exit code is documented where it is defined
 EXIT_CODES_HELP = (
@@ -99,7 +99,7 @@ class CliState:
         return self._config
 
     def database_url(self) -> str:
-        from schedctl.storage.engine import normalize_url
+        from schedctl.storage.db.engine import normalize_url
 
         self._refuse_api()
         config = self.config()
@@ -166,7 +166,7 @@ def check_database_choice(config: Config, url: str, command: tuple[str, ...] = (
     not there yet, refuse a command that only looks (a ConfigError naming database_url,
     nothing created), and let one that creates (tenant create, db upgrade) make it, saying
     where on stderr, once. `command`: the subcommand's words ("tenant", "create")."""
-    from schedctl.storage.engine import database_of, normalize_url
+    from schedctl.storage.db.engine import database_of, normalize_url
 
     require_database_choice(config)
     url = normalize_url(url)
@@ -198,7 +198,7 @@ def check_database_choice(config: Config, url: str, command: tuple[str, ...] = (
 
 
 def is_embedded_default(url: str) -> bool:
-    from schedctl.storage.engine import normalize_url
+    from schedctl.storage.db.engine import normalize_url
 
     return normalize_url(url) == normalize_url(default_database_url())
 
@@ -209,15 +209,15 @@ def open_store(config: Config) -> Store:
     (so `schedctl tenant create demo` works on a fresh machine), and the embedded default
     (a file nobody configured) is also upgraded when it is behind. Any other database is
     migrated only by `schedctl db upgrade`: SchemaOutdated (exit 2) says so."""
-    from schedctl.storage.engine import (
+    from schedctl.storage.db.engine import (
         check_connection,
         make_engine,
         normalize_url,
         redact,
         sets_itself_up,
     )
-    from schedctl.storage.migrate import is_empty, schema_check
-    from schedctl.storage.store import Store
+    from schedctl.storage.db.migrate import is_empty, schema_check
+    from schedctl.storage.db.store import Store
 
     url = normalize_url(config.database_url)
     store = Store(make_engine(url))
@@ -228,7 +228,7 @@ def open_store(config: Config) -> Store:
             new = check.current is None and is_empty(store.engine)
             behind = check.state == "behind"
             if sets_itself_up(url) and behind and (new or is_embedded_default(url)):
-                from schedctl.storage.migrate import upgrade_engine
+                from schedctl.storage.db.migrate import upgrade_engine
 
                 upgrade_engine(store.engine)
                 store.ensure_settings(config.partition_count)

@@ -117,7 +117,7 @@ class Source:
 
     def one(self, job_id: str, at: datetime) -> RunOutput | None:
         if not self.remote:
-            from schedctl.storage.run_output import get_run
+            from schedctl.storage.records.run_output import get_run
 
             run = get_run(self.state.store(), job_id, at)
             return None if run is None else self._outputs(job_id, [run])[0]
@@ -139,7 +139,7 @@ class Source:
             return [
                 RunOutput(r, () if r.status in _NOT_STARTED else (_latest_only(r),)) for r in runs
             ]
-        from schedctl.storage.run_output import attempts
+        from schedctl.storage.records.run_output import attempts
 
         recorded = attempts(self.state.store(), job_id, [r.scheduled_at for r in runs])
         result = []

@@ -20,7 +20,7 @@ from schedctl.cli.output import OutputFormat, emit
 from schedctl.scheduling.timeparse import format_instant, parse_duration
 
 if TYPE_CHECKING:
-    from schedctl.storage.tenant_delivery import TenantDeliveryRepo
+    from schedctl.storage.tenants.tenant_delivery import TenantDeliveryRepo
 
 app = typer.Typer(help="Tenant delivery settings: allow-list, limits, broker, signing secret.")
 
@@ -35,7 +35,7 @@ EntryArgument = Annotated[
 
 
 def _repo(ctx: typer.Context) -> TenantDeliveryRepo:
-    from schedctl.storage.tenant_delivery import TenantDeliveryRepo
+    from schedctl.storage.tenants.tenant_delivery import TenantDeliveryRepo
 
     return TenantDeliveryRepo(cli_state(ctx).store())
 
@@ -179,7 +179,7 @@ def signing_secret(
 ) -> None:
     """Print the secret TENANT verifies its deliveries' signatures with (see
     schedctl.signing.verify); hand it over like a password."""
-    from schedctl.storage.tenants import TenantRepo
+    from schedctl.storage.tenants.tenants import TenantRepo
 
     repo = TenantRepo(cli_state(ctx).store())
     secret = repo.signing_secret(tenant)
@@ -206,7 +206,7 @@ def rotate_signing_secret(
     """Give TENANT a new signing secret and print it. During the grace period every
     delivery carries two signatures (`v2=<new>, v2=<old>`), so the receiver can switch to the
     new secret at any time within it; afterwards only the new secret signs."""
-    from schedctl.storage.signing_secrets import DEFAULT_GRACE, SigningSecretRepo
+    from schedctl.storage.tenants.signing_secrets import DEFAULT_GRACE, SigningSecretRepo
 
     period = parse_duration(grace, "grace") if grace.strip() else DEFAULT_GRACE
     keys, secret = SigningSecretRepo(cli_state(ctx).store()).rotate(

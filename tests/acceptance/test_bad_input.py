@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from schedctl import limits
 from schedctl.cli.app import app
 from schedctl.service import Scheduler
-from schedctl.storage import schema
+from schedctl.storage.db import schema
 from scheduled_d.api.server import ApiServer
 from tests.integration.api_support import job_body
 

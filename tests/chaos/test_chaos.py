@@ -38,10 +38,10 @@ from sqlalchemy import func, select, update
 
 from schedctl import errors
 from schedctl.scheduling.misfire import MisfirePolicy
-from schedctl.storage import schema
-from schedctl.storage.jobs import JobRepo
-from schedctl.storage.store import Store
-from schedctl.storage.tenants import TenantRepo
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.jobs import JobRepo
+from schedctl.storage.tenants.tenants import TenantRepo
 from schedctl_bench.consumers import worker_accepts_tenant
 from tests.chaos.checker import (
     WORKER_STATUSES,

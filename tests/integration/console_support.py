@@ -13,7 +13,7 @@ from sqlalchemy import insert
 from schedctl.models import Tenant
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.service import Scheduler
-from schedctl.storage import schema
+from schedctl.storage.db import schema
 
 
 @dataclass(frozen=True)

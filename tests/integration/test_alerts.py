@@ -35,13 +35,13 @@ from schedctl.delivery.email import SmtpSettings
 from schedctl.delivery.http import HttpDelivery
 from schedctl.service import Scheduler
 from schedctl.signing import verify
-from schedctl.storage import alerts as alerts_repo
-from schedctl.storage import schema
-from schedctl.storage.dead_letters import DeadLetterRepo
-from schedctl.storage.jobs import JobRepo
-from schedctl.storage.queue import QueueRepo
-from schedctl.storage.signing_secrets import SigningKeyCache
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.jobs import JobRepo
+from schedctl.storage.pipeline.dead_letters import DeadLetterRepo
+from schedctl.storage.pipeline.queue import QueueRepo
+from schedctl.storage.records import alerts as alerts_repo
+from schedctl.storage.tenants.signing_secrets import SigningKeyCache
 from scheduled_d.relay import Relay
 from scheduled_d.worker import Worker
 from tests.factories import make_tenant

@@ -13,7 +13,7 @@ import requests
 from sqlalchemy import func, select
 
 from schedctl.service import Scheduler
-from schedctl.storage import schema
+from schedctl.storage.db import schema
 from tests.integration.api_support import Api, job_body, snapshot
 
 BATCH = "/v1/jobs:batch"

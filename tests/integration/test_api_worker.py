@@ -25,7 +25,7 @@ import requests
 from schedctl.leasing import CANCELLED_RUNNING_ERROR
 from schedctl.queue_client import ApiLeaseBackend
 from schedctl.service import Scheduler
-from schedctl.storage.queue import LOST_ERROR, QueueRepo
+from schedctl.storage.pipeline.queue import LOST_ERROR, QueueRepo
 from scheduled_d.api.server import ApiServer
 from scheduled_d.relay import Relay
 from scheduled_d.worker import Worker

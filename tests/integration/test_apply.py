@@ -22,7 +22,7 @@ from schedctl.jobfiles import apply as applying
 from schedctl.models import JobStatus
 from schedctl.scheduling.schedules import schedule_to_dict
 from schedctl.service import Scheduler
-from schedctl.storage import schema
+from schedctl.storage.db import schema
 
 ACTOR = "test"
 runner = CliRunner()

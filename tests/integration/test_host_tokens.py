@@ -20,7 +20,7 @@ from schedctl import errors
 from schedctl.cli.app import app
 from schedctl.host_scope import HostScope
 from schedctl.service import Scheduler
-from schedctl.storage.queue import QueueRepo
+from schedctl.storage.pipeline.queue import QueueRepo
 from scheduled_d.api.auth import HOST_TOKEN_ROUTES
 from scheduled_d.api.server import ApiServer
 from tests.integration.api_support import Api, snapshot

@@ -30,10 +30,10 @@ from schedctl.alerts.model import parse_alerts
 from schedctl.config import HostConfig
 from schedctl.jobfiles import apply as applying
 from schedctl.service import Scheduler
-from schedctl.storage import alerts as alerts_repo
-from schedctl.storage.queue import QueueRepo
-from schedctl.storage.store import Store
-from schedctl.storage.workers import WorkerRepo
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.queue import QueueRepo
+from schedctl.storage.pipeline.workers import WorkerRepo
+from schedctl.storage.records import alerts as alerts_repo
 from scheduled_d import signals
 from scheduled_d.host_worker import HostWorker
 from tests.factories import make_tenant

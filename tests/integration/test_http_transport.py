@@ -28,7 +28,7 @@ from schedctl.config import load_config
 from schedctl.delivery.http import USER_AGENT, DeliveryResult, HttpDelivery, delivery_body
 from schedctl.models import Verdict
 from schedctl.signing import SIGNATURE_HEADER, signed_headers
-from schedctl.storage.store import Store
+from schedctl.storage.db.store import Store
 from scheduled_d.relay import Relay
 from tests.factories import make_tenant
 from tests.integration.queue_support import (

@@ -19,9 +19,10 @@ from schedctl import errors
 from schedctl.cli.app import app
 from schedctl.job_refs import shortest_among
 from schedctl.service import Scheduler
-from schedctl.storage import job_create, schema
-from schedctl.storage.engine import make_engine
-from schedctl.storage.migrate import head_revision, upgrade
+from schedctl.storage.db import schema
+from schedctl.storage.db.engine import make_engine
+from schedctl.storage.db.migrate import head_revision, upgrade
+from schedctl.storage.jobs import job_create
 from scheduled_d.api.server import ApiServer
 from tests.factories import insert_cron_job_row, insert_tenant_row
 from tests.integration.api_support import job_body

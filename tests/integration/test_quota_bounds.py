@@ -15,7 +15,7 @@ from sqlalchemy import func, select, update
 from schedctl import errors
 from schedctl.models import JobStatus
 from schedctl.service import Scheduler
-from schedctl.storage import schema
+from schedctl.storage.db import schema
 from schedctl_bench.storage.bulk import insert_once_jobs
 
 ACTOR = "test:quota-bounds"

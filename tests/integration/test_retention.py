@@ -7,9 +7,13 @@ from datetime import UTC, date, datetime, timedelta
 import pytest
 from sqlalchemy import func, select, text
 
-from schedctl.storage import schema
-from schedctl.storage.retention import drop_expired_runs, ensure_run_partitions, partition_name
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.records.retention import (
+    drop_expired_runs,
+    ensure_run_partitions,
+    partition_name,
+)
 
 
 def insert_run(store: Store, job_id: str, at: datetime) -> None:
@@ -155,7 +159,7 @@ def test_dead_letters_alerts_and_audit_entries_are_pruned_by_their_ages(db_url: 
 def test_default_record_ages_keep_a_month_of_dead_letters_and_a_year_of_audit(
     db_url: str,
 ) -> None:
-    from schedctl.storage.retention import prune_records
+    from schedctl.storage.records.retention import prune_records
 
     store = Store.open(db_url)
     try:

@@ -16,8 +16,8 @@ import pytest
 
 from schedctl import errors
 from schedctl.leasing import Finish, Settlement
-from schedctl.storage.queue import Lease, QueueRepo, attempt_of
-from schedctl.storage.store import Store
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.queue import Lease, QueueRepo, attempt_of
 from tests.integration.queue_support import (
     attempts,
     existing_tenant,

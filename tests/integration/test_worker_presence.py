@@ -21,10 +21,11 @@ from schedctl.cli.app import app as cli
 from schedctl.cluster_status import gather_status
 from schedctl.config import Config
 from schedctl.service import Scheduler
-from schedctl.storage import schema, workers
-from schedctl.storage.queue import QueueRepo
-from schedctl.storage.store import Store
-from schedctl.storage.workers import LIVE_SECONDS, Presence, WorkerRepo
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline import workers
+from schedctl.storage.pipeline.queue import QueueRepo
+from schedctl.storage.pipeline.workers import LIVE_SECONDS, Presence, WorkerRepo
 from scheduled_d.api.server import ApiServer
 from scheduled_d.metrics import export_queue_depths
 from scheduled_d.worker import DirectBackend, Worker

@@ -38,8 +38,8 @@ from schedctl.cluster_status import gather_status, read_members
 from schedctl.config import Config
 from schedctl.coordination.zkaccess import ZooKeeperAccess
 from schedctl.coordination.zookeeper import ZooKeeperCoordinator
-from schedctl.storage.partitions import PartitionRepo
-from schedctl.storage.store import Store
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.partitions import PartitionRepo
 from scheduled_d.runtime import make_coordinator
 from tests.services.zookeeper import ZooKeeperEnsemble, ZooKeeperTls
 

@@ -12,7 +12,7 @@ from typing import cast
 from schedctl import errors
 from schedctl.create_combiner import ROUNDS_AT_ONCE, CreateCombiner
 from schedctl.models import CreateOutcome
-from schedctl.storage.job_create import NewJob
+from schedctl.storage.jobs.job_create import NewJob
 
 WAIT = 30.0
 

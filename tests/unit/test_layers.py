@@ -1,7 +1,7 @@
 """The layers keep their direction and their seams: storage stores and delivery decides, so
 no storage module imports schedctl.delivery (the value types both need live in
 schedctl.models and schedctl.backoff); and Postgres differs from SQLite in one place,
-storage/dialect*.py, so no other module branches on the backend."""
+storage/backend/dialect*.py, so no other module branches on the backend."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_no_storage_module_imports_delivery() -> None:
 
 def test_the_check_sees_imports() -> None:
     # a guard against a check that passes because it finds nothing at all
-    assert "schedctl.models" in imported_modules(ROOT / "schedctl" / "storage" / "outbox.py")
+    assert "schedctl.models" in imported_modules(ROOT / "schedctl/storage/pipeline/outbox.py")
 
 
 # -- one dialect seam ------------------------------------------------------------------------
@@ -51,17 +51,30 @@ BACKEND_BRANCH = re.compile(
 # Where a backend may be named, and why.
 BACKEND_FILES = {
     # the seam itself: the interface, the choice, one file per backend
-    "schedctl/storage/dialect.py",
-    "schedctl/storage/dialect_postgres.py",
-    "schedctl/storage/dialect_sqlite.py",
+    "schedctl/storage/backend/dialect.py",
+    "schedctl/storage/backend/dialect_postgres.py",
+    "schedctl/storage/backend/dialect_sqlite.py",
+    # each hot path's statements, Postgres's beside SQLite's, in the module of its path
+    "schedctl/storage/pipeline/claim_statements.py",
+    "schedctl/storage/pipeline/lease_statements.py",
+    "schedctl/storage/pipeline/outbox_statements.py",
+    "schedctl/storage/pipeline/settle_statements.py",
+    "schedctl/storage/jobs/create_statements.py",
+    "schedctl/storage/records/status_statements.py",
+    # the day partitions of runs: Postgres's capability
+    "schedctl/storage/records/run_partitions.py",
+    # the benchmarks' own statements (database settings, sizes, vacuum, generated rows):
+    # they leave the Dialect and go with the benchmarks
+    "benchmarks/schedctl_bench/storage/bench.py",
+    "benchmarks/schedctl_bench/storage/bench_sizes.py",
     # the Store creates its dialect (and keeps is_postgres for reports and tests)
-    "schedctl/storage/store.py",
+    "schedctl/storage/db/store.py",
     # URL normalisation and engine creation are per backend by nature
-    "schedctl/storage/engine.py",
+    "schedctl/storage/db/engine.py",
     # column types ask the dialect by SQLAlchemy's name for it
-    "schedctl/storage/types.py",
+    "schedctl/storage/db/types.py",
     # declarative DDL: SQLAlchemy's per-backend type variants and partial-index options
-    "schedctl/storage/schema.py",
+    "schedctl/storage/db/schema.py",
     # the default database URL, the demo's, and help texts naming the URL forms
     "schedctl/config.py",
     "schedctl/config_doc.py",
@@ -70,17 +83,17 @@ BACKEND_FILES = {
     "daemon/scheduled_d/checks.py",
     # the migration runner sets Postgres's lock timeout around each step (an SQLite file has
     # no lock to wait for)
-    "schedctl/storage/migrate.py",
+    "schedctl/storage/db/migrate.py",
     # PENDING the dialect: the console's lateness percentiles are computed by Postgres,
     # in Python on SQLite
-    "schedctl/storage/console.py",
+    "schedctl/storage/records/console.py",
     # backup and restore use each backend's own tool (SQLite's backup API, pg_dump), and
     # the restore's report says what else Postgres needs (its grants)
-    "schedctl/storage/backup.py",
+    "schedctl/storage/db/backup.py",
     "schedctl/cli/db.py",
 }
 # Migrations are history: each revision stays as it ran, so it names backends itself.
-BACKEND_DIRS = ("schedctl/storage/migrations/",)
+BACKEND_DIRS = ("schedctl/storage/db/migrations/",)
 # Queries another change is moving into storage repositories; they go through the dialect
 # there (then leave this list).
 PENDING: set[str] = set()
@@ -100,10 +113,10 @@ def test_backends_differ_only_behind_the_dialect() -> None:
             ]
             if hits:
                 stray[name] = hits
-    assert stray == {}, "backend branches outside storage/dialect*.py"
+    assert stray == {}, "backend branches outside storage/backend/dialect*.py"
 
 
 def test_the_dialect_check_sees_branches() -> None:
-    text = (ROOT / "schedctl" / "storage" / "store.py").read_text()
+    text = (ROOT / "schedctl/storage/db/store.py").read_text()
     assert BACKEND_BRANCH.search(text)
     assert all((ROOT / name).exists() for name in BACKEND_FILES | PENDING)

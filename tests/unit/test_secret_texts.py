@@ -13,7 +13,7 @@ from schedctl.alerts.model import parse_alerts
 from schedctl.brokers import check_broker_url, redact_url
 from schedctl.delivery.ssrf import check_destination, split_url
 from schedctl.jobspec import parse_target
-from schedctl.storage.engine import make_engine, redact
+from schedctl.storage.db.engine import make_engine, redact
 
 SECRET = "S3CRET-4f1c"
 

@@ -168,8 +168,8 @@ def _report(
     tenant: str,
     keep: bool,
 ) -> dict[str, Any]:
-    from schedctl.storage.engine import redact
-    from schedctl.storage.payloads import payload_cipher
+    from schedctl.storage.db.engine import redact
+    from schedctl.storage.jobs.payloads import payload_cipher
 
     created = len(results.latencies)
     other = {str(k): v for k, v in sorted(results.statuses.items()) if k != 201}

@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from schedctl import errors
 from schedctl.errors import RequestTooLarge
-from schedctl.storage.engine import first_line, is_database_error
+from schedctl.storage.db.engine import first_line, is_database_error
 from scheduled_d.api.errors import error_response
 
 log = logging.getLogger("scheduled_d.api")

@@ -13,7 +13,7 @@ import uvicorn
 
 from schedctl import errors
 from schedctl.service import Scheduler
-from schedctl.storage.payloads import payload_cipher
+from schedctl.storage.jobs.payloads import payload_cipher
 from scheduled_d.api import create_app
 
 log = logging.getLogger("scheduled_d.api")

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Sequence
 
 from schedctl import errors
-from schedctl.storage.outbox import Delivery, OutboxRepo
+from schedctl.storage.pipeline.outbox import Delivery, OutboxRepo
 
 log = logging.getLogger("scheduled_d.relay")
 

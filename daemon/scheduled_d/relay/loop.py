@@ -43,11 +43,11 @@ from schedctl.delivery.http import DEFAULT_TIMEOUT_SECONDS, HttpDelivery
 from schedctl.delivery.limits import DeliveryLimits
 from schedctl.delivery.rabbitmq import BrokerPool
 from schedctl.delivery.ssrf import Resolver
-from schedctl.storage.dialect import OUTBOX_WORD
-from schedctl.storage.outbox import OutboxRepo, TenantSettings
-from schedctl.storage.queue import QueueRepo
-from schedctl.storage.signing_secrets import SigningKeyCache
-from schedctl.storage.store import Store
+from schedctl.storage.backend.dialect import OUTBOX_WORD
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.outbox import OutboxRepo, TenantSettings
+from schedctl.storage.pipeline.queue import QueueRepo
+from schedctl.storage.tenants.signing_secrets import SigningKeyCache
 from scheduled_d.ready import ReadyListener
 from scheduled_d.relay.lanes import Lanes
 from scheduled_d.relay.leases import HeldLeases

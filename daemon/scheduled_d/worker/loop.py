@@ -39,8 +39,8 @@ from scheduled_d.worker.supervisor import TICK_SECONDS, Supervisor
 if TYPE_CHECKING:
     # the database layer is imported only by DirectBackend: `--api` workers never load it
     from schedctl.alerts.command import AlertCommand
-    from schedctl.storage.alerts import AlertRow
-    from schedctl.storage.store import Store
+    from schedctl.storage.db.store import Store
+    from schedctl.storage.records.alerts import AlertRow
 
 log = logging.getLogger("scheduled_d.worker")
 

@@ -35,9 +35,9 @@ from schedctl.alerts.model import COMMAND
 from schedctl.leasing import Beat, Finish, Settlement
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.service import Scheduler
-from schedctl.storage import alerts as alert_store
-from schedctl.storage.queue import Lease, QueueRepo
-from schedctl.storage.workers import api_worker, record_presence
+from schedctl.storage.pipeline.queue import Lease, QueueRepo
+from schedctl.storage.pipeline.workers import api_worker, record_presence
+from schedctl.storage.records import alerts as alert_store
 from scheduled_d.api.auth import Caller, CallerDep, SchedulerDep, json_body
 from scheduled_d.api.schemas import error_responses
 

@@ -30,11 +30,11 @@ from schedctl.models import Job, JobStatus, Run, RunStatus
 from schedctl.scheduling.schedules import CronSchedule, next_occurrence
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.service import Scheduler
-from schedctl.storage import console as reads
-from schedctl.storage import run_output
-from schedctl.storage.alerts import get_settings
-from schedctl.storage.dead_letters import DeadLetter, DeadLetterRepo
-from schedctl.storage.status import read_database_status
+from schedctl.storage.pipeline.dead_letters import DeadLetter, DeadLetterRepo
+from schedctl.storage.records import console as reads
+from schedctl.storage.records import run_output
+from schedctl.storage.records.alerts import get_settings
+from schedctl.storage.records.status import read_database_status
 from schedctl.views import schedule_summary
 from scheduled_d.api.auth import Caller, request_scheduler
 from scheduled_d.api.routes.params import checked_job_id
