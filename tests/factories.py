@@ -9,8 +9,8 @@ from typing import Any
 
 from sqlalchemy import Connection, update
 
-from schedctl.models import JobSpec, RetryPolicy, Target, TargetType
-from schedctl.runpolicy import DEFAULT_RUN_POLICY, RunPolicy
+from schedctl.domain.models import JobSpec, RetryPolicy, Target, TargetType
+from schedctl.domain.runpolicy import DEFAULT_RUN_POLICY, RunPolicy
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import IntervalSchedule, OnceSchedule, Schedule
 from schedctl.storage.db import schema

@@ -21,9 +21,9 @@ from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any
 
-from schedctl import errors
+from schedctl.app.service import Scheduler
+from schedctl.core import errors
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.service import Scheduler
 from schedctl.storage.db.cursors import encode_cursor
 from schedctl.storage.db.store import Store
 from schedctl_bench import measure

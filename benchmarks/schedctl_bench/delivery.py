@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from schedctl import errors
+from schedctl.core import errors
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage.db.store import Store
 from schedctl.storage.jobs.jobs import new_job_id, partition_of

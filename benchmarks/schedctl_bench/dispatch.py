@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from schedctl import errors
+from schedctl.core import errors
 from schedctl.storage.db.store import Store
 from schedctl.storage.tenants.tenants import TenantRepo
 from schedctl_bench import children

@@ -23,7 +23,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from schedctl import errors
+from schedctl.core import errors
 from schedctl_bench import children
 from schedctl_bench.pipeline import lateness
 from schedctl_bench.storage import scratch

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
-from schedctl import errors
-from schedctl.models import run_key
+from schedctl.core import errors
+from schedctl.domain.models import run_key
 from schedctl.storage.db.store import Store
 from schedctl_bench import measure
 from schedctl_bench.consumers import Consumers

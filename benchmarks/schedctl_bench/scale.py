@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from schedctl import errors
+from schedctl.core import errors
 from schedctl.storage.db.store import Store
 from schedctl.storage.pipeline.claim import Claimer
 from schedctl_bench import measure

@@ -17,7 +17,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from schedctl import errors
+from schedctl.core import errors
 from schedctl.storage.db.store import Store
 from schedctl.storage.pipeline.queue import QueueRepo
 from schedctl_bench import measure

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from schedctl import errors, limits
 from schedctl.cli.version import version_option
-from schedctl.config import (
+from schedctl.core import errors, limits
+from schedctl.domain.config import (
     Config,
     HostConfig,
     WorkerConfig,
@@ -123,7 +123,7 @@ def _open_store(config: Config, mode: str, *, upgrade: bool) -> Store:
 
 
 def _bounded(parse: Callable[..., Any], field: str, low: int, high: int) -> Callable[[Any], Any]:
-    """A typer parser= for a bounded number flag (schedctl.limits: ASCII digits, in range);
+    """A typer parser= for a bounded number flag (schedctl.core.limits: ASCII digits, in range);
     a bad value is a usage error (exit 2)."""
 
     def number(value: Any) -> Any:
@@ -445,7 +445,7 @@ def _host_config(
             f"[host] table in the configuration ({config.source})",
             field="queue",
         )
-    from schedctl.jobfiles.placement import check_host
+    from schedctl.domain.jobfiles.placement import check_host
 
     base = config.host or HostConfig()
     changes: dict[str, Any] = {}

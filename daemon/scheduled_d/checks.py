@@ -7,8 +7,8 @@ import shutil
 import socket
 from pathlib import Path
 
-from schedctl import errors
-from schedctl.config import DEFAULT_CONFIG_PATH, Config, load_config, locate, parse_listen
+from schedctl.core import errors
+from schedctl.domain.config import DEFAULT_CONFIG_PATH, Config, load_config, locate, parse_listen
 
 
 def check_bind(listen: str, field: str) -> None:
@@ -101,7 +101,7 @@ def check_configuration(file: str | None, *, bind: bool = True) -> str:
     if config.host is not None:
         # as the host worker loads them (permissions, then every file validated together);
         # a JobFilesError names FILE:LINE and the key of each problem
-        from schedctl.jobfiles.host import check_dir
+        from schedctl.domain.jobfiles.host import check_dir
 
         files = check_dir(config.host.jobs_dir)
         count = sum(len(f.jobs) for f in files)

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from schedctl import errors
-from schedctl.leasing import Beat, LeaseBackend, LeasedRun, ReadyFeed, Settlement
+from schedctl.core import errors
+from schedctl.domain.leasing import Beat, LeaseBackend, LeasedRun, ReadyFeed, Settlement
 
 if TYPE_CHECKING:
     from schedctl.storage.db.store import Store
@@ -98,8 +98,8 @@ class DirectBackend(LeaseBackend):
         command: Sequence[str],
         command_for: Callable[[Any], Any] | None,
     ) -> bool:
-        """From the database, for this backend's tenant (schedctl.alerts.command)."""
-        from schedctl.alerts.command import run_alert_commands  # database workers only
+        """From the database, for this backend's tenant (schedctl.app.alerts.command)."""
+        from schedctl.app.alerts.command import run_alert_commands  # database workers only
 
         run_alert_commands(
             self.store,

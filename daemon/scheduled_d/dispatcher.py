@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from schedctl import errors, retrying
 from schedctl.coordination.base import Coordinator
+from schedctl.core import errors, retrying
 from schedctl.delivery.limits import TokenBucket
 from schedctl.storage.db.store import Store
 from schedctl.storage.jobs.changes import ChangeFeed, open_change_feed

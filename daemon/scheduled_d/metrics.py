@@ -25,8 +25,8 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from schedctl import errors
-from schedctl.config import parse_listen
+from schedctl.core import errors
+from schedctl.domain.config import parse_listen
 from schedctl.storage.db.store import Store
 from schedctl.storage.pipeline.queue import QueueRepo, QueueStat
 from schedctl.storage.pipeline.workers import WorkerRepo

@@ -10,9 +10,9 @@ from typing import Annotated, Any
 
 import typer
 
-from schedctl import errors
 from schedctl.cli.common import OutputOption, cli_state, output_format, say
 from schedctl.cli.output import OutputFormat, emit, err_console
+from schedctl.core import errors
 
 # the storage modules (sqlalchemy, alembic, the drivers) are imported inside each command:
 # `schedctl --help` must not load them
@@ -297,7 +297,7 @@ def new_payload_key() -> None:
     To rotate: put the new key FIRST in the key file and keep the old ones after it; restart
     the daemons and API servers; run `schedctl db rotate-payload-key`; then remove the old
     keys and restart again."""
-    from schedctl.crypto import PayloadCipher
+    from schedctl.core.crypto import PayloadCipher
 
     say(PayloadCipher.generate_key())
 

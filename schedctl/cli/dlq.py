@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from schedctl import errors, limits
 from schedctl.cli.common import (
     OutputOption,
     TenantOption,
@@ -28,6 +27,7 @@ from schedctl.cli.common import (
     say,
 )
 from schedctl.cli.output import OutputFormat, emit
+from schedctl.core import errors, limits
 from schedctl.scheduling.timeparse import format_instant, parse_duration
 
 if TYPE_CHECKING:

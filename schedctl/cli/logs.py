@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from schedctl import errors, limits
 from schedctl.cli.common import (
     CliState,
     OutputOption,
@@ -30,12 +29,13 @@ from schedctl.cli.common import (
     output_format,
 )
 from schedctl.cli.output import OutputFormat
-from schedctl.models import AttemptLog, Run, RunStatus, run_key
+from schedctl.core import errors, limits
+from schedctl.domain.models import AttemptLog, Run, RunStatus, run_key
 from schedctl.scheduling.timeparse import format_instant, parse_instant
 
 if TYPE_CHECKING:
-    from schedctl.client import ApiClient
-    from schedctl.service import Scheduler
+    from schedctl.app.service import Scheduler
+    from schedctl.clients.client import ApiClient
 
 # runs looked at per poll of --follow (newest first): more runs than this finishing between
 # two polls are shown only from the newest ones

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from schedctl import errors, limits
 from schedctl.cli.common import OutputOption, actor, cli_state, int_parser, output_format, say
 from schedctl.cli.output import OutputFormat, emit
+from schedctl.core import errors, limits
 from schedctl.scheduling.timeparse import format_instant, parse_duration
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def allow(
 ) -> None:
     """Let TENANT's HTTP jobs call HOST or CIDR even where the SSRF guard refuses by default
     (loopback, private, link-local, CGNAT, ...). Public destinations need no entry."""
-    from schedctl.delivery.ssrf import normalize_entry  # loads asyncio: only when needed
+    from schedctl.core.ssrf import normalize_entry  # loads asyncio: only when needed
 
     entries, changed = _repo(ctx).allow(tenant, normalize_entry(entry), actor=actor())
     done = f"{'allowed' if changed else 'already allowed'}: {entries[-1] if changed else entry}"
@@ -84,7 +84,7 @@ def disallow(
     """Remove HOST or CIDR from TENANT's allow-list; deliveries check it at once, so runs
     already scheduled to that destination are refused from now on."""
     try:
-        from schedctl.delivery.ssrf import normalize_entry
+        from schedctl.core.ssrf import normalize_entry
 
         canonical = normalize_entry(entry)
     except errors.ValidationError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from schedctl import errors
+from schedctl.core import errors
 from schedctl.storage.db.store import Store
 from schedctl.storage.pipeline.partitions import PartitionRepo
 

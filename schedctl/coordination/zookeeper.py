@@ -43,9 +43,9 @@ from kazoo.hosts import collect_hosts
 from kazoo.protocol.states import KazooState
 from kazoo.retry import KazooRetry
 
-from schedctl import errors, retrying
 from schedctl.coordination.assignment import partitions_for
 from schedctl.coordination.zkaccess import ZooKeeperAccess, denied_hint
+from schedctl.core import errors, retrying
 from schedctl.storage.db.store import Store
 from schedctl.storage.pipeline.partitions import PartitionRepo
 

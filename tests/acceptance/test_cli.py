@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from schedctl.app.service import Scheduler
 from schedctl.cli.app import app
-from schedctl.service import Scheduler
 from tests.acceptance.process_support import schedctl_command
 
 UNREACHABLE = "postgresql+psycopg://postgres@127.0.0.1:1/x"

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from schedctl.app.service import Scheduler
 from schedctl.cli.app import app
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.service import Scheduler
 from schedctl.storage.db.store import Store
 from schedctl.storage.pipeline.queue import QueueRepo
 from scheduled_d.api.server import ApiServer

@@ -21,8 +21,8 @@ import pytest
 import requests
 from sqlalchemy import func, select
 
-from schedctl.alerts.model import parse_alerts
-from schedctl.models import RetryPolicy, Target, TargetType
+from schedctl.domain.alerts.model import parse_alerts
+from schedctl.domain.models import RetryPolicy, Target, TargetType
 from schedctl.storage.db import schema
 from schedctl.storage.db.store import Store
 from schedctl.storage.records import alerts as alerts_repo

@@ -19,8 +19,8 @@ import pytest
 import requests
 from sqlalchemy import select, update
 
-from schedctl.config import Config
 from schedctl.coordination.local import LocalCoordinator
+from schedctl.domain.config import Config
 from schedctl.storage.db import schema
 from schedctl.storage.db.store import Store
 from scheduled_d.runtime import make_dispatcher

@@ -36,7 +36,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import func, select, update
 
-from schedctl import errors
+from schedctl.core import errors
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.storage.db import schema
 from schedctl.storage.db.store import Store

@@ -11,7 +11,7 @@ from typing import Any
 
 import requests
 
-from schedctl.service import Scheduler
+from schedctl.app.service import Scheduler
 from schedctl.storage.db import schema
 from schedctl.storage.db.store import Store
 from scheduled_d.api.server import ApiServer

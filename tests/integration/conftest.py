@@ -16,8 +16,8 @@ from contextlib import closing
 
 import pytest
 
-from schedctl.crypto import KEYS_ENV, KEYS_FILE_ENV, PayloadCipher
-from schedctl.service import Scheduler
+from schedctl.app.service import Scheduler
+from schedctl.core.crypto import KEYS_ENV, KEYS_FILE_ENV, PayloadCipher
 from schedctl.storage.db.store import Store
 from schedctl.storage.jobs.payloads import reset_payload_cipher
 from scheduled_d.api.server import ApiServer

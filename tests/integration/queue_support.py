@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Table, select
 from sqlalchemy.engine import Connection
 
-from schedctl.models import RetryPolicy, Target, TargetType
+from schedctl.domain.models import RetryPolicy, Target, TargetType
 from schedctl.storage.db import schema
 from schedctl.storage.db.rows import run_query
 from schedctl.storage.db.store import Store

@@ -20,10 +20,10 @@ from prometheus_client import REGISTRY
 from sqlalchemy import select, update
 from typer.testing import CliRunner
 
+from schedctl.app.service import Scheduler
 from schedctl.cli.app import app as cli_app
-from schedctl.crypto import KEYS_ENV, PayloadCipher, is_encrypted
-from schedctl.delivery.ssrf import normalize_entry
-from schedctl.service import Scheduler
+from schedctl.core.crypto import KEYS_ENV, PayloadCipher, is_encrypted
+from schedctl.core.ssrf import normalize_entry
 from schedctl.storage.db import schema
 from schedctl.storage.db.store import Store
 from schedctl.storage.jobs.payloads import configure_payload_cipher, reset_payload_cipher

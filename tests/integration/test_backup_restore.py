@@ -23,7 +23,7 @@ import pytest
 from sqlalchemy import func, select
 
 from schedctl.coordination.local import LocalCoordinator
-from schedctl.models import run_key
+from schedctl.domain.models import run_key
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.storage.db import schema
 from schedctl.storage.db.migrate import upgrade

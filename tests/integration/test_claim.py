@@ -12,9 +12,9 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.exc import DBAPIError
 
-from schedctl import errors
 from schedctl.coordination.local import LocalCoordinator
-from schedctl.models import Target, TargetType
+from schedctl.core import errors
+from schedctl.domain.models import Target, TargetType
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import CronSchedule, IntervalSchedule
 from schedctl.storage.db import schema

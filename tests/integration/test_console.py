@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import requests
 
+from schedctl.app.service import Scheduler
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.service import Scheduler
 from schedctl.storage.db import schema
 from schedctl_bench.console import server_seconds
 from scheduled_d.api.server import ApiServer

@@ -16,7 +16,7 @@ import pytest
 from psycopg import sql
 from sqlalchemy import event, text
 
-from schedctl.service import Scheduler
+from schedctl.app.service import Scheduler
 from schedctl.storage.db import schema
 from schedctl.storage.db.store import Store
 from schedctl.storage.records import console

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from schedctl.runpolicy import Overlap, RunLimits, RunPolicy
+from schedctl.domain.runpolicy import Overlap, RunLimits, RunPolicy
 from schedctl.storage.db.store import Store
 from schedctl.storage.jobs.jobs import JobRepo
 from schedctl.storage.pipeline.queue import QueueRepo

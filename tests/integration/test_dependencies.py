@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 from sqlalchemy import select, text
 
-from schedctl import errors
+from schedctl.app.service import Scheduler
 from schedctl.coordination.local import LocalCoordinator
-from schedctl.models import JobStatus, Lane, RunStatus, RunTrigger, TargetType, Verdict
+from schedctl.core import errors
+from schedctl.domain.models import JobStatus, Lane, RunStatus, RunTrigger, TargetType, Verdict
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import AfterSchedule, CronSchedule
-from schedctl.service import Scheduler
 from schedctl.storage.db import schema
 from schedctl.storage.db.store import Store
 from schedctl.storage.pipeline import dependencies

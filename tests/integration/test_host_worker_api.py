@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from schedctl.alerts.model import parse_alerts
+from schedctl.app.service import Scheduler
 from schedctl.cli.app import app
-from schedctl.config import HostConfig
-from schedctl.queue_client import ApiLeaseBackend
-from schedctl.service import Scheduler
+from schedctl.clients.queue_client import ApiLeaseBackend
+from schedctl.domain.alerts.model import parse_alerts
+from schedctl.domain.config import HostConfig
 from schedctl.storage.pipeline.queue import QueueRepo
 from schedctl.storage.pipeline.workers import WorkerRepo
 from schedctl.storage.records import alerts as alerts_repo

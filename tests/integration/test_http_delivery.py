@@ -24,13 +24,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from sqlalchemy import select
 
-from schedctl import errors
-from schedctl.crypto import KEYS_ENV, KEYS_FILE_ENV, PayloadCipher, is_encrypted
+from schedctl.app.service import Scheduler
+from schedctl.core import errors
+from schedctl.core.crypto import KEYS_ENV, KEYS_FILE_ENV, PayloadCipher, is_encrypted
+from schedctl.core.signing import IDEMPOTENCY_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
 from schedctl.delivery.http import HttpDelivery, parse_retry_after
-from schedctl.models import Verdict
+from schedctl.domain.models import Verdict
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.service import Scheduler
-from schedctl.signing import IDEMPOTENCY_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
 from schedctl.storage.db import schema
 from schedctl.storage.db.store import Store
 from schedctl.storage.jobs.jobs import JobRepo
@@ -78,7 +78,7 @@ def test_a_handler_verifies_a_real_delivery(store: Store) -> None:
     verdicts: list[str] = []
 
     def handler(received: Received, _number: int) -> tuple[int, dict[str, str], bytes]:
-        # what a tenant's endpoint does with schedctl.signing
+        # what a tenant's endpoint does with schedctl.core.signing
         try:
             verify(SECRET, received.headers, received.body, method="POST", path=received.path)
         except errors.SignatureError as exc:

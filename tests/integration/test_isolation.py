@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import func, select
 
 from schedctl.delivery.limits import DeliveryLimits, TokenBucket
-from schedctl.models import Lane
+from schedctl.domain.models import Lane
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage.db import schema
 from schedctl.storage.db.store import Store

@@ -18,11 +18,11 @@ from prometheus_client import REGISTRY
 from sqlalchemy import func, select, update
 from typer.testing import CliRunner
 
-from schedctl import errors
-from schedctl.alerts.metrics import export_last_success
-from schedctl.alerts.model import parse_alerts
+from schedctl.app.service import Scheduler
 from schedctl.cli.app import app as cli
-from schedctl.service import Scheduler
+from schedctl.core import errors
+from schedctl.domain.alerts.metrics import export_last_success
+from schedctl.domain.alerts.model import parse_alerts
 from schedctl.storage.db import schema
 from schedctl.storage.db.migrate import upgrade
 from schedctl.storage.db.store import Store

@@ -15,10 +15,10 @@ import requests
 from sqlalchemy import select, update
 from typer.testing import CliRunner
 
-from schedctl import errors
+from schedctl.app.service import Scheduler
 from schedctl.cli.app import app
-from schedctl.job_refs import shortest_among
-from schedctl.service import Scheduler
+from schedctl.core import errors
+from schedctl.domain.job_refs import shortest_among
 from schedctl.storage.db import schema
 from schedctl.storage.db.engine import make_engine
 from schedctl.storage.db.migrate import head_revision, upgrade

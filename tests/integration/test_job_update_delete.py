@@ -16,13 +16,13 @@ import requests
 from sqlalchemy import select
 from typer.testing import CliRunner
 
-from schedctl import errors
+from schedctl.app.service import Scheduler
 from schedctl.cli.app import app as cli_app
-from schedctl.leasing import Beat
-from schedctl.models import JobStatus, Lane, RunStatus, TargetType
+from schedctl.core import errors
+from schedctl.domain.leasing import Beat
+from schedctl.domain.models import JobStatus, Lane, RunStatus, TargetType
 from schedctl.scheduling.cron import CronSchedule
 from schedctl.scheduling.schedules import IntervalSchedule
-from schedctl.service import Scheduler
 from schedctl.storage.db import schema
 from schedctl.storage.db.store import Store
 from schedctl.storage.jobs.payloads import decode_payload

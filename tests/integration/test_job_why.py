@@ -13,11 +13,11 @@ import pytest
 import requests
 from typer.testing import CliRunner
 
+from schedctl.app.service import Scheduler
 from schedctl.cli.app import app as cli_app
-from schedctl.models import RunStatus
+from schedctl.domain.models import RunStatus
 from schedctl.scheduling.cron import CronSchedule
 from schedctl.scheduling.misfire import MisfirePolicy
-from schedctl.service import Scheduler
 from schedctl.storage.pipeline.claim import Claimer
 from schedctl.storage.pipeline.workers import WorkerRepo
 from scheduled_d.api.server import ApiServer

@@ -126,7 +126,7 @@ def test_the_forms_normalize_to_what_sqlalchemy_parses() -> None:
 
 
 def test_a_malformed_key_value_string_names_the_field() -> None:
-    from schedctl import errors
+    from schedctl.core import errors
 
     with pytest.raises(errors.ConfigError) as raised:
         normalize_url("host='h1 port=1")

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from sqlalchemy import select, text, update
 
-from schedctl.models import Lane, TargetType, Verdict
+from schedctl.domain.models import Lane, TargetType, Verdict
 from schedctl.storage.db import schema
 from schedctl.storage.db.clock import db_now
 from schedctl.storage.db.store import Store

@@ -18,8 +18,8 @@ import pytest
 from sqlalchemy import text
 from typer.testing import CliRunner
 
+from schedctl.app.service import Scheduler
 from schedctl.cli.app import app
-from schedctl.service import Scheduler
 from schedctl.storage.db import schema
 from schedctl.storage.db.store import Store
 from schedctl.storage.records.retention import maintain_runs, partition_name

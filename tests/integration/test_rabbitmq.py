@@ -20,8 +20,8 @@ from typing import Any
 import pika  # type: ignore[import-untyped]
 import pytest
 
+from schedctl.core.signing import IDEMPOTENCY_HEADER, verify
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.signing import IDEMPOTENCY_HEADER, verify
 from schedctl.storage.db import schema
 from schedctl.storage.db.store import Store
 from schedctl.storage.tenants.tenant_delivery import TenantDeliveryRepo

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from schedctl.models import Lane, TargetType
-from schedctl.signing import IDEMPOTENCY_HEADER
+from schedctl.core.signing import IDEMPOTENCY_HEADER
+from schedctl.domain.models import Lane, TargetType
 from schedctl.storage.db.clock import db_now
 from schedctl.storage.db.store import Store
 from schedctl.storage.pipeline.outbox import OutboxRepo

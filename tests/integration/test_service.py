@@ -1,4 +1,4 @@
-"""Owns the tests of the library API (schedctl.service.Scheduler) on real SQLite and Postgres:
+"""Owns the tests of the library API (schedctl.app.service.Scheduler) on real SQLite and Postgres:
 tenants and tokens, job lifecycle, idempotency, paging, and "bad input changes nothing"."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from schedctl import errors
-from schedctl.models import JobStatus, RunStatus, RunTrigger
+from schedctl.app.service import Scheduler
+from schedctl.core import errors
+from schedctl.domain.models import JobStatus, RunStatus, RunTrigger
 from schedctl.scheduling.schedules import CronSchedule, IntervalSchedule, OnceSchedule
-from schedctl.service import Scheduler
 from schedctl.storage.db import schema
 from schedctl.storage.db.store import Store
 from schedctl.storage.jobs.create_statements import create_statements

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import select, text, update
 
 from schedctl.delivery.http import HttpDelivery, parse_retry_after
-from schedctl.models import Lane, RunStatus, TargetType, Verdict
+from schedctl.domain.models import Lane, RunStatus, TargetType, Verdict
 from schedctl.storage.db import schema
 from schedctl.storage.db.store import Store
 from schedctl.storage.jobs.jobs import JobRepo

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy import func, select
 
-from schedctl.models import Lane, TargetType, Verdict
+from schedctl.domain.models import Lane, TargetType, Verdict
 from schedctl.storage.db import schema
 from schedctl.storage.db.store import Store
 from schedctl.storage.pipeline.outbox import DeliveryOutcome, OutboxRepo

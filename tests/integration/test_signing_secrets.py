@@ -12,9 +12,9 @@ import pytest
 from sqlalchemy import select, text
 from typer.testing import CliRunner
 
-from schedctl import errors
 from schedctl.cli.app import app as cli_app
-from schedctl.crypto import PayloadCipher, is_encrypted
+from schedctl.core import errors
+from schedctl.core.crypto import PayloadCipher, is_encrypted
 from schedctl.storage.db import schema
 from schedctl.storage.db.engine import make_engine
 from schedctl.storage.db.migrate import head_revision, upgrade

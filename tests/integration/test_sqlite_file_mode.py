@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from schedctl.service import Scheduler
+from schedctl.app.service import Scheduler
 
 
 @pytest.fixture

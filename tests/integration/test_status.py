@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from schedctl.cluster_status import ClusterStatus, gather_status, read_members
-from schedctl.config import Config
+from schedctl.app.cluster_status import ClusterStatus, gather_status, read_members
 from schedctl.coordination.local import LocalCoordinator
 from schedctl.coordination.zookeeper import ZooKeeperCoordinator
+from schedctl.domain.config import Config
 from schedctl.storage.db import schema
 from schedctl.storage.db.store import Store
 from schedctl.storage.jobs.jobs import JobRepo

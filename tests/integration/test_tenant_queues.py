@@ -15,8 +15,8 @@ from prometheus_client import generate_latest
 from sqlalchemy import inspect
 from typer.testing import CliRunner
 
-from schedctl import errors
-from schedctl.config import load_config
+from schedctl.core import errors
+from schedctl.domain.config import load_config
 from schedctl.storage.db import schema
 from schedctl.storage.db.engine import make_engine
 from schedctl.storage.db.migrate import head_revision, upgrade

@@ -19,8 +19,8 @@ import pytest
 from sqlalchemy import inspect, select, text
 from typer.testing import CliRunner
 
-from schedctl import errors
 from schedctl.cli.app import app
+from schedctl.core import errors
 from schedctl.storage.db import migrate, schema
 from schedctl.storage.db.engine import make_engine
 from schedctl.storage.db.migrate import (

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from schedctl import errors
-from schedctl.leasing import LeasedRun, Settlement
+from schedctl.core import errors
+from schedctl.domain.leasing import LeasedRun, Settlement
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage.db import schema
 from schedctl.storage.db.store import Store

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import update
 
-from schedctl.crypto import PayloadCipher
+from schedctl.core.crypto import PayloadCipher
 from schedctl.storage.db import schema
 from schedctl.storage.db.store import Store
 from schedctl.storage.jobs.jobs import JobRepo

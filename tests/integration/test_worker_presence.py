@@ -17,10 +17,10 @@ from prometheus_client import generate_latest
 from sqlalchemy import select, update
 from typer.testing import CliRunner
 
+from schedctl.app.cluster_status import gather_status
+from schedctl.app.service import Scheduler
 from schedctl.cli.app import app as cli
-from schedctl.cluster_status import gather_status
-from schedctl.config import Config
-from schedctl.service import Scheduler
+from schedctl.domain.config import Config
 from schedctl.storage.db import schema
 from schedctl.storage.db.store import Store
 from schedctl.storage.pipeline import workers

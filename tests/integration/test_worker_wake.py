@@ -16,8 +16,8 @@ import psycopg
 from sqlalchemy import text
 
 from schedctl.coordination.local import LocalCoordinator
-from schedctl.leasing import LeasedRun
-from schedctl.models import Target, TargetType
+from schedctl.domain.leasing import LeasedRun
+from schedctl.domain.models import Target, TargetType
 from schedctl.storage.backend.dialect import OUTBOX_WORD, queue_word
 from schedctl.storage.backend.dialect_postgres import QUEUE_CHANNEL
 from schedctl.storage.db.store import Store
@@ -211,7 +211,7 @@ def test_an_idle_relay_moves_a_triggered_run_on_the_word_not_its_poll(pg_store: 
 
 
 def test_a_worker_over_the_api_has_no_feed() -> None:
-    from schedctl.queue_client import ApiLeaseBackend
+    from schedctl.clients.queue_client import ApiLeaseBackend
 
     backend = ApiLeaseBackend.__new__(ApiLeaseBackend)
     assert backend.ready_feed("q") is None

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from schedctl import errors
 from schedctl.coordination.zookeeper import ZooKeeperCoordinator
+from schedctl.core import errors
 from schedctl.storage.db import schema
 from schedctl.storage.db.store import Store
 from schedctl.storage.pipeline.partitions import PartitionRepo

@@ -1,6 +1,6 @@
 """The layers keep their direction and their seams: storage stores and delivery decides, so
 no storage module imports schedctl.delivery (the value types both need live in
-schedctl.models and schedctl.backoff); and Postgres differs from SQLite in one place,
+schedctl.domain.models and schedctl.core.backoff); and Postgres differs from SQLite in one place,
 storage/backend/dialect*.py, so no other module branches on the backend."""
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ def test_no_storage_module_imports_delivery() -> None:
 
 def test_the_check_sees_imports() -> None:
     # a guard against a check that passes because it finds nothing at all
-    assert "schedctl.models" in imported_modules(ROOT / "schedctl/storage/pipeline/outbox.py")
+    assert "schedctl.domain.models" in imported_modules(
+        ROOT / "schedctl/storage/pipeline/outbox.py"
+    )
 
 
 # -- one dialect seam ------------------------------------------------------------------------
@@ -76,8 +78,8 @@ BACKEND_FILES = {
     # declarative DDL: SQLAlchemy's per-backend type variants and partial-index options
     "schedctl/storage/db/schema.py",
     # the default database URL, the demo's, and help texts naming the URL forms
-    "schedctl/config.py",
-    "schedctl/config_doc.py",
+    "schedctl/domain/config.py",
+    "schedctl/domain/config_doc.py",
     "schedctl/cli/app.py",
     "daemon/scheduled_d/demo.py",
     "daemon/scheduled_d/checks.py",

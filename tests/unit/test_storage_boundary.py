@@ -47,7 +47,7 @@ def _outside_storage() -> list[Path]:
 def test_the_scan_sees_the_sources() -> None:
     # a wrong root would make the boundary test pass over nothing
     names = {path.relative_to(ROOT).as_posix() for path in _outside_storage()}
-    assert {"schedctl/service.py", "schedctl/cluster_status.py"} <= names
+    assert {"schedctl/app/service.py", "schedctl/app/cluster_status.py"} <= names
     assert "daemon/scheduled_d/dispatcher.py" in names
     assert "benchmarks/schedctl_bench/pipeline.py" in names
     assert not any(name.startswith("schedctl/storage/") for name in names)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from schedctl.models import Tenant
+from schedctl.domain.models import Tenant
 from schedctl.storage.tenants.token_cache import TokenCache
 
 

@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 
 from schedctl.delivery.limits import DeliveryLimits
-from schedctl.models import Lane, TargetType
+from schedctl.domain.models import Lane, TargetType
 from schedctl.storage.pipeline.outbox import Delivery, OutboxRepo, TenantSettings
 from scheduled_d.relay.leases import HeldLeases
 from scheduled_d.relay.stats import RelayStats

@@ -8,7 +8,7 @@ import logging
 import threading
 from collections.abc import Sequence
 
-from schedctl import errors
+from schedctl.core import errors
 from schedctl.storage.pipeline.outbox import Delivery, OutboxRepo
 
 log = logging.getLogger("scheduled_d.relay")

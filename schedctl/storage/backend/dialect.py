@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from sqlalchemy import Select, Table
 from sqlalchemy.engine import Connection, Engine, RowMapping
 
-from schedctl.leasing import ReadyFeed
+from schedctl.domain.leasing import ReadyFeed
 
 # The words that new work is ready (Dialect.ready_feed): a built-in queue's new ready
 # messages, and new outbox rows for the relays.

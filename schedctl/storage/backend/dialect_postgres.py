@@ -29,7 +29,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection, Engine, RowMapping
 
-from schedctl.leasing import ReadyFeed
+from schedctl.domain.leasing import ReadyFeed
 from schedctl.storage.backend.dialect import (
     ChangeFeed,
     Changes,

@@ -21,7 +21,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Connection, Engine, RowMapping
 
-from schedctl.leasing import ReadyFeed
+from schedctl.domain.leasing import ReadyFeed
 from schedctl.storage.backend.dialect import (
     ChangeFeed,
     Changes,

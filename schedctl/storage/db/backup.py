@@ -20,7 +20,7 @@ from pathlib import Path
 from sqlalchemy import inspect, select
 from sqlalchemy.engine import URL, make_url
 
-from schedctl import errors
+from schedctl.core import errors
 from schedctl.storage.db import schema
 from schedctl.storage.db.engine import (
     SQLITE_FILE_MODE,

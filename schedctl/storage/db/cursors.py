@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import binascii
 
-from schedctl import errors, limits
+from schedctl.core import errors, limits
 
 MAX_PAGE = limits.MAX_PAGE
 

@@ -19,7 +19,7 @@ from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, DisconnectionError, SQLAlchemyError
 
-from schedctl import errors
+from schedctl.core import errors
 
 IDLE_IN_TRANSACTION_MS = 5000
 # A pooled connection idle longer than this is pinged when checked out; one in steady use

@@ -39,7 +39,7 @@ from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from schedctl import errors
+from schedctl.core import errors
 from schedctl.storage.db.engine import check_connection, first_line, make_engine
 
 if TYPE_CHECKING:

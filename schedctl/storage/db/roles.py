@@ -16,7 +16,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
-from schedctl import errors
+from schedctl.core import errors
 from schedctl.storage.db.engine import first_line
 from schedctl.storage.db.store import Store
 

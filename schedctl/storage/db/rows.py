@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import Select, select
 from sqlalchemy.engine import RowMapping
 
-from schedctl.models import (
+from schedctl.domain.models import (
     Job,
     JobStatus,
     RetryPolicy,
@@ -22,7 +22,7 @@ from schedctl.models import (
     TargetType,
     Tenant,
 )
-from schedctl.runpolicy import run_policy_from
+from schedctl.domain.runpolicy import run_policy_from
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import schedule_from_dict
 from schedctl.storage.db import schema

@@ -93,7 +93,7 @@ jobs = Table(
     Column("window_seconds", Integer, nullable=False),
     Column("max_concurrency", Integer, nullable=False),
     Column("timeout_seconds", Integer, nullable=False),
-    # the run policy (schedctl/runpolicy.py, 0020): overlap and per-run cgroup limits
+    # the run policy (schedctl/domain/runpolicy.py, 0020): overlap and per-run cgroup limits
     Column("overlap", String(16), nullable=False, server_default="queue"),
     Column("memory_max", BigInteger, nullable=True),
     Column("cpu_weight", Integer, nullable=True),
@@ -322,7 +322,7 @@ alert_settings = Table(
     Column("tenant_id", String(40), nullable=False),
     # '' is the tenant's default, used by its jobs that have no settings of their own
     Column("job_id", String(40), nullable=False),
-    Column("config", Text, nullable=False),  # JSON, see schedctl.alerts.model.AlertConfig
+    Column("config", Text, nullable=False),  # JSON, see schedctl.domain.alerts.model.AlertConfig
     Column("updated_at", UTCDateTime, nullable=False),
     PrimaryKeyConstraint("tenant_id", "job_id", name="pk_alert_settings"),
 )

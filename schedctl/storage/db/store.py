@@ -13,7 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
-from schedctl import errors
+from schedctl.core import errors
 from schedctl.storage.backend.dialect import Dialect, dialect_named, known_dialects
 from schedctl.storage.db import schema
 from schedctl.storage.db.engine import (

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import timedelta
 
-from schedctl import errors
-from schedctl.models import Job, Run, RunStatus, RunTrigger
+from schedctl.core import errors
+from schedctl.domain.models import Job, Run, RunStatus, RunTrigger
 from schedctl.scheduling.schedules import BootSchedule
 from schedctl.storage.db import schema
 from schedctl.storage.db.clock import db_now

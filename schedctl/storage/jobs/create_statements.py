@@ -12,7 +12,7 @@ from sqlalchemy import insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from schedctl.models import JobStatus
+from schedctl.domain.models import JobStatus
 from schedctl.storage.backend.dialect import Dialect, dialect_of
 from schedctl.storage.backend.dialect_postgres import (
     CHANNEL,

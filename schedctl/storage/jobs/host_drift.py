@@ -11,7 +11,7 @@ from datetime import datetime
 
 from sqlalchemy import delete, select
 
-from schedctl import errors
+from schedctl.core import errors
 from schedctl.storage.db import schema
 from schedctl.storage.db.clock import db_now
 from schedctl.storage.db.store import Store

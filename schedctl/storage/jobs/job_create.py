@@ -32,8 +32,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.exc import IntegrityError
 
-from schedctl import errors, limits
-from schedctl.models import CreateOutcome, Job, JobSpec, JobStatus
+from schedctl.core import errors, limits
+from schedctl.domain.models import CreateOutcome, Job, JobSpec, JobStatus
 from schedctl.scheduling.schedules import AfterSchedule, first_occurrence, schedule_to_dict
 from schedctl.scheduling.windows import fire_time
 from schedctl.storage.backend.dialect import Dialect, dialect_of

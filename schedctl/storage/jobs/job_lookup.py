@@ -16,8 +16,8 @@ from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from schedctl import errors
-from schedctl.job_refs import MIN_SHOWN, common_prefix
+from schedctl.core import errors
+from schedctl.domain.job_refs import MIN_SHOWN, common_prefix
 from schedctl.storage.db import schema
 from schedctl.storage.db.store import Store
 

@@ -20,9 +20,9 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
 
-from schedctl import errors
-from schedctl.jobpatch import JobPatch
-from schedctl.models import Job, JobStatus
+from schedctl.core import errors
+from schedctl.domain.jobpatch import JobPatch
+from schedctl.domain.models import Job, JobStatus
 from schedctl.scheduling.schedules import AfterSchedule, schedule_to_dict
 from schedctl.scheduling.windows import fire_time
 from schedctl.storage.backend.dialect import Lock, dialect_of

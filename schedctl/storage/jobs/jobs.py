@@ -12,8 +12,17 @@ from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from schedctl import errors
-from schedctl.models import CreateOutcome, Job, JobSpec, JobStatus, Page, Run, RunStatus, RunTrigger
+from schedctl.core import errors
+from schedctl.domain.models import (
+    CreateOutcome,
+    Job,
+    JobSpec,
+    JobStatus,
+    Page,
+    Run,
+    RunStatus,
+    RunTrigger,
+)
 from schedctl.scheduling.schedules import (
     AfterSchedule,
     OnceSchedule,

@@ -3,7 +3,7 @@ when keys are configured, and the re-encryption of every stored payload after a 
 
 Every write of `jobs.payload` goes through `encode_payload` and every read through
 `decode_payload`. The cipher is configured once per process: explicitly with
-`configure_payload_cipher`, else from the environment on first use (see schedctl.crypto for
+`configure_payload_cipher`, else from the environment on first use (see schedctl.core.crypto for
 the variables and the rotation procedure).
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 
 from sqlalchemy import bindparam, select, update
 
-from schedctl import errors
-from schedctl.crypto import PayloadCipher, is_encrypted
+from schedctl.core import errors
+from schedctl.core.crypto import PayloadCipher, is_encrypted
 from schedctl.storage.db import schema
 from schedctl.storage.db.store import Store
 

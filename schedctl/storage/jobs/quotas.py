@@ -22,8 +22,8 @@ from typing import Any
 from sqlalchemy import Integer, Select, bindparam, func, select, tuple_, update
 from sqlalchemy.engine import Connection
 
-from schedctl import errors
-from schedctl.models import JobStatus
+from schedctl.core import errors
+from schedctl.domain.models import JobStatus
 from schedctl.storage.backend.dialect import Dialect, dialect_of
 from schedctl.storage.db import schema
 from schedctl.storage.db.types import UTCDateTime

@@ -22,8 +22,14 @@ from typing import Any, NamedTuple
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.engine import Connection
 
-from schedctl import errors
-from schedctl.models import EVERY_HOST_QUEUE_PREFIX, JobStatus, RunStatus, RunTrigger, TargetType
+from schedctl.core import errors
+from schedctl.domain.models import (
+    EVERY_HOST_QUEUE_PREFIX,
+    JobStatus,
+    RunStatus,
+    RunTrigger,
+    TargetType,
+)
 from schedctl.scheduling.misfire import ClaimPlan, MisfirePolicy, plan_claim
 from schedctl.scheduling.schedules import Schedule, schedule_from_dict
 from schedctl.scheduling.timeparse import format_instant

@@ -14,8 +14,8 @@ from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Connection
 
-from schedctl import errors
-from schedctl.models import EVERY_HOST_QUEUE_PREFIX, JobStatus, RunStatus, TargetType
+from schedctl.core import errors
+from schedctl.domain.models import EVERY_HOST_QUEUE_PREFIX, JobStatus, RunStatus, TargetType
 from schedctl.storage.backend.dialect import OUTBOX_WORD, Dialect
 from schedctl.storage.backend.dialect_postgres import QUEUE_CHANNEL, pg_binary
 from schedctl.storage.backend.dialect_sqlite import chunks

@@ -10,8 +10,8 @@ from typing import Any
 from sqlalchemy import delete, select, update
 from sqlalchemy.engine import Connection, RowMapping
 
-from schedctl import errors, limits
-from schedctl.models import Page, RunStatus, TargetType, run_key
+from schedctl.core import errors, limits
+from schedctl.domain.models import Page, RunStatus, TargetType, run_key
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage.backend.dialect import OUTBOX_WORD, dialect_of
 from schedctl.storage.db import schema

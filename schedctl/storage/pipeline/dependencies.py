@@ -22,8 +22,8 @@ from typing import Any
 from sqlalchemy import bindparam, delete, insert, or_, select
 from sqlalchemy.engine import Connection
 
-from schedctl import errors
-from schedctl.models import JobStatus, RunStatus, RunTrigger
+from schedctl.core import errors
+from schedctl.domain.models import JobStatus, RunStatus, RunTrigger
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage.backend.dialect import OUTBOX_WORD, Lock, dialect_of
 from schedctl.storage.db import schema

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple, Protocol
 from sqlalchemy import Integer, and_, bindparam, cast, func, or_, select, update
 from sqlalchemy.engine import Connection
 
-from schedctl.models import RunStatus
+from schedctl.domain.models import RunStatus
 from schedctl.storage.backend.dialect import Dialect, dialect_of
 from schedctl.storage.backend.dialect_postgres import RUNS_SPAN, pg_keyed, pg_rows, runs_span
 from schedctl.storage.db import schema

@@ -32,8 +32,8 @@ from typing import Any, NamedTuple
 from sqlalchemy import and_, func, select, update
 from sqlalchemy.engine import Connection, RowMapping
 
-from schedctl import errors
-from schedctl.models import Lane, TargetType, Verdict, run_key
+from schedctl.core import errors
+from schedctl.domain.models import Lane, TargetType, Verdict, run_key
 from schedctl.storage.backend.dialect import Lock
 from schedctl.storage.db import schema
 from schedctl.storage.db.clock import db_now

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple, Protocol
 from sqlalchemy import select, text, update
 from sqlalchemy.engine import Connection, RowMapping
 
-from schedctl.models import Lane
+from schedctl.domain.models import Lane
 from schedctl.storage.backend.dialect import Dialect, dialect_of
 from schedctl.storage.backend.dialect_postgres import pg_rows
 from schedctl.storage.db import schema

@@ -24,10 +24,10 @@ from typing import Any
 from sqlalchemy import Select, and_, bindparam, case, delete, func, literal, or_, select, update
 from sqlalchemy.engine import Connection, RowMapping
 
-from schedctl import errors
-from schedctl.leasing import Beat, Finish, Settlement, Settles
-from schedctl.models import EVERY_HOST_QUEUE_PREFIX, RunStatus, TargetType, run_key
-from schedctl.runpolicy import SKIPPED_OVERLAP, Overlap, RunLimits
+from schedctl.core import errors
+from schedctl.domain.leasing import Beat, Finish, Settlement, Settles
+from schedctl.domain.models import EVERY_HOST_QUEUE_PREFIX, RunStatus, TargetType, run_key
+from schedctl.domain.runpolicy import SKIPPED_OVERLAP, Overlap, RunLimits
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage.backend.dialect import dialect_of, queue_word
 from schedctl.storage.db import schema

@@ -30,12 +30,12 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection
 
-from schedctl import limits
-from schedctl.backoff import backoff_delay
+from schedctl.core import limits
+from schedctl.core.backoff import backoff_delay
 
 # the worker side (no database) owns the text; settling records it
-from schedctl.leasing import CANCELLED_RUNNING_ERROR as CANCELLED_RUNNING_ERROR
-from schedctl.models import JobStatus, RunStatus
+from schedctl.domain.leasing import CANCELLED_RUNNING_ERROR as CANCELLED_RUNNING_ERROR
+from schedctl.domain.models import JobStatus, RunStatus
 from schedctl.storage.backend.dialect import dialect_of
 from schedctl.storage.db import schema
 from schedctl.storage.pipeline import dependencies

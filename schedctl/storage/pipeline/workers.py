@@ -34,7 +34,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from schedctl import errors
+from schedctl.core import errors
 from schedctl.storage.db import schema
 from schedctl.storage.db.clock import db_now
 from schedctl.storage.db.store import Store

@@ -14,9 +14,10 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, delete, func, select, update
 from sqlalchemy.engine import Connection
 
-from schedctl import errors
-from schedctl.alerts import metrics
-from schedctl.alerts.model import (
+from schedctl.core import errors
+from schedctl.core.backoff import backoff_delay
+from schedctl.domain.alerts import metrics
+from schedctl.domain.alerts.model import (
     COMMAND,
     NO_SUCCESS,
     AlertConfig,
@@ -24,8 +25,7 @@ from schedctl.alerts.model import (
     dumps,
     loads,
 )
-from schedctl.backoff import backoff_delay
-from schedctl.models import JobStatus, RunStatus
+from schedctl.domain.models import JobStatus, RunStatus
 from schedctl.storage.backend.dialect import dialect_of
 from schedctl.storage.db import schema
 from schedctl.storage.db.clock import db_now

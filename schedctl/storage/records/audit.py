@@ -11,8 +11,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
-from schedctl import limits
-from schedctl.models import Page
+from schedctl.core import limits
+from schedctl.domain.models import Page
 from schedctl.storage.db import schema
 from schedctl.storage.db.cursors import check_page_limit, decode_cursor, encode_cursor
 from schedctl.storage.db.rows import as_stored

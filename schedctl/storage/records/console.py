@@ -23,9 +23,9 @@ from typing import Any
 
 from sqlalchemy import and_, extract, func, literal_column, select
 
-from schedctl import errors, limits
-from schedctl.alerts.model import loads as load_alerts
-from schedctl.models import JobStatus, Page, Run, RunStatus
+from schedctl.core import errors, limits
+from schedctl.domain.alerts.model import loads as load_alerts
+from schedctl.domain.models import JobStatus, Page, Run, RunStatus
 from schedctl.storage.db import schema
 from schedctl.storage.db.clock import db_now
 from schedctl.storage.db.cursors import check_page_limit, decode_cursor, encode_cursor

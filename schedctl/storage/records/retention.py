@@ -19,7 +19,7 @@ from sqlalchemy import delete
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
-from schedctl import errors
+from schedctl.core import errors
 from schedctl.storage.db import schema
 from schedctl.storage.db.store import Store
 from schedctl.storage.records.run_partitions import (

@@ -9,7 +9,7 @@ from datetime import datetime
 
 from sqlalchemy import select
 
-from schedctl.models import AttemptLog, Run
+from schedctl.domain.models import AttemptLog, Run
 from schedctl.storage.db import schema
 from schedctl.storage.db.rows import run_from_row, run_query
 from schedctl.storage.db.store import Store

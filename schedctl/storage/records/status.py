@@ -16,7 +16,7 @@ from sqlalchemy import and_, func, select, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
-from schedctl import errors
+from schedctl.core import errors
 from schedctl.storage.backend.dialect import dialect_of
 from schedctl.storage.db import schema
 from schedctl.storage.db.clock import db_now

@@ -4,7 +4,7 @@ a relay signs with, and their re-encryption after a payload key rotation.
 
 Columns of `tenants`: `signing_secret` (the current secret), `signing_secret_previous` (the
 secret before the last rotation, NULL when none) and `signing_secret_previous_until` (when
-the previous secret stops signing). Both secrets are stored as `schedctl.crypto` stores
+the previous secret stops signing). Both secrets are stored as `schedctl.core.crypto` stores
 payloads: ``enc:v1:<Fernet token>`` when payload keys are configured
 (SCHEDULED_PAYLOAD_KEYS_FILE / SCHEDULED_PAYLOAD_KEYS), plain text when none are (the same
 choice as payloads: encryption is off without keys). Plain values (written before keys were
@@ -30,8 +30,8 @@ from typing import Any
 from sqlalchemy import Column, bindparam, select, update
 from sqlalchemy.engine import Connection
 
-from schedctl import errors
-from schedctl.crypto import PayloadCipher, is_encrypted
+from schedctl.core import errors
+from schedctl.core.crypto import PayloadCipher, is_encrypted
 from schedctl.storage.backend.dialect import Lock
 from schedctl.storage.db import schema
 from schedctl.storage.db.clock import db_now

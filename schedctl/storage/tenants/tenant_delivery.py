@@ -4,7 +4,7 @@ rate, and its RabbitMQ broker. Every change is audited; the relays pick changes 
 a few seconds, and every delivery checks the allow-list as it is then.
 
 Storage stores, delivery decides: an allow-list entry arrives here in the canonical form
-the SSRF guard gave it (schedctl.delivery.ssrf.normalize_entry, called by the command).
+the SSRF guard gave it (schedctl.core.ssrf.normalize_entry, called by the command).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
 
-from schedctl import errors, limits
-from schedctl.brokers import check_broker_url, redact_url
-from schedctl.models import TargetType, Tenant
+from schedctl.core import errors, limits
+from schedctl.domain.brokers import check_broker_url, redact_url
+from schedctl.domain.models import TargetType, Tenant
 from schedctl.storage.backend.dialect import Lock
 from schedctl.storage.db import schema
 from schedctl.storage.db.store import Store

@@ -25,9 +25,9 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from schedctl import errors, limits
-from schedctl.host_scope import HostScope
-from schedctl.models import Tenant
+from schedctl.core import errors, limits
+from schedctl.domain.host_scope import HostScope
+from schedctl.domain.models import Tenant
 from schedctl.storage.db import schema
 from schedctl.storage.db.clock import db_now
 from schedctl.storage.db.rows import tenant_from_row
@@ -341,7 +341,7 @@ class TenantRepo:
         self, tenant: str, *, actor: str = "system", host: HostScope | None = None
     ) -> str:
         """Another API token for the tenant (name or id), e.g. to rotate the first one; with
-        `host`, a host token bound to that host and its groups (schedctl.host_scope)."""
+        `host`, a host token bound to that host and its groups (schedctl.domain.host_scope)."""
         detail: dict[str, Any] = {}
         if host is not None:
             detail = {"host": host.host, "groups": list(host.groups)}

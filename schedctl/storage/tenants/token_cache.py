@@ -16,8 +16,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from schedctl.host_scope import HostScope
-from schedctl.models import Tenant
+from schedctl.domain.host_scope import HostScope
+from schedctl.domain.models import Tenant
 
 # what a verified token stands for: its tenant, its id, and its host (None: a tenant token)
 Verified = tuple[Tenant, str, HostScope | None]

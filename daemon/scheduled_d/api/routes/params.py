@@ -9,9 +9,9 @@ from typing import Annotated, Any
 from fastapi import Header, Path, Query
 from pydantic import BeforeValidator
 
-from schedctl import errors, limits
-from schedctl.jobspec import MAX_NAME_LENGTH
-from schedctl.models import JobStatus
+from schedctl.core import errors, limits
+from schedctl.domain.jobspec import MAX_NAME_LENGTH
+from schedctl.domain.models import JobStatus
 from schedctl.storage.jobs.jobs import MAX_PAGE
 
 JobIdPath = Annotated[

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from schedctl.crypto import is_encrypted
+from schedctl.core.crypto import is_encrypted
 from schedctl.storage.db.types import UTCDateTime
 from schedctl.storage.jobs.payloads import payload_cipher
 

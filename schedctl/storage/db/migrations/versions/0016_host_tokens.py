@@ -1,7 +1,7 @@
 """Host tokens: an API token may be bound to one cron host (`host`) and its host groups
 (`groups`, a JSON list), `schedctl tenant token create TENANT --host H [--group G]...`.
 Such a token leases and settles only that host's queues and applies only the jobs its
-files define (schedctl/host_scope.py); a tenant token has both NULL.
+files define (schedctl/domain/host_scope.py); a tenant token has both NULL.
 
 Revision ID: 0016
 Revises: 0015
