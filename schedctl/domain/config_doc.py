@@ -61,7 +61,7 @@ class MissingDescription(Exception):
 
 HEADER = f"""\
 {DEFAULT_CONFIG_PATH}: read by both schedctl and scheduled-d. Generated from the
-configuration schema (schedctl/domain/config.py, schedctl/domain/config_doc.py) by `{REGENERATE}`: edit
+configuration schema (schedctl/domain/config.py, config_doc.py) by `{REGENERATE}`: edit
 those, not this file.
 
 Precedence: command-line flag > SCHEDULED_<KEY> environment variable > this file >

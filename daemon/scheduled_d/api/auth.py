@@ -127,8 +127,9 @@ async def request_caller(request: Request) -> Caller:
 
 
 async def json_body(request: Request) -> Any:
-    """The request's JSON body. Parsed here rather than by FastAPI so that schedctl.domain.jobspec is
-    the one validator (the CLI's), and malformed JSON is a 400, not a 422."""
+    """The request's JSON body. Parsed here rather than by FastAPI so that
+    schedctl.domain.jobspec is the one validator (the CLI's), and malformed JSON is a 400, not
+    a 422."""
     content_type = request.headers.get("content-type", "")
     media = content_type.split(";")[0].strip().lower()
     if media and media != "application/json" and not media.endswith("+json"):
