@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from schedctl.core import errors
 from schedctl.domain.alerts.model import AlertConfig, parse_alerts
@@ -28,17 +28,48 @@ from schedctl.domain.jobfiles.tomllines import key_lines, locate
 from schedctl.domain.jobpatch import parse_job_patch
 from schedctl.domain.jobspec import parse_job_request
 from schedctl.domain.models import Job as CentralJob
-from schedctl.domain.models import JobSpec, JobStatus
+from schedctl.domain.models import JobSpec, JobStatus, Page
 from schedctl.scheduling.schedules import AfterSchedule, schedule_to_dict
 
 if TYPE_CHECKING:
-    from schedctl.app.service import Scheduler
-    from schedctl.clients.client import ApiClient
     from schedctl.domain.host_scope import HostScope
 
-    # the database's library API, or the REST API's client (`schedctl --api URL apply`,
-    # a cron host with its host token)
-    Jobs = Scheduler | ApiClient
+
+class Jobs(Protocol):
+    """What apply asks of the central store: the database's library API (Scheduler), or the
+    REST API's client (ApiClient: `schedctl --api URL apply`, a cron host with its host
+    token). A protocol, so this module stays below the clients it is used with."""
+
+    def list_jobs(
+        self,
+        tenant: str,
+        status: str | JobStatus | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Page: ...
+
+    def get_alerts(self, tenant: str, job_id: str | None = None) -> AlertConfig | None: ...
+
+    def set_alerts(
+        self, tenant: str, body: Mapping[str, Any] | None, job_id: str | None = None
+    ) -> AlertConfig | None: ...
+
+    def job_dependencies(self, job_id: str, tenant: str) -> dict[str, Any]: ...
+
+    def create_job(
+        self, tenant: str, body: Mapping[str, Any], *, actor: str
+    ) -> tuple[CentralJob, bool]: ...
+
+    def update_job(
+        self, job_id: str, body: Mapping[str, Any], tenant: str, *, actor: str
+    ) -> CentralJob: ...
+
+    def delete_job(self, job_id: str, tenant: str, *, actor: str) -> object: ...
+
+    def pause_job(self, job_id: str, tenant: str, *, actor: str) -> CentralJob: ...
+
+    def resume_job(self, job_id: str, tenant: str, *, actor: str) -> CentralJob: ...
+
 
 BOOT = "boot (runs on the host's worker start)"  # no longer a skip reason: kept for callers
 # normalising a body needs a clock; one before any file's instant keeps `at` jobs that have
