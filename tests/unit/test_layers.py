@@ -180,6 +180,24 @@ def test_an_upward_import_is_caught(tmp_path: Path) -> None:
     ]
 
 
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+LAYER_ROW = re.compile(r"^\| (\d+) \| (\w+) \| ([^|]*) \|", re.MULTILINE)
+
+
+def test_the_architecture_doc_lists_the_layers() -> None:
+    """docs/architecture.md's table lists LAYERS: each row's level, layer and packages."""
+    rows = [
+        (int(level), layer, tuple(re.findall(r"`([\w.]+)`", packages)))
+        for level, layer, packages in LAYER_ROW.findall(ARCHITECTURE.read_text())
+    ]
+    table = [
+        (level, layer, packages)
+        for level, layers in enumerate(LAYERS)
+        for layer, packages in layers.items()
+    ]
+    assert rows == table
+
+
 # -- one dialect seam ------------------------------------------------------------------------
 
 # What marks code that behaves differently per backend: a branch on its name, or SQL only
