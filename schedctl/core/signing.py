@@ -53,7 +53,7 @@ request target (a decoded PATH_INFO may differ from what was sent).
 
 Example::
 
-    from schedctl.core.signing import verify
+    from schedctl.signing import verify  # the public path
     verify(SECRET, request.headers, request.get_data(),
            method=request.method, path=request.environ["RAW_URI"])  # raises SignatureError
 """

@@ -21,13 +21,15 @@ ROOT = Path(__file__).resolve().parents[2]
 # From the bottom up, one level a line: a module may import its own layer and any layer on a
 # level below its own. A layer is the packages listed for it (with their sub-packages).
 LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
-    {"core": ("schedctl.core",)},
+    # schedctl.signing and schedctl.client: public paths users' code imports, kept as small
+    # modules re-exporting the core's verify and the clients' ApiClient
+    {"core": ("schedctl.core", "schedctl.signing")},
     {"scheduling": ("schedctl.scheduling",)},
     {"domain": ("schedctl.domain",)},
     {"storage": ("schedctl.storage",), "delivery": ("schedctl.delivery",)},
     {"coordination": ("schedctl.coordination",)},
     {"app": ("schedctl.app",)},
-    {"clients": ("schedctl.clients",)},
+    {"clients": ("schedctl.clients", "schedctl.client")},
     # schedctl.bench is the CLI's until the benchmarks leave the product (issue 31 step 4)
     {"cli": ("schedctl.cli", "schedctl.bench"), "daemon": ("scheduled_d",)},
 )
@@ -178,6 +180,19 @@ def test_an_upward_import_is_caught(tmp_path: Path) -> None:
         "schedctl.storage._planted (storage) imports schedctl.delivery.http (delivery)",
         "scheduled_d.api._planted (daemon) imports schedctl.cli.jobs (cli)",
     ]
+
+
+def test_the_public_paths_still_import() -> None:
+    """A tenant's receiver and a Python client of the API import these paths (the docs and
+    `--help` name them): they stay, as the same objects the layers hold."""
+    from schedctl.client import ApiClient
+    from schedctl.clients.client import ApiClient as Moved
+    from schedctl.core.signing import verify as moved_verify
+    from schedctl.signing import SignatureError, verify
+
+    assert ApiClient is Moved
+    assert verify is moved_verify
+    assert SignatureError.__module__ == "schedctl.core.errors"
 
 
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
