@@ -21,15 +21,16 @@ ROOT = Path(__file__).resolve().parents[2]
 # From the bottom up, one level a line: a module may import its own layer and any layer on a
 # level below its own. A layer is the packages listed for it (with their sub-packages).
 LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
-    # schedctl.signing and schedctl.client: public paths users' code imports, kept as small
-    # modules re-exporting the core's verify and the clients' ApiClient
-    {"core": ("schedctl.core", "schedctl.signing")},
+    # the signing and client modules at the package's top are public paths users' code imports,
+    # kept as small modules re-exporting the core's verify and the clients' ApiClient (a line
+    # naming one ends with "the public path": scripts that rewrite module paths leave it)
+    {"core": ("schedctl.core", "schedctl.signing")},  # the public path
     {"scheduling": ("schedctl.scheduling",)},
     {"domain": ("schedctl.domain",)},
     {"storage": ("schedctl.storage",), "delivery": ("schedctl.delivery",)},
     {"coordination": ("schedctl.coordination",)},
     {"app": ("schedctl.app",)},
-    {"clients": ("schedctl.clients", "schedctl.client")},
+    {"clients": ("schedctl.clients", "schedctl.client")},  # the public path
     # schedctl.bench is the CLI's until the benchmarks leave the product (issue 31 step 4)
     {"cli": ("schedctl.cli", "schedctl.bench"), "daemon": ("scheduled_d",)},
 )
@@ -185,10 +186,10 @@ def test_an_upward_import_is_caught(tmp_path: Path) -> None:
 def test_the_public_paths_still_import() -> None:
     """A tenant's receiver and a Python client of the API import these paths (the docs and
     `--help` name them): they stay, as the same objects the layers hold."""
-    from schedctl.client import ApiClient
+    from schedctl.client import ApiClient  # the public path
     from schedctl.clients.client import ApiClient as Moved
     from schedctl.core.signing import verify as moved_verify
-    from schedctl.signing import SignatureError, verify
+    from schedctl.signing import SignatureError, verify  # the public path
 
     assert ApiClient is Moved
     assert verify is moved_verify
