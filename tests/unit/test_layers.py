@@ -176,7 +176,7 @@ def test_an_upward_import_is_caught(tmp_path: Path) -> None:
     wrong = layer_violations(source_files() | planted)
     assert wrong == [
         "schedctl.domain._planted (domain) imports schedctl.app.service (app)",
-        "schedctl.domain._planted (domain) imports schedctl.storage.store (storage)",
+        "schedctl.domain._planted (domain) imports schedctl.storage.db.store (storage)",
         "schedctl.storage._planted (storage) imports schedctl.delivery.http (delivery)",
         "scheduled_d.api._planted (daemon) imports schedctl.cli.jobs (cli)",
     ]
