@@ -6,7 +6,7 @@
 # below a directory and leaves the machine alone), `make onefile`: dist/scheduled.pyz,
 # schedctl and scheduled-d in one executable file, and `make deb`: the Debian package
 # dist/scheduled_VERSION_amd64.deb (needs dpkg-dev; lintian checks it). All are described
-# at their targets below and in README.md ("Install").
+# at their targets below and in docs/install.md.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
@@ -126,10 +126,10 @@ $(NATIVE): daemon/scheduled_d/native/vspawn.c
 			"(make system-deps installs gcc)" >&2; \
 	fi
 
-# config/scheduled.toml is generated from the configuration schema (schedctl/config.py and
-# the descriptions in schedctl/config_doc.py); tests/unit/test_config_example.py keeps it in step
+# config/scheduled.toml is generated from the configuration schema (schedctl/domain/config.py and
+# the descriptions in schedctl/domain/config_doc.py); tests/unit/test_config_example.py keeps it in step
 config: deps
-	$(BIN)/python -m schedctl.config_doc > config/scheduled.toml.new
+	$(BIN)/python -m schedctl.domain.config_doc > config/scheduled.toml.new
 	mv config/scheduled.toml.new config/scheduled.toml
 
 lint: deps
