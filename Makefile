@@ -29,9 +29,9 @@ RABBITMQ_SERVER := /usr/lib/rabbitmq/bin/rabbitmq-server
 # the tests' ZooKeeper: Debian's patroni runs on /usr/bin/python3, which needs kazoo for it.
 PATRONI := /usr/bin/patroni
 
-.PHONY: deps system-deps lint test demo clean distclean config
+.PHONY: deps system-deps lint test demo clean distclean config native
 
-deps: system-deps $(STAMP)
+deps: system-deps $(STAMP) native
 
 # chromium and chromium-driver: the web console's browser test
 # (tests/integration/test_console_browser.py)
@@ -70,6 +70,9 @@ system-deps:
 	if ! command -v lintian >/dev/null 2>&1; then \
 		packages="$$packages lintian"; \
 	fi; \
+	if ! command -v gcc >/dev/null 2>&1 || [ ! -f /usr/include/stdio.h ]; then \
+		packages="$$packages gcc libc6-dev"; \
+	fi; \
 	if [ -n "$$packages" ]; then \
 		if [ "$$(id -u)" != 0 ]; then \
 			echo "missing system packages:$$packages -- run 'make deps' as root (apt-get)" >&2; \
@@ -101,6 +104,27 @@ $(STAMP): pyproject.toml benchmarks/pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -e '.[dev]'
 	$(BIN)/pip install -e ./benchmarks
 	touch $@
+
+# The native start helper: daemon/scheduled_d/native/vspawn.c as _vspawn.so beside it, which
+# scheduled_d/spawn.py loads with ctypes (vfork, the run's cgroup, exec: no /bin/sh per run).
+# Built for the dev tree by deps and before install (so the wheel pip builds from this tree,
+# and the Debian package, hold it: pyproject.toml's artifacts, hatch_build.py's platform tag).
+# Without a C compiler it is left out and commands start through /bin/sh, about half as
+# fast; `scheduled-d check-config` says which ("run start:").
+NATIVE := daemon/scheduled_d/native/_vspawn.so
+NATIVE_CFLAGS ?= -O2 -Wall -Wextra -fPIC -shared -D_FORTIFY_SOURCE=2 \
+	-fstack-protector-strong -Wl,-z,relro -Wl,-z,now
+
+native: $(NATIVE)
+
+$(NATIVE): daemon/scheduled_d/native/vspawn.c
+	@if command -v $(CC) >/dev/null 2>&1; then \
+		echo "$(CC) ... -o $@ $<"; \
+		$(CC) $(NATIVE_CFLAGS) -o $@.tmp $< && mv -f $@.tmp $@; \
+	else \
+		echo "no C compiler ($(CC)): $@ not built, commands start through /bin/sh" \
+			"(make system-deps installs gcc)" >&2; \
+	fi
 
 # config/scheduled.toml is generated from the configuration schema (schedctl/domain/config.py and
 # the descriptions in schedctl/domain/config_doc.py); tests/unit/test_config_example.py keeps it in step
@@ -163,7 +187,7 @@ LIVE := $(if $(DESTDIR),false,true)
 
 .PHONY: install uninstall
 
-install:
+install: native
 	@if $(LIVE) && [ "$$(id -u)" != 0 ]; then \
 		echo "make install: run it as root (or stage it: make install DESTDIR=/some/dir)" >&2; \
 		exit 1; \

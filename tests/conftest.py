@@ -297,3 +297,22 @@ def _log_sections(item: pytest.Item) -> list[tuple[str, str]]:
 
 # the servers' log tails, on the report of a failing test that used them
 pytest_runtest_makereport = attach_log_tails(_log_sections)
+
+
+@pytest.fixture(params=["native", "sh"])
+def start_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each way scheduled_d.spawn starts a command: "native" (the helper native/_vspawn.so,
+    skipped where it is not built) and "sh" (Popen, a run cgroup entered through /bin/sh),
+    forced in this process and, through SCHEDULED_D_SPAWN, in the worker processes a test
+    starts with os.environ's value."""
+    from scheduled_d import spawn
+
+    if request.param == "native":
+        if spawn.native is None:
+            pytest.skip(f"no native start path: {spawn.native_reason}")
+        monkeypatch.delenv(spawn.SPAWN_ENV, raising=False)
+    else:
+        monkeypatch.setattr(spawn, "native", None)
+        monkeypatch.setattr(spawn, "native_reason", "turned off by the test")
+        monkeypatch.setenv(spawn.SPAWN_ENV, "sh")
+    return str(request.param)

@@ -428,5 +428,9 @@ def containment() -> Containment:
             log.log(level, "%s", _containment.describe())
             if _containment.subtree is not None and _containment.missing:
                 log.warning("run limits: %s", _containment.describe())
+            from scheduled_d import spawn  # (spawn imports this module's types only)
+
+            # the start path: the native helper, or the slower /bin/sh trampoline and why
+            log.log(logging.INFO if spawn.native else logging.WARNING, "%s", spawn.describe())
             atexit.register(_containment.close)
         return _containment

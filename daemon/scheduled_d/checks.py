@@ -111,8 +111,9 @@ def check_configuration(file: str | None, *, bind: bool = True) -> str:
     if config.workers or config.host is not None:
         # where the runs would go: a cgroup each, or the process group only and why
         from scheduled_d.cgroups import describe_probe
+        from scheduled_d.spawn import describe
 
-        summary += f"\nrun containment: {describe_probe()}"
+        summary += f"\nrun containment: {describe_probe()}\nrun start: {describe()}"
     return summary
 
 

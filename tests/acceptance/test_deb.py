@@ -179,6 +179,8 @@ def test_the_package_has_the_files_and_the_control_data(packages: tuple[Path, Pa
     assert entries["/usr/bin/schedctl"].startswith("-rwxr-xr-x root/root")
     assert entries["/etc/scheduled/scheduled.toml"].startswith("-rw-r----- root/root")
     assert "/opt/scheduled/bin/python" in entries
+    helper = [n for n in entries if n.endswith("/site-packages/scheduled_d/native/_vspawn.so")]
+    assert len(helper) == 1 and entries[helper[0]].startswith("-rw-r--r-- root/root")
     assert "/usr/share/doc/scheduled/copyright" in entries
     # created by postinst (owned by the scheduled user), so remove cannot take it
     assert not any(name.startswith("/var/") for name in entries)
@@ -263,6 +265,9 @@ import cryptography.hazmat.bindings._rust, orjson, pydantic_core, uvloop
 import sqlalchemy.util._collections_cy
 import psycopg
 print("psycopg", psycopg.pq.__impl__)'
+runuser -u scheduled -- /opt/scheduled/bin/python -c '
+from scheduled_d import spawn
+print("start path", "native" if spawn.native else spawn.native_reason)'
 man -w schedctl
 grep -h '^ExecStart=' /lib/systemd/system/scheduled-d-all.service
 dpkg --verify scheduled && echo "verified"
@@ -380,6 +385,7 @@ def test_install_upgrade_remove_and_purge_with_dpkg(
         "/etc/scheduled/scheduled.toml: ok (0 [[worker]] table(s))",
         f"schedctl {__version__}",
         "psycopg binary",
+        "start path native",  # the helper built, stripped and loadable as installed
         man_page,
         "ExecStart=/usr/bin/scheduled-d all",
         "verified",

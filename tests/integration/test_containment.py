@@ -32,6 +32,9 @@ from tests.integration.queue_support import (
 )
 from tests.services.ports import pid_alive
 
+# every test on both start paths (tests/conftest.py: start_path)
+pytestmark = pytest.mark.usefixtures("start_path")
+
 # a child that leaves the run's process group and session, as in the issue: its pid first
 SETSID = "setsid sh -c 'echo $$ > {pid}; exec sleep 300' & sleep 100"
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
+
 from schedctl.domain.leasing import Beat
 from schedctl.domain.runpolicy import SKIPPED_OVERLAP, Overlap, RunPolicy
 from schedctl.scheduling.timeparse import format_instant
@@ -13,6 +15,9 @@ from schedctl.storage.db.store import Store
 from schedctl.storage.pipeline.queue import Lease, QueueRepo
 from tests.factories import make_tenant
 from tests.integration.queue_support import attempts, messages, queue_job, run_row, trigger
+
+# every test on both start paths (tests/conftest.py: start_path)
+pytestmark = pytest.mark.usefixtures("start_path")
 
 
 def _job(store: Store, overlap: Overlap, **options: object) -> str:

@@ -48,6 +48,9 @@ from tests.integration.queue_support import queue_worker as worker
 from tests.services.ports import pid_alive
 from tests.services.postgres import PostgresServer
 
+# every test on both start paths (tests/conftest.py: start_path)
+pytestmark = pytest.mark.usefixtures("start_path")
+
 ROOT = Path(__file__).resolve().parents[2]
 LEASE = WORKER_LEASE_SECONDS
 HEARTBEAT = 0.5

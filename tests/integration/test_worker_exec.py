@@ -37,6 +37,9 @@ from tests.integration.queue_support import (
 )
 from tests.services.ports import pid_alive
 
+# every test on both start paths (tests/conftest.py: start_path)
+pytestmark = pytest.mark.usefixtures("start_path")
+
 BIN = Path(sys.executable).parent
 SECRETS = {
     "SCHEDULED_DATABASE_URL": "",  # the test's database, filled in per test
@@ -75,6 +78,8 @@ def worker_environ(db_url: str, tmp_path: Path) -> dict[str, str]:
         **SECRETS,
     }
     environ["SCHEDULED_DATABASE_URL"] = db_url
+    if "SCHEDULED_D_SPAWN" in os.environ:  # the start path the test runs on (start_path)
+        environ["SCHEDULED_D_SPAWN"] = os.environ["SCHEDULED_D_SPAWN"]
     return environ
 
 

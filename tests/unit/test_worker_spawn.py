@@ -14,6 +14,9 @@ import pytest
 from scheduled_d.batching import Batcher
 from scheduled_d.spawn import Child, spawn
 
+# every test on both start paths (tests/conftest.py: start_path)
+pytestmark = pytest.mark.usefixtures("start_path")
+
 WAIT_SECONDS = 30.0  # only a bound on a hang: nothing here is timed
 
 
