@@ -108,7 +108,7 @@ $(STAMP): pyproject.toml benchmarks/pyproject.toml | $(BIN)/python
 # The native start helper: daemon/scheduled_d/native/vspawn.c as _vspawn.so beside it, which
 # scheduled_d/spawn.py loads with ctypes (vfork, the run's cgroup, exec: no /bin/sh per run).
 # Built for the dev tree by deps and before install (so the wheel pip builds from this tree,
-# and the Debian package, hold it: pyproject.toml's artifacts, hatch_build.py's platform tag).
+# and the Debian package, hold it: pyproject.toml's artifacts, packaging/hatch_build.py's platform tag).
 # Without a C compiler it is left out and commands start through /bin/sh, about half as
 # fast; `scheduled-d check-config` says which ("run start:").
 NATIVE := daemon/scheduled_d/native/_vspawn.so
