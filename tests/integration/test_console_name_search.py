@@ -136,10 +136,18 @@ def test_0023_copies_existing_names_and_its_downgrade_restores_0021s_index(
         with engine.connect() as connection:
             assert not inspect(connection).has_table("job_names")
             assert ("ix_jobs_name_trgm" in _indexes(connection)) is postgres
+        # a job_names no trigger keeps (a restore of an older backup leaves one) is remade
+        with engine.begin() as connection:
+            connection.execute(
+                text("CREATE TABLE job_names (job_id TEXT, tenant_id TEXT, name TEXT)")
+            )
+            connection.execute(text("INSERT INTO job_names VALUES ('j0', 't1', 'stale')"))
         upgrade(url)
         with engine.connect() as connection:
-            count = connection.execute(select(func.count()).select_from(schema.job_names))
-            assert count.scalar_one() == 4
+            rows = connection.execute(select(schema.job_names).order_by("job_id")).all()
+            assert [tuple(r) for r in rows] == [
+                (job_id, "t1", f"job-{job_id[1]}") for job_id in ("j0", "j1", "j2", "j9")
+            ]
     finally:
         engine.dispose()
 

@@ -98,7 +98,13 @@ _SQLITE_TRIGGERS = {
 
 def upgrade() -> None:
     bind = op.get_bind()
-    if not sa.inspect(bind).has_table("job_names"):
+    exists = sa.inspect(bind).has_table("job_names")
+    if exists and not _kept(bind):
+        # no trigger keeps it: left over (say, by the restore of an older backup over this
+        # database), its rows are not to be trusted; made and filled again
+        op.drop_table("job_names")
+        exists = False
+    if not exists:
         op.create_table(
             "job_names",
             sa.Column("job_id", sa.String(40), nullable=False),
@@ -170,6 +176,19 @@ def _copy_names(bind: sa.Connection) -> None:
             {"after": after, "last": last},
         )
         after = str(last)
+
+
+def _kept(bind: sa.Connection) -> bool:
+    """The trigger that copies created jobs' names is on jobs (made with the table, in one
+    transaction, by this migration)."""
+    query = (
+        "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = CAST('jobs' AS regclass)"
+        " AND tgname = 'job_names_inserted')"
+        if bind.dialect.name == "postgresql"
+        else "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'trigger'"
+        " AND name = 'job_names_inserted')"
+    )
+    return bool(bind.execute(sa.text(query)).scalar_one())
 
 
 def _trgm_installed(bind: sa.Connection) -> bool:
