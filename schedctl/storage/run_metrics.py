@@ -12,8 +12,9 @@ go down when retention removes runs, which rate() reads as a reset too: a wrong 
 
 Cardinality: one series per (job, outcome) and one histogram per job, only for the jobs
 that asked (`metrics = true`), at most metrics_max_jobs_per_tenant of them per tenant.
-A tenant or job renamed gets new series under its new name; the old ones stay in a
-process's output until it restarts (Prometheus marks them stale once they stop moving).
+A tenant or job renamed gets new series under its new name (within NAMES_TTL seconds: a
+process reuses a job's labels that long); the old ones stay in a process's output until it
+restarts (Prometheus marks them stale once they stop moving).
 """
 
 from __future__ import annotations
@@ -64,9 +65,10 @@ class Observed:
 
 
 # a job's labels (tenant name, job name, metrics) are reused for NAMES_TTL seconds: the
-# settle of a batch of runs of jobs seen in the last seconds sends no statement (the lookup
-# cost a relay about a tenth of its CPU per delivery); a rename, or metrics switched on or
-# off, shows in the series at most NAMES_TTL seconds later
+# settle of a batch of runs of jobs seen in the last seconds sends no statement (a
+# statement per batch is a measurable part of a relay's CPU per delivery, see
+# docs/performance.md); a rename, or metrics switched on or off, shows in the series at
+# most NAMES_TTL seconds later
 NAMES_TTL = 5.0
 _NAMES_MAX = 4_096  # cached jobs per process; the cache starts over past it
 _names_lock = threading.Lock()
