@@ -102,10 +102,10 @@ $(STAMP): pyproject.toml benchmarks/pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -e ./benchmarks
 	touch $@
 
-# config/scheduled.toml is generated from the configuration schema (schedctl/config.py and
-# the descriptions in schedctl/config_doc.py); tests/unit/test_config_example.py keeps it in step
+# config/scheduled.toml is generated from the configuration schema (schedctl/domain/config.py and
+# the descriptions in schedctl/domain/config_doc.py); tests/unit/test_config_example.py keeps it in step
 config: deps
-	$(BIN)/python -m schedctl.config_doc > config/scheduled.toml.new
+	$(BIN)/python -m schedctl.domain.config_doc > config/scheduled.toml.new
 	mv config/scheduled.toml.new config/scheduled.toml
 
 lint: deps

@@ -65,7 +65,7 @@ def _root_log_handlers_restored() -> Iterator[None]:
 
 def _migrate(url: str) -> None:
     """Bring the database at ``url`` to the newest schema (the project's own migrations)."""
-    from schedctl.storage.migrate import upgrade
+    from schedctl.storage.db.migrate import upgrade
 
     upgrade(url)
 

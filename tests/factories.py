@@ -9,13 +9,13 @@ from typing import Any
 
 from sqlalchemy import Connection, update
 
-from schedctl.models import JobSpec, RetryPolicy, Target, TargetType
-from schedctl.runpolicy import DEFAULT_RUN_POLICY, RunPolicy
+from schedctl.domain.models import JobSpec, RetryPolicy, Target, TargetType
+from schedctl.domain.runpolicy import DEFAULT_RUN_POLICY, RunPolicy
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import IntervalSchedule, OnceSchedule, Schedule
-from schedctl.storage import schema
-from schedctl.storage.jobs import JobRepo
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.jobs import JobRepo
 from schedctl_bench.storage.bulk import insert_once_jobs
 
 

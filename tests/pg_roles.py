@@ -1,13 +1,13 @@
 """Owns the tests' two Postgres roles: the owner (``postgres``, which migrates) and the
 runtime role the daemons run as, given its rights by the product's own `schedctl db grant
---apply` code (schedctl/storage/roles.py), exactly as an operator would."""
+--apply` code (schedctl/storage/db/roles.py), exactly as an operator would."""
 
 from __future__ import annotations
 
 from contextlib import closing
 
-from schedctl.storage.roles import apply_grants, runtime_grants
-from schedctl.storage.store import Store
+from schedctl.storage.db.roles import apply_grants, runtime_grants
+from schedctl.storage.db.store import Store
 from tests.services.postgres import PostgresServer
 
 RUNTIME_ROLE = "schedctl_runtime"

@@ -21,16 +21,16 @@ from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any
 
-from schedctl import errors
+from schedctl.app.service import Scheduler
+from schedctl.core import errors
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.service import Scheduler
-from schedctl.storage.cursors import encode_cursor
-from schedctl.storage.store import Store
+from schedctl.storage.db.cursors import encode_cursor
+from schedctl.storage.db.store import Store
 from schedctl_bench import measure
 from schedctl_bench.storage import bench as shared_rows
 from schedctl_bench.storage import bench_console as bench_rows
 from schedctl_bench.storage.bench_sizes import vacuum_analyze
-from schedctl_bench.storage.bulk_future import load_future_jobs
+from schedctl_bench.storage.bulk_future import generates_rows, load_future_jobs
 
 # starts `scheduled-d api` on the same database and yields its base URL (the CLI's
 # _api_process: the API in its own process, as in production)
@@ -68,7 +68,7 @@ def run_console_bench(
         say(f"loading {per_job * jobs:,} runs ({per_job} per job)")
         bench_rows.load_runs(store, tenant_id, per_job, now)
         letters = bench_rows.load_dead_letters(store, tenant_id, now)
-        if store.dialect.generates_rows:
+        if generates_rows(store):
             for table in ("jobs", "job_names", "runs", "dead_letters"):
                 vacuum_analyze(store, table)
         loaded = time.monotonic() - began

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from schedctl import errors
+from schedctl.core import errors
 from schedctl_bench import children
 from schedctl_bench.api_workers import (
     api_argv,

@@ -27,9 +27,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from schedctl import errors, limits
-from schedctl.service import Scheduler
-from schedctl.storage.engine import redact
+from schedctl.app.service import Scheduler
+from schedctl.core import errors, limits
+from schedctl.storage.db.engine import redact
 from schedctl_bench import children, measure
 from schedctl_bench.api_workers import (
     SCHEDULED_D,

@@ -20,11 +20,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from schedctl import errors
+from schedctl.core import errors
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.storage.jobs import new_job_id, partition_of
-from schedctl.storage.store import Store
-from schedctl.storage.tenants import TenantRepo
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.jobs import new_job_id, partition_of
+from schedctl.storage.tenants.tenants import TenantRepo
 from schedctl_bench import children, measure
 from schedctl_bench.receiver import Receiver
 from schedctl_bench.storage import bench as bench_rows
@@ -196,7 +196,7 @@ def _rabbitmq(store: Store, tenant_id: str, url: str, runs: int, deadline: float
     """Persistent publishes with confirms to the broker at `url`, into a queue deleted after."""
     import pika  # type: ignore[import-untyped]
 
-    from schedctl.storage.tenant_delivery import TenantDeliveryRepo
+    from schedctl.storage.tenants.tenant_delivery import TenantDeliveryRepo
 
     TenantDeliveryRepo(store).set_broker(tenant_id, url, actor="bench")
     queue = f"schedctl-bench-{uuid.uuid4().hex[:8]}"

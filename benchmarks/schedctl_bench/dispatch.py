@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from schedctl import errors
-from schedctl.storage.store import Store
-from schedctl.storage.tenants import TenantRepo
+from schedctl.core import errors
+from schedctl.storage.db.store import Store
+from schedctl.storage.tenants.tenants import TenantRepo
 from schedctl_bench import children
 from schedctl_bench.storage import bench as bench_rows
 

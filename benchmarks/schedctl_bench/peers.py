@@ -23,7 +23,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from schedctl import errors
+from schedctl.core import errors
 from schedctl_bench import children
 from schedctl_bench.pipeline import lateness
 from schedctl_bench.storage import scratch
@@ -195,7 +195,7 @@ def ratios(by_system: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def run_scheduled_d(url: str, workload: str, w: Workloads) -> dict[str, Any]:
     """The whole-path benchmark on a fresh database: one dispatcher, one relay, one worker
     running /bin/true with w.concurrency commands at once."""
-    from schedctl.storage.store import Store
+    from schedctl.storage.db.store import Store
     from schedctl_bench import pipeline
     from schedctl_bench.dispatch import Dispatchers
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
-from schedctl import errors
-from schedctl.models import run_key
-from schedctl.storage.store import Store
+from schedctl.core import errors
+from schedctl.domain.models import run_key
+from schedctl.storage.db.store import Store
 from schedctl_bench import measure
 from schedctl_bench.consumers import Consumers
 from schedctl_bench.dispatch import Dispatchers, bench_tenant

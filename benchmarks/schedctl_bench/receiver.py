@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-from schedctl import errors
+from schedctl.core import errors
 from schedctl_bench import children
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from schedctl.storage.store import Store
+from schedctl.storage.db.store import Store
 from schedctl_bench import measure
 from schedctl_bench.delivery import bench_tenant, deliver_over_http
 from schedctl_bench.storage import bench as bench_rows

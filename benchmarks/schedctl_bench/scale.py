@@ -13,9 +13,9 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from schedctl import errors
-from schedctl.storage.claim import Claimer
-from schedctl.storage.store import Store
+from schedctl.core import errors
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.claim import Claimer
 from schedctl_bench import measure
 from schedctl_bench.dispatch import Dispatchers, bench_tenant
 from schedctl_bench.storage import bench as bench_rows

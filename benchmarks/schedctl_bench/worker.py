@@ -17,9 +17,9 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from schedctl import errors
-from schedctl.storage.queue import QueueRepo
-from schedctl.storage.store import Store
+from schedctl.core import errors
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.queue import QueueRepo
 from schedctl_bench import measure
 from schedctl_bench.consumers import Consumers
 from schedctl_bench.delivery import bench_tenant

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from schedctl import errors, limits
 from schedctl.cli.version import version_option
-from schedctl.config import (
+from schedctl.core import errors, limits
+from schedctl.domain.config import (
     Config,
     HostConfig,
     WorkerConfig,
@@ -29,7 +29,7 @@ from scheduled_d.private_env import keep_environment_private
 from scheduled_d.signals import handle_sighup, set_reload_hook
 
 if TYPE_CHECKING:
-    from schedctl.storage.store import Store
+    from schedctl.storage.db.store import Store
 
 app = typer.Typer(
     help="scheduled-d: the scheduler daemon. Modes: dispatcher, relay, api, worker, all.",
@@ -111,8 +111,8 @@ def _preflight(config: Config) -> None:
 
 def _open_store(config: Config, mode: str, *, upgrade: bool) -> Store:
     # imported here: `worker --api` needs no database and loads no database code
-    from schedctl.storage.engine import normalize_url, sets_itself_up
-    from schedctl.storage.store import Store
+    from schedctl.storage.db.engine import normalize_url, sets_itself_up
+    from schedctl.storage.db.store import Store
 
     require_database_choice(config)
     url = normalize_url(config.database_url)
@@ -123,7 +123,7 @@ def _open_store(config: Config, mode: str, *, upgrade: bool) -> Store:
 
 
 def _bounded(parse: Callable[..., Any], field: str, low: int, high: int) -> Callable[[Any], Any]:
-    """A typer parser= for a bounded number flag (schedctl.limits: ASCII digits, in range);
+    """A typer parser= for a bounded number flag (schedctl.core.limits: ASCII digits, in range);
     a bad value is a usage error (exit 2)."""
 
     def number(value: Any) -> Any:
@@ -445,7 +445,7 @@ def _host_config(
             f"[host] table in the configuration ({config.source})",
             field="queue",
         )
-    from schedctl.jobfiles.placement import check_host
+    from schedctl.domain.jobfiles.placement import check_host
 
     base = config.host or HostConfig()
     changes: dict[str, Any] = {}

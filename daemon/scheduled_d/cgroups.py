@@ -39,7 +39,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from schedctl.runpolicy import RunLimits
+from schedctl.domain.runpolicy import RunLimits
 
 log = logging.getLogger(__name__)
 

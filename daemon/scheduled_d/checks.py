@@ -7,8 +7,8 @@ import shutil
 import socket
 from pathlib import Path
 
-from schedctl import errors
-from schedctl.config import DEFAULT_CONFIG_PATH, Config, load_config, locate, parse_listen
+from schedctl.core import errors
+from schedctl.domain.config import DEFAULT_CONFIG_PATH, Config, load_config, locate, parse_listen
 
 
 def check_bind(listen: str, field: str) -> None:
@@ -101,7 +101,7 @@ def check_configuration(file: str | None, *, bind: bool = True) -> str:
     if config.host is not None:
         # as the host worker loads them (permissions, then every file validated together);
         # a JobFilesError names FILE:LINE and the key of each problem
-        from schedctl.jobfiles.host import check_dir
+        from schedctl.domain.jobfiles.host import check_dir
 
         files = check_dir(config.host.jobs_dir)
         count = sum(len(f.jobs) for f in files)
@@ -140,7 +140,7 @@ def _check_zookeeper(config: Config, path: Path | None, text: str) -> str:
 
 
 def _check_database_url(config: Config, path: Path | None, text: str) -> None:
-    from schedctl.storage.engine import is_database_url, normalize_url
+    from schedctl.storage.db.engine import is_database_url, normalize_url
 
     if not is_database_url(normalize_url(config.database_url)):
         raise errors.ConfigError(

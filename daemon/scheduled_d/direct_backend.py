@@ -1,5 +1,5 @@
 """Owns `DirectBackend`, the operator worker's LeaseBackend: one tenant's queue in the
-database, through schedctl.storage.queue.QueueRepo.
+database, through schedctl.storage.pipeline.queue.QueueRepo.
 
 The database layer is imported only when a DirectBackend is made, so a tenant worker
 (`--api`), which imports this module with the worker, loads no database code.
@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from schedctl import errors
-from schedctl.leasing import Beat, LeaseBackend, LeasedRun, ReadyFeed, Settlement
+from schedctl.core import errors
+from schedctl.domain.leasing import Beat, LeaseBackend, LeasedRun, ReadyFeed, Settlement
 
 if TYPE_CHECKING:
-    from schedctl.storage.queue import Lease as StoredLease
-    from schedctl.storage.queue import QueueRepo
-    from schedctl.storage.store import Store
+    from schedctl.storage.db.store import Store
+    from schedctl.storage.pipeline.queue import Lease as StoredLease
+    from schedctl.storage.pipeline.queue import QueueRepo
 
 
 class DirectBackend(LeaseBackend):
@@ -29,14 +29,14 @@ class DirectBackend(LeaseBackend):
     """
 
     def __init__(self, store: Store, tenant: str | None = None) -> None:
-        from schedctl.storage.queue import QueueRepo, worker_tenant
+        from schedctl.storage.pipeline.queue import QueueRepo, worker_tenant
 
         self.store = store
         self.repo: QueueRepo = QueueRepo(store)
         self.tenant_id = worker_tenant(store, tenant)
 
     def lease(self, queue: str, owner: str, lease_seconds: float, limit: int) -> list[LeasedRun]:
-        from schedctl.storage.workers import record_presence
+        from schedctl.storage.pipeline.workers import record_presence
 
         leases: list[LeasedRun] = list(
             self.repo.lease(queue, owner, lease_seconds, limit, tenant_id=self.tenant_id)
@@ -46,7 +46,7 @@ class DirectBackend(LeaseBackend):
         return leases
 
     def ready_feed(self, queue: str) -> ReadyFeed | None:
-        from schedctl.storage.dialect import queue_word
+        from schedctl.storage.backend.dialect import queue_word
 
         return self.store.dialect.ready_feed(self.store.engine, queue_word(self.tenant_id, queue))
 
@@ -60,7 +60,7 @@ class DirectBackend(LeaseBackend):
         self, items: Sequence[tuple[LeasedRun, str | None]], lease_seconds: float
     ) -> list[Beat | errors.StoreUnavailable]:
         """Every lease extended in one transaction (QueueRepo.beat_many)."""
-        from schedctl.storage.workers import record_presence
+        from schedctl.storage.pipeline.workers import record_presence
 
         stored = [(_stored(lease), tail) for lease, tail in items]
         # a busy worker polls no more: its heartbeats say it is still there
@@ -79,7 +79,7 @@ class DirectBackend(LeaseBackend):
     ) -> list[bool | errors.StoreUnavailable]:
         """Every outcome in one transaction (QueueRepo.finish_many); StoreUnavailable for
         the whole batch when it could not commit."""
-        from schedctl.storage.queue import attempt_of
+        from schedctl.storage.pipeline.queue import attempt_of
 
         stored = [_stored(lease) for lease, _ in items]
         return list(
@@ -98,8 +98,8 @@ class DirectBackend(LeaseBackend):
         command: Sequence[str],
         command_for: Callable[[Any], Any] | None,
     ) -> bool:
-        """From the database, for this backend's tenant (schedctl.alerts.command)."""
-        from schedctl.alerts.command import run_alert_commands  # database workers only
+        """From the database, for this backend's tenant (schedctl.app.alerts.command)."""
+        from schedctl.app.alerts.command import run_alert_commands  # database workers only
 
         run_alert_commands(
             self.store,
@@ -113,7 +113,7 @@ class DirectBackend(LeaseBackend):
 
 
 def _stored(lease: LeasedRun) -> StoredLease:
-    from schedctl.storage.queue import Lease as StoredLease
+    from schedctl.storage.pipeline.queue import Lease as StoredLease
 
     assert isinstance(lease, StoredLease), "a lease is settled by the backend that leased it"
     return lease

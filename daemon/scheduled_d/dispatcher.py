@@ -15,13 +15,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from schedctl import errors, retrying
 from schedctl.coordination.base import Coordinator
+from schedctl.core import errors, retrying
 from schedctl.delivery.limits import TokenBucket
-from schedctl.storage.changes import ChangeFeed, open_change_feed
-from schedctl.storage.claim import Claimer, ClaimResult, DueJob
-from schedctl.storage.store import Store
-from schedctl.storage.tenants import TenantRepo
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.changes import ChangeFeed, open_change_feed
+from schedctl.storage.pipeline.claim import Claimer, ClaimResult, DueJob
+from schedctl.storage.tenants.tenants import TenantRepo
 from scheduled_d import metrics
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """The host worker: serves this host's queues (its own and its groups', see
-schedctl.jobfiles.placement) with commands resolved per run from the host's own job files
-(schedctl.jobfiles.host), follows those files (SIGHUP and a periodic rescan) and runs the
+schedctl.domain.jobfiles.placement) with commands resolved per run from the host's own job files
+(schedctl.domain.jobfiles.host), follows those files (SIGHUP and a periodic rescan) and runs the
 @reboot jobs once at each start.
 
 A run's payload only names a job ({job_file, job}); the command, user, group, environment,
@@ -36,13 +36,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from schedctl import errors, jobspec
-from schedctl.config import HostConfig
-from schedctl.jobfiles.host import FileChanges, HostFiles, run_as
-from schedctl.jobfiles.model import FileJob
-from schedctl.jobfiles.placement import central_name, host_queues
-from schedctl.leasing import LeaseBackend
-from schedctl.leasing import LeasedRun as Lease
+from schedctl.core import errors
+from schedctl.domain import jobspec
+from schedctl.domain.config import HostConfig
+from schedctl.domain.jobfiles.host import FileChanges, HostFiles, run_as
+from schedctl.domain.jobfiles.model import FileJob
+from schedctl.domain.jobfiles.placement import central_name, host_queues
+from schedctl.domain.leasing import LeaseBackend
+from schedctl.domain.leasing import LeasedRun as Lease
 from scheduled_d import sdnotify
 from scheduled_d.boot_runs import BootRuns, read_boot_id
 from scheduled_d.direct_backend import DirectBackend
@@ -51,10 +52,10 @@ from scheduled_d.supervise import run_inline
 from scheduled_d.worker import INHERITED_VARIABLES, RunSpec, Worker
 
 if TYPE_CHECKING:
-    from schedctl.alerts.command import AlertCommand
-    from schedctl.queue_client import ApiLeaseBackend
-    from schedctl.storage.alerts import AlertRow
-    from schedctl.storage.store import Store
+    from schedctl.app.alerts.command import AlertCommand
+    from schedctl.clients.queue_client import ApiLeaseBackend
+    from schedctl.storage.db.store import Store
+    from schedctl.storage.records.alerts import AlertRow
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +256,7 @@ class HostWorker:
         central job's payload names it ({job_file, job}), and it must be a job of this
         host's files that runs on this host from that queue (as for a run: HostFiles.resolve).
         NotFound when there is no such job or it has no alert_command."""
-        from schedctl.storage.jobs import JobRepo
+        from schedctl.storage.jobs.jobs import JobRepo
 
         central = JobRepo(store).get(alert.job_id, alert.tenant_id)
         return self._alert_command_of(central.payload, queue, alert.kind, alert.job_id)
@@ -263,7 +264,7 @@ class HostWorker:
     def _alert_command_of(self, payload: Any, queue: str, kind: str, job_id: str) -> AlertCommand:
         """alert_command's AlertCommand, from the central job's payload (the database's or
         the API's): the same resolution and account whichever way the alert came."""
-        from schedctl.alerts.command import AlertCommand
+        from schedctl.app.alerts.command import AlertCommand
 
         job = self.files.resolve(payload, host=self.host.name, groups=self.host.groups, queue=queue)
         if not job.alerts.command:
@@ -310,8 +311,8 @@ class HostWorker:
         """What `schedctl apply --check` would report on this host ("changed NAME", ...; a
         refused file as "refused FILE: KEY: why"), reported centrally (`schedctl status`)
         and as the gauge scheduled_host_jobs_drift."""
-        from schedctl.jobfiles import JobFilesError, load_dir
-        from schedctl.jobfiles import apply as applying
+        from schedctl.app import jobfiles_apply as applying
+        from schedctl.domain.jobfiles import JobFilesError, load_dir
         from scheduled_d.metrics import HOST_DRIFT  # here: it loads the database layer
 
         backend = self._make_backend()
@@ -330,7 +331,7 @@ class HostWorker:
         except JobFilesError as exc:
             drift = [f"refused {p.path}: {p.key}: {p.message}" for p in exc.problems]
         if isinstance(backend, DirectBackend):
-            from schedctl.storage import host_drift
+            from schedctl.storage.jobs import host_drift
 
             host_drift.report(backend.store, backend.tenant_id, self.host.name, drift)
         else:
@@ -344,7 +345,7 @@ class HostWorker:
         """The jobs reader apply uses and the tenant: the database's, or the API's with the
         host token (which sees this host's own jobs)."""
         if isinstance(backend, DirectBackend):
-            from schedctl.service import Scheduler
+            from schedctl.app.service import Scheduler
 
             return Scheduler(backend.store), backend.tenant_id
         client = backend.jobs_client()  # type: ignore[attr-defined]
@@ -373,7 +374,7 @@ class HostWorker:
     def api_alert_lane(self, backend: LeaseBackend, queue: str) -> Callable[[], int] | None:
         """The Worker's alert lane for `queue` over the API (None with the database, whose
         lane is the Worker's own)."""
-        from schedctl.queue_client import ApiLeaseBackend
+        from schedctl.clients.queue_client import ApiLeaseBackend
 
         if not isinstance(backend, ApiLeaseBackend):
             return None
@@ -389,7 +390,7 @@ class HostWorker:
         the central job's {job_file, job} resolved among the jobs that run here from
         `queue`), with the alert JSON on stdin; then report how it went. Returns how many
         were taken."""
-        from schedctl.alerts.command import TIMEOUT_SECONDS, run_command
+        from schedctl.app.alerts.command import TIMEOUT_SECONDS, run_command
 
         taken = backend.lease_alerts(queue)
         for alert in taken:
@@ -518,7 +519,7 @@ class HostWorker:
         try:
             backend = self._make_backend()
             if isinstance(backend, DirectBackend):
-                from schedctl.storage import boot_runs
+                from schedctl.storage.jobs import boot_runs
 
                 boot_runs.record(
                     backend.store, backend.tenant_id, name, seconds=seconds, exit_code=code,
@@ -563,7 +564,7 @@ class HostWorker:
 
     def _make_backend(self) -> LeaseBackend:
         if self._backend is None:
-            from schedctl.storage.store import Store
+            from schedctl.storage.db.store import Store
 
             assert isinstance(self.store, Store)
             self._backend = DirectBackend(self.store, self.host.tenant)
@@ -712,7 +713,7 @@ def run_api_host_worker(
     """`scheduled-d worker --api URL` with a [host] table or --jobs-dir: the host worker
     leasing through the REST API with the host's token; no database URL, no database code.
     The token must be this host's (check_token_host)."""
-    from schedctl.queue_client import ApiLeaseBackend
+    from schedctl.clients.queue_client import ApiLeaseBackend
 
     queues = host_queues(host.name, host.groups)
     backend = ApiLeaseBackend(

@@ -17,7 +17,7 @@ import sys
 from datetime import UTC, datetime
 from typing import TextIO
 
-from schedctl.config import LOG_FORMATS, LOG_LEVELS
+from schedctl.domain.config import LOG_FORMATS, LOG_LEVELS
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 # syslog priorities of the logging levels (journald reads "<N>" at the start of a line)

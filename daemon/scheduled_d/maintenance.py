@@ -9,10 +9,10 @@ from __future__ import annotations
 import logging
 import threading
 
-from schedctl import errors
-from schedctl.config import Config
-from schedctl.storage.retention import MIN_DAYS_AHEAD, RecordRetention, maintain_runs
-from schedctl.storage.store import Store
+from schedctl.core import errors
+from schedctl.domain.config import Config
+from schedctl.storage.db.store import Store
+from schedctl.storage.records.retention import MIN_DAYS_AHEAD, RecordRetention, maintain_runs
 
 log = logging.getLogger(__name__)
 

@@ -25,12 +25,12 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from schedctl import errors
-from schedctl.config import parse_listen
-from schedctl.storage.queue import QueueRepo, QueueStat
-from schedctl.storage.status import DatabaseStatus, read_database_status
-from schedctl.storage.store import Store
-from schedctl.storage.workers import WorkerRepo
+from schedctl.core import errors
+from schedctl.domain.config import parse_listen
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.queue import QueueRepo, QueueStat
+from schedctl.storage.pipeline.workers import WorkerRepo
+from schedctl.storage.records.status import DatabaseStatus, read_database_status
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from schedctl.leasing import LeasedRun
+from schedctl.domain.leasing import LeasedRun
 from schedctl.scheduling.timeparse import format_instant
 
 log = logging.getLogger("scheduled_d.output")

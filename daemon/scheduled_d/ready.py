@@ -9,7 +9,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from schedctl.leasing import ReadyFeed
+from schedctl.domain.leasing import ReadyFeed
 
 log = logging.getLogger(__name__)
 

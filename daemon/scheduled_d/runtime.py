@@ -7,16 +7,16 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
-from schedctl import limits
-from schedctl.alerts.metrics import export_last_success
-from schedctl.config import Config, WorkerConfig
 from schedctl.coordination.base import Coordinator
 from schedctl.coordination.local import LocalCoordinator
 from schedctl.coordination.zkaccess import ZooKeeperAccess
 from schedctl.coordination.zookeeper import ZooKeeperCoordinator
-from schedctl.storage.alerts import last_successes
-from schedctl.storage.claim import ClaimResult
-from schedctl.storage.store import Store
+from schedctl.core import limits
+from schedctl.domain.alerts.metrics import export_last_success
+from schedctl.domain.config import Config, WorkerConfig
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.claim import ClaimResult
+from schedctl.storage.records.alerts import last_successes
 from scheduled_d import sdnotify
 from scheduled_d.dispatcher import Dispatcher
 from scheduled_d.maintenance import record_retention, run_maintenance
@@ -113,7 +113,7 @@ def _run_all(
     api_server = None
     if config.api_enabled:
         # imported here: the dispatcher-only modes need no web stack
-        from schedctl.service import Scheduler
+        from schedctl.app.service import Scheduler
         from scheduled_d.api.server import ApiServer
 
         api_server = ApiServer(
@@ -289,7 +289,7 @@ def run_api(store: Store, config: Config) -> None:
     SIGTERM/SIGINT (and /metrics on config.metrics_listen, like every mode); healthy, for
     /healthz and the systemd watchdog, while the server serves."""
     # imported here: the dispatcher-only modes need no web stack
-    from schedctl.service import Scheduler
+    from schedctl.app.service import Scheduler
     from scheduled_d.api.server import ApiServer
 
     with stop_on_signals() as (stop, force):

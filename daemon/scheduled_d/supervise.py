@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from schedctl import errors
+from schedctl.core import errors
 
 log = logging.getLogger(__name__)
 

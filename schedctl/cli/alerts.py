@@ -9,10 +9,10 @@ from typing import Annotated, Any
 
 import typer
 
-from schedctl import errors
-from schedctl.alerts.model import AlertConfig
 from schedctl.cli.common import OutputOption, cli_state, output_format, say
 from schedctl.cli.output import OutputFormat, emit
+from schedctl.core import errors
+from schedctl.domain.alerts.model import AlertConfig
 
 Webhook = Annotated[
     str | None, typer.Option("--webhook", help="URL POSTed the alert, signed like deliveries.")

@@ -18,13 +18,14 @@ from typing import Annotated, Any
 
 import typer
 
-from schedctl import errors, jobfiles
+from schedctl.app import jobfiles_apply as applying
 from schedctl.cli.common import CliState, OutputOption, actor, cli_state, output_format, say
 from schedctl.cli.output import OutputFormat, emit_json, emit_table, err_console
-from schedctl.config import DEFAULT_CONFIG_PATH, load_config
-from schedctl.host_scope import HostScope
-from schedctl.jobfiles import apply as applying
-from schedctl.jobfiles import placement
+from schedctl.core import errors
+from schedctl.domain import jobfiles
+from schedctl.domain.config import DEFAULT_CONFIG_PATH, load_config
+from schedctl.domain.host_scope import HostScope
+from schedctl.domain.jobfiles import placement
 
 COLUMNS = ("action", "name", "detail")
 SHOWN_DIGEST = 12
@@ -115,7 +116,7 @@ def apply(
         _api_of_host_table(state, config)  # a cron host: [host] api_url and token_file
     if state.api_url:
         # imported here: the API client loads requests, which `schedctl --help` must not
-        from schedctl.client import ApiClient
+        from schedctl.clients.client import ApiClient
 
         client = state.scheduler()
         assert isinstance(client, ApiClient)

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from schedctl.app.views import audit_to_dict
 from schedctl.cli.common import (
     OutputOption,
     TenantOption,
@@ -17,7 +18,6 @@ from schedctl.cli.common import (
     limit_option,
     output_format,
 )
-from schedctl.views import audit_to_dict
 
 AUDIT_COLUMNS = ("at", "tenant", "actor", "action", "job_id", "detail")
 

@@ -2,7 +2,7 @@
 config, output format), opening the store, the actor name, and mapping errors to exit codes.
 
 Exit codes (documented in `schedctl --help`) are the error classes' `exit_code`, listed
-with their `exit_meaning` from schedctl.errors.
+with their `exit_meaning` from schedctl.core.errors.
 
 Command groups added later (dlq, status, bench, audit) get all of this for free: errors
 are mapped by `SchedGroup`, the root app's group class, around every subcommand; a leaf
@@ -29,9 +29,9 @@ import typer
 from rich.text import Text
 from typer.core import TyperGroup
 
-from schedctl import errors, limits
 from schedctl.cli.output import OutputFormat, console, emit, err_console
-from schedctl.config import (
+from schedctl.core import errors, limits
+from schedctl.domain.config import (
     Config,
     default_database_url,
     load_config,
@@ -42,12 +42,12 @@ from schedctl.config import (
 if TYPE_CHECKING:
     # imported where a command needs them: `schedctl --help` must not load sqlalchemy,
     # alembic, the database drivers, requests or pika (tests/unit/test_cli_imports.py)
-    from schedctl.client import ApiClient
-    from schedctl.models import Page
-    from schedctl.service import Scheduler
-    from schedctl.storage.store import Store
+    from schedctl.app.service import Scheduler
+    from schedctl.clients.client import ApiClient
+    from schedctl.domain.models import Page
+    from schedctl.storage.db.store import Store
 
-# from the error classes (schedctl.errors): a new exit code is documented where it is defined
+# from the error classes (schedctl.core.errors): a new exit code is documented where it is defined
 EXIT_CODES_HELP = (
     "Exit codes: "
     + ", ".join(f"{code} {what}" for code, what in errors.exit_codes().items())
@@ -99,7 +99,7 @@ class CliState:
         return self._config
 
     def database_url(self) -> str:
-        from schedctl.storage.engine import normalize_url
+        from schedctl.storage.db.engine import normalize_url
 
         self._refuse_api()
         config = self.config()
@@ -111,7 +111,7 @@ class CliState:
         """Jobs and runs: the remote API with --api, else the database."""
         if self.api_url:
             if self._client is None:
-                from schedctl.client import ApiClient
+                from schedctl.clients.client import ApiClient
 
                 self._client = ApiClient(self.api_url, self.api_token or "")
             return self._client
@@ -121,7 +121,7 @@ class CliState:
         """The database's library API; refused with --api (the command needs the database)."""
         self._refuse_api()
         if self._scheduler is None:
-            from schedctl.service import Scheduler
+            from schedctl.app.service import Scheduler
 
             config = self.config()
             check_database_choice(config, config.database_url, self.command)
@@ -166,7 +166,7 @@ def check_database_choice(config: Config, url: str, command: tuple[str, ...] = (
     not there yet, refuse a command that only looks (a ConfigError naming database_url,
     nothing created), and let one that creates (tenant create, db upgrade) make it, saying
     where on stderr, once. `command`: the subcommand's words ("tenant", "create")."""
-    from schedctl.storage.engine import database_of, normalize_url
+    from schedctl.storage.db.engine import database_of, normalize_url
 
     require_database_choice(config)
     url = normalize_url(url)
@@ -198,7 +198,7 @@ def check_database_choice(config: Config, url: str, command: tuple[str, ...] = (
 
 
 def is_embedded_default(url: str) -> bool:
-    from schedctl.storage.engine import normalize_url
+    from schedctl.storage.db.engine import normalize_url
 
     return normalize_url(url) == normalize_url(default_database_url())
 
@@ -209,15 +209,15 @@ def open_store(config: Config) -> Store:
     (so `schedctl tenant create demo` works on a fresh machine), and the embedded default
     (a file nobody configured) is also upgraded when it is behind. Any other database is
     migrated only by `schedctl db upgrade`: SchemaOutdated (exit 2) says so."""
-    from schedctl.storage.engine import (
+    from schedctl.storage.db.engine import (
         check_connection,
         make_engine,
         normalize_url,
         redact,
         sets_itself_up,
     )
-    from schedctl.storage.migrate import is_empty, schema_check
-    from schedctl.storage.store import Store
+    from schedctl.storage.db.migrate import is_empty, schema_check
+    from schedctl.storage.db.store import Store
 
     url = normalize_url(config.database_url)
     store = Store(make_engine(url))
@@ -228,7 +228,7 @@ def open_store(config: Config) -> Store:
             new = check.current is None and is_empty(store.engine)
             behind = check.state == "behind"
             if sets_itself_up(url) and behind and (new or is_embedded_default(url)):
-                from schedctl.storage.migrate import upgrade_engine
+                from schedctl.storage.db.migrate import upgrade_engine
 
                 upgrade_engine(store.engine)
                 store.ensure_settings(config.partition_count)
@@ -385,7 +385,7 @@ class SchedGroup(TyperGroup):
 
 def int_parser(field: str, low: int, high: int) -> Callable[[Any], int]:
     """A typer `parser=` for an integer option or argument: ASCII digits only, within
-    [low, high] (schedctl.limits); anything else is `error: FIELD: ...`, exit 2. click's own
+    [low, high] (schedctl.core.limits); anything else is `error: FIELD: ...`, exit 2. click's own
     int type takes other scripts' digits and any size."""
 
     def integer(value: Any) -> int:

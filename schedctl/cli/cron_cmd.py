@@ -8,10 +8,10 @@ from typing import Annotated
 
 import typer
 
-from schedctl import limits
 from schedctl.cli.common import OutputOption, int_parser, output_format
 from schedctl.cli.output import emit, err_console
-from schedctl.errors import SchedError
+from schedctl.core import limits
+from schedctl.core.errors import SchedError
 from schedctl.scheduling.cron import CronFire, CronSchedule, FireKind
 from schedctl.scheduling.timeparse import format_instant, parse_instant
 

@@ -1,5 +1,5 @@
 """Owns `schedctl db`: schema migrations (online upgrade, idempotent; downgrade), the schema
-status with its compatibility (storage/migrate.py: the rule), the
+status with its compatibility (storage/db/migrate.py: the rule), the
 runtime role's grants and the owner's run-history maintenance (day partitions made ahead,
 expired ones dropped), backup and restore, and payload encryption keys (make a new key,
 re-encrypt every payload and signing secret after a rotation)."""
@@ -10,9 +10,9 @@ from typing import Annotated, Any
 
 import typer
 
-from schedctl import errors
 from schedctl.cli.common import OutputOption, cli_state, output_format, say
 from schedctl.cli.output import OutputFormat, emit, err_console
+from schedctl.core import errors
 
 # the storage modules (sqlalchemy, alembic, the drivers) are imported inside each command:
 # `schedctl --help` must not load them
@@ -32,9 +32,9 @@ app = typer.Typer(
 @app.command()
 def upgrade(ctx: typer.Context, output: OutputOption = None) -> None:
     """Migrate the database to this version's schema (safe to run again: then a no-op)."""
-    from schedctl.storage.engine import make_engine, redact
-    from schedctl.storage.migrate import current_revision, upgrade_steps
-    from schedctl.storage.store import Store
+    from schedctl.storage.db.engine import make_engine, redact
+    from schedctl.storage.db.migrate import current_revision, upgrade_steps
+    from schedctl.storage.db.store import Store
 
     state = cli_state(ctx)
     config = state.config()
@@ -97,8 +97,8 @@ def downgrade(
     has written data into what the downgrade drops (its new tables and columns): that data
     goes with them. Refused at the first revision, and on a revision this version does not
     know (run the downgrade with the schedctl of the release that made it)."""
-    from schedctl.storage.engine import make_engine, redact
-    from schedctl.storage.migrate import current_revision, downgrade_steps
+    from schedctl.storage.db.engine import make_engine, redact
+    from schedctl.storage.db.migrate import current_revision, downgrade_steps
 
     state = cli_state(ctx)
     engine = make_engine(state.database_url())
@@ -130,8 +130,8 @@ def status(ctx: typer.Context, output: OutputOption = None) -> None:
     version's daemons may run against it: at head, or at a newer release's revision declared
     compatible with head (`compatible`), exit 0; behind (run `schedctl db upgrade`) or newer
     and not compatible (install the newer release), exit 2."""
-    from schedctl.storage.engine import check_connection, make_engine, redact
-    from schedctl.storage.migrate import schema_check
+    from schedctl.storage.db.engine import check_connection, make_engine, redact
+    from schedctl.storage.db.migrate import schema_check
 
     state = cli_state(ctx)
     engine = make_engine(state.database_url())
@@ -180,8 +180,8 @@ def grant(
     Default privileges of the owner (the role of this command's URL) cover the tables later
     migrations create; running it again after `db upgrade` changes nothing. Postgres only:
     a SQLite file has no roles."""
-    from schedctl.storage.engine import has_roles
-    from schedctl.storage.roles import apply_grants, check_role_name, runtime_grants
+    from schedctl.storage.db.engine import has_roles
+    from schedctl.storage.db.roles import apply_grants, check_role_name, runtime_grants
 
     state = cli_state(ctx)
     check_role_name(role)
@@ -244,7 +244,7 @@ def maintain(
     daemons run as the runtime role, which may
         not do DDL: they only delete expired rows, and warn when fewer than 2 days ahead have
         their partition (a missing day's runs go to the default partition: none is lost)."""
-    from schedctl.storage.retention import RecordRetention, maintain_runs
+    from schedctl.storage.records.retention import RecordRetention, maintain_runs
 
     state = cli_state(ctx)
     config = state.config()
@@ -297,7 +297,7 @@ def new_payload_key() -> None:
     To rotate: put the new key FIRST in the key file and keep the old ones after it; restart
     the daemons and API servers; run `schedctl db rotate-payload-key`; then remove the old
     keys and restart again."""
-    from schedctl.crypto import PayloadCipher
+    from schedctl.core.crypto import PayloadCipher
 
     say(PayloadCipher.generate_key())
 
@@ -307,8 +307,8 @@ def rotate_payload_key(ctx: typer.Context, output: OutputOption = None) -> None:
     """Re-encrypt every stored job payload and tenant signing secret with the current
     (first) key; plaintext ones written before encryption was enabled get encrypted too. Safe
     to run again, and while the scheduler runs."""
-    from schedctl.storage.payloads import payload_cipher, rotate_payloads
-    from schedctl.storage.signing_secrets import rotate_signing_secrets
+    from schedctl.storage.jobs.payloads import payload_cipher, rotate_payloads
+    from schedctl.storage.tenants.signing_secrets import rotate_signing_secrets
 
     cipher = payload_cipher()
     store = cli_state(ctx).store()
@@ -356,7 +356,7 @@ def backup(
     daemons run. Postgres: pg_dump in its custom format (the client tools of the server's
     major version must be on PATH; the password goes through the environment, never the
     command line). An existing FILE is replaced only with --force."""
-    from schedctl.storage.backup import backup as make_backup
+    from schedctl.storage.db.backup import backup as make_backup
 
     state = cli_state(ctx)
     done = make_backup(state.database_url(), file, force=force)
@@ -378,9 +378,9 @@ def restore(
     --no-owner --no-privileges --single-transaction, run as the owner's URL; grants are
     not restored: run `schedctl db grant ROLE --apply` again for the runtime role. Then
     `schedctl db upgrade` if the backup is from an older version."""
-    from schedctl.storage.backup import restore as restore_backup
-    from schedctl.storage.engine import make_engine
-    from schedctl.storage.migrate import current_revision, head_revision
+    from schedctl.storage.db.backup import restore as restore_backup
+    from schedctl.storage.db.engine import make_engine
+    from schedctl.storage.db.migrate import current_revision, head_revision
 
     state = cli_state(ctx)
     url = state.database_url()

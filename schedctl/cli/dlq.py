@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from schedctl import errors, limits
 from schedctl.cli.common import (
     OutputOption,
     TenantOption,
@@ -28,10 +27,11 @@ from schedctl.cli.common import (
     say,
 )
 from schedctl.cli.output import OutputFormat, emit
+from schedctl.core import errors, limits
 from schedctl.scheduling.timeparse import format_instant, parse_duration
 
 if TYPE_CHECKING:
-    from schedctl.storage.dead_letters import DeadLetter, DeadLetterRepo
+    from schedctl.storage.pipeline.dead_letters import DeadLetter, DeadLetterRepo
 
 app = typer.Typer(
     help="Dead letters: runs that exhausted their retries. list, show, replay, purge.",
@@ -92,7 +92,7 @@ def _row(letter: DeadLetter) -> dict[str, Any]:
 
 
 def _repo(ctx: typer.Context) -> DeadLetterRepo:
-    from schedctl.storage.dead_letters import DeadLetterRepo
+    from schedctl.storage.pipeline.dead_letters import DeadLetterRepo
 
     return DeadLetterRepo(cli_state(ctx).store())
 

@@ -14,9 +14,11 @@ from typing import Annotated, Any
 
 import typer
 
-from schedctl import crontab, errors, jobfiles
+from schedctl.app import crontab
 from schedctl.cli.common import OutputOption, output_format, say
 from schedctl.cli.output import OutputFormat, emit_json, err_console
+from schedctl.core import errors
+from schedctl.domain import jobfiles
 from schedctl.scheduling.cron import load_zone
 
 MAX_BYTES = 16 * 1024 * 1024

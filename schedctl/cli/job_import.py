@@ -22,14 +22,14 @@ from typing import IO, TYPE_CHECKING, Annotated, Any
 import orjson
 import typer
 
-from schedctl import errors, limits
 from schedctl.cli.common import OutputOption, actor, cli_state, output_format, say
 from schedctl.cli.output import OutputFormat, emit, emit_json, err_console
+from schedctl.core import errors, limits
 
 if TYPE_CHECKING:
-    from schedctl.client import ApiClient
-    from schedctl.models import CreateOutcome
-    from schedctl.service import Scheduler
+    from schedctl.app.service import Scheduler
+    from schedctl.clients.client import ApiClient
+    from schedctl.domain.models import CreateOutcome
 
 # a batch also stops short of this many bytes of job bodies, so that it stays under the
 # API's request limit (1 MiB at least) whatever the payloads
@@ -91,7 +91,7 @@ def job_import(
     fmt = output_format(ctx, output)
     state = cli_state(ctx)
     scheduler = state.scheduler()
-    from schedctl.client import ApiClient
+    from schedctl.clients.client import ApiClient
 
     if not isinstance(scheduler, ApiClient) and tenant is None:
         raise errors.ValidationError("a tenant is required (--tenant)", field="tenant")
@@ -197,7 +197,7 @@ def _create(
     """The batch's outcomes (in a pool thread); a batch refused as a whole raises."""
     if not batch.bodies:
         return []
-    from schedctl.client import ApiClient
+    from schedctl.clients.client import ApiClient
 
     if isinstance(scheduler, ApiClient):
         return scheduler.import_many(tenant, batch.bodies)

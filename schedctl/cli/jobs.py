@@ -2,7 +2,7 @@
 delete, cancel, pause, resume, trigger, reschedule.
 
 The flags are turned into the REST API's job body and validated by the same parser
-(schedctl.jobspec), so the CLI and the API accept and refuse exactly the same jobs.
+(schedctl.domain.jobspec), so the CLI and the API accept and refuse exactly the same jobs.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import typer
 from rich.text import Text
 from rich.tree import Tree
 
-from schedctl import errors, limits
+from schedctl.app.views import job_to_dict, run_to_dict, schedule_summary
 from schedctl.cli.common import (
     OutputOption,
     TenantOption,
@@ -30,8 +30,8 @@ from schedctl.cli.common import (
     say,
 )
 from schedctl.cli.output import OutputFormat, emit, emit_tree
-from schedctl.models import Job
-from schedctl.views import job_to_dict, run_to_dict, schedule_summary
+from schedctl.core import errors, limits
+from schedctl.domain.models import Job
 
 app = typer.Typer(help="Jobs: create, inspect and change scheduled jobs.", no_args_is_help=True)
 
@@ -187,7 +187,7 @@ def run_body(
     overlap: str | None, memory_max: str | None, cpu_weight: str | None, tasks_max: str | None
 ) -> dict[str, Any]:
     """The run policy's keys given on the command line ("none" clears a limit); the
-    values are checked by the same parser as the API's (schedctl/runpolicy.py)."""
+    values are checked by the same parser as the API's (schedctl/domain/runpolicy.py)."""
     body: dict[str, Any] = {} if overlap is None else {"overlap": overlap}
     for key, text in (("memory_max", memory_max), ("cpu_weight", cpu_weight),
                       ("tasks_max", tasks_max)):  # fmt: skip
@@ -334,7 +334,7 @@ def create(
         body["metrics"] = metrics
     body.update(run_body(overlap, memory_max, cpu_weight, tasks_max))
     scheduler = cli_state(ctx).scheduler()
-    from schedctl.client import ApiClient
+    from schedctl.clients.client import ApiClient
 
     if isinstance(scheduler, ApiClient):
         job, created = scheduler.create_job(tenant, body, actor=actor())
@@ -410,7 +410,7 @@ def why(
     """Why the job did (not) run: its schedule and next fires, its last runs with the reason
     each was skipped or failed, how late it is, the live workers of its queue, and its pause
     and alert state."""
-    from schedctl.why import render
+    from schedctl.app.why import render
 
     data = cli_state(ctx).scheduler().job_why(job_id, tenant)
     if output_format(ctx, output) is OutputFormat.json:

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from schedctl import errors, limits
 from schedctl.cli.common import (
     CliState,
     OutputOption,
@@ -30,12 +29,13 @@ from schedctl.cli.common import (
     output_format,
 )
 from schedctl.cli.output import OutputFormat
-from schedctl.models import AttemptLog, Run, RunStatus, run_key
+from schedctl.core import errors, limits
+from schedctl.domain.models import AttemptLog, Run, RunStatus, run_key
 from schedctl.scheduling.timeparse import format_instant, parse_instant
 
 if TYPE_CHECKING:
-    from schedctl.client import ApiClient
-    from schedctl.service import Scheduler
+    from schedctl.app.service import Scheduler
+    from schedctl.clients.client import ApiClient
 
 # runs looked at per poll of --follow (newest first): more runs than this finishing between
 # two polls are shown only from the newest ones
@@ -117,7 +117,7 @@ class Source:
 
     def one(self, job_id: str, at: datetime) -> RunOutput | None:
         if not self.remote:
-            from schedctl.storage.run_output import get_run
+            from schedctl.storage.records.run_output import get_run
 
             run = get_run(self.state.store(), job_id, at)
             return None if run is None else self._outputs(job_id, [run])[0]
@@ -139,7 +139,7 @@ class Source:
             return [
                 RunOutput(r, () if r.status in _NOT_STARTED else (_latest_only(r),)) for r in runs
             ]
-        from schedctl.storage.run_output import attempts
+        from schedctl.storage.records.run_output import attempts
 
         recorded = attempts(self.state.store(), job_id, [r.scheduled_at for r in runs])
         result = []

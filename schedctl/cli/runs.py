@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from schedctl.app.views import run_to_dict
 from schedctl.cli.common import (
     OutputOption,
     TenantOption,
@@ -15,7 +16,6 @@ from schedctl.cli.common import (
     limit_option,
     output_format,
 )
-from schedctl.views import run_to_dict
 
 RUN_COLUMNS = (
     "scheduled_at",

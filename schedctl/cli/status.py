@@ -13,7 +13,7 @@ from schedctl.cli.common import OutputOption, cli_state, output_format, say
 from schedctl.cli.output import OutputFormat, console, emit_json, format_time
 
 if TYPE_CHECKING:
-    from schedctl.cluster_status import ClusterStatus, MemberStatus
+    from schedctl.app.cluster_status import ClusterStatus, MemberStatus
 
 
 def status(ctx: typer.Context, output: OutputOption = None) -> None:
@@ -29,7 +29,7 @@ def status(ctx: typer.Context, output: OutputOption = None) -> None:
     Members come from ZooKeeper when it is configured ($SCHEDULED_ZOOKEEPER or the config
     file), else from the partitions table. A ZooKeeper that does not answer within a few
     seconds is reported, not fatal."""
-    from schedctl.cluster_status import gather_status
+    from schedctl.app.cluster_status import gather_status
 
     state = cli_state(ctx)
     snapshot = gather_status(state.store(), state.config())

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from schedctl import errors, limits
 from schedctl.cli.common import OutputOption, actor, cli_state, int_parser, output_format, say
 from schedctl.cli.output import OutputFormat, emit
+from schedctl.core import errors, limits
 from schedctl.scheduling.timeparse import format_instant, parse_duration
 
 if TYPE_CHECKING:
-    from schedctl.storage.tenant_delivery import TenantDeliveryRepo
+    from schedctl.storage.tenants.tenant_delivery import TenantDeliveryRepo
 
 app = typer.Typer(help="Tenant delivery settings: allow-list, limits, broker, signing secret.")
 
@@ -35,7 +35,7 @@ EntryArgument = Annotated[
 
 
 def _repo(ctx: typer.Context) -> TenantDeliveryRepo:
-    from schedctl.storage.tenant_delivery import TenantDeliveryRepo
+    from schedctl.storage.tenants.tenant_delivery import TenantDeliveryRepo
 
     return TenantDeliveryRepo(cli_state(ctx).store())
 
@@ -67,7 +67,7 @@ def allow(
 ) -> None:
     """Let TENANT's HTTP jobs call HOST or CIDR even where the SSRF guard refuses by default
     (loopback, private, link-local, CGNAT, ...). Public destinations need no entry."""
-    from schedctl.delivery.ssrf import normalize_entry  # loads asyncio: only when needed
+    from schedctl.core.ssrf import normalize_entry  # loads asyncio: only when needed
 
     entries, changed = _repo(ctx).allow(tenant, normalize_entry(entry), actor=actor())
     done = f"{'allowed' if changed else 'already allowed'}: {entries[-1] if changed else entry}"
@@ -84,7 +84,7 @@ def disallow(
     """Remove HOST or CIDR from TENANT's allow-list; deliveries check it at once, so runs
     already scheduled to that destination are refused from now on."""
     try:
-        from schedctl.delivery.ssrf import normalize_entry
+        from schedctl.core.ssrf import normalize_entry
 
         canonical = normalize_entry(entry)
     except errors.ValidationError:
@@ -179,7 +179,7 @@ def signing_secret(
 ) -> None:
     """Print the secret TENANT verifies its deliveries' signatures with (see
     schedctl.signing.verify); hand it over like a password."""
-    from schedctl.storage.tenants import TenantRepo
+    from schedctl.storage.tenants.tenants import TenantRepo
 
     repo = TenantRepo(cli_state(ctx).store())
     secret = repo.signing_secret(tenant)
@@ -206,7 +206,7 @@ def rotate_signing_secret(
     """Give TENANT a new signing secret and print it. During the grace period every
     delivery carries two signatures (`v2=<new>, v2=<old>`), so the receiver can switch to the
     new secret at any time within it; afterwards only the new secret signs."""
-    from schedctl.storage.signing_secrets import DEFAULT_GRACE, SigningSecretRepo
+    from schedctl.storage.tenants.signing_secrets import DEFAULT_GRACE, SigningSecretRepo
 
     period = parse_duration(grace, "grace") if grace.strip() else DEFAULT_GRACE
     keys, secret = SigningSecretRepo(cli_state(ctx).store()).rotate(

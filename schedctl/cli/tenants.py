@@ -7,10 +7,10 @@ from typing import Annotated
 
 import typer
 
-from schedctl import limits
+from schedctl.app.views import tenant_to_dict, token_to_dict
 from schedctl.cli.common import OutputOption, actor, cli_state, int_parser, output_format, say
 from schedctl.cli.output import OutputFormat, emit
-from schedctl.views import tenant_to_dict, token_to_dict
+from schedctl.core import limits
 
 app = typer.Typer(
     help="Tenants: who owns jobs, with their API tokens and quotas.", no_args_is_help=True

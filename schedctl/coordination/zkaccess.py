@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any
 from kazoo.protocol.serialization import Auth
 from kazoo.security import ACL, make_digest_acl
 
-from schedctl import errors
+from schedctl.core import errors
 
 if TYPE_CHECKING:
-    from schedctl.config import Config
+    from schedctl.domain.config import Config
 
 log = logging.getLogger(__name__)
 

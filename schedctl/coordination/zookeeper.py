@@ -43,11 +43,11 @@ from kazoo.hosts import collect_hosts
 from kazoo.protocol.states import KazooState
 from kazoo.retry import KazooRetry
 
-from schedctl import errors, retrying
 from schedctl.coordination.assignment import partitions_for
 from schedctl.coordination.zkaccess import ZooKeeperAccess, denied_hint
-from schedctl.storage.partitions import PartitionRepo
-from schedctl.storage.store import Store
+from schedctl.core import errors, retrying
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.partitions import PartitionRepo
 
 log = logging.getLogger(__name__)
 

@@ -1,2 +1,3 @@
-"""Delivery to targets: signed HTTP calls, the SSRF guard, per-tenant limits
-and the RabbitMQ publisher, shared by the relay and the workers."""
+"""Delivery to targets: signed HTTP calls, per-tenant limits, the RabbitMQ publisher and
+e-mail alerts, shared by the relay and the workers (the SSRF guard they call is
+schedctl.core.ssrf)."""

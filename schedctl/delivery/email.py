@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from schedctl import errors, limits
-from schedctl.alerts.model import EMAIL_ADDRESS
+from schedctl.core import errors, limits
+from schedctl.domain.alerts.model import EMAIL_ADDRESS
 from schedctl.scheduling.timeparse import format_instant
 
 DEFAULT_TIMEOUT_SECONDS = 10.0

@@ -2,7 +2,7 @@
 guard, within one wall-clock deadline per call, and what the answer means.
 
 The request: ``POST`` of ``{"job_id", "scheduled_at", "attempt", "payload"}`` (compact JSON)
-with ``Content-Type: application/json`` and the headers of schedctl.signing
+with ``Content-Type: application/json`` and the headers of schedctl.core.signing
 (Idempotency-Key, X-Sched-Timestamp, X-Sched-Signature), signed with every secret given
 (the tenant's current one, and its previous one during a rotation's grace period).
 
@@ -42,16 +42,15 @@ from urllib.parse import urlsplit
 
 from requests.utils import requote_uri
 
-from schedctl import __version__, errors
-from schedctl.delivery.http_client import (
-    NETWORK_ERRORS,
-    Client,
-    Connection,
-    PoolKey,
-    cause,
-    read_body,
+from schedctl import __version__
+from schedctl.core import errors
+from schedctl.core.signing import (
+    IDEMPOTENCY_HEADER,
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    signature_header,
 )
-from schedctl.delivery.ssrf import (
+from schedctl.core.ssrf import (
     AllowList,
     Destination,
     GuardCache,
@@ -60,15 +59,17 @@ from schedctl.delivery.ssrf import (
     hide_addresses,
     pinned_url,
 )
-from schedctl.delivery.ssrf import tls_name as tls_name_of
-from schedctl.models import Verdict
-from schedctl.scheduling.timeparse import format_instant
-from schedctl.signing import (
-    IDEMPOTENCY_HEADER,
-    SIGNATURE_HEADER,
-    TIMESTAMP_HEADER,
-    signature_header,
+from schedctl.core.ssrf import tls_name as tls_name_of
+from schedctl.delivery.http_client import (
+    NETWORK_ERRORS,
+    Client,
+    Connection,
+    PoolKey,
+    cause,
+    read_body,
 )
+from schedctl.domain.models import Verdict
+from schedctl.scheduling.timeparse import format_instant
 
 # one deadline per call, connect to the end of the body snippet; shorter than the relay's
 # default lease (9 s) by a margin

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from schedctl.models import Lane
+from schedctl.domain.models import Lane
 
 Clock = Callable[[], float]
 

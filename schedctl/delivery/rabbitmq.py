@@ -13,7 +13,7 @@ A message is published on the default exchange with routing key = queue name,
 (delivery_mode 2), and the publish returns only after the broker confirmed it (confirm
 mode): a run is marked delivered only once the broker has it. Body: the same JSON as the
 HTTP target; properties: message_id = the idempotency key, content_type
-application/json, and the signature headers of schedctl.signing, so a consumer can verify
+application/json, and the signature headers of schedctl.core.signing, so a consumer can verify
 and deduplicate exactly like an HTTP receiver (v2 signs method ``PUBLISH`` and the queue name
 as the path: ``verify(secret, headers, body, method="PUBLISH", path=queue)``).
 
@@ -35,11 +35,11 @@ from typing import Any
 import pika  # type: ignore[import-untyped]
 import pika.exceptions  # type: ignore[import-untyped]
 
-from schedctl import errors, retrying
-from schedctl.brokers import redact_url
+from schedctl.core import errors, retrying
+from schedctl.core.signing import BROKER_METHOD, signed_headers
 from schedctl.delivery.http import DeliveryResult, delivery_body
-from schedctl.models import Verdict, run_key
-from schedctl.signing import BROKER_METHOD, signed_headers
+from schedctl.domain.brokers import redact_url
+from schedctl.domain.models import Verdict, run_key
 
 log = logging.getLogger(__name__)
 # pika logs every failed connection at ERROR with a traceback; the relay reports each failed

@@ -28,7 +28,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
-from schedctl.errors import ValidationError
+from schedctl.core.errors import ValidationError
 
 __all__ = ["CronFire", "CronSchedule", "FireKind", "load_zone"]
 

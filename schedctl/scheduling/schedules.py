@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TypeAlias
 
-from schedctl.errors import ValidationError
+from schedctl.core.errors import ValidationError
 from schedctl.scheduling.cron import CronSchedule
 from schedctl.scheduling.timeparse import format_instant, parse_instant
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 
-from schedctl.errors import ValidationError
+from schedctl.core.errors import ValidationError
 
 __all__ = ["format_instant", "parse_duration", "parse_instant"]
 

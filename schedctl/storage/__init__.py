@@ -1,1 +1,3 @@
-"""Durable state: the SQLAlchemy Core schema, migrations and the Store (Postgres, SQLite)."""
+"""Durable state (Postgres, SQLite), in sub-packages: db (engines, the schema, migrations,
+the Store), backend (the Dialect seam), pipeline (claim, outbox, queue, settle), jobs,
+tenants and records (audit, run output and metrics, alerts, status, the console's reads)."""

@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 from sqlalchemy import func, select
 from typer.testing import CliRunner
 
-from schedctl import limits
+from schedctl.app.service import Scheduler
 from schedctl.cli.app import app
-from schedctl.service import Scheduler
-from schedctl.storage import schema
+from schedctl.core import limits
+from schedctl.storage.db import schema
 from scheduled_d.api.server import ApiServer
 from tests.integration.api_support import job_body
 

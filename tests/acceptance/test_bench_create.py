@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import text
 
-from schedctl.storage.engine import make_engine
+from schedctl.storage.db.engine import make_engine
 from schedctl_bench.create import _Client
 from tests.acceptance.bench_support import bench
 

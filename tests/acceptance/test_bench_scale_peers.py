@@ -68,7 +68,7 @@ def test_scale_on_postgres_loads_with_the_server_and_leaves_nothing(pg_url: str)
     assert "embedded_burst" not in result
     assert_levels(result, [1000, 3000], 40)
     assert result["levels"][1]["jobs_stored"] == 3000
-    from schedctl.storage.store import Store
+    from schedctl.storage.db.store import Store
     from schedctl_bench.storage import bench_sizes
 
     store = Store.open(pg_url)
@@ -85,9 +85,9 @@ def test_server_made_rows_have_the_partition_and_schedule_python_gives_them(pg_u
     from sqlalchemy import select
 
     from schedctl.scheduling.schedules import schedule_from_dict
-    from schedctl.storage import schema
-    from schedctl.storage.job_create import partition_of
-    from schedctl.storage.store import Store
+    from schedctl.storage.db import schema
+    from schedctl.storage.db.store import Store
+    from schedctl.storage.jobs.job_create import partition_of
     from schedctl_bench.dispatch import bench_tenant
     from schedctl_bench.storage.bulk_future import load_future_jobs
 

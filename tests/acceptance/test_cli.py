@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from schedctl.app.service import Scheduler
 from schedctl.cli.app import app
-from schedctl.service import Scheduler
 from tests.acceptance.process_support import schedctl_command
 
 UNREACHABLE = "postgresql+psycopg://postgres@127.0.0.1:1/x"
@@ -94,7 +94,7 @@ def test_a_new_sqlite_file_gets_its_schema_on_first_use(empty_sqlite_url: str) -
 
 
 def test_a_sqlite_file_behind_is_not_upgraded_behind_the_operators_back(tmp_path: Path) -> None:
-    from schedctl.storage.migrate import upgrade
+    from schedctl.storage.db.migrate import upgrade
 
     url = f"sqlite:///{tmp_path / 'old.db'}"
     upgrade(url, "0001")

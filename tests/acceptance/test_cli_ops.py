@@ -82,8 +82,8 @@ def test_revision_checks_agree_with_alembic(tmp_path: Path) -> None:
     from alembic.runtime.migration import MigrationContext
     from alembic.script import ScriptDirectory
 
-    from schedctl.storage.engine import make_engine
-    from schedctl.storage.migrate import MIGRATIONS, current_revision, head_revision, upgrade
+    from schedctl.storage.db.engine import make_engine
+    from schedctl.storage.db.migrate import MIGRATIONS, current_revision, head_revision, upgrade
 
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))

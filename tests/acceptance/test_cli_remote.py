@@ -21,10 +21,10 @@ import pytest
 import requests
 from typer.testing import CliRunner
 
+from schedctl.app.service import Scheduler
+from schedctl.app.views import job_to_dict
 from schedctl.cli.app import app
-from schedctl.job_refs import shortest_among
-from schedctl.service import Scheduler
-from schedctl.views import job_to_dict
+from schedctl.domain.job_refs import shortest_among
 from scheduled_d.api.server import ApiServer
 from tests.acceptance.process_support import killed_if_left, stops_on_sigterm
 from tests.services.ports import free_port

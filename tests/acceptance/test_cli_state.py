@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-import schedctl.config
+import schedctl.domain.config
 from schedctl.cli.app import app
 
 runner = CliRunner()
@@ -27,7 +27,9 @@ def fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         if name.startswith("SCHEDULED_"):
             monkeypatch.delenv(name)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
-    monkeypatch.setattr(schedctl.config, "DEFAULT_CONFIG_PATH", tmp_path / "etc" / "none.toml")
+    monkeypatch.setattr(
+        schedctl.domain.config, "DEFAULT_CONFIG_PATH", tmp_path / "etc" / "none.toml"
+    )
     return tmp_path / "data" / "scheduled" / "scheduled.db"
 
 
@@ -65,7 +67,7 @@ def test_a_system_configuration_without_a_database_is_refused(
     system = tmp_path / "etc" / "scheduled.toml"
     system.parent.mkdir()
     system.write_text('log_level = "INFO"\n')
-    monkeypatch.setattr(schedctl.config, "DEFAULT_CONFIG_PATH", system)
+    monkeypatch.setattr(schedctl.domain.config, "DEFAULT_CONFIG_PATH", system)
     for args in (["job", "list"], ["tenant", "create", "demo"], ["db", "upgrade"]):
         result = invoke(*args)
         assert result.exit_code == 2, result.output
@@ -80,7 +82,7 @@ def test_an_unreadable_system_configuration_is_refused(
     # cannot make a file unreadable to root, who runs these tests on CI)
     system = tmp_path / "etc" / "scheduled.toml"
     system.mkdir(parents=True)
-    monkeypatch.setattr(schedctl.config, "DEFAULT_CONFIG_PATH", system)
+    monkeypatch.setattr(schedctl.domain.config, "DEFAULT_CONFIG_PATH", system)
     result = invoke("job", "list")
     assert result.exit_code == 2, result.output
     assert f"cannot read {system}" in result.stderr
@@ -124,7 +126,7 @@ def test_scheduled_d_refuses_a_system_configuration_without_a_database(
     system = tmp_path / "etc" / "scheduled.toml"
     system.parent.mkdir()
     system.write_text('log_level = "INFO"\n')
-    monkeypatch.setattr(schedctl.config, "DEFAULT_CONFIG_PATH", system)
+    monkeypatch.setattr(schedctl.domain.config, "DEFAULT_CONFIG_PATH", system)
     # scheduled-d sets up logging on the root logger, here to CliRunner's stream, which is
     # closed afterwards: the next tests' log lines must not go there
     root = logging.getLogger()

@@ -22,8 +22,8 @@ import requests
 from sqlalchemy import select
 
 from schedctl.scheduling.misfire import MisfirePolicy
-from schedctl.storage import schema
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
 from scheduled_d.worker import RECORD_BACKLOG_DIVISOR
 from tests.acceptance.process_support import wait_for
 from tests.factories import bulk_once_jobs, create_job, every, make_tenant, once_at

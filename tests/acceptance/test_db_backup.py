@@ -14,9 +14,9 @@ from sqlalchemy import select
 from typer.testing import CliRunner
 
 from schedctl.cli.app import app
-from schedctl.storage import schema
-from schedctl.storage.backup import libpq_target
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.backup import libpq_target
+from schedctl.storage.db.store import Store
 from tests.factories import create_job, every, make_tenant
 
 runner = CliRunner()

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from schedctl.cli import app as app_module
 from schedctl.cli import dlq, tenant_allow, tenants
-from schedctl.storage.store import Store
+from schedctl.storage.db.store import Store
 from scheduled_d.relay import Relay
 from tests.integration.queue_support import (
     Received,

@@ -11,7 +11,7 @@ import stat
 import subprocess
 from pathlib import Path
 
-from schedctl.jobfiles import load_dir
+from schedctl.domain.jobfiles import load_dir
 from tests.acceptance.process_support import schedctl_command
 
 CRONTAB = (

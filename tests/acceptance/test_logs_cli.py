@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from schedctl.app.service import Scheduler
 from schedctl.cli.app import app
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.service import Scheduler
-from schedctl.storage.queue import QueueRepo
-from schedctl.storage.store import Store
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.queue import QueueRepo
 from scheduled_d.api.server import ApiServer
 from scheduled_d.worker import Worker
 from tests.factories import make_tenant

@@ -21,11 +21,11 @@ import pytest
 import requests
 from sqlalchemy import func, select
 
-from schedctl.alerts.model import parse_alerts
-from schedctl.models import RetryPolicy, Target, TargetType
-from schedctl.storage import alerts as alerts_repo
-from schedctl.storage import schema
-from schedctl.storage.store import Store
+from schedctl.domain.alerts.model import parse_alerts
+from schedctl.domain.models import RetryPolicy, Target, TargetType
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.records import alerts as alerts_repo
 from tests.acceptance.process_support import killed_if_left, stops_on_sigterm, wait_for
 from tests.factories import create_job, every, make_tenant, once_at
 from tests.services.ports import free_port

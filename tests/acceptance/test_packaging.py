@@ -33,13 +33,15 @@ def _wheel(source: Path, name: str, into: Path) -> set[str]:
 
 def test_the_wheel_carries_both_packages_and_the_migrations(tmp_path: Path) -> None:
     names = _wheel(ROOT, "schedctl", tmp_path)
-    migrations = sorted(n for n in names if n.startswith("schedctl/storage/migrations/versions/"))
+    migrations = sorted(
+        n for n in names if n.startswith("schedctl/storage/db/migrations/versions/")
+    )
     expected = sorted(
-        f"schedctl/storage/migrations/versions/{p.name}"
-        for p in (ROOT / "schedctl/storage/migrations/versions").glob("*.py")
+        f"schedctl/storage/db/migrations/versions/{p.name}"
+        for p in (ROOT / "schedctl/storage/db/migrations/versions").glob("*.py")
     )
     assert migrations == expected
-    assert "schedctl/storage/migrations/env.py" in names
+    assert "schedctl/storage/db/migrations/env.py" in names
     assert "scheduled_d/__main__.py" in names
     assert any(n.endswith("entry_points.txt") for n in names)
     # the web console's templates and its own script and stylesheet (no CDN at run time)
@@ -80,7 +82,7 @@ def test_the_check_sees_benchmark_modules() -> None:
         "/".join(("schedctl", "storage", "bulk_future.py")),
     ):
         assert BENCH_MODULE.search(name), name
-    assert not BENCH_MODULE.search("schedctl/storage/jobs.py")
+    assert not BENCH_MODULE.search("schedctl/storage/jobs/jobs.py")
 
 
 def test_the_benchmarks_are_their_own_distribution(tmp_path: Path) -> None:

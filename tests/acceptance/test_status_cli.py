@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from schedctl.cli.app import app
 from schedctl.coordination.zookeeper import ZooKeeperCoordinator
-from schedctl.storage.store import Store
+from schedctl.storage.db.store import Store
 from tests.factories import ago, bulk_once_jobs, make_tenant
 from tests.services.ports import free_port
 

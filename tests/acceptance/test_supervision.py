@@ -19,10 +19,10 @@ import pytest
 import requests
 from sqlalchemy import select, update
 
-from schedctl.config import Config
 from schedctl.coordination.local import LocalCoordinator
-from schedctl.storage import schema
-from schedctl.storage.store import Store
+from schedctl.domain.config import Config
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
 from scheduled_d.runtime import make_dispatcher
 from scheduled_d.supervise import Supervisor
 from tests.factories import create_job, make_tenant, once_at

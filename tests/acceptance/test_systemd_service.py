@@ -25,8 +25,8 @@ import pytest
 from sqlalchemy import select
 
 from schedctl import __version__
-from schedctl.storage import schema
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
 from tests.acceptance.process_support import (
     WAIT_SECONDS,
     killed_if_left,

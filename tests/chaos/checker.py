@@ -47,9 +47,9 @@ from schedctl.scheduling.schedules import (
     first_occurrence,
     schedule_from_dict,
 )
-from schedctl.storage import schema
-from schedctl.storage.queue import CANCELLED_ERROR
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.queue import CANCELLED_ERROR
 
 Key = tuple[str, datetime]  # run identity: (job_id, scheduled_at)
 # The most offending rows a report keeps per kind (counts are always complete).

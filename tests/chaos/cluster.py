@@ -27,11 +27,11 @@ from typing import IO, TypeVar
 
 from sqlalchemy import text
 
-from schedctl import errors
-from schedctl.cluster_status import read_members
+from schedctl.app.cluster_status import read_members
 from schedctl.coordination.assignment import assignment
-from schedctl.storage.partitions import PartitionRepo
-from schedctl.storage.store import Store
+from schedctl.core import errors
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.partitions import PartitionRepo
 from schedctl_bench.api_workers import (
     api_argv,
     api_url,

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from schedctl.storage.migrate import upgrade
-from schedctl.storage.store import Store
+from schedctl.storage.db.migrate import upgrade
+from schedctl.storage.db.store import Store
 from tests.chaos.cluster import Cluster
 from tests.failure_logs import attach_log_tails
 from tests.pg_roles import grant_runtime_role

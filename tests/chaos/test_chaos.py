@@ -36,12 +36,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import func, select, update
 
-from schedctl import errors
+from schedctl.core import errors
 from schedctl.scheduling.misfire import MisfirePolicy
-from schedctl.storage import schema
-from schedctl.storage.jobs import JobRepo
-from schedctl.storage.store import Store
-from schedctl.storage.tenants import TenantRepo
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.jobs import JobRepo
+from schedctl.storage.tenants.tenants import TenantRepo
 from schedctl_bench.consumers import worker_accepts_tenant
 from tests.chaos.checker import (
     WORKER_STATUSES,

@@ -34,9 +34,9 @@ import pytest
 from sqlalchemy import select, text
 
 from schedctl.scheduling.misfire import MisfirePolicy
-from schedctl.storage import schema
-from schedctl.storage.migrate import upgrade
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.migrate import upgrade
+from schedctl.storage.db.store import Store
 from schedctl_bench.consumers import worker_accepts_tenant
 from tests.chaos.checker import check, load_history
 from tests.chaos.cluster import Cluster, wait_until

@@ -40,8 +40,8 @@ import pytest
 from sqlalchemy import select
 
 from schedctl.scheduling.misfire import MisfirePolicy
-from schedctl.storage import schema
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
 from schedctl_bench.consumers import worker_accepts_tenant
 from tests.chaos.checker import History, check, load_history
 from tests.chaos.cluster import Cluster, wait_until

@@ -4,7 +4,7 @@ online, keep working against that schema (one restarts on it, as an old host doe
 rolling upgrade), and while `db downgrade` takes it back out.
 
 The synthetic next migration is a real alembic migration in a temporary copy of the
-versions directory (`schedctl.storage.migrate.MIGRATIONS` points there for this test
+versions directory (`schedctl.storage.db.migrate.MIGRATIONS` points there for this test
 process only; the daemons are `scheduled-d` processes of this release and never see it): a
 new table, a nullable column on `jobs` (the table every claim updates), and an index built
 CONCURRENTLY on `queue_messages` (the table every lease updates). It declares
@@ -34,8 +34,8 @@ import pytest
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import make_url
 
-from schedctl.storage import migrate
-from schedctl.storage.engine import make_engine
+from schedctl.storage.db import migrate
+from schedctl.storage.db.engine import make_engine
 from schedctl_bench.consumers import worker_accepts_tenant
 from tests.chaos.checker import check, load_history
 from tests.chaos.cluster import Cluster, wait_until

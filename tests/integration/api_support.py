@@ -11,9 +11,9 @@ from typing import Any
 
 import requests
 
-from schedctl.service import Scheduler
-from schedctl.storage import schema
-from schedctl.storage.store import Store
+from schedctl.app.service import Scheduler
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
 from scheduled_d.api.server import ApiServer
 from tests.integration.queue_support import table_snapshot
 

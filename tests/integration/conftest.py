@@ -16,10 +16,10 @@ from contextlib import closing
 
 import pytest
 
-from schedctl.crypto import KEYS_ENV, KEYS_FILE_ENV, PayloadCipher
-from schedctl.service import Scheduler
-from schedctl.storage.payloads import reset_payload_cipher
-from schedctl.storage.store import Store
+from schedctl.app.service import Scheduler
+from schedctl.core.crypto import KEYS_ENV, KEYS_FILE_ENV, PayloadCipher
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.payloads import reset_payload_cipher
 from scheduled_d.api.server import ApiServer
 from tests.integration.api_support import Api, serving
 

@@ -10,10 +10,10 @@ from typing import Any
 
 from sqlalchemy import insert
 
-from schedctl.models import Tenant
+from schedctl.app.service import Scheduler
+from schedctl.domain.models import Tenant
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.service import Scheduler
-from schedctl.storage import schema
+from schedctl.storage.db import schema
 
 
 @dataclass(frozen=True)

@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Table, select
 from sqlalchemy.engine import Connection
 
-from schedctl.models import RetryPolicy, Target, TargetType
-from schedctl.storage import schema
-from schedctl.storage.jobs import JobRepo
-from schedctl.storage.queue import Lease, QueueRepo
-from schedctl.storage.rows import run_query
-from schedctl.storage.store import Store
+from schedctl.domain.models import RetryPolicy, Target, TargetType
+from schedctl.storage.db import schema
+from schedctl.storage.db.rows import run_query
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.jobs import JobRepo
+from schedctl.storage.pipeline.queue import Lease, QueueRepo
 from tests.factories import ahead, create_job, make_tenant, once_at, set_tenant
 from tests.services.ports import pid_alive
 

@@ -24,24 +24,24 @@ from prometheus_client import REGISTRY
 from sqlalchemy import update
 from typer.testing import CliRunner
 
-from schedctl import errors
-from schedctl.alerts.command import run_alert_commands
-from schedctl.alerts.lane import AlertLane
-from schedctl.alerts.metrics import export_last_success
-from schedctl.alerts.model import parse_alerts
-from schedctl.alerts.policy import AlertPolicy
+from schedctl.app.alerts.command import run_alert_commands
+from schedctl.app.alerts.lane import AlertLane
+from schedctl.app.service import Scheduler
 from schedctl.cli.app import app as cli_app
+from schedctl.core import errors
+from schedctl.core.signing import verify
 from schedctl.delivery.email import SmtpSettings
 from schedctl.delivery.http import HttpDelivery
-from schedctl.service import Scheduler
-from schedctl.signing import verify
-from schedctl.storage import alerts as alerts_repo
-from schedctl.storage import schema
-from schedctl.storage.dead_letters import DeadLetterRepo
-from schedctl.storage.jobs import JobRepo
-from schedctl.storage.queue import QueueRepo
-from schedctl.storage.signing_secrets import SigningKeyCache
-from schedctl.storage.store import Store
+from schedctl.domain.alerts.metrics import export_last_success
+from schedctl.domain.alerts.model import parse_alerts
+from schedctl.domain.alerts.policy import AlertPolicy
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.jobs import JobRepo
+from schedctl.storage.pipeline.dead_letters import DeadLetterRepo
+from schedctl.storage.pipeline.queue import QueueRepo
+from schedctl.storage.records import alerts as alerts_repo
+from schedctl.storage.tenants.signing_secrets import SigningKeyCache
 from scheduled_d.relay import Relay
 from scheduled_d.worker import Worker
 from tests.factories import make_tenant

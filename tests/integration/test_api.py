@@ -20,15 +20,15 @@ from prometheus_client import REGISTRY
 from sqlalchemy import select, update
 from typer.testing import CliRunner
 
+from schedctl.app.service import Scheduler
 from schedctl.cli.app import app as cli_app
-from schedctl.crypto import KEYS_ENV, PayloadCipher, is_encrypted
-from schedctl.delivery.ssrf import normalize_entry
-from schedctl.service import Scheduler
-from schedctl.storage import schema
-from schedctl.storage.payloads import configure_payload_cipher, reset_payload_cipher
-from schedctl.storage.queue import QueueRepo
-from schedctl.storage.store import Store
-from schedctl.storage.tenant_delivery import TenantDeliveryRepo
+from schedctl.core.crypto import KEYS_ENV, PayloadCipher, is_encrypted
+from schedctl.core.ssrf import normalize_entry
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.payloads import configure_payload_cipher, reset_payload_cipher
+from schedctl.storage.pipeline.queue import QueueRepo
+from schedctl.storage.tenants.tenant_delivery import TenantDeliveryRepo
 from scheduled_d.api.server import ApiServer
 from tests.integration.api_support import MARKER, QUEUE, Api, job_body, serving, snapshot
 

@@ -12,8 +12,8 @@ import pytest
 import requests
 from sqlalchemy import func, select
 
-from schedctl.service import Scheduler
-from schedctl.storage import schema
+from schedctl.app.service import Scheduler
+from schedctl.storage.db import schema
 from tests.integration.api_support import Api, job_body, snapshot
 
 BATCH = "/v1/jobs:batch"
@@ -225,7 +225,7 @@ def test_dependent_jobs_in_a_batch(sched: Scheduler, acme: Api) -> None:
 
 
 def test_concurrent_single_creates_are_each_answered_as_if_in_turn(sched: Scheduler) -> None:
-    """Concurrent creates of one tenant share transactions (schedctl/create_combiner.py):
+    """Concurrent creates of one tenant share transactions (schedctl/app/create_combiner.py):
     each still gets its own job, its own refusal, and its own audit actor."""
     tenant, _ = sched.create_tenant("busy", "test")
     sched.set_quotas("busy", max_jobs=30, actor="test")

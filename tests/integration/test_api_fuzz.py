@@ -24,8 +24,8 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi import checks as openapi_checks
 
-from schedctl.service import Scheduler
-from schedctl.storage.queue import QueueRepo
+from schedctl.app.service import Scheduler
+from schedctl.storage.pipeline.queue import QueueRepo
 from scheduled_d.api.server import ApiServer
 
 MAX_EXAMPLES = 100  # per operation, per generation mode

@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 import requests
 
-from schedctl.leasing import CANCELLED_RUNNING_ERROR
-from schedctl.queue_client import ApiLeaseBackend
-from schedctl.service import Scheduler
-from schedctl.storage.queue import LOST_ERROR, QueueRepo
+from schedctl.app.service import Scheduler
+from schedctl.clients.queue_client import ApiLeaseBackend
+from schedctl.domain.leasing import CANCELLED_RUNNING_ERROR
+from schedctl.storage.pipeline.queue import LOST_ERROR, QueueRepo
 from scheduled_d.api.server import ApiServer
 from scheduled_d.relay import Relay
 from scheduled_d.worker import Worker

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from schedctl.storage.store import Store
+from schedctl.storage.db.store import Store
 
 pytestmark = pytest.mark.postgres
 

@@ -16,13 +16,14 @@ import pytest
 from sqlalchemy import func, select
 from typer.testing import CliRunner
 
-from schedctl import errors, jobfiles
+from schedctl.app import jobfiles_apply as applying
+from schedctl.app.service import Scheduler
 from schedctl.cli.app import app
-from schedctl.jobfiles import apply as applying
-from schedctl.models import JobStatus
+from schedctl.core import errors
+from schedctl.domain import jobfiles
+from schedctl.domain.models import JobStatus
 from schedctl.scheduling.schedules import schedule_to_dict
-from schedctl.service import Scheduler
-from schedctl.storage import schema
+from schedctl.storage.db import schema
 
 ACTOR = "test"
 runner = CliRunner()

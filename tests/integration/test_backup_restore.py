@@ -23,11 +23,11 @@ import pytest
 from sqlalchemy import func, select
 
 from schedctl.coordination.local import LocalCoordinator
-from schedctl.models import run_key
+from schedctl.domain.models import run_key
 from schedctl.scheduling.misfire import MisfirePolicy
-from schedctl.storage import schema
-from schedctl.storage.migrate import upgrade
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.migrate import upgrade
+from schedctl.storage.db.store import Store
 from scheduled_d.dispatcher import Dispatcher
 from tests.factories import create_job, every, make_tenant
 from tests.services.pg_backup import (

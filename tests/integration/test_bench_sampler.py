@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime, timedelta
 
-from schedctl.storage.store import Store
+from schedctl.storage.db.store import Store
 from schedctl_bench.pipeline import _QueueSampler
 from tests.factories import insert_queue_message_row, insert_tenant_row
 

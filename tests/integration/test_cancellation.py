@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from schedctl.storage.jobs import JobRepo
-from schedctl.storage.queue import CANCELLED_ERROR, CANCELLED_RUNNING_ERROR, QueueRepo
-from schedctl.storage.store import Store
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.jobs import JobRepo
+from schedctl.storage.pipeline.queue import CANCELLED_ERROR, CANCELLED_RUNNING_ERROR, QueueRepo
 from scheduled_d.relay import Relay
 from scheduled_d.worker import Worker
 from tests.factories import make_tenant

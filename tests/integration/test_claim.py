@@ -12,17 +12,17 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.exc import DBAPIError
 
-from schedctl import errors
 from schedctl.coordination.local import LocalCoordinator
-from schedctl.models import Target, TargetType
+from schedctl.core import errors
+from schedctl.domain.models import Target, TargetType
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import CronSchedule, IntervalSchedule
-from schedctl.storage import schema
-from schedctl.storage.claim import Claimer, ClaimResult, DueJob
-from schedctl.storage.jobs import JobRepo
-from schedctl.storage.partitions import PartitionRepo
-from schedctl.storage.queue import QueueRepo
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.jobs import JobRepo
+from schedctl.storage.pipeline.claim import Claimer, ClaimResult, DueJob
+from schedctl.storage.pipeline.partitions import PartitionRepo
+from schedctl.storage.pipeline.queue import QueueRepo
 from schedctl_bench.storage.bench import move_jobs_due
 from tests.factories import (
     ago,

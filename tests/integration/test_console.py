@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import requests
 
+from schedctl.app.service import Scheduler
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.service import Scheduler
-from schedctl.storage import schema
+from schedctl.storage.db import schema
 from schedctl_bench.console import server_seconds
 from scheduled_d.api.server import ApiServer
 from tests.integration.api_support import snapshot
@@ -210,7 +210,7 @@ def test_a_bad_or_revoked_token_does_not_sign_in(sched: Scheduler, app_client: B
     assert refused.status_code == 401 and "set-cookie" not in refused.headers
     sign_in(app_client, a.token)
     sched.revoke_token(a.token, actor="test")
-    from schedctl.storage.token_cache import VERIFIED_TOKENS
+    from schedctl.storage.tenants.token_cache import VERIFIED_TOKENS
 
     VERIFIED_TOKENS.clear()
     assert app_client.get("/ui/jobs").status_code == 303

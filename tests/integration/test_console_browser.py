@@ -20,7 +20,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
-from schedctl.service import Scheduler
+from schedctl.app.service import Scheduler
 from tests.integration.api_support import serving
 from tests.integration.console_support import finish_running, seed
 

@@ -12,13 +12,14 @@ from typing import Any
 import pytest
 from sqlalchemy import delete, func, inspect, select, text
 
-from schedctl.models import JobStatus
-from schedctl.service import Scheduler
-from schedctl.storage import console, schema
-from schedctl.storage.claim import Claimer
-from schedctl.storage.engine import make_engine
-from schedctl.storage.migrate import downgrade_steps, upgrade
-from schedctl.storage.store import Store
+from schedctl.app.service import Scheduler
+from schedctl.domain.models import JobStatus
+from schedctl.storage.db import schema
+from schedctl.storage.db.engine import make_engine
+from schedctl.storage.db.migrate import downgrade_steps, upgrade
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.claim import Claimer
+from schedctl.storage.records import console
 from tests.factories import ago, create_job, insert_cron_job_row, insert_tenant_row, once_at
 from tests.integration.test_claim import ALL, own_all
 

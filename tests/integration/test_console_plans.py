@@ -17,9 +17,10 @@ import pytest
 from psycopg import sql
 from sqlalchemy import event, text
 
-from schedctl.service import Scheduler
-from schedctl.storage import console, schema
-from schedctl.storage.store import Store
+from schedctl.app.service import Scheduler
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.records import console
 from schedctl_bench.storage import bench_console as bench_rows
 from schedctl_bench.storage.bench_sizes import vacuum_analyze
 from schedctl_bench.storage.bulk_future import load_future_jobs

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from schedctl.runpolicy import Overlap, RunLimits, RunPolicy
-from schedctl.storage.jobs import JobRepo
-from schedctl.storage.queue import QueueRepo
-from schedctl.storage.store import Store
+from schedctl.domain.runpolicy import Overlap, RunLimits, RunPolicy
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.jobs import JobRepo
+from schedctl.storage.pipeline.queue import QueueRepo
 from scheduled_d import cgroups
 from scheduled_d.spawn import Child, spawn
 from tests.factories import make_tenant

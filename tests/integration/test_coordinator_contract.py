@@ -21,10 +21,10 @@ from schedctl.coordination.base import Coordinator
 from schedctl.coordination.local import LocalCoordinator
 from schedctl.coordination.zkaccess import ZooKeeperAccess
 from schedctl.coordination.zookeeper import ZooKeeperCoordinator
-from schedctl.storage import schema
-from schedctl.storage.claim import Claimer
-from schedctl.storage.partitions import PartitionRepo
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.claim import Claimer
+from schedctl.storage.pipeline.partitions import PartitionRepo
 from tests.factories import ago, bulk_once_jobs, make_tenant
 
 P = 64  # the count does not matter to the contract; small keeps it quick

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from schedctl.service import Scheduler
-from schedctl.storage.job_create import IN_CHUNK, _lookup
-from schedctl.storage.store import Store
+from schedctl.app.service import Scheduler
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.job_create import IN_CHUNK, _lookup
 
 pytestmark = pytest.mark.postgres
 

@@ -12,10 +12,10 @@ from collections.abc import Iterator
 import pytest
 import requests
 
-from schedctl import errors
-from schedctl.service import Scheduler
-from schedctl.storage.engine import check_connection
-from schedctl.storage.store import Store
+from schedctl.app.service import Scheduler
+from schedctl.core import errors
+from schedctl.storage.db.engine import check_connection
+from schedctl.storage.db.store import Store
 from scheduled_d.api.server import ApiServer
 from tests.services.ports import free_port
 

@@ -19,17 +19,18 @@ from typing import Any
 import pytest
 from sqlalchemy import select, text
 
-from schedctl import errors
+from schedctl.app.service import Scheduler
 from schedctl.coordination.local import LocalCoordinator
-from schedctl.models import JobStatus, Lane, RunStatus, RunTrigger, TargetType, Verdict
+from schedctl.core import errors
+from schedctl.domain.models import JobStatus, Lane, RunStatus, RunTrigger, TargetType, Verdict
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import AfterSchedule, CronSchedule
-from schedctl.service import Scheduler
-from schedctl.storage import dependencies, schema
-from schedctl.storage.claim import Claimer
-from schedctl.storage.outbox import DeliveryOutcome, OutboxRepo
-from schedctl.storage.queue import QueueRepo
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline import dependencies
+from schedctl.storage.pipeline.claim import Claimer
+from schedctl.storage.pipeline.outbox import DeliveryOutcome, OutboxRepo
+from schedctl.storage.pipeline.queue import QueueRepo
 from tests.factories import create_job, make_tenant, move_next_run, spec
 from tests.integration.queue_support import (
     add_dispatched_run,
@@ -350,8 +351,8 @@ def test_misfire_skipped_upstream_runs_skip_the_dependent(store: Store) -> None:
 
 KILLED_ACK = """
 import sys
-from schedctl.storage.queue import QueueRepo
-from schedctl.storage.store import Store
+from schedctl.storage.pipeline.queue import QueueRepo
+from schedctl.storage.db.store import Store
 
 store = Store.open(sys.argv[1])
 repo = QueueRepo(store)

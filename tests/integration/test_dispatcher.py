@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import select
 
 from schedctl.coordination.local import LocalCoordinator
-from schedctl.storage import schema
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
 from scheduled_d.dispatcher import Dispatcher
 from tests.factories import (
     ago,

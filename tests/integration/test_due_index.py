@@ -11,8 +11,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.dialects import postgresql
 
-from schedctl.storage.claim import due_query
-from schedctl.storage.store import Store
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.claim import due_query
 from tests.factories import bulk_once_jobs, make_tenant
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]

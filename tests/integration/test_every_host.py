@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from schedctl import jobfiles
-from schedctl.jobfiles import apply as applying
-from schedctl.service import Scheduler
-from schedctl.storage.queue import QueueRepo
-from schedctl.storage.settle import HOST_NOT_LIVE_ERROR
-from schedctl.storage.workers import WorkerRepo
+from schedctl.app import jobfiles_apply as applying
+from schedctl.app.service import Scheduler
+from schedctl.domain import jobfiles
+from schedctl.storage.pipeline.queue import QueueRepo
+from schedctl.storage.pipeline.settle import HOST_NOT_LIVE_ERROR
+from schedctl.storage.pipeline.workers import WorkerRepo
 from tests.integration.queue_support import messages, run_row, trigger
 from tests.jobfile_texts import true_jobs
 

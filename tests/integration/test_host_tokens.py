@@ -16,11 +16,11 @@ import pytest
 from fastapi.routing import APIRoute, iter_route_contexts
 from typer.testing import CliRunner
 
-from schedctl import errors
+from schedctl.app.service import Scheduler
 from schedctl.cli.app import app
-from schedctl.host_scope import HostScope
-from schedctl.service import Scheduler
-from schedctl.storage.queue import QueueRepo
+from schedctl.core import errors
+from schedctl.domain.host_scope import HostScope
+from schedctl.storage.pipeline.queue import QueueRepo
 from scheduled_d.api.auth import HOST_TOKEN_ROUTES
 from scheduled_d.api.server import ApiServer
 from tests.integration.api_support import Api, snapshot

@@ -25,15 +25,15 @@ from typing import Any
 
 import pytest
 
-from schedctl import jobfiles
-from schedctl.alerts.model import parse_alerts
-from schedctl.config import HostConfig
-from schedctl.jobfiles import apply as applying
-from schedctl.service import Scheduler
-from schedctl.storage import alerts as alerts_repo
-from schedctl.storage.queue import QueueRepo
-from schedctl.storage.store import Store
-from schedctl.storage.workers import WorkerRepo
+from schedctl.app import jobfiles_apply as applying
+from schedctl.app.service import Scheduler
+from schedctl.domain import jobfiles
+from schedctl.domain.alerts.model import parse_alerts
+from schedctl.domain.config import HostConfig
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.queue import QueueRepo
+from schedctl.storage.pipeline.workers import WorkerRepo
+from schedctl.storage.records import alerts as alerts_repo
 from scheduled_d import signals
 from scheduled_d.host_worker import HostWorker
 from tests.factories import make_tenant
@@ -744,8 +744,8 @@ def test_a_nul_in_the_job_file_fails_the_run_cleanly(
 def test_the_worker_reports_drift_between_its_files_and_the_central_jobs(
     store: Store, tmp_path: Path
 ) -> None:
-    from schedctl.cluster_status import gather_status
-    from schedctl.config import Config
+    from schedctl.app.cluster_status import gather_status
+    from schedctl.domain.config import Config
     from scheduled_d.metrics import HOST_DRIFT
 
     directory = jobs_dir(tmp_path)

@@ -22,14 +22,14 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from schedctl.alerts.model import parse_alerts
+from schedctl.app.service import Scheduler
 from schedctl.cli.app import app
-from schedctl.config import HostConfig
-from schedctl.queue_client import ApiLeaseBackend
-from schedctl.service import Scheduler
-from schedctl.storage import alerts as alerts_repo
-from schedctl.storage.queue import QueueRepo
-from schedctl.storage.workers import WorkerRepo
+from schedctl.clients.queue_client import ApiLeaseBackend
+from schedctl.domain.alerts.model import parse_alerts
+from schedctl.domain.config import HostConfig
+from schedctl.storage.pipeline.queue import QueueRepo
+from schedctl.storage.pipeline.workers import WorkerRepo
+from schedctl.storage.records import alerts as alerts_repo
 from scheduled_d.api.server import ApiServer
 from scheduled_d.host_worker import HostWorker
 from tests.integration.api_support import Api, snapshot
@@ -369,7 +369,7 @@ def test_a_host_token_records_boot_runs_of_its_own_boot_jobs_only(
 def test_the_worker_reports_its_drift_over_the_api_with_its_host_token(
     sched: Scheduler, server: ApiServer, acme: Api, host_api: Api, jobs: Path
 ) -> None:
-    from schedctl.storage import host_drift
+    from schedctl.storage.jobs import host_drift
 
     write_job(jobs, "report", 'shell = "echo v1"\n')
     worker = host_worker(server, host_api, jobs)

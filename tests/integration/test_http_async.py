@@ -12,7 +12,7 @@ from typing import Any
 
 from schedctl.delivery.http import DeliveryResult, HttpDelivery
 from schedctl.delivery.http_client import Deadlines
-from schedctl.models import Verdict
+from schedctl.domain.models import Verdict
 from tests.integration.queue_support import hook_server
 from tests.integration.test_http_transport import trickler
 

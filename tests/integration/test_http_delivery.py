@@ -24,19 +24,19 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from sqlalchemy import select
 
-from schedctl import errors
-from schedctl.crypto import KEYS_ENV, KEYS_FILE_ENV, PayloadCipher, is_encrypted
+from schedctl.app.service import Scheduler
+from schedctl.core import errors
+from schedctl.core.crypto import KEYS_ENV, KEYS_FILE_ENV, PayloadCipher, is_encrypted
+from schedctl.core.signing import IDEMPOTENCY_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
 from schedctl.delivery.http import HttpDelivery, parse_retry_after
-from schedctl.models import Verdict
+from schedctl.domain.models import Verdict
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.service import Scheduler
-from schedctl.signing import IDEMPOTENCY_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
-from schedctl.storage import schema
-from schedctl.storage.jobs import JobRepo
-from schedctl.storage.payloads import configure_payload_cipher, reset_payload_cipher
-from schedctl.storage.queue import CANCELLED_ERROR
-from schedctl.storage.signing_secrets import SigningSecretRepo
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.jobs import JobRepo
+from schedctl.storage.jobs.payloads import configure_payload_cipher, reset_payload_cipher
+from schedctl.storage.pipeline.queue import CANCELLED_ERROR
+from schedctl.storage.tenants.signing_secrets import SigningSecretRepo
 from tests.factories import make_tenant
 from tests.integration.queue_support import (
     Received,
@@ -78,7 +78,7 @@ def test_a_handler_verifies_a_real_delivery(store: Store) -> None:
     verdicts: list[str] = []
 
     def handler(received: Received, _number: int) -> tuple[int, dict[str, str], bytes]:
-        # what a tenant's endpoint does with schedctl.signing
+        # what a tenant's endpoint does with schedctl.core.signing
         try:
             verify(SECRET, received.headers, received.body, method="POST", path=received.path)
         except errors.SignatureError as exc:
@@ -425,7 +425,7 @@ def test_the_guard_at_creation_names_target_url(db_url: str) -> None:
             assert caught.value.exit_code == 2 and caught.value.http_status == 422
         assert scheduler.list_jobs("acme").items == ()
         # allowed by name: accepted
-        from schedctl.storage.tenant_delivery import TenantDeliveryRepo
+        from schedctl.storage.tenants.tenant_delivery import TenantDeliveryRepo
 
         TenantDeliveryRepo(scheduler.store).allow("acme", "localhost", actor="test")
         job, created = scheduler.create_job(

@@ -24,11 +24,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from schedctl.config import load_config
+from schedctl.core.signing import SIGNATURE_HEADER, signed_headers
 from schedctl.delivery.http import USER_AGENT, DeliveryResult, HttpDelivery, delivery_body
-from schedctl.models import Verdict
-from schedctl.signing import SIGNATURE_HEADER, signed_headers
-from schedctl.storage.store import Store
+from schedctl.domain.config import load_config
+from schedctl.domain.models import Verdict
+from schedctl.storage.db.store import Store
 from scheduled_d.relay import Relay
 from tests.factories import make_tenant
 from tests.integration.queue_support import (

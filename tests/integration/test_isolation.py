@@ -18,11 +18,11 @@ import pytest
 from sqlalchemy import func, select
 
 from schedctl.delivery.limits import DeliveryLimits, TokenBucket
-from schedctl.models import Lane
+from schedctl.domain.models import Lane
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.storage import schema
-from schedctl.storage.jobs import new_job_id, partition_of
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.jobs import new_job_id, partition_of
 from scheduled_d.relay import Relay
 from tests.factories import make_tenant, set_tenant
 from tests.fakes import ManualClock

@@ -15,9 +15,9 @@ import pytest
 from sqlalchemy import func, select
 from typer.testing import CliRunner
 
+from schedctl.app.service import Scheduler
 from schedctl.cli.app import app as cli_app
-from schedctl.service import Scheduler
-from schedctl.storage import schema
+from schedctl.storage.db import schema
 from scheduled_d.api.server import ApiServer
 
 runner = CliRunner()

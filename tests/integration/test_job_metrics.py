@@ -18,16 +18,17 @@ from prometheus_client import REGISTRY
 from sqlalchemy import event, func, select, update
 from typer.testing import CliRunner
 
-from schedctl import errors
-from schedctl.alerts.metrics import export_last_success
-from schedctl.alerts.model import parse_alerts
+from schedctl.app.service import Scheduler
 from schedctl.cli.app import app as cli
-from schedctl.service import Scheduler
-from schedctl.storage import alerts as alerts_repo
-from schedctl.storage import run_metrics, schema
-from schedctl.storage.migrate import upgrade
-from schedctl.storage.queue import QueueRepo
-from schedctl.storage.store import Store
+from schedctl.core import errors
+from schedctl.domain.alerts.metrics import export_last_success
+from schedctl.domain.alerts.model import parse_alerts
+from schedctl.storage.db import schema
+from schedctl.storage.db.migrate import upgrade
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.queue import QueueRepo
+from schedctl.storage.records import alerts as alerts_repo
+from schedctl.storage.records import run_metrics
 from scheduled_d.metrics import export_queue_depths, export_store
 from tests.factories import ahead, create_job, make_tenant, once_at
 from tests.integration.queue_support import settle_lease, trigger

@@ -15,13 +15,14 @@ import requests
 from sqlalchemy import select, update
 from typer.testing import CliRunner
 
-from schedctl import errors
+from schedctl.app.service import Scheduler
 from schedctl.cli.app import app
-from schedctl.job_refs import shortest_among
-from schedctl.service import Scheduler
-from schedctl.storage import job_create, schema
-from schedctl.storage.engine import make_engine
-from schedctl.storage.migrate import head_revision, upgrade
+from schedctl.core import errors
+from schedctl.domain.job_refs import shortest_among
+from schedctl.storage.db import schema
+from schedctl.storage.db.engine import make_engine
+from schedctl.storage.db.migrate import head_revision, upgrade
+from schedctl.storage.jobs import job_create
 from scheduled_d.api.server import ApiServer
 from tests.factories import insert_cron_job_row, insert_tenant_row
 from tests.integration.api_support import job_body

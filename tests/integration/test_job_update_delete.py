@@ -16,19 +16,19 @@ import requests
 from sqlalchemy import select
 from typer.testing import CliRunner
 
-from schedctl import errors
+from schedctl.app.service import Scheduler
 from schedctl.cli.app import app as cli_app
-from schedctl.leasing import Beat
-from schedctl.models import JobStatus, Lane, RunStatus, TargetType
+from schedctl.core import errors
+from schedctl.domain.leasing import Beat
+from schedctl.domain.models import JobStatus, Lane, RunStatus, TargetType
 from schedctl.scheduling.cron import CronSchedule
 from schedctl.scheduling.schedules import IntervalSchedule
-from schedctl.service import Scheduler
-from schedctl.storage import schema
-from schedctl.storage.claim import Claimer, ClaimResult, DueJob
-from schedctl.storage.outbox import OutboxRepo
-from schedctl.storage.payloads import decode_payload
-from schedctl.storage.queue import QueueRepo
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.payloads import decode_payload
+from schedctl.storage.pipeline.claim import Claimer, ClaimResult, DueJob
+from schedctl.storage.pipeline.outbox import OutboxRepo
+from schedctl.storage.pipeline.queue import QueueRepo
 from scheduled_d.api.server import ApiServer
 from tests.integration.test_claim import ALL, own_all
 

@@ -13,13 +13,13 @@ import pytest
 import requests
 from typer.testing import CliRunner
 
+from schedctl.app.service import Scheduler
 from schedctl.cli.app import app as cli_app
-from schedctl.models import RunStatus
+from schedctl.domain.models import RunStatus
 from schedctl.scheduling.cron import CronSchedule
 from schedctl.scheduling.misfire import MisfirePolicy
-from schedctl.service import Scheduler
-from schedctl.storage.claim import Claimer
-from schedctl.storage.workers import WorkerRepo
+from schedctl.storage.pipeline.claim import Claimer
+from schedctl.storage.pipeline.workers import WorkerRepo
 from scheduled_d.api.server import ApiServer
 from tests.factories import create_job, move_next_run, spec
 from tests.integration.test_claim import ALL, own_all
@@ -149,7 +149,7 @@ def test_job_why_over_the_api_and_not_another_tenants(
 def _dead_letter(sched: Scheduler, tenant_id: str, job_id: str, error: str) -> None:
     from sqlalchemy import insert
 
-    from schedctl.storage import schema
+    from schedctl.storage.db import schema
 
     with sched.store.tx() as connection:
         connection.execute(

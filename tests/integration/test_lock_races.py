@@ -17,11 +17,11 @@ from sqlalchemy import select, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
-from schedctl import errors
 from schedctl.coordination.local import LocalCoordinator
-from schedctl.storage import schema
-from schedctl.storage.claim import Claimer, ClaimResult
-from schedctl.storage.store import Store, is_lock_race
+from schedctl.core import errors
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store, is_lock_race
+from schedctl.storage.pipeline.claim import Claimer, ClaimResult
 from tests.factories import ago, bulk_once_jobs, make_tenant
 
 pytestmark = pytest.mark.postgres

@@ -11,9 +11,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, select, text
 
-from schedctl.storage import schema
-from schedctl.storage.engine import make_engine
-from schedctl.storage.migrate import current_revision, head_revision, upgrade
+from schedctl.storage.db import schema
+from schedctl.storage.db.engine import make_engine
+from schedctl.storage.db.migrate import current_revision, head_revision, upgrade
 from tests.factories import insert_cron_job_row, insert_tenant_row
 
 EMPTY = ["empty_sqlite_url", pytest.param("empty_pg_url", marks=pytest.mark.postgres)]

@@ -16,8 +16,8 @@ from sqlalchemy import text
 from typer.testing import CliRunner
 
 from schedctl.cli.app import app
-from schedctl.storage.engine import normalize_url
-from schedctl.storage.store import Store
+from schedctl.storage.db.engine import normalize_url
+from schedctl.storage.db.store import Store
 from tests.services.ports import free_port
 
 pytestmark = pytest.mark.postgres
@@ -89,7 +89,7 @@ def test_every_form_reaches_the_server_in_the_pool_and_the_listeners(
             assert ready.wait(1.0)
             assert _listening_names(store) == ["scheduled-d all", "scheduled-d all"]
             with store.tx() as connection:
-                store.dialect.notify_job_change(connection, "job-1", 0)
+                store.dialect.notify_job_changes(connection, [("job-1", 0)])
                 store.dialect.notify_ready(connection, ["word"])
             heard: set[str] = set()
             deadline = time.monotonic() + 30
@@ -126,7 +126,7 @@ def test_the_forms_normalize_to_what_sqlalchemy_parses() -> None:
 
 
 def test_a_malformed_key_value_string_names_the_field() -> None:
-    from schedctl import errors
+    from schedctl.core import errors
 
     with pytest.raises(errors.ConfigError) as raised:
         normalize_url("host='h1 port=1")

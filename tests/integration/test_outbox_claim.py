@@ -16,13 +16,14 @@ import psycopg
 import pytest
 from sqlalchemy import select, text, update
 
-from schedctl.models import Lane, TargetType, Verdict
-from schedctl.storage import schema
-from schedctl.storage.clock import db_now
-from schedctl.storage.jobs import JobRepo
-from schedctl.storage.outbox import Delivery, DeliveryOutcome, OutboxRepo
-from schedctl.storage.settle import CANCELLED_ERROR, LOST_ERROR
-from schedctl.storage.store import Store
+from schedctl.domain.models import Lane, TargetType, Verdict
+from schedctl.storage.db import schema
+from schedctl.storage.db.clock import db_now
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.jobs import JobRepo
+from schedctl.storage.pipeline.outbox import Delivery, DeliveryOutcome, OutboxRepo
+from schedctl.storage.pipeline.outbox_statements import outbox_statements
+from schedctl.storage.pipeline.settle import CANCELLED_ERROR, LOST_ERROR
 from tests.factories import make_tenant
 from tests.integration.queue_support import (
     allow_loopback_tenant,
@@ -261,7 +262,7 @@ def test_the_claim_statement_reads_and_leases_by_index_at_100000_rows(pg_store: 
     """The plan of the one-statement claim over a big outbox: the lease is an index scan by
     primary key, never a seq scan of the whole outbox (an UPDATE ... FROM the picked rows
     was planned as a hash join over all of them)."""
-    from schedctl.storage.dialect_postgres import _LEASE_OUTBOX
+    from schedctl.storage.pipeline.outbox_statements import _LEASE_OUTBOX
 
     url = pg_store.engine.url.set(drivername="postgresql")
     with psycopg.connect(url.render_as_string(hide_password=False)) as connection:
@@ -301,9 +302,10 @@ def test_the_claim_is_planned_at_every_execution_never_kept_from_an_empty_outbox
     store = pg_store
     tenant = make_tenant(store, "quiet")
     lane = Lane(tenant, TargetType.http)
+    statements = outbox_statements(store.dialect)
     with store.tx() as connection:
         for _ in range(8):
-            store.dialect.lease_outbox_rows(connection, {lane: 64}, "relay/1/1", 9.0)
+            statements.lease_outbox_rows(connection, {lane: 64}, "relay/1/1", 9.0)
         prepared = connection.execute(
             text("SELECT statement FROM pg_prepared_statements"),
         ).scalars()

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from schedctl.leasing import Beat
-from schedctl.runpolicy import SKIPPED_OVERLAP, Overlap, RunPolicy
+from schedctl.domain.leasing import Beat
+from schedctl.domain.runpolicy import SKIPPED_OVERLAP, Overlap, RunPolicy
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.storage.queue import Lease, QueueRepo
-from schedctl.storage.store import Store
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.queue import Lease, QueueRepo
 from tests.factories import make_tenant
 from tests.integration.queue_support import attempts, messages, queue_job, run_row, trigger
 

@@ -18,11 +18,13 @@ import pytest
 from sqlalchemy import text
 from typer.testing import CliRunner
 
+from schedctl.app.service import Scheduler
 from schedctl.cli.app import app
-from schedctl.service import Scheduler
-from schedctl.storage import console, schema
-from schedctl.storage.retention import maintain_runs, partition_name
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.records import console
+from schedctl.storage.records.retention import maintain_runs, partition_name
+from schedctl.storage.records.run_partitions import PostgresRunPartitions
 from scheduled_d.maintenance import maintain_once
 from tests.integration.api_support import Api, serving
 from tests.pg_roles import RUNTIME_ROLE
@@ -339,7 +341,7 @@ def test_db_maintain_as_the_owner_makes_and_drops_partitions(
 ) -> None:
     old_day = datetime.now(UTC).date() - timedelta(days=100)
     with closing(Store.open(pg_url)) as store, store.tx() as connection:
-        store.dialect.create_run_partition(
+        PostgresRunPartitions().create(
             connection,
             partition_name(old_day),
             datetime.combine(old_day, datetime.min.time(), UTC),

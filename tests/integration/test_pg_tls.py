@@ -24,9 +24,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from sqlalchemy import text
 
-from schedctl.storage.engine import check_connection, make_engine
-from schedctl.storage.migrate import upgrade
-from schedctl.storage.store import Store
+from schedctl.storage.db.engine import check_connection, make_engine
+from schedctl.storage.db.migrate import upgrade
+from schedctl.storage.db.store import Store
 from tests.services.postgres import SERVER_USER, PostgresServer
 
 pytestmark = pytest.mark.postgres

@@ -11,9 +11,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.storage import schema
-from schedctl.storage.jobs import JobRepo
-from schedctl.storage.queue import (
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.jobs import JobRepo
+from schedctl.storage.pipeline.queue import (
     CANCELLED_ERROR,
     CANCELLED_RUNNING_ERROR,
     LOST_ERROR,
@@ -21,7 +22,6 @@ from schedctl.storage.queue import (
     Lease,
     QueueRepo,
 )
-from schedctl.storage.store import Store
 from tests.factories import ago, bulk_once_jobs, make_tenant
 from tests.integration.queue_support import (
     add_dispatched_run,

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select, update
 
-from schedctl import errors
-from schedctl.models import JobStatus
-from schedctl.service import Scheduler
-from schedctl.storage import schema
+from schedctl.app.service import Scheduler
+from schedctl.core import errors
+from schedctl.domain.models import JobStatus
+from schedctl.storage.db import schema
 from schedctl_bench.storage.bulk import insert_once_jobs
 
 ACTOR = "test:quota-bounds"

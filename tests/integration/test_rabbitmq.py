@@ -20,11 +20,11 @@ from typing import Any
 import pika  # type: ignore[import-untyped]
 import pytest
 
+from schedctl.core.signing import IDEMPOTENCY_HEADER, verify
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.signing import IDEMPOTENCY_HEADER, verify
-from schedctl.storage import schema
-from schedctl.storage.store import Store
-from schedctl.storage.tenant_delivery import TenantDeliveryRepo
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.tenants.tenant_delivery import TenantDeliveryRepo
 from schedctl_bench.storage.bench import insert_claimed
 from scheduled_d.relay import Relay
 from tests.factories import make_tenant, set_tenant

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from schedctl.models import Lane, TargetType
-from schedctl.signing import IDEMPOTENCY_HEADER
-from schedctl.storage.clock import db_now
-from schedctl.storage.outbox import OutboxRepo
-from schedctl.storage.store import Store
+from schedctl.core.signing import IDEMPOTENCY_HEADER
+from schedctl.domain.models import Lane, TargetType
+from schedctl.storage.db.clock import db_now
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.outbox import OutboxRepo
 from scheduled_d.relay import DEFAULT_LEASE_SECONDS, Relay
 from tests.factories import make_tenant
 from tests.integration.queue_support import (

@@ -7,9 +7,13 @@ from datetime import UTC, date, datetime, timedelta
 import pytest
 from sqlalchemy import func, select, text
 
-from schedctl.storage import schema
-from schedctl.storage.retention import drop_expired_runs, ensure_run_partitions, partition_name
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.records.retention import (
+    drop_expired_runs,
+    ensure_run_partitions,
+    partition_name,
+)
 
 
 def insert_run(store: Store, job_id: str, at: datetime) -> None:
@@ -124,7 +128,7 @@ def _labels(store: Store) -> dict[str, set[str]]:
 def test_dead_letters_alerts_and_audit_entries_are_pruned_by_their_ages(db_url: str) -> None:
     """The maintenance thread's pass with the configured ages: older rows go, recent ones
     stay; an alert still pending stays whatever its age (unfinished work, not history)."""
-    from schedctl.config import load_config
+    from schedctl.domain.config import load_config
     from scheduled_d.maintenance import maintain_once, record_retention
 
     config = load_config(
@@ -155,7 +159,7 @@ def test_dead_letters_alerts_and_audit_entries_are_pruned_by_their_ages(db_url: 
 def test_default_record_ages_keep_a_month_of_dead_letters_and_a_year_of_audit(
     db_url: str,
 ) -> None:
-    from schedctl.storage.retention import prune_records
+    from schedctl.storage.records.retention import prune_records
 
     store = Store.open(db_url)
     try:
@@ -178,8 +182,8 @@ def test_default_record_ages_keep_a_month_of_dead_letters_and_a_year_of_audit(
     "key", ["dead_letter_retention_days", "alert_retention_days", "audit_retention_days"]
 )
 def test_a_record_retention_age_must_be_positive(key: str) -> None:
-    from schedctl import errors
-    from schedctl.config import load_config
+    from schedctl.core import errors
+    from schedctl.domain.config import load_config
 
     with pytest.raises(errors.ConfigError) as caught:
         load_config(environ={f"SCHEDULED_{key.upper()}": "0"})

@@ -1,4 +1,4 @@
-"""Owns the tests of the library API (schedctl.service.Scheduler) on real SQLite and Postgres:
+"""Owns the tests of the library API (schedctl.app.service.Scheduler) on real SQLite and Postgres:
 tenants and tokens, job lifecycle, idempotency, paging, and "bad input changes nothing"."""
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from schedctl import errors
-from schedctl.models import JobStatus, RunStatus, RunTrigger
+from schedctl.app.service import Scheduler
+from schedctl.core import errors
+from schedctl.domain.models import JobStatus, RunStatus, RunTrigger
 from schedctl.scheduling.schedules import CronSchedule, IntervalSchedule, OnceSchedule
-from schedctl.service import Scheduler
-from schedctl.storage import schema
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.create_statements import create_statements
 from tests.integration.queue_support import table_snapshot
 
 ACTOR = "test:service"
@@ -117,11 +118,11 @@ def test_verified_tokens_are_cached_for_a_bounded_time(
     revocation in this process drops it at once, one by another process (another store:
     its own cache is not this one) is seen when the entry expires. Fails when the cache
     outlives its TTL or maps a token to another tenant."""
-    from schedctl.storage import token_cache
+    from schedctl.storage.tenants import token_cache
 
     now = [1000.0]
     cache = token_cache.TokenCache(ttl=5.0, clock=lambda: now[0])
-    monkeypatch.setattr("schedctl.storage.tenants.VERIFIED_TOKENS", cache)
+    monkeypatch.setattr("schedctl.storage.tenants.tenants.VERIFIED_TOKENS", cache)
     acme, acme_token = sched.create_tenant("acme", ACTOR)
     other, other_token = sched.create_tenant("other", ACTOR)
     assert sched.tenants.cached_tenant(acme_token) is None
@@ -158,7 +159,7 @@ def test_a_job_row_inserted_twice_is_an_integrity_error(sched: Scheduler, tenant
     key or a name. Fails when the driver's own error escapes (a 500 for the race)."""
     from sqlalchemy.exc import IntegrityError
 
-    from schedctl.storage.dialect import dialect_of
+    from schedctl.storage.backend.dialect import dialect_of
 
     job, _ = sched.create_job(tenant, job_body(), actor=ACTOR)
     with sched.store.read() as connection:
@@ -168,7 +169,8 @@ def test_a_job_row_inserted_twice_is_an_integrity_error(sched: Scheduler, tenant
             .one()
         )
     with pytest.raises(IntegrityError), sched.store.engine.begin() as connection:
-        dialect_of(connection).insert_jobs(connection, [{**row, "job_id": "f" * 32}])
+        statements = create_statements(dialect_of(connection))
+        statements.insert_jobs(connection, [{**row, "job_id": "f" * 32}])
 
 
 # -- create ----------------------------------------------------------------------------

@@ -14,12 +14,13 @@ import pytest
 from sqlalchemy import select, text, update
 
 from schedctl.delivery.http import HttpDelivery, parse_retry_after
-from schedctl.models import Lane, RunStatus, TargetType, Verdict
-from schedctl.storage import schema
-from schedctl.storage.jobs import JobRepo
-from schedctl.storage.outbox import DeliveryOutcome, OutboxRepo
-from schedctl.storage.queue import QueueRepo
-from schedctl.storage.settle import (
+from schedctl.domain.models import Lane, RunStatus, TargetType, Verdict
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.jobs import JobRepo
+from schedctl.storage.pipeline.outbox import DeliveryOutcome, OutboxRepo
+from schedctl.storage.pipeline.queue import QueueRepo
+from schedctl.storage.pipeline.settle import (
     CANCELLED_ERROR,
     LOST_ERROR,
     MAX_OUTPUT_CHARS,
@@ -27,8 +28,7 @@ from schedctl.storage.settle import (
     SKIPPABLE_STATUSES,
     clip,
 )
-from schedctl.storage.store import Store
-from schedctl.storage.tenant_delivery import TenantDeliveryRepo
+from schedctl.storage.tenants.tenant_delivery import TenantDeliveryRepo
 from tests.factories import make_tenant
 from tests.integration.queue_support import (
     allow_loopback_tenant,

@@ -8,10 +8,10 @@ from datetime import UTC, datetime
 
 from sqlalchemy import func, select
 
-from schedctl.models import Lane, TargetType, Verdict
-from schedctl.storage import schema
-from schedctl.storage.outbox import DeliveryOutcome, OutboxRepo
-from schedctl.storage.store import Store
+from schedctl.domain.models import Lane, TargetType, Verdict
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.outbox import DeliveryOutcome, OutboxRepo
 from tests.integration.queue_support import (
     allow_loopback_tenant,
     attempts,

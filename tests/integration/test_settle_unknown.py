@@ -14,10 +14,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from schedctl import errors
-from schedctl.leasing import Finish, Settlement
-from schedctl.storage.queue import Lease, QueueRepo, attempt_of
-from schedctl.storage.store import Store
+from schedctl.core import errors
+from schedctl.domain.leasing import Finish, Settlement
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.queue import Lease, QueueRepo, attempt_of
 from tests.integration.queue_support import (
     attempts,
     existing_tenant,

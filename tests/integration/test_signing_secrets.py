@@ -12,21 +12,21 @@ import pytest
 from sqlalchemy import select, text
 from typer.testing import CliRunner
 
-from schedctl import errors
 from schedctl.cli.app import app as cli_app
-from schedctl.crypto import PayloadCipher, is_encrypted
-from schedctl.storage import schema
-from schedctl.storage.engine import make_engine
-from schedctl.storage.migrate import head_revision, upgrade
-from schedctl.storage.payloads import configure_payload_cipher
-from schedctl.storage.signing_secrets import (
+from schedctl.core import errors
+from schedctl.core.crypto import PayloadCipher, is_encrypted
+from schedctl.storage.db import schema
+from schedctl.storage.db.engine import make_engine
+from schedctl.storage.db.migrate import head_revision, upgrade
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.payloads import configure_payload_cipher
+from schedctl.storage.tenants.signing_secrets import (
     SigningKeyCache,
     SigningKeys,
     SigningSecretRepo,
     rotate_signing_secrets,
 )
-from schedctl.storage.store import Store
-from schedctl.storage.tenants import TenantRepo
+from schedctl.storage.tenants.tenants import TenantRepo
 
 runner = CliRunner()
 EMPTY = ["empty_sqlite_url", pytest.param("empty_pg_url", marks=pytest.mark.postgres)]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from schedctl.service import Scheduler
+from schedctl.app.service import Scheduler
 
 
 @pytest.fixture
@@ -56,7 +56,7 @@ def test_an_existing_world_readable_database_is_tightened_with_a_warning(
     sqlite3.connect(path).close()  # made with the umask, as an older release did
     path.chmod(0o644)
     assert mode(path) == 0o644
-    with caplog.at_level(logging.WARNING, logger="schedctl.storage.engine"):
+    with caplog.at_level(logging.WARNING, logger="schedctl.storage.db.engine"):
         sched = Scheduler.open(str(path), upgrade=True)
     try:
         sched.create_tenant("acme", "test")
@@ -64,6 +64,6 @@ def test_an_existing_world_readable_database_is_tightened_with_a_warning(
             assert mode(each) == 0o600, (each, oct(mode(each)))
     finally:
         sched.close()
-    (warning,) = [r for r in caplog.records if r.name == "schedctl.storage.engine"]
+    (warning,) = [r for r in caplog.records if r.name == "schedctl.storage.db.engine"]
     assert str(path) in warning.getMessage()
     assert "0644" in warning.getMessage() and "0600" in warning.getMessage()

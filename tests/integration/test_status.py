@@ -9,16 +9,16 @@ import json
 
 import pytest
 
-from schedctl.cluster_status import ClusterStatus, gather_status, read_members
-from schedctl.config import Config
+from schedctl.app.cluster_status import ClusterStatus, gather_status, read_members
 from schedctl.coordination.local import LocalCoordinator
 from schedctl.coordination.zookeeper import ZooKeeperCoordinator
-from schedctl.storage import schema
-from schedctl.storage.claim import Claimer
-from schedctl.storage.jobs import JobRepo
-from schedctl.storage.partitions import PartitionRepo
-from schedctl.storage.queue import QueueRepo
-from schedctl.storage.store import Store
+from schedctl.domain.config import Config
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.jobs import JobRepo
+from schedctl.storage.pipeline.claim import Claimer
+from schedctl.storage.pipeline.partitions import PartitionRepo
+from schedctl.storage.pipeline.queue import QueueRepo
 from tests.factories import ago, ahead, bulk_once_jobs, make_tenant
 from tests.services.ports import free_port
 

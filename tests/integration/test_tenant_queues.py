@@ -15,13 +15,13 @@ from prometheus_client import generate_latest
 from sqlalchemy import inspect
 from typer.testing import CliRunner
 
-from schedctl import errors
-from schedctl.config import load_config
-from schedctl.storage import schema
-from schedctl.storage.engine import make_engine
-from schedctl.storage.migrate import head_revision, upgrade
-from schedctl.storage.queue import QueueRepo, worker_tenant
-from schedctl.storage.store import Store
+from schedctl.core import errors
+from schedctl.domain.config import load_config
+from schedctl.storage.db import schema
+from schedctl.storage.db.engine import make_engine
+from schedctl.storage.db.migrate import head_revision, upgrade
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.queue import QueueRepo, worker_tenant
 from scheduled_d.__main__ import app
 from scheduled_d.metrics import export_queue_depths
 from scheduled_d.worker import Worker

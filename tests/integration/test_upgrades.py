@@ -19,11 +19,11 @@ import pytest
 from sqlalchemy import inspect, select, text
 from typer.testing import CliRunner
 
-from schedctl import errors
 from schedctl.cli.app import app
-from schedctl.storage import migrate, schema
-from schedctl.storage.engine import make_engine
-from schedctl.storage.migrate import (
+from schedctl.core import errors
+from schedctl.storage.db import migrate, schema
+from schedctl.storage.db.engine import make_engine
+from schedctl.storage.db.migrate import (
     FLOOR_SETTING,
     current_revision,
     downgrade_steps,
@@ -32,7 +32,7 @@ from schedctl.storage.migrate import (
     schema_check,
     upgrade_steps,
 )
-from schedctl.storage.store import Store
+from schedctl.storage.db.store import Store
 from tests.factories import insert_cron_job_row, insert_tenant_row
 
 runner = CliRunner()
@@ -267,7 +267,7 @@ def test_a_migration_that_cannot_take_its_lock_gives_up_and_retries(
 ) -> None:
     """A long transaction holding a lock on `jobs` makes a migration that alters jobs (ALTERS_JOBS)
     time out after LOCK_TIMEOUT_MS, roll back and try again; once the holder ends it runs."""
-    caplog.set_level(logging.WARNING, logger="schedctl.storage.migrate")
+    caplog.set_level(logging.WARNING, logger="schedctl.storage.db.migrate")
     before = revisions()[ALTERS_JOBS]
     assert before is not None
     engine = make_engine(pg_url)

@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from schedctl import errors
-from schedctl.leasing import LeasedRun, Settlement
+from schedctl.core import errors
+from schedctl.domain.leasing import LeasedRun, Settlement
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.storage import schema
-from schedctl.storage.queue import LOST_ERROR, QueueRepo
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.queue import LOST_ERROR, QueueRepo
 from scheduled_d.direct_backend import DirectBackend
 from scheduled_d.relay import Relay
 from scheduled_d.worker import TailBuffer, Worker

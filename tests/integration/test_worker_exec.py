@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import update
 
-from schedctl.crypto import PayloadCipher
-from schedctl.storage import schema
-from schedctl.storage.jobs import JobRepo
-from schedctl.storage.queue import CANCELLED_RUNNING_ERROR
-from schedctl.storage.store import Store
+from schedctl.core.crypto import PayloadCipher
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.jobs import JobRepo
+from schedctl.storage.pipeline.queue import CANCELLED_RUNNING_ERROR
 from scheduled_d.worker import Worker
 from tests.factories import make_tenant
 from tests.integration.queue_support import (

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from schedctl import errors, limits
-from schedctl.config import load_config
-from schedctl.queue_client import MAX_OUTPUT_JSON_BYTES, ApiLeaseBackend, fit_output
+from schedctl.app.service import Scheduler
+from schedctl.clients.queue_client import MAX_OUTPUT_JSON_BYTES, ApiLeaseBackend, fit_output
+from schedctl.core import errors, limits
+from schedctl.domain.config import load_config
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.service import Scheduler
-from schedctl.storage.store import Store
+from schedctl.storage.db.store import Store
 from scheduled_d.api.server import ApiServer
 from scheduled_d.logsetup import JsonFormatter
 from scheduled_d.output_log import MAX_LINE_BYTES, RunOutputLog

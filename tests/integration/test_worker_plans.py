@@ -13,17 +13,20 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from schedctl.storage import schema
-from schedctl.storage.dialect import LeaseMark, OutcomeWrites, dialect_of
-from schedctl.storage.dialect_postgres import _span
-from schedctl.storage.retention import ensure_run_partitions
-from schedctl.storage.store import Store
+from schedctl.storage.backend.dialect import dialect_of
+from schedctl.storage.backend.dialect_postgres import runs_span
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.lease_statements import LeaseMark, lease_statements
+from schedctl.storage.pipeline.settle_statements import OutcomeWrites, settle_statements
+from schedctl.storage.records.retention import ensure_run_partitions
 from schedctl_bench.storage.bulk_future import load_future_jobs
 from tests.factories import make_tenant
 
 pytestmark = pytest.mark.postgres
 
-# each statement's tag (the comment it starts with in dialect_postgres.py), which
+# each statement's tag (the comment it starts with in lease_statements.py or
+# settle_statements.py), which
 # pg_prepared_statements and auto_explain show as part of its text
 TAGS = {
     name: f"/* {name} */"
@@ -50,16 +53,17 @@ def _lease_and_settle(connection: Connection) -> list[str]:
     """Each tagged statement run 8 times (past psycopg's prepare threshold of 5) on
     `connection`; the statements then prepared on it."""
     dialect = dialect_of(connection)
+    leases, settles = lease_statements(dialect), settle_statements(dialect)
     now = datetime.now(UTC)
     for n in range(8):
-        dialect.mark_leased(
+        leases.mark_leased(
             connection,
             [(-1 - n, f"none-{n}", now, 1)],
             LeaseMark("worker/1", now + timedelta(seconds=30), now),
         )
-        assert dialect.leased_counts(connection, [f"none-{n}"]) == {}
-        assert dialect.held_messages(connection, [-1 - n])[1] == []
-        dialect.record_outcomes(
+        assert leases.leased_counts(connection, [f"none-{n}"]) == {}
+        assert leases.held_messages(connection, [-1 - n])[1] == []
+        settles.record_outcomes(
             connection,
             OutcomeWrites(
                 attempts=[],
@@ -94,7 +98,7 @@ def _lease_params(instants: list[datetime]) -> dict[str, Any]:
         "owners": ["worker/1"] * n,
         "leased_until": instants[0],
         "now": instants[0],
-        **_span(instants),
+        **runs_span(instants),
     }
 
 
@@ -102,7 +106,7 @@ def test_a_lease_updates_only_the_day_partitions_of_its_runs(pg_store: Store) ->
     """The run history is partitioned by day: a lease's runs are updated in the partitions
     holding them, not in an Append over every day's (planned and opened for a handful of
     rows). A batch across midnight touches both days. Fails without the span bounds."""
-    from schedctl.storage.dialect_postgres import _MARK_LEASED
+    from schedctl.storage.pipeline.lease_statements import _MARK_LEASED
 
     ensure_run_partitions(pg_store)  # today's and the next days'
     today = datetime.now(UTC).replace(hour=12, minute=0, second=0, microsecond=0)
@@ -155,7 +159,9 @@ def test_settling_runs_newer_than_the_statistics_is_not_quadratic(pg_store: Stor
         }
         for at in instants
     ]
-    plans = _executed_plans(pg_store, lambda c: pg_store.dialect.update_runs(c, rows))
+    plans = _executed_plans(
+        pg_store, lambda c: settle_statements(pg_store.dialect).update_runs(c, rows)
+    )
     assert any("Update on runs" in plan for plan in plans), plans
     assert not any("Join Filter" in plan for plan in plans), plans
 
@@ -179,7 +185,7 @@ def _executed_plans(store: Store, run: Callable[[Connection], object]) -> list[s
 def test_the_lease_reads_unleased_messages_by_the_partial_ready_index(pg_store: Store) -> None:
     """ix_queue_messages_ready holds unleased messages only (0015): the lease's candidate
     read must state `leased_until IS NULL` for Postgres to use it at all."""
-    from schedctl.storage.dialect_postgres import _LEASE_CANDIDATES
+    from schedctl.storage.pipeline.lease_statements import _LEASE_CANDIDATES
 
     tenant = make_tenant(pg_store, "reader")
     with _connect(pg_store) as connection:
@@ -217,7 +223,7 @@ def test_planning_a_lease_reads_nothing_of_the_jobs_index(pg_store: Store) -> No
     operator's) or updated those ends are dead entries, walked at every planning, longer
     while a dispatcher updated jobs. Read by a LATERAL primary-key lookup, the planner
     never looks there. Fails on the join."""
-    from schedctl.storage.dialect_postgres import _HELD_MESSAGES, _LEASE_CANDIDATES
+    from schedctl.storage.pipeline.lease_statements import _HELD_MESSAGES, _LEASE_CANDIDATES
 
     tenant = make_tenant(pg_store, "planner")
     with pg_store.tx() as connection:

@@ -17,14 +17,15 @@ from prometheus_client import generate_latest
 from sqlalchemy import select, update
 from typer.testing import CliRunner
 
+from schedctl.app.cluster_status import gather_status
+from schedctl.app.service import Scheduler
 from schedctl.cli.app import app as cli
-from schedctl.cluster_status import gather_status
-from schedctl.config import Config
-from schedctl.service import Scheduler
-from schedctl.storage import schema, workers
-from schedctl.storage.queue import QueueRepo
-from schedctl.storage.store import Store
-from schedctl.storage.workers import LIVE_SECONDS, Presence, WorkerRepo
+from schedctl.domain.config import Config
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline import workers
+from schedctl.storage.pipeline.queue import QueueRepo
+from schedctl.storage.pipeline.workers import LIVE_SECONDS, Presence, WorkerRepo
 from scheduled_d.api.server import ApiServer
 from scheduled_d.metrics import export_queue_depths
 from scheduled_d.worker import DirectBackend, Worker

@@ -16,15 +16,15 @@ import psycopg
 from sqlalchemy import text
 
 from schedctl.coordination.local import LocalCoordinator
-from schedctl.leasing import LeasedRun
-from schedctl.models import Target, TargetType
-from schedctl.storage import dependencies
-from schedctl.storage.claim import Claimer
-from schedctl.storage.dead_letters import DeadLetterRepo
-from schedctl.storage.dialect import OUTBOX_WORD, queue_word
-from schedctl.storage.dialect_postgres import QUEUE_CHANNEL
-from schedctl.storage.queue import QueueRepo
-from schedctl.storage.store import Store
+from schedctl.domain.leasing import LeasedRun
+from schedctl.domain.models import Target, TargetType
+from schedctl.storage.backend.dialect import OUTBOX_WORD, queue_word
+from schedctl.storage.backend.dialect_postgres import QUEUE_CHANNEL
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline import dependencies
+from schedctl.storage.pipeline.claim import Claimer
+from schedctl.storage.pipeline.dead_letters import DeadLetterRepo
+from schedctl.storage.pipeline.queue import QueueRepo
 from scheduled_d.direct_backend import DirectBackend
 from scheduled_d.relay import Relay
 from tests.factories import ago, create_job, make_tenant, once_at
@@ -128,9 +128,16 @@ def test_a_feed_answers_only_for_its_own_tenants_queue(pg_store: Store) -> None:
                 feed.close()
 
 
-def test_sqlite_has_no_feed_its_workers_poll(sqlite_url: str) -> None:
+def test_sqlite_feed_hears_nothing_its_workers_poll(sqlite_url: str) -> None:
+    # no word crosses processes on one machine's file: the feed answers after each wait
+    # that it heard nothing, and the loops' own polling finds the work
     with closing(Store.open(sqlite_url)) as store:
-        assert store.dialect.ready_feed(store.engine, OUTBOX_WORD) is None
+        feed = store.dialect.ready_feed(store.engine, OUTBOX_WORD)
+        try:
+            assert feed.wait(0.01) is False
+        finally:
+            feed.close()
+        assert feed.wait(5.0) is False  # closed: answers at once
 
 
 class CountingBackend(DirectBackend):
@@ -204,7 +211,7 @@ def test_an_idle_relay_moves_a_triggered_run_on_the_word_not_its_poll(pg_store: 
 
 
 def test_a_worker_over_the_api_has_no_feed() -> None:
-    from schedctl.queue_client import ApiLeaseBackend
+    from schedctl.clients.queue_client import ApiLeaseBackend
 
     backend = ApiLeaseBackend.__new__(ApiLeaseBackend)
     assert backend.ready_feed("q") is None

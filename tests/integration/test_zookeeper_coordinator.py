@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from schedctl import errors
 from schedctl.coordination.zookeeper import ZooKeeperCoordinator
-from schedctl.storage import schema
-from schedctl.storage.partitions import PartitionRepo
-from schedctl.storage.store import Store
+from schedctl.core import errors
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.partitions import PartitionRepo
 from tests.factories import ago, bulk_once_jobs, make_tenant
 from tests.services.ports import free_port
 from tests.services.zookeeper import ZooKeeperEnsemble

@@ -32,14 +32,14 @@ from kazoo.retry import KazooRetry
 from kazoo.security import make_digest_acl
 from typer.testing import CliRunner
 
-from schedctl import errors
+from schedctl.app.cluster_status import gather_status, read_members
 from schedctl.cli.app import app
-from schedctl.cluster_status import gather_status, read_members
-from schedctl.config import Config
 from schedctl.coordination.zkaccess import ZooKeeperAccess
 from schedctl.coordination.zookeeper import ZooKeeperCoordinator
-from schedctl.storage.partitions import PartitionRepo
-from schedctl.storage.store import Store
+from schedctl.core import errors
+from schedctl.domain.config import Config
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.partitions import PartitionRepo
 from scheduled_d.runtime import make_coordinator
 from tests.services.zookeeper import ZooKeeperEnsemble, ZooKeeperTls
 

@@ -27,8 +27,8 @@ import sys
 from typing import Any
 
 from schedctl.coordination.zookeeper import ZooKeeperCoordinator
-from schedctl.storage.claim import Claimer, DueJob
-from schedctl.storage.store import Store
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.claim import Claimer, DueJob
 
 
 def emit(event: str, **fields: Any) -> None:

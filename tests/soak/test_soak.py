@@ -28,8 +28,8 @@ import requests
 from sqlalchemy import func, select, text, update
 
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.storage import schema
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
 from schedctl_bench.consumers import SCHEDULED_D, Consumers, trouble_in
 from schedctl_bench.storage.bulk import insert_once_jobs
 from tests.factories import make_tenant, set_tenant

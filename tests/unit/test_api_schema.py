@@ -1,6 +1,6 @@
 """Owns the proof that the API's documented create request (scheduled_d.api.schemas) and its
-parser (schedctl.jobspec, the CLI's) describe the same request, field by field: the same
-names at every level, the same types, and the bounds of schedctl.limits and jobspec."""
+parser (schedctl.domain.jobspec, the CLI's) describe the same request, field by field: the same
+names at every level, the same types, and the bounds of schedctl.core.limits and jobspec."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from schedctl import errors, jobspec, limits
+from schedctl.core import errors, limits
+from schedctl.domain import jobspec
 from schedctl.scheduling.misfire import MisfirePolicy
 from scheduled_d.api.schemas import (
     JOB_REQUEST_EXAMPLES,

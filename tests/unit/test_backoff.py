@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from schedctl.backoff import backoff_ceiling, backoff_delay
+from schedctl.core.backoff import backoff_ceiling, backoff_delay
 
 
 @pytest.mark.parametrize(

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from schedctl import config_doc
-from schedctl.config import Config, load_config
-from schedctl.config_doc import MissingDescription, check_complete, render
+from schedctl.domain import config_doc
+from schedctl.domain.config import Config, load_config
+from schedctl.domain.config_doc import MissingDescription, check_complete, render
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "scheduled.toml"
 _KEY_LINE = re.compile(r"^# ([A-Za-z_]+) = (.+)$")
@@ -23,7 +23,7 @@ def test_the_shipped_file_is_what_the_schema_generates() -> None:
     generated = render()
     assert EXAMPLE.read_text() == generated, (
         f"{EXAMPLE} is not what the configuration schema generates: run `make config` "
-        "(python -m schedctl.config_doc > config/scheduled.toml) and commit the result"
+        "(python -m schedctl.domain.config_doc > config/scheduled.toml) and commit the result"
     )
 
 
@@ -44,7 +44,9 @@ def test_a_key_added_without_a_description_is_named_with_what_to_do(
     with pytest.raises(MissingDescription) as caught:
         check_complete()
     message = str(caught.value)
-    assert named in message and "schedctl/config_doc.py" in message and "make config" in message
+    assert (
+        named in message and "schedctl/domain/config_doc.py" in message and "make config" in message
+    )
 
 
 def test_every_top_level_key_of_the_schema_is_in_the_file() -> None:

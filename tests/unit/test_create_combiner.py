@@ -9,10 +9,10 @@ import threading
 from collections.abc import Sequence
 from typing import cast
 
-from schedctl import errors
-from schedctl.create_combiner import ROUNDS_AT_ONCE, CreateCombiner
-from schedctl.models import CreateOutcome
-from schedctl.storage.job_create import NewJob
+from schedctl.app.create_combiner import ROUNDS_AT_ONCE, CreateCombiner
+from schedctl.core import errors
+from schedctl.domain.models import CreateOutcome
+from schedctl.storage.jobs.job_create import NewJob
 
 WAIT = 30.0
 

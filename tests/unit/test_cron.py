@@ -7,7 +7,7 @@ from itertools import islice
 
 import pytest
 
-from schedctl.errors import ValidationError
+from schedctl.core.errors import ValidationError
 from schedctl.scheduling.cron import CronSchedule, FireKind
 
 

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from schedctl import crontab, errors
+from schedctl.app import crontab
 from schedctl.cli.app import app
-from schedctl.jobfiles import load_dir, parse_text, render
+from schedctl.core import errors
+from schedctl.domain.jobfiles import load_dir, parse_text, render
 
 runner = CliRunner()
 

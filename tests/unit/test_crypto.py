@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from schedctl import errors
-from schedctl.crypto import KEYS_ENV, KEYS_FILE_ENV, PREFIX, PayloadCipher, is_encrypted
-from schedctl.storage import payloads
-from schedctl.storage.payloads import (
+from schedctl.core import errors
+from schedctl.core.crypto import KEYS_ENV, KEYS_FILE_ENV, PREFIX, PayloadCipher, is_encrypted
+from schedctl.storage.jobs import payloads
+from schedctl.storage.jobs.payloads import (
     configure_payload_cipher,
     decode_payload,
     encode_payload,

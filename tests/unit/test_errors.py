@@ -1,4 +1,4 @@
-"""Owns the tests of the one table of error codes (schedctl.errors): every class has its code,
+"""Owns the tests of the one table of error codes (schedctl.core.errors): every class has its code,
 exit code and HTTP status; the API answers each with them; the API client and the queue
 client read them back to the same class; the CLI's exit-code help comes from them."""
 
@@ -13,9 +13,10 @@ import pytest
 import requests
 from fastapi import FastAPI
 
-from schedctl import client, errors, queue_client
+from schedctl.app.service import Scheduler
 from schedctl.cli.common import EXIT_CODES_HELP
-from schedctl.service import Scheduler
+from schedctl.clients import client, queue_client
+from schedctl.core import errors
 from scheduled_d.api import create_app
 
 
@@ -166,13 +167,13 @@ def test_the_cli_exit_codes_help_comes_from_the_classes() -> None:
 
 
 def test_the_client_does_not_load_the_service() -> None:
-    # `schedctl --api` talks HTTP: it needs schedctl.errors, not the database layer's service
+    # `schedctl --api` talks HTTP: it needs schedctl.core.errors, not the database layer's service
     loaded = subprocess.run(
         [
             sys.executable,
             "-c",
-            "import sys, schedctl.client, schedctl.queue_client; "
-            "print('schedctl.service' in sys.modules)",
+            "import sys, schedctl.clients.client, schedctl.clients.queue_client; "
+            "print('schedctl.app.service' in sys.modules)",
         ],
         capture_output=True,
         text=True,

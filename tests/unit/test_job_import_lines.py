@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from schedctl import errors
 from schedctl.cli.job_import import _api_text
+from schedctl.core import errors
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,8 @@
-"""Owns the tests of the shortest-unique-prefix arithmetic (schedctl/job_refs.py)."""
+"""Owns the tests of the shortest-unique-prefix arithmetic (schedctl/domain/job_refs.py)."""
 
 from __future__ import annotations
 
-from schedctl.job_refs import common_prefix, shortest_among
+from schedctl.domain.job_refs import common_prefix, shortest_among
 
 
 def test_common_prefix() -> None:

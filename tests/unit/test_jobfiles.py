@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from schedctl import errors, jobspec
-from schedctl.jobfiles import (
+from schedctl.core import errors
+from schedctl.domain import jobspec
+from schedctl.domain.jobfiles import (
     JobFilesError,
     JobRef,
     Problem,
@@ -20,7 +21,7 @@ from schedctl.jobfiles import (
     render,
     resolve,
 )
-from schedctl.jobfiles.tomllines import key_lines
+from schedctl.domain.jobfiles.tomllines import key_lines
 
 EXAMPLE = '''\
 # nightly jobs of this host

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from schedctl import errors
-from schedctl.config import HostConfig, load_config
-from schedctl.jobfiles.host import HostFiles, check_dir, permission_problem, run_as
-from schedctl.jobfiles.load import parse_text
-from schedctl.jobfiles.model import FileJob, JobFilesError
+from schedctl.core import errors
+from schedctl.domain.config import HostConfig, load_config
+from schedctl.domain.jobfiles.host import HostFiles, check_dir, permission_problem, run_as
+from schedctl.domain.jobfiles.load import parse_text
+from schedctl.domain.jobfiles.model import FileJob, JobFilesError
 from scheduled_d.checks import check_configuration
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to chown files")

@@ -1,4 +1,4 @@
-"""Job files opened once (schedctl.jobfiles.opening): each refusal reason of the walk from /
+"""Job files opened once (schedctl.domain.jobfiles.opening): each refusal reason of the walk from /
 and of the opened file's own fstat, the same refusal from the worker's scan and from the
 loader `schedctl apply` and check-config use, and a race: a thread flips a symlink on the
 path between trusted and foreign content while the scanner loads, and the foreign content
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from schedctl.jobfiles import load_dir, load_file
-from schedctl.jobfiles.host import HostFiles, permission_problem
-from schedctl.jobfiles.model import JobFile, JobFilesError
-from schedctl.jobfiles.opening import open_dir
+from schedctl.domain.jobfiles import load_dir, load_file
+from schedctl.domain.jobfiles.host import HostFiles, permission_problem
+from schedctl.domain.jobfiles.model import JobFile, JobFilesError
+from schedctl.domain.jobfiles.opening import open_dir
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to chown files")
 JOB = '[[job]]\nname = "{name}"\ncron = "0 3 * * *"\ncommand = ["/bin/echo", "{name}"]\n'

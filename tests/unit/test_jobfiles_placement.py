@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from schedctl import errors
-from schedctl.jobfiles import FileJob, parse_text
-from schedctl.jobfiles import placement as pl
+from schedctl.core import errors
+from schedctl.domain.jobfiles import FileJob, parse_text
+from schedctl.domain.jobfiles import placement as pl
 from tests.jobfile_texts import true_jobs
 
 TEXT = true_jobs(

@@ -1,4 +1,4 @@
-"""Owns the tests of job request validation (schedctl.jobspec): pure, no database."""
+"""Owns the tests of job request validation (schedctl.domain.jobspec): pure, no database."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from schedctl import errors
-from schedctl.jobspec import parse_job_request, parse_schedule
-from schedctl.models import TargetType
+from schedctl.core import errors
+from schedctl.domain.jobspec import parse_job_request, parse_schedule
+from schedctl.domain.models import TargetType
 from schedctl.scheduling.cron import CronSchedule
 from schedctl.scheduling.misfire import MisfirePolicy
 from schedctl.scheduling.schedules import IntervalSchedule, OnceSchedule

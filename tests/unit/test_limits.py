@@ -1,4 +1,4 @@
-"""Owns the unit tests of schedctl.limits: ASCII-only bounded integers, ids and cursors,
+"""Owns the unit tests of schedctl.core.limits: ASCII-only bounded integers, ids and cursors,
 JSON that json.loads cannot convert (5,000-digit integers, nesting past the recursion
 limit), and the payload value check (depth, int64, finite floats)."""
 
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schedctl import errors, limits
-from schedctl.config import load_config
+from schedctl.core import errors, limits
+from schedctl.domain.config import load_config
 from schedctl.scheduling.cron import CronSchedule
 from schedctl.scheduling.timeparse import parse_duration, parse_instant
 

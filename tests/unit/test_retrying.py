@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from schedctl import errors, retrying
-from schedctl.retrying import Backoff, BackoffPolicy, call_with_retries
+from schedctl.core import errors, retrying
+from schedctl.core.retrying import Backoff, BackoffPolicy, call_with_retries
 
 POLICY = BackoffPolicy(first_seconds=0.5, max_seconds=5.0, jitter_seconds=0.25)
 # no waiting at all, so tests that retry do not sleep

@@ -1,4 +1,4 @@
-"""Owns the tests of a job's run policy (schedctl.runpolicy) through the job body, the
+"""Owns the tests of a job's run policy (schedctl.domain.runpolicy) through the job body, the
 job update, the job files and the crontab import: pure, no database."""
 
 from __future__ import annotations
@@ -8,10 +8,12 @@ from typing import Any
 
 import pytest
 
-from schedctl import crontab, errors, jobpatch
-from schedctl.jobfiles import JobFilesError, parse_text
-from schedctl.jobspec import parse_job_request
-from schedctl.runpolicy import Overlap, RunPolicy
+from schedctl.app import crontab
+from schedctl.core import errors
+from schedctl.domain import jobpatch
+from schedctl.domain.jobfiles import JobFilesError, parse_text
+from schedctl.domain.jobspec import parse_job_request
+from schedctl.domain.runpolicy import Overlap, RunPolicy
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 QUEUE = {"type": "queue", "name": "q"}
@@ -95,7 +97,7 @@ def test_an_update_keeps_what_it_does_not_name_and_checks_the_new_target() -> No
 
 
 def _central(**run: Any) -> Any:
-    from schedctl.models import Job, JobStatus
+    from schedctl.domain.models import Job, JobStatus
 
     spec = parse_job_request(_body(**run), now=NOW)
     return Job(

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schedctl.errors import ValidationError
+from schedctl.core.errors import ValidationError
 from schedctl.scheduling.schedules import (
     CronSchedule,
     IntervalSchedule,

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from schedctl import errors
-from schedctl.alerts.model import parse_alerts
-from schedctl.brokers import check_broker_url, redact_url
-from schedctl.delivery.ssrf import check_destination, split_url
-from schedctl.jobspec import parse_target
-from schedctl.storage.engine import make_engine, redact
+from schedctl.core import errors
+from schedctl.core.ssrf import check_destination, split_url
+from schedctl.domain.alerts.model import parse_alerts
+from schedctl.domain.brokers import check_broker_url, redact_url
+from schedctl.domain.jobspec import parse_target
+from schedctl.storage.db.engine import make_engine, redact
 
 SECRET = "S3CRET-4f1c"
 

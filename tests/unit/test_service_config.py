@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from schedctl import errors
-from schedctl.alerts.policy import DEFAULT_MAX_PER_TENANT_PER_HOUR
-from schedctl.config import load_config, locate, parse_listen
+from schedctl.core import errors
+from schedctl.domain.alerts.policy import DEFAULT_MAX_PER_TENANT_PER_HOUR
+from schedctl.domain.config import load_config, locate, parse_listen
 from scheduled_d.logsetup import JournalFormatter, JsonFormatter
 from scheduled_d.sdnotify import Notifier
 

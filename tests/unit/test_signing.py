@@ -9,8 +9,8 @@ import hmac
 
 import pytest
 
-from schedctl import errors
-from schedctl.signing import (
+from schedctl.core import errors
+from schedctl.core.signing import (
     IDEMPOTENCY_HEADER,
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from schedctl import errors
-from schedctl.delivery.ssrf import (
+from schedctl.core import errors
+from schedctl.core.ssrf import (
     AllowList,
     UnresolvableHost,
     check_at_creation,

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from schedctl import errors
-from schedctl.delivery.ssrf import DNS_CACHE_SECONDS, GuardCache, UnresolvableHost
+from schedctl.core import errors
+from schedctl.core.ssrf import DNS_CACHE_SECONDS, GuardCache, UnresolvableHost
 from tests.fakes import ManualClock
 
 

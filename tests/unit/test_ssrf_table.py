@@ -13,9 +13,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from schedctl import errors
-from schedctl.delivery.http import DeliveryResult, HttpDelivery
-from schedctl.delivery.ssrf import (
+from schedctl.core import errors
+from schedctl.core.ssrf import (
     AllowList,
     UnresolvableHost,
     check_at_creation,
@@ -26,7 +25,8 @@ from schedctl.delivery.ssrf import (
     normalize_entry,
     split_url,
 )
-from schedctl.models import Verdict
+from schedctl.delivery.http import DeliveryResult, HttpDelivery
+from schedctl.domain.models import Verdict
 
 
 def resolver(table: dict[str, Sequence[str]]):  # type: ignore[no-untyped-def]
@@ -389,7 +389,7 @@ def test_a_refusal_never_tells_the_tenant_what_a_name_resolved_to(
     host: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     dns = resolver(RESOLVED)
-    caplog.set_level(logging.INFO, logger="schedctl.delivery.ssrf")
+    caplog.set_level(logging.INFO, logger="schedctl.core.ssrf")
     for check in (check_destination, check_at_creation):
         with pytest.raises(errors.ForbiddenDestination) as caught:
             check(f"https://{host}/hook?token=s3cret", [], resolver=dns)

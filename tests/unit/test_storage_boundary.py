@@ -1,7 +1,7 @@
 """Owns the test that SQL lives only in schedctl/storage/ (and the benchmarks' own in
 benchmarks/schedctl_bench/storage/): no module outside them imports SQLAlchemy or the table
-definitions (schedctl.storage.schema), read from the source files themselves, imports inside
-functions and TYPE_CHECKING blocks included."""
+definitions (schedctl.storage.db.schema), read from the source files themselves, imports
+inside functions and TYPE_CHECKING blocks included."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ STORAGE = (ROOT / "schedctl" / "storage", ROOT / "benchmarks" / "schedctl_bench"
 # the packages whose code runs in production, and the benchmarks (schedctl-bench); tests may
 # build their own queries
 SOURCES = (ROOT / "schedctl", ROOT / "daemon", ROOT / "benchmarks")
-FORBIDDEN = ("sqlalchemy", "schedctl.storage.schema")
+FORBIDDEN = ("sqlalchemy", "schedctl.storage.db.schema")
 # the peers' drivers of `schedctl bench peers`: other systems' code run by their own venv's
 # python (APScheduler's data store is SQLAlchemy), never imported by schedctl
 FOREIGN = ROOT / "benchmarks" / "schedctl_bench" / "peer_scripts"
@@ -26,7 +26,7 @@ def _imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
             found.extend((node.lineno, alias.name) for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.append((node.lineno, node.module))
-            # `from schedctl.storage import schema` names the module as an attribute
+            # `from schedctl.storage.db import schema` names the module as an attribute
             found.extend((node.lineno, f"{node.module}.{alias.name}") for alias in node.names)
     return found
 
@@ -47,7 +47,7 @@ def _outside_storage() -> list[Path]:
 def test_the_scan_sees_the_sources() -> None:
     # a wrong root would make the boundary test pass over nothing
     names = {path.relative_to(ROOT).as_posix() for path in _outside_storage()}
-    assert {"schedctl/service.py", "schedctl/cluster_status.py"} <= names
+    assert {"schedctl/app/service.py", "schedctl/app/cluster_status.py"} <= names
     assert "daemon/scheduled_d/dispatcher.py" in names
     assert "benchmarks/schedctl_bench/pipeline.py" in names
     assert not any(name.startswith("schedctl/storage/") for name in names)
@@ -58,10 +58,10 @@ def test_the_scan_finds_a_forbidden_import() -> None:
     source = (
         "from sqlalchemy import select\n"
         "def f():\n    import sqlalchemy.exc\n"
-        "from schedctl.storage import schema\n"
+        "from schedctl.storage.db import schema\n"
     )
     modules = {m for _, m in _imported_modules(ast.parse(source)) if _forbidden(m)}
-    assert {"sqlalchemy", "sqlalchemy.exc", "schedctl.storage.schema"} <= modules
+    assert {"sqlalchemy", "sqlalchemy.exc", "schedctl.storage.db.schema"} <= modules
     assert not _forbidden("schedctl.storage") and not _forbidden("sqlalchemyish")
 
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from schedctl.errors import ValidationError
+from schedctl.core.errors import ValidationError
 from schedctl.scheduling.timeparse import format_instant, parse_duration, parse_instant
 
 

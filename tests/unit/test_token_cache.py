@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from schedctl.models import Tenant
-from schedctl.storage.token_cache import TokenCache
+from schedctl.domain.models import Tenant
+from schedctl.storage.tenants.token_cache import TokenCache
 
 
 def _tenant(tenant_id: str) -> Tenant:

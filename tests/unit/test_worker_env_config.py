@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from schedctl import errors
-from schedctl.config import Config, command_env, load_config
+from schedctl.core import errors
+from schedctl.domain.config import Config, command_env, load_config
 from scheduled_d.__main__ import app
 
 WORKER = '[[worker]]\nqueue = "q"\ncommand = ["/usr/local/bin/backup.sh"]\n'

@@ -18,9 +18,9 @@ from cryptography.x509.oid import NameOID
 from kazoo.protocol.serialization import Auth, Create
 from kazoo.security import make_digest_acl
 
-from schedctl import errors
-from schedctl.config import load_config
 from schedctl.coordination.zkaccess import KAZOO_LOG, ZooKeeperAccess
+from schedctl.core import errors
+from schedctl.domain.config import load_config
 from scheduled_d.checks import check_configuration
 
 SECRET = "pa55:word with spaces"

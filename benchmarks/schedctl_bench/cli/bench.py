@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from schedctl import errors
 from schedctl.cli.common import (
     OutputOption,
     actor,
@@ -29,6 +28,7 @@ from schedctl.cli.common import (
     say,
 )
 from schedctl.cli.output import OutputFormat, emit
+from schedctl.core import errors
 from schedctl_bench import children
 from schedctl_bench.cli.bench_options import KeepJobsOption, count, seconds
 from schedctl_bench.measure import ms, percentile
@@ -36,7 +36,7 @@ from schedctl_bench.measure import ms, percentile
 if TYPE_CHECKING:
     # requests and the storage modules are imported where they are used: `schedctl --help`
     # must not load them
-    from schedctl.service import Scheduler
+    from schedctl.app.service import Scheduler
 
 app = typer.Typer(help="Benchmarks on the configured database (measured, not asserted).")
 
@@ -168,8 +168,8 @@ def _report(
     tenant: str,
     keep: bool,
 ) -> dict[str, Any]:
-    from schedctl.storage.engine import redact
-    from schedctl.storage.payloads import payload_cipher
+    from schedctl.storage.db.engine import redact
+    from schedctl.storage.jobs.payloads import payload_cipher
 
     created = len(results.latencies)
     other = {str(k): v for k, v in sorted(results.statuses.items()) if k != 201}

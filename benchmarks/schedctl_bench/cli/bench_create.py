@@ -9,9 +9,9 @@ from typing import Annotated
 
 import typer
 
-from schedctl import limits
 from schedctl.cli.common import OutputOption, cli_state, output_format
 from schedctl.cli.output import emit
+from schedctl.core import limits
 from schedctl_bench.cli.bench_options import KeepJobsOption, count, seconds
 
 

@@ -9,8 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
-from schedctl import errors
 from schedctl.cli.common import int_parser, number_parser
+from schedctl.core import errors
 
 
 def _field(flag: str) -> str:

@@ -103,7 +103,7 @@ def peers(
     each system on a fresh database of the --db server; for each, when its jobs started
     after their due instant (last, p50, p99) and each peer's figure over scheduled-d's.
     The peers are pip-installed into --venv the first time."""
-    from schedctl import errors
+    from schedctl.core import errors
     from schedctl_bench import peers as bench_peers
 
     systems: tuple[str, ...] = bench_peers.SYSTEMS

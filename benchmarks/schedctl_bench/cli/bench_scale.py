@@ -83,7 +83,7 @@ def scale(
     from schedctl_bench import scale as bench_scale
 
     if compare >= future_jobs:
-        from schedctl import errors
+        from schedctl.core import errors
 
         raise errors.ValidationError("must be below --future-jobs (or 0)", field="compare")
     state = cli_state(ctx)

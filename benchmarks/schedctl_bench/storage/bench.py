@@ -6,17 +6,30 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Table, and_, case, delete, exists, func, select, update
+from sqlalchemy import (
+    Connection,
+    Table,
+    and_,
+    bindparam,
+    case,
+    delete,
+    exists,
+    func,
+    select,
+    text,
+    update,
+)
 
 from schedctl.scheduling.schedules import OnceSchedule, schedule_to_dict
-from schedctl.storage import schema
-from schedctl.storage.jobs import new_job_id
-from schedctl.storage.once_rows import once_job_row
-from schedctl.storage.quotas import forget_quota_use
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.jobs import new_job_id
+from schedctl.storage.jobs.quotas import forget_quota_use
+from schedctl.storage.pipeline.once_rows import once_job_row
 
 # rows per INSERT statement of a bulk load
 CHUNK = 2000
@@ -186,15 +199,44 @@ def _has_job_rows(store: Store, table: Table, job_id: str) -> bool:
 
 def database_settings(store: Store) -> str:
     """The durability settings a figure was measured under."""
+    if store.dialect.embedded:
+        return "sqlite (WAL, synchronous=NORMAL)"
     with store.read() as connection:
-        return store.dialect.describe(connection)
+        fsync = connection.execute(text("SHOW fsync")).scalar_one()
+        sync = connection.execute(text("SHOW synchronous_commit")).scalar_one()
+    return f"postgres (fsync={fsync}, synchronous_commit={sync})"
+
+
+@dataclass(frozen=True)
+class ServerSessions:
+    """A database server's view of its client sessions: the process serving this
+    connection, the address the server answered on (None: a Unix socket), and each client
+    session's server process id with its application_name."""
+
+    own_pid: int
+    server_address: str | None
+    sessions: dict[int, str]
+
+
+def _server_sessions(store: Store) -> ServerSessions | None:
+    """The server's client sessions (Postgres); None for a file of this machine (SQLite)."""
+    if store.dialect.embedded:
+        return None
+    with store.read() as connection:
+        own_pid, address = connection.exec_driver_sql(
+            "SELECT pg_backend_pid(), host(inet_server_addr())"
+        ).one()
+        rows = connection.exec_driver_sql(
+            "SELECT pid, application_name FROM pg_stat_activity"
+            " WHERE datname = current_database() AND backend_type = 'client backend'"
+        ).all()
+    return ServerSessions(int(own_pid), address, {int(pid): str(name or "") for pid, name in rows})
 
 
 def local_backends(store: Store) -> dict[int, str] | None:
     """The database's client sessions as {server process id: application_name}, when its
     server runs on this machine (its processes are this machine's); None otherwise."""
-    with store.read() as connection:
-        seen = store.dialect.server_sessions(connection)
+    seen = _server_sessions(store)
     if seen is None or seen.server_address not in (None, "127.0.0.1", "::1"):
         return None
     try:
@@ -329,7 +371,40 @@ def jobs_of(store: Store, tenant_id: str) -> list[str]:
 def set_jobs_due(store: Store, due: Sequence[tuple[str, datetime]]) -> None:
     """Each job (id) due and firing at its own instant, in one transaction."""
     with store.tx() as connection:
-        store.dialect.set_jobs_due(connection, due)
+        if store.dialect.embedded:
+            _set_jobs_due_each(connection, due)
+        else:
+            _set_jobs_due_arrays(connection, due)
+
+
+def _set_jobs_due_arrays(connection: Connection, due: Sequence[tuple[str, datetime]]) -> None:
+    # Postgres: one UPDATE from arrays per 40,000 (an executemany of single-row updates is
+    # a round trip each)
+    for start in range(0, len(due), 40_000):
+        chunk = due[start : start + 40_000]
+        connection.execute(
+            text(
+                "UPDATE jobs SET next_run_at = d.at, next_fire_at = d.at"
+                " FROM unnest(CAST(:ids AS text[]), CAST(:ats AS timestamptz[]))"
+                " AS d(job_id, at) WHERE jobs.job_id = d.job_id"
+            ),
+            {"ids": [job_id for job_id, _ in chunk], "ats": [at for _, at in chunk]},
+        )
+
+
+def _set_jobs_due_each(connection: Connection, due: Sequence[tuple[str, datetime]]) -> None:
+    # SQLite: an executemany in process, 2,000 rows a call
+    j = schema.jobs
+    statement = (
+        update(j)
+        .where(j.c.job_id == bindparam("b_job_id"))
+        .values(next_run_at=bindparam("b_at"), next_fire_at=bindparam("b_at"))
+    )
+    for start in range(0, len(due), 2000):
+        connection.execute(
+            statement,
+            [{"b_job_id": job_id, "b_at": at} for job_id, at in due[start : start + 2000]],
+        )
 
 
 def insert_claimed_once_jobs(

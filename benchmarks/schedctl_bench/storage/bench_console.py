@@ -12,9 +12,11 @@ from typing import Any
 
 from sqlalchemy import func, insert, select, text
 
-from schedctl.storage import schema
-from schedctl.storage.retention import partition_name
-from schedctl.storage.store import Store
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.records.retention import partition_name
+from schedctl.storage.records.run_partitions import PostgresRunPartitions
+from schedctl_bench.storage.bulk_future import generates_rows
 
 DEAD_LETTERS = 1000
 SQLITE_CHUNK = 20_000
@@ -68,13 +70,13 @@ def _job_ranges(store: Store, tenant_id: str, parts: int = 20) -> list[tuple[str
 
 def load_runs(store: Store, tenant_id: str, per_job: int, now: datetime) -> None:
     spacing = timedelta(days=1) if per_job <= 30 else timedelta(hours=1)
-    if store.dialect.generates_rows:
+    if generates_rows(store):
         oldest = now - per_job * spacing - timedelta(days=1)
         day = oldest.date()
         while day <= now.date():
             start = datetime(day.year, day.month, day.day, tzinfo=UTC)
             with store.tx() as connection:
-                store.dialect.create_run_partition(
+                PostgresRunPartitions().create(
                     connection, partition_name(day), start, start + timedelta(days=1)
                 )
             day += timedelta(days=1)

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from schedctl.storage.jobs import new_job_id
-from schedctl.storage.once_rows import once_job_row
-from schedctl.storage.store import Store
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.jobs import new_job_id
+from schedctl.storage.pipeline.once_rows import once_job_row
 from schedctl_bench.storage import bench as bench_rows
 
 

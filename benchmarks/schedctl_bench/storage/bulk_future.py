@@ -15,10 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from schedctl.storage import schema
-from schedctl.storage.once_rows import once_job_row
-from schedctl.storage.quotas import forget_quota_use
-from schedctl.storage.store import Store
+from sqlalchemy import text
+
+from schedctl.storage.db import schema
+from schedctl.storage.db.store import Store
+from schedctl.storage.jobs.quotas import forget_quota_use
+from schedctl.storage.pipeline.once_rows import once_job_row
 from schedctl_bench.storage import bench as bench_rows
 
 CHUNK_ROWS = 250_000  # rows per INSERT ... SELECT transaction
@@ -35,6 +37,35 @@ GENERATED_COLUMNS = [
     "end_at", "status", "next_run_at", "next_fire_at", "partition", "version",
     "idempotency_key", "request_hash", "created_at", "updated_at",
 ]  # fmt: skip
+
+
+def generates_rows(store: Store) -> bool:
+    """Whether the server makes benchmark rows itself (Postgres: a database server, not
+    the embedded file)."""
+    return not store.dialect.embedded
+
+
+# The scale benchmark's one-time job rows, as _rows makes them in Python, made by Postgres;
+# the times are whole seconds, so that run_at is what format_instant writes for them (no
+# fraction).
+_GENERATE_ONCE_JOBS = """
+INSERT INTO jobs ({columns})
+SELECT g.job_id, :tenant_id, :name || '-' || g.job_id,
+       '{{"kind": "once", "run_at": "' || to_char(g.at AT TIME ZONE 'UTC',
+           'YYYY-MM-DD"T"HH24:MI:SS') || 'Z"}}',
+       'queue', :queue, '{{}}', 3, 1.0, 60.0, 'run_once', 3600, 0, 1, 0, NULL, NULL,
+       'active', g.at, g.at,
+       (('x' || substr(encode(sha256(convert_to(g.job_id, 'UTF8')), 'hex'), 1, 8))::bit(32)
+           ::bigint % :partitions)::int,
+       1, NULL, :name, now(), now()
+FROM (
+    SELECT lpad(to_hex(:millis), 12, '0')
+               || substr(replace(gen_random_uuid()::text, '-', ''), 1, 20) AS job_id,
+           date_trunc('second', CAST(:first_at AS timestamptz) + i * CAST(:spacing AS interval))
+               AS at
+    FROM generate_series(0, :size - 1) AS i
+) AS g
+"""
 
 
 def _rows(
@@ -77,7 +108,7 @@ def load_future_jobs(
     """Load `count` one-time jobs due from `first_at` on, `spacing` apart; the seconds it
     took. `progress` is told the rows loaded so far after each chunk."""
     began = time.monotonic()
-    if store.dialect.generates_rows:
+    if generates_rows(store):
         starts = list(range(0, count, CHUNK_ROWS))
         loaded = [0]
         lock = threading.Lock()
@@ -117,11 +148,11 @@ def _generate(
     name: str,
     queue: str,
 ) -> None:
-    """`size` rows made by the server in one transaction (the dialect's generate_once_jobs)."""
+    """`size` rows made by the server in one transaction (_GENERATE_ONCE_JOBS)."""
+    names = ", ".join(f'"{c}"' for c in GENERATED_COLUMNS)
     with store.tx() as connection:
-        store.dialect.generate_once_jobs(
-            connection,
-            GENERATED_COLUMNS,
+        connection.execute(
+            text(_GENERATE_ONCE_JOBS.format(columns=names)),
             {
                 "tenant_id": tenant_id,
                 "name": name,

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from schedctl.storage.engine import make_engine
+from schedctl.storage.db.engine import make_engine
 
 
 def backend(url: str) -> str:

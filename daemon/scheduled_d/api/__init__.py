@@ -15,7 +15,7 @@ synchronous store.
 Idempotency keys (the Idempotency-Key header, or `idempotency_key` in the body) are stored on
 their job's row, unique per tenant, and job rows are never deleted: a key is honoured for as
 long as its job exists, which is at least the 24 hours promised (a replay of a cancelled
-job's key returns that cancelled job). See schedctl.service.IDEMPOTENCY_KEY_RETENTION.
+job's key returns that cancelled job). See schedctl.app.service.IDEMPOTENCY_KEY_RETENTION.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import logging
 
 from fastapi import FastAPI
 
-from schedctl.service import Scheduler
+from schedctl.app.service import Scheduler
 from scheduled_d.api.errors import install_handlers
 from scheduled_d.api.middleware import Guard
 from scheduled_d.api.routes import alerts, hosts, jobs, leases, runs, tenant

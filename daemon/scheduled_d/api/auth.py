@@ -1,9 +1,9 @@
 """Owns the API's request dependencies: the bearer-token caller (its tenant, token id and,
 for a host token, its host), the Scheduler of the app, and the JSON body (parsed by
-schedctl.limits, so that malformed JSON is a 400 naming the body and jobspec stays the one
+schedctl.core.limits, so that malformed JSON is a 400 naming the body and jobspec stays the one
 validator).
 
-A host token (schedctl.host_scope) is refused here, before any route runs, on every route
+A host token (schedctl.domain.host_scope) is refused here, before any route runs, on every route
 but HOST_TOKEN_ROUTES: a route added later is closed to host tokens until it is listed.
 Each listed route narrows what the host may touch itself (its queues, its own jobs)."""
 
@@ -16,11 +16,11 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
-from schedctl import errors, limits
-from schedctl.errors import MalformedRequest, UnsupportedMediaType
-from schedctl.host_scope import HostScope
-from schedctl.models import Tenant
-from schedctl.service import Scheduler
+from schedctl.app.service import Scheduler
+from schedctl.core import errors, limits
+from schedctl.core.errors import MalformedRequest, UnsupportedMediaType
+from schedctl.domain.host_scope import HostScope
+from schedctl.domain.models import Tenant
 
 # (method, route path) a host token may call; every other route answers 403 to it (its
 # presence rides on its leases and heartbeats, as a tenant worker's does). The
@@ -127,8 +127,9 @@ async def request_caller(request: Request) -> Caller:
 
 
 async def json_body(request: Request) -> Any:
-    """The request's JSON body. Parsed here rather than by FastAPI so that schedctl.jobspec is
-    the one validator (the CLI's), and malformed JSON is a 400, not a 422."""
+    """The request's JSON body. Parsed here rather than by FastAPI so that
+    schedctl.domain.jobspec is the one validator (the CLI's), and malformed JSON is a 400, not
+    a 422."""
     content_type = request.headers.get("content-type", "")
     media = content_type.split(";")[0].strip().lower()
     if media and media != "application/json" and not media.endswith("+json"):
@@ -140,7 +141,7 @@ async def json_body(request: Request) -> Any:
     if not raw.strip():
         raise MalformedRequest("the request has no body: send a JSON object", field="body")
     # integers too long for int() and nesting deep enough for a RecursionError are refused
-    # naming their field (schedctl.limits), never a 500; malformed JSON is a 400
+    # naming their field (schedctl.core.limits), never a 500; malformed JSON is a 400
     return limits.parse_json(raw, "body", malformed=MalformedRequest)
 
 

@@ -1,5 +1,5 @@
 """Owns the API's error answers: every error, FastAPI's and Starlette's own included, is
-`{"error": {"code", "message", "field"}}` with the status and code schedctl.errors gives
+`{"error": {"code", "message", "field"}}` with the status and code schedctl.core.errors gives
 its class; quota refusals carry Retry-After and are counted per tenant."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import Counter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from schedctl import errors
+from schedctl.core import errors
 from scheduled_d.api.auth import Caller
 
 log = logging.getLogger("scheduled_d.api")

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from prometheus_client import Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from schedctl import errors
-from schedctl.errors import RequestTooLarge
-from schedctl.storage.engine import first_line, is_database_error
+from schedctl.core import errors
+from schedctl.core.errors import RequestTooLarge
+from schedctl.storage.db.engine import first_line, is_database_error
 from scheduled_d.api.errors import error_response
 
 log = logging.getLogger("scheduled_d.api")

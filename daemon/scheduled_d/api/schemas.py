@@ -2,8 +2,8 @@
 the hand-written JSON schema of the create and reschedule requests, and the OpenAPI helpers
 that attach them and the error answers to a route.
 
-Request bodies are parsed by schedctl.jobspec (the CLI's parser) and only documented here:
-the names and bounds come from jobspec and schedctl.limits, and tests/unit/test_api_schema.py
+Request bodies are parsed by schedctl.domain.jobspec (the CLI's parser) and only documented here:
+the names and bounds come from jobspec and schedctl.core.limits, and tests/unit/test_api_schema.py
 proves the two agree field by field.
 """
 
@@ -13,8 +13,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from schedctl import jobspec, limits, runpolicy
-from schedctl.models import JobStatus
+from schedctl.core import limits
+from schedctl.domain import jobspec, runpolicy
+from schedctl.domain.models import JobStatus
 from schedctl.scheduling.misfire import MisfirePolicy
 
 
@@ -187,7 +188,7 @@ class Health(BaseModel):
     status: Literal["ok"]
 
 
-# -- request bodies: parsed by schedctl.jobspec (the CLI's parser); documented here -----
+# -- request bodies: parsed by schedctl.domain.jobspec (the CLI's parser); documented here -----
 
 _DURATION_PATTERN = (
     r"^(\d+(\.\d+)?|(\d+d)?(\d+h)?(\d+m)?(\d+(\.\d+)?s)?"
@@ -273,7 +274,7 @@ _TARGET: dict[str, Any] = {
 
 
 def runpolicy_schema() -> dict[str, Any]:
-    """The run policy's keys (schedctl/runpolicy.py) in a job body."""
+    """The run policy's keys (schedctl/domain/runpolicy.py) in a job body."""
     return {
         "overlap": {
             "enum": [o.value for o in runpolicy.Overlap],

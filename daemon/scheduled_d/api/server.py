@@ -11,9 +11,9 @@ import time
 
 import uvicorn
 
-from schedctl import errors
-from schedctl.service import Scheduler
-from schedctl.storage.payloads import payload_cipher
+from schedctl.app.service import Scheduler
+from schedctl.core import errors
+from schedctl.storage.jobs.payloads import payload_cipher
 from scheduled_d.api import create_app
 
 log = logging.getLogger("scheduled_d.api")

@@ -11,8 +11,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 
 from schedctl.delivery.limits import DeliveryLimits
-from schedctl.models import Lane, TargetType
-from schedctl.storage.outbox import Delivery, OutboxRepo, TenantSettings
+from schedctl.domain.models import Lane, TargetType
+from schedctl.storage.pipeline.outbox import Delivery, OutboxRepo, TenantSettings
 from scheduled_d.relay.leases import HeldLeases
 from scheduled_d.relay.stats import RelayStats
 

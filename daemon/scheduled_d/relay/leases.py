@@ -8,8 +8,8 @@ import logging
 import threading
 from collections.abc import Sequence
 
-from schedctl import errors
-from schedctl.storage.outbox import Delivery, OutboxRepo
+from schedctl.core import errors
+from schedctl.storage.pipeline.outbox import Delivery, OutboxRepo
 
 log = logging.getLogger("scheduled_d.relay")
 

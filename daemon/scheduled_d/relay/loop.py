@@ -15,7 +15,7 @@ batches by one settler thread.
 This module owns `Relay`, the polling loop and its passes; the package's other modules are
 its components: lanes (what to claim, the batches waiting for a slot), senders (the slots
 that deliver), settling (outcomes recorded), leases (the heartbeat), stats (its counts and
-metrics). The alerts are schedctl.alerts.lane's, in a thread of their own.
+metrics). The alerts are schedctl.app.alerts.lane's, in a thread of their own.
 
 Leases and heartbeat: a claim leases its rows for `lease_seconds` (9 s by default); a
 heartbeat thread extends, every lease/3, the leases of every row this relay holds -- waiting
@@ -34,20 +34,20 @@ import time
 import uuid
 from typing import Any
 
-from schedctl import errors, retrying
-from schedctl.alerts.lane import AlertLane
-from schedctl.alerts.policy import AlertPolicy
-from schedctl.config import Config
+from schedctl.app.alerts.lane import AlertLane
+from schedctl.core import errors, retrying
+from schedctl.core.ssrf import Resolver
 from schedctl.delivery.email import SmtpSettings
 from schedctl.delivery.http import DEFAULT_TIMEOUT_SECONDS, HttpDelivery
 from schedctl.delivery.limits import DeliveryLimits
 from schedctl.delivery.rabbitmq import BrokerPool
-from schedctl.delivery.ssrf import Resolver
-from schedctl.storage.dialect import OUTBOX_WORD
-from schedctl.storage.outbox import OutboxRepo, TenantSettings
-from schedctl.storage.queue import QueueRepo
-from schedctl.storage.signing_secrets import SigningKeyCache
-from schedctl.storage.store import Store
+from schedctl.domain.alerts.policy import AlertPolicy
+from schedctl.domain.config import Config
+from schedctl.storage.backend.dialect import OUTBOX_WORD
+from schedctl.storage.db.store import Store
+from schedctl.storage.pipeline.outbox import OutboxRepo, TenantSettings
+from schedctl.storage.pipeline.queue import QueueRepo
+from schedctl.storage.tenants.signing_secrets import SigningKeyCache
 from scheduled_d.ready import ReadyListener
 from scheduled_d.relay.lanes import Lanes
 from scheduled_d.relay.leases import HeldLeases

@@ -13,14 +13,14 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-from schedctl import errors
+from schedctl.core import errors
 from schedctl.delivery.http import DeliveryResult, EncodedPayload, HttpDelivery, encode_payload
 from schedctl.delivery.rabbitmq import BrokerPool, Message
-from schedctl.models import Lane, TargetType, Verdict
-from schedctl.storage.outbox import Delivery
-from schedctl.storage.payloads import decode_payload
-from schedctl.storage.settle import unexpected_error
-from schedctl.storage.signing_secrets import SigningKeyCache
+from schedctl.domain.models import Lane, TargetType, Verdict
+from schedctl.storage.jobs.payloads import decode_payload
+from schedctl.storage.pipeline.outbox import Delivery
+from schedctl.storage.pipeline.settle import unexpected_error
+from schedctl.storage.tenants.signing_secrets import SigningKeyCache
 from scheduled_d.relay.lanes import Lanes
 from scheduled_d.relay.leases import HeldLeases
 from scheduled_d.relay.settling import Settler

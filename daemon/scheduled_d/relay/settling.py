@@ -11,10 +11,10 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from schedctl import errors, retrying
+from schedctl.core import errors, retrying
 from schedctl.delivery.http import DeliveryResult
-from schedctl.models import TargetType, Verdict
-from schedctl.storage.outbox import Delivery, DeliveryOutcome, OutboxRepo
+from schedctl.domain.models import TargetType, Verdict
+from schedctl.storage.pipeline.outbox import Delivery, DeliveryOutcome, OutboxRepo
 from scheduled_d.batching import Batcher
 from scheduled_d.relay.leases import HeldLeases
 from scheduled_d.relay.stats import DELIVERIES, DELIVERY_SECONDS, RelayStats

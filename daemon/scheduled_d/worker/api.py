@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from schedctl import limits
+from schedctl.core import limits
 from scheduled_d.signals import stop_on_signals
 from scheduled_d.worker.loop import Worker
 
@@ -24,7 +24,7 @@ def run_api_worker(
 ) -> None:
     """The tenant worker (`scheduled-d worker --api URL`): leases, heartbeats and settles
     through the REST API with the tenant's token; no database, no database code."""
-    from schedctl.queue_client import ApiLeaseBackend
+    from schedctl.clients.queue_client import ApiLeaseBackend
 
     heartbeat = min(5.0, lease_seconds / 3)
     backend = ApiLeaseBackend(

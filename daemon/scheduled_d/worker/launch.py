@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from queue import SimpleQueue
 
-from schedctl import errors
-from schedctl.leasing import LeasedRun as Lease
+from schedctl.core import errors
+from schedctl.domain.leasing import LeasedRun as Lease
 from schedctl.scheduling.timeparse import format_instant
 from scheduled_d.cgroups import containment
 from scheduled_d.spawn import spawn

@@ -8,8 +8,8 @@ outcomes and heartbeats to the backend; runs: one run).
 The command is always the one the worker was started with, never anything taken from a
 message: a message only selects *when* the command runs and what it reads on stdin.
 
-Where runs come from is a `schedctl.leasing.LeaseBackend`: `DirectBackend` over the database
-(the operator worker) or `schedctl.queue_client.ApiLeaseBackend` over the REST API (the tenant
+Where runs come from is a `schedctl.domain.leasing.LeaseBackend`: `DirectBackend` over the database
+(the operator worker) or `schedctl.clients.queue_client.ApiLeaseBackend` over the REST API (the tenant
 worker, `--api`, no database credentials); the supervision below is the same for both.
 """
 
@@ -24,10 +24,10 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from schedctl import errors, limits, retrying
-from schedctl.config import command_env
-from schedctl.leasing import LeaseBackend
-from schedctl.leasing import LeasedRun as Lease
+from schedctl.core import errors, limits, retrying
+from schedctl.domain.config import command_env
+from schedctl.domain.leasing import LeaseBackend
+from schedctl.domain.leasing import LeasedRun as Lease
 from scheduled_d.direct_backend import DirectBackend
 from scheduled_d.ready import ReadyListener
 from scheduled_d.worker.admission import LEASE_LINGER_SECONDS, Slots
@@ -38,9 +38,9 @@ from scheduled_d.worker.supervisor import TICK_SECONDS, Supervisor
 
 if TYPE_CHECKING:
     # the database layer is imported only by DirectBackend: `--api` workers never load it
-    from schedctl.alerts.command import AlertCommand
-    from schedctl.storage.alerts import AlertRow
-    from schedctl.storage.store import Store
+    from schedctl.app.alerts.command import AlertCommand
+    from schedctl.storage.db.store import Store
+    from schedctl.storage.records.alerts import AlertRow
 
 log = logging.getLogger("scheduled_d.worker")
 
@@ -49,7 +49,7 @@ class Worker:
     """Runs `command` once per message of `queue`, up to `concurrency` at a time.
 
     - store: the Store to lease from (Postgres or SQLite), or a LeaseBackend (e.g. the REST
-      API's, schedctl.queue_client.ApiLeaseBackend, whose token names the tenant).
+      API's, schedctl.clients.queue_client.ApiLeaseBackend, whose token names the tenant).
     - queue: the built-in queue this worker consumes, of tenant `tenant`.
     - tenant: with a Store, the queue's tenant (name or id); may be left out while only one
       tenant exists (ConfigError otherwise).

@@ -9,8 +9,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from schedctl import errors, retrying
-from schedctl.leasing import Beat, LeaseBackend
+from schedctl.core import errors, retrying
+from schedctl.domain.leasing import Beat, LeaseBackend
 from scheduled_d.batching import Batcher
 from scheduled_d.worker.runs import BeatRequest, Ending, Run
 

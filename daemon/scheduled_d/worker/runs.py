@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from schedctl.leasing import CANCELLED_RUNNING_ERROR, Finish, Settlement
-from schedctl.leasing import LeasedRun as Lease
+from schedctl.domain.leasing import CANCELLED_RUNNING_ERROR, Finish, Settlement
+from schedctl.domain.leasing import LeasedRun as Lease
 from scheduled_d.output_log import RunOutputLog
 from scheduled_d.spawn import Child
 

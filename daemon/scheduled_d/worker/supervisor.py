@@ -15,7 +15,7 @@ from collections.abc import Callable
 from queue import Empty, SimpleQueue
 from typing import Any
 
-from schedctl.leasing import Beat
+from schedctl.domain.leasing import Beat
 from scheduled_d.worker.runs import BeatRequest, Ending, Run, ending_of
 
 log = logging.getLogger("scheduled_d.worker")

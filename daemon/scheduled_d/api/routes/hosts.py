@@ -9,8 +9,8 @@ from typing import Any
 from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
-from schedctl import errors
-from schedctl.storage import host_drift
+from schedctl.core import errors
+from schedctl.storage.jobs import host_drift
 from scheduled_d.api.auth import BodyDep, CallerDep, SchedulerDep
 from scheduled_d.api.schemas import error_responses, json_request_body
 

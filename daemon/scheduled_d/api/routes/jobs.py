@@ -17,10 +17,10 @@ import orjson
 from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from schedctl import errors, limits
-from schedctl.models import CreateOutcome, Job
-from schedctl.service import Scheduler
-from schedctl.views import job_to_dict, run_to_dict
+from schedctl.app.service import Scheduler
+from schedctl.app.views import job_to_dict, run_to_dict
+from schedctl.core import errors, limits
+from schedctl.domain.models import CreateOutcome, Job
 from scheduled_d.api.auth import (
     BodyDep,
     Caller,

@@ -1,5 +1,5 @@
 """Owns the tenant workers' routes of the REST API: lease runs of the caller's built-in queue,
-heartbeat, ack and fail them (`scheduled-d worker --api URL`, schedctl.queue_client), and
+heartbeat, ack and fail them (`scheduled-d worker --api URL`, schedctl.clients.queue_client), and
 lease and finish the command alerts of a queue's jobs (a host worker's alert_command).
 
 A lease id is `MESSAGE_ID.SECRET`: the secret is 128 random bits the API generated for that
@@ -30,14 +30,14 @@ from fastapi import APIRouter, Depends, Path, Request
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
-from schedctl import errors, limits
-from schedctl.alerts.model import COMMAND
-from schedctl.leasing import Beat, Finish, Settlement
+from schedctl.app.service import Scheduler
+from schedctl.core import errors, limits
+from schedctl.domain.alerts.model import COMMAND
+from schedctl.domain.leasing import Beat, Finish, Settlement
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.service import Scheduler
-from schedctl.storage import alerts as alert_store
-from schedctl.storage.queue import Lease, QueueRepo
-from schedctl.storage.workers import api_worker, record_presence
+from schedctl.storage.pipeline.queue import Lease, QueueRepo
+from schedctl.storage.pipeline.workers import api_worker, record_presence
+from schedctl.storage.records import alerts as alert_store
 from scheduled_d.api.auth import Caller, CallerDep, SchedulerDep, json_body
 from scheduled_d.api.schemas import error_responses
 

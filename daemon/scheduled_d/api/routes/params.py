@@ -9,10 +9,10 @@ from typing import Annotated, Any
 from fastapi import Header, Path, Query
 from pydantic import BeforeValidator
 
-from schedctl import errors, limits
-from schedctl.jobspec import MAX_NAME_LENGTH
-from schedctl.models import JobStatus
-from schedctl.storage.jobs import MAX_PAGE
+from schedctl.core import errors, limits
+from schedctl.domain.jobspec import MAX_NAME_LENGTH
+from schedctl.domain.models import JobStatus
+from schedctl.storage.jobs.jobs import MAX_PAGE
 
 JobIdPath = Annotated[
     str, Path(description="The job id, its name, or an unambiguous id prefix (6+ hex digits).")
@@ -56,7 +56,7 @@ IDEMPOTENCY_PARAMETER: dict[str, Any] = {
 
 
 def checked_job_id(job_id: str) -> str:
-    # a job reference: an id, a name or an id prefix (schedctl.storage.job_lookup); one no
+    # a job reference: an id, a name or an id prefix (schedctl.storage.jobs.job_lookup); one no
     # name could be (too long, control characters) cannot exist and must not reach the
     # database as is (Postgres refuses NUL characters in text with an error, not an empty
     # result)

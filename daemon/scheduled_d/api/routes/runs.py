@@ -9,9 +9,9 @@ from typing import Any
 from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
-from schedctl import errors
-from schedctl.storage import boot_runs
-from schedctl.views import run_to_dict
+from schedctl.app.views import run_to_dict
+from schedctl.core import errors
+from schedctl.storage.jobs import boot_runs
 from scheduled_d.api.auth import BodyDep, CallerDep, SchedulerDep
 from scheduled_d.api.routes.params import CursorQuery, JobIdPath, LimitQuery, checked_job_id
 from scheduled_d.api.schemas import RunOut, RunPage, error_responses, json_request_body

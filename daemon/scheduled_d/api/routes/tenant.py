@@ -6,8 +6,8 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from schedctl.storage.status import check_reachable
-from schedctl.views import tenant_to_dict
+from schedctl.app.views import tenant_to_dict
+from schedctl.storage.records.status import check_reachable
 from scheduled_d.api.auth import CallerDep, SchedulerDep
 from scheduled_d.api.schemas import TenantOut, error_responses
 

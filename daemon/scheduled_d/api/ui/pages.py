@@ -25,17 +25,17 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from schedctl import errors, limits
-from schedctl.models import Job, JobStatus, Run, RunStatus
+from schedctl.app.service import Scheduler
+from schedctl.app.views import schedule_summary
+from schedctl.core import errors, limits
+from schedctl.domain.models import Job, JobStatus, Run, RunStatus
 from schedctl.scheduling.schedules import CronSchedule, next_occurrence
 from schedctl.scheduling.timeparse import format_instant
-from schedctl.service import Scheduler
-from schedctl.storage import console as reads
-from schedctl.storage import run_output
-from schedctl.storage.alerts import get_settings
-from schedctl.storage.dead_letters import DeadLetter, DeadLetterRepo
-from schedctl.storage.status import read_database_status
-from schedctl.views import schedule_summary
+from schedctl.storage.pipeline.dead_letters import DeadLetter, DeadLetterRepo
+from schedctl.storage.records import console as reads
+from schedctl.storage.records import run_output
+from schedctl.storage.records.alerts import get_settings
+from schedctl.storage.records.status import read_database_status
 from scheduled_d.api.auth import Caller, request_scheduler
 from scheduled_d.api.routes.params import checked_job_id
 from scheduled_d.api.ui import session

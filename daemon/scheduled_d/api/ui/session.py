@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from fastapi import Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from schedctl import errors
+from schedctl.core import errors
 from scheduled_d.api.auth import Caller, request_scheduler
 
 COOKIE = "sd_console"

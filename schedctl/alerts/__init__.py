@@ -1,1 +1,0 @@
-"""Owns alerts: who is told when a job's runs fail, are dead-lettered, or stop succeeding."""

@@ -1,0 +1,1 @@
+"""The clients: the library over the REST API (ApiClient, ApiLeaseBackend)."""

@@ -1,0 +1,1 @@
+"""Owns where Postgres and SQLite differ: the Dialect seam and its two implementations."""
