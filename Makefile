@@ -6,7 +6,7 @@
 # below a directory and leaves the machine alone), `make onefile`: dist/scheduled.pyz,
 # schedctl and scheduled-d in one executable file, and `make deb`: the Debian package
 # dist/scheduled_VERSION_amd64.deb (needs dpkg-dev; lintian checks it). All are described
-# at their targets below and in README.md ("Install").
+# at their targets below and in docs/install.md.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c

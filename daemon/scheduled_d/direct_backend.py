@@ -29,7 +29,8 @@ class DirectBackend(LeaseBackend):
     """
 
     def __init__(self, store: Store, tenant: str | None = None) -> None:
-        from schedctl.storage.pipeline.queue import QueueRepo, worker_tenant
+        from schedctl.storage.pipeline.queue import QueueRepo
+        from schedctl.storage.pipeline.workers import worker_tenant
 
         self.store = store
         self.repo: QueueRepo = QueueRepo(store)

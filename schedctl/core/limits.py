@@ -2,7 +2,7 @@
 user-supplied numbers, ids and JSON.
 
 One place, so the CLI, the API and the storage layer refuse the same values with the same
-message (README "Limits" and schedctl(1) document this table). Every refusal is a
+message (docs/jobs.md "Limits" and schedctl(1) document this table). Every refusal is a
 ValidationError naming the field: an id of 25 digits, a payload integer of 5,000 digits, a
 payload nested 20,000 deep or a duration written in Arabic-Indic digits never reaches
 int(), the database or a recursive serializer as such.
@@ -79,7 +79,7 @@ MAX_NUMBER_DIGITS = 20
 CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 BOUNDS: tuple[tuple[str, str, str], ...] = (
-    # (what, where, range) -- the documented table (README "Limits", schedctl(1))
+    # (what, where, range) -- the documented table (docs/jobs.md "Limits", schedctl(1))
     ("ids (dead letters, audit entries)", "dlq show/replay/purge ID", f"1 to {MAX_ID} (2^63-1)"),
     (
         "job references",

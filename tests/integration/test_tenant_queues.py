@@ -21,7 +21,8 @@ from schedctl.storage.db import schema
 from schedctl.storage.db.engine import make_engine
 from schedctl.storage.db.migrate import head_revision, upgrade
 from schedctl.storage.db.store import Store
-from schedctl.storage.pipeline.queue import QueueRepo, worker_tenant
+from schedctl.storage.pipeline.queue import QueueRepo
+from schedctl.storage.pipeline.workers import worker_tenant
 from scheduled_d.__main__ import app
 from scheduled_d.metrics import export_queue_depths
 from scheduled_d.worker import Worker

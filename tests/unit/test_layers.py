@@ -31,8 +31,7 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
     {"coordination": ("schedctl.coordination",)},
     {"app": ("schedctl.app",)},
     {"clients": ("schedctl.clients", "schedctl.client")},  # the public path
-    # schedctl.bench is the CLI's until the benchmarks leave the product (issue 31 step 4)
-    {"cli": ("schedctl.cli", "schedctl.bench"), "daemon": ("scheduled_d",)},
+    {"cli": ("schedctl.cli",), "daemon": ("scheduled_d",)},
 )
 # The package's own __init__ holds only __version__: it counts as the core.
 ROOT_PACKAGE = ("schedctl", "core")
@@ -177,7 +176,7 @@ def test_an_upward_import_is_caught(tmp_path: Path) -> None:
     wrong = layer_violations(source_files() | planted)
     assert wrong == [
         "schedctl.domain._planted (domain) imports schedctl.app.service (app)",
-        "schedctl.domain._planted (domain) imports schedctl.storage.store (storage)",
+        "schedctl.domain._planted (domain) imports schedctl.storage.db.store (storage)",
         "schedctl.storage._planted (storage) imports schedctl.delivery.http (delivery)",
         "scheduled_d.api._planted (daemon) imports schedctl.cli.jobs (cli)",
     ]
@@ -238,10 +237,6 @@ BACKEND_FILES = {
     "schedctl/storage/records/status_statements.py",
     # the day partitions of runs: Postgres's capability
     "schedctl/storage/records/run_partitions.py",
-    # the benchmarks' own statements (database settings, sizes, vacuum, generated rows):
-    # they leave the Dialect and go with the benchmarks
-    "benchmarks/schedctl_bench/storage/bench.py",
-    "benchmarks/schedctl_bench/storage/bench_sizes.py",
     # the Store creates its dialect (and keeps is_postgres for reports and tests)
     "schedctl/storage/db/store.py",
     # URL normalisation and engine creation are per backend by nature

@@ -8,9 +8,10 @@ outcomes and heartbeats to the backend; runs: one run).
 The command is always the one the worker was started with, never anything taken from a
 message: a message only selects *when* the command runs and what it reads on stdin.
 
-Where runs come from is a `schedctl.domain.leasing.LeaseBackend`: `DirectBackend` over the database
-(the operator worker) or `schedctl.clients.queue_client.ApiLeaseBackend` over the REST API (the tenant
-worker, `--api`, no database credentials); the supervision below is the same for both.
+Where runs come from is a `schedctl.domain.leasing.LeaseBackend`: `DirectBackend` over the
+database (the operator worker) or `schedctl.clients.queue_client.ApiLeaseBackend` over the
+REST API (the tenant worker, `--api`, no database credentials); the supervision below is the
+same for both.
 """
 
 from __future__ import annotations

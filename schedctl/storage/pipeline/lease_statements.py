@@ -1,6 +1,6 @@
 """Owns the statements of a worker's lease on the built-in queue (storage/pipeline/queue.py),
 Postgres's and SQLite's side by side: the ready messages a lease may take (max_concurrency
-pre-admitted in the statement: queue.py's _slots decides), the serialization of the job
+pre-admitted in the statement: admission.py's lease_slots decides), the serialization of the job
 slots, the held counts, the marking of leased messages and their runs, and the held
 messages a settle locks. Rows come as LeaseCandidate and HeldMessage."""
 

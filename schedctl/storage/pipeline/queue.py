@@ -16,12 +16,12 @@ the settle module's, shared with the outbox relay.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Select, and_, bindparam, case, delete, func, literal, or_, select, update
+from sqlalchemy import Select, and_, bindparam, case, delete, func, literal, select, update
 from sqlalchemy.engine import Connection, RowMapping
 
 from schedctl.core import errors
@@ -34,9 +34,13 @@ from schedctl.storage.db import schema
 from schedctl.storage.db.clock import db_now
 from schedctl.storage.db.store import Store, is_lock_race
 from schedctl.storage.jobs.payloads import decode_payload
+from schedctl.storage.pipeline.admission import (
+    held_from_message,
+    lease_slots,
+    overlap_on_arrival,
+    replace_running,
+)
 from schedctl.storage.pipeline.lease_statements import (
-    HeldMessage,
-    LeaseCandidate,
     LeaseMark,
     lease_statements,
 )
@@ -69,7 +73,6 @@ __all__ = [
     "QueueDepth",
     "QueueRepo",
     "QueueStat",
-    "worker_tenant",
 ]
 
 MAX_OUTPUT_TAIL_CHARS = MAX_OUTPUT_CHARS
@@ -199,7 +202,7 @@ class QueueRepo(Settles[Lease]):
             # worker gets to it (the lease admits the same again, for runs due together)
             overlapping = {k for k, (_, o) in jobs.items() if o in (Overlap.SKIP, Overlap.REPLACE)}
             if overlapping and deliver:
-                deliver = _overlap_on_arrival(connection, o, deliver, jobs, overlapping, now)
+                deliver = overlap_on_arrival(connection, o, deliver, jobs, overlapping, now)
             cancelled = [r for r in rows if statuses.get(r["job_id"]) in STOPPED_JOB_STATUSES]
             absent = _hosts_not_live(connection, deliver, now)
             if absent:
@@ -286,7 +289,7 @@ class QueueRepo(Settles[Lease]):
         # first one's committed lease, so two cannot both take the last slot. Jobs without
         # a limit (max_concurrency 0) have no slots to count: when all are such, two
         # statements fewer.
-        slots = {c.id: _slots(c) for c in found}
+        slots = {c.id: lease_slots(c) for c in found}
         job_ids = sorted({c.job_id for c in found if slots[c.id] > 0})
         counts: dict[str, int] = {}
         if job_ids:
@@ -339,7 +342,7 @@ class QueueRepo(Settles[Lease]):
         if skipped:
             skip_cancelled(connection, m, skipped, now=now, error=SKIPPED_OVERLAP)
         if replacing:
-            _replace_running(connection, replacing, now)
+            replace_running(connection, replacing, now)
         if leases:
             # one statement for the batch on Postgres (arrays), not two per message
             statements.mark_leased(
@@ -483,7 +486,7 @@ class QueueRepo(Settles[Lease]):
             now, rows = lease_statements(self.store.dialect).held_messages(
                 connection, sorted({lease.message_id for lease, _ in items})
             )
-            found = {row.id: (_held_from_message(row), row.lease_owner) for row in rows}
+            found = {row.id: (held_from_message(row), row.lease_owner) for row in rows}
             ours: list[tuple[Held, AttemptResult]] = []
             settled: list[bool] = []
             for lease, attempt in items:
@@ -716,117 +719,6 @@ def _queue_rows(connection: Connection, ids: Sequence[int], now: datetime) -> No
     connection.execute(delete(o).where(id_in(connection, o.c.id, ids)))
 
 
-def worker_tenant(store: Store, tenant: str | None, *, field: str = "tenant") -> str:
-    """The id of the tenant whose queue a worker serves, from its name or id. It may be
-    left out only while exactly one tenant exists: with two, a worker guessing would run
-    one tenant's runs with a command meant for another's."""
-    t = schema.tenants
-    with store.read() as connection:
-        if tenant is not None:
-            rows = connection.execute(
-                select(t.c.tenant_id).where(or_(t.c.tenant_id == tenant, t.c.name == tenant))
-            ).all()
-            ids = [r.tenant_id for r in rows]
-            if not ids:
-                raise errors.ConfigError(f"no tenant {tenant!r}", field=field)
-            # an id wins over a name that happens to look like another tenant's id
-            return tenant if tenant in ids else str(ids[0])
-        found = connection.execute(select(t.c.tenant_id).limit(2)).scalars().all()
-    if len(found) != 1:
-        raise errors.ConfigError(
-            "a worker serves one tenant's queue: name the tenant with --tenant NAME (or "
-            f'tenant = "NAME" in its [[worker]] table); there are '
-            f"{'no' if not found else 'several'} tenants",
-            field=field,
-        )
-    return str(found[0])
-
-
-def _overlap_on_arrival(
-    connection: Connection,
-    table: Any,
-    deliver: list[RowMapping],
-    jobs: Mapping[str, tuple[str, str]],
-    overlapping: set[str],
-    now: datetime,
-) -> list[RowMapping]:
-    """The runs arriving in the queue of skip and replace jobs with a run still held: a
-    skip job's are recorded skipped (and not queued), a replace job's stop the held run."""
-    m = schema.queue_messages
-    busy = set(
-        connection.execute(
-            select(m.c.job_id)
-            .where(m.c.job_id.in_(sorted(overlapping)), m.c.leased_until.is_not(None))
-            .distinct()
-        ).scalars()
-    )
-    if not busy:
-        return deliver
-    skipped = [r for r in deliver if r["job_id"] in busy and jobs[r["job_id"]][1] == Overlap.SKIP]
-    if skipped:
-        skip_cancelled(
-            connection, table, [(r["id"], r["job_id"], r["scheduled_at"]) for r in skipped],
-            now=now, error=SKIPPED_OVERLAP,
-        )  # fmt: skip
-    replacing: dict[str, datetime] = {}
-    for r in deliver:
-        if r["job_id"] in busy and jobs[r["job_id"]][1] == Overlap.REPLACE:
-            replacing[r["job_id"]] = max(
-                r["scheduled_at"], replacing.get(r["job_id"], r["scheduled_at"])
-            )
-    if replacing:
-        _replace_running(connection, replacing, now)
-    gone = {r["id"] for r in skipped}
-    return [r for r in deliver if r["id"] not in gone]
-
-
-def _slots(c: LeaseCandidate) -> int:
-    """How many runs of a candidate's job may be held at once for it to be leased: 0 is no
-    limit. `allow` has none; a first attempt of `skip` or `replace` one; all else (`queue`,
-    a retry) the job's max_concurrency."""
-    if c.overlap == Overlap.ALLOW:
-        return 0
-    if c.overlap != Overlap.QUEUE and c.attempt == 1:
-        return 1
-    return int(c.max_concurrency)
-
-
-def _replace_running(
-    connection: Connection, replacing: Mapping[str, datetime], now: datetime
-) -> None:
-    """Stop the held runs of these `replace` jobs as a cancel does: their messages leave
-    (the worker's next heartbeat finds the lease gone and kills the command) and each run
-    is recorded failed, "replaced by the run of <time>", neither retried nor
-    dead-lettered. The replacing run stays queued and is leased once the slot is free."""
-    m, r = schema.queue_messages, schema.runs
-    rows = connection.execute(
-        select(m.c.id, r.c.started_at, r.c.output_tail)
-        .select_from(
-            m.join(r, and_(r.c.job_id == m.c.job_id, r.c.scheduled_at == m.c.scheduled_at))
-        )
-        .where(m.c.job_id.in_(sorted(replacing)), m.c.leased_until.is_not(None))
-    ).all()
-    if not rows:
-        return
-    started = {row[0]: (row[1], row[2]) for row in rows}
-    statements = lease_statements(dialect_of(connection))
-    _, held_rows = statements.held_messages(connection, sorted(started))
-    items: list[tuple[Held, AttemptResult]] = []
-    for row in held_rows:
-        held = _held_from_message(row)
-        started_at, tail = started[held.row_id]
-        error = f"replaced by the run of {format_instant(replacing[held.job_id])}"
-        items.append(
-            (
-                held,
-                AttemptResult(
-                    Ending.stopped, started_at, now, row.lease_owner, error=error, output_tail=tail
-                ),
-            )
-        )
-    settle(connection, items, now=now)
-
-
 def attempt_of(lease: Lease, settlement: Settlement) -> AttemptResult:
     """The attempt a worker's settlement of `lease` records."""
     return AttemptResult(
@@ -867,24 +759,6 @@ def _held_from_row(row: RowMapping) -> Held:
         max_attempts=max_attempts if max_attempts is not None else 0,
         retry_base_seconds=row["retry_base_seconds"] or 0.0,
         retry_max_seconds=row["retry_max_seconds"] or 0.0,
-    )
-
-
-def _held_from_message(row: HeldMessage) -> Held:
-    """A Held of a held message (lease_statements' held_messages)."""
-    return Held(
-        table=schema.queue_messages,
-        row_id=row.id,
-        job_id=row.job_id,
-        scheduled_at=row.scheduled_at,
-        tenant_id=row.tenant_id,
-        target_type=TargetType.queue.value,
-        target=row.queue,
-        attempt=row.attempt,
-        # no job row: nothing to retry against, so this attempt is the last
-        max_attempts=row.max_attempts if row.max_attempts is not None else 0,
-        retry_base_seconds=row.retry_base_seconds or 0.0,
-        retry_max_seconds=row.retry_max_seconds or 0.0,
     )
 
 

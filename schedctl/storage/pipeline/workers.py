@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
@@ -253,3 +253,29 @@ def live_queues(
         .distinct()
     ).all()
     return {(str(t), str(q)) for t, q in rows} & set(queues)
+
+
+def worker_tenant(store: Store, tenant: str | None, *, field: str = "tenant") -> str:
+    """The id of the tenant whose queue a worker serves, from its name or id. It may be
+    left out only while exactly one tenant exists: with two, a worker guessing would run
+    one tenant's runs with a command meant for another's."""
+    t = schema.tenants
+    with store.read() as connection:
+        if tenant is not None:
+            rows = connection.execute(
+                select(t.c.tenant_id).where(or_(t.c.tenant_id == tenant, t.c.name == tenant))
+            ).all()
+            ids = [r.tenant_id for r in rows]
+            if not ids:
+                raise errors.ConfigError(f"no tenant {tenant!r}", field=field)
+            # an id wins over a name that happens to look like another tenant's id
+            return tenant if tenant in ids else str(ids[0])
+        found = connection.execute(select(t.c.tenant_id).limit(2)).scalars().all()
+    if len(found) != 1:
+        raise errors.ConfigError(
+            "a worker serves one tenant's queue: name the tenant with --tenant NAME (or "
+            f'tenant = "NAME" in its [[worker]] table); there are '
+            f"{'no' if not found else 'several'} tenants",
+            field=field,
+        )
+    return str(found[0])

@@ -2,13 +2,12 @@
 TOKEN_CACHE_SECONDS, so that the API does not look a token up in the database on every
 request.
 
-Bounds, which the README states: a token revoked, or a tenant changed (allow-list, quotas),
-by this process is dropped from the cache at once; by another process (`schedctl tenant
-token revoke` on another machine) it keeps working here for at most TOKEN_CACHE_SECONDS.
-Only tokens the database verified are cached (an unknown or revoked token is looked up
-every time), keyed by the token's sha256 and the database, so a token only ever maps to
-the tenant the database gave it.
-"""
+Bounds, which docs/api.md ("Auth and tokens") states: a token revoked, or a tenant changed
+(allow-list, quotas), by this process is dropped from the cache at once; by another process
+(`schedctl tenant token revoke` on another machine) it keeps working here for at most
+TOKEN_CACHE_SECONDS. Only tokens the database verified are cached (an unknown or revoked
+token is looked up every time), keyed by the token's sha256 and the database, so a token
+only ever maps to the tenant the database gave it."""
 
 from __future__ import annotations
 
