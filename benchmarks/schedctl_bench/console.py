@@ -69,7 +69,7 @@ def run_console_bench(
         bench_rows.load_runs(store, tenant_id, per_job, now)
         letters = bench_rows.load_dead_letters(store, tenant_id, now)
         if generates_rows(store):
-            for table in ("jobs", "runs", "dead_letters"):
+            for table in ("jobs", "job_names", "runs", "dead_letters"):
                 vacuum_analyze(store, table)
         loaded = time.monotonic() - began
         say("timing the pages")

@@ -154,10 +154,17 @@ class _Level:
         return result
 
 
+def _job_bytes(store: Store) -> int | None:
+    """Bytes of jobs and job_names (a job's name, copied there for the name search) with
+    their indexes."""
+    sizes = [bench_sizes.table_bytes(store, table) for table in ("jobs", "job_names")]
+    return None if None in sizes else sum(size or 0 for size in sizes)
+
+
 def _sizes(store: Store, before: dict[str, int | None]) -> dict[str, Any]:
-    """Bytes per stored job: what the jobs table and its indexes grew by since the empty
-    start, over the rows it gained."""
-    jobs_bytes = bench_sizes.table_bytes(store, "jobs")
+    """Bytes per stored job: what the jobs and job_names tables and their indexes grew by
+    since the empty start, over the rows jobs gained."""
+    jobs_bytes = _job_bytes(store)
     jobs = bench_sizes.row_count(store, "jobs")
     start_bytes, start_rows = before["jobs_bytes"], before["jobs"] or 0
     per_job = None
@@ -184,7 +191,7 @@ def run_scale(
     one), each measured as _Level does, then the ratios of the bigger level to the smaller."""
     counts = sorted({c for c in (compare, future_jobs) if c > 0})
     before: dict[str, int | None] = {
-        "jobs_bytes": bench_sizes.table_bytes(store, "jobs"),
+        "jobs_bytes": _job_bytes(store),
         "jobs": bench_sizes.row_count(store, "jobs"),
     }
     tenant_id, _ = bench_tenant(store)

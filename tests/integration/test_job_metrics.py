@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
-from sqlalchemy import func, select, update
+from sqlalchemy import event, func, select, update
 from typer.testing import CliRunner
 
 from schedctl.app.service import Scheduler
@@ -28,6 +28,7 @@ from schedctl.storage.db.migrate import upgrade
 from schedctl.storage.db.store import Store
 from schedctl.storage.pipeline.queue import QueueRepo
 from schedctl.storage.records import alerts as alerts_repo
+from schedctl.storage.records import run_metrics
 from scheduled_d.metrics import export_queue_depths, export_store
 from tests.factories import ahead, create_job, make_tenant, once_at
 from tests.integration.queue_support import settle_lease, trigger
@@ -259,3 +260,48 @@ def test_the_cli_sets_metrics_and_the_configured_bound_refuses(
     bad = runner.invoke(cli, [*base, "--config", str(config), *create, "--name", "y"])
     assert bad.exit_code != 0 and "metrics_max_jobs_per_tenant" in bad.output
     assert job_rows(store) == before
+
+
+def test_settle_reuses_a_jobs_labels_and_reads_them_again_once_they_are_old(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run_metrics.names sends no statement for jobs it looked up less than NAMES_TTL ago
+    (the relay settles batch after batch of the same jobs); an older entry is read again,
+    so a rename reaches the series."""
+    tenant = make_tenant(store, "acme")
+    watched = create_job(
+        store, tenant, dataclasses.replace(once_at(ahead(86_400), name="nightly"), metrics=True)
+    )
+    quiet = create_job(store, tenant, once_at(ahead(86_400), name="quiet"))
+    sent: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if "FROM jobs JOIN tenants" in statement:
+            sent.append(statement)
+
+    def labels(named: frozenset[str] = frozenset()) -> dict[str, tuple[str, str]]:
+        with store.read() as connection:
+            found = run_metrics.names(connection, {watched, quiet}, named=named)
+        return {job_id: (n.tenant, n.job) for job_id, n in found.items()}
+
+    monkeypatch.setattr(run_metrics, "NAMES_TTL", 3600.0)
+    event.listen(store.engine, "before_cursor_execute", count)
+    try:
+        assert labels() == {watched: ("acme", "nightly")}
+        assert len(sent) == 1
+        # from the cache: the job without metrics is named only when asked for
+        assert labels() == {watched: ("acme", "nightly")}
+        assert labels(frozenset({quiet})) == {
+            watched: ("acme", "nightly"),
+            quiet: ("acme", "quiet"),
+        }
+        assert len(sent) == 1
+        with store.tx() as connection:
+            connection.execute(
+                update(schema.jobs).where(schema.jobs.c.job_id == watched).values(name="weekly")
+            )
+        monkeypatch.setattr(run_metrics, "NAMES_TTL", 0.0)
+        assert labels() == {watched: ("acme", "weekly")}
+        assert len(sent) == 2
+    finally:
+        event.remove(store.engine, "before_cursor_execute", count)

@@ -22,6 +22,7 @@ from schedctl.app.service import Scheduler
 from schedctl.cli.app import app
 from schedctl.storage.db import schema
 from schedctl.storage.db.store import Store
+from schedctl.storage.records import console
 from schedctl.storage.records.retention import maintain_runs, partition_name
 from schedctl.storage.records.run_partitions import PostgresRunPartitions
 from scheduled_d.maintenance import maintain_once
@@ -262,6 +263,30 @@ def test_service_and_api_work_as_the_runtime_role(pg_runtime_url: str) -> None:
         ]:
             answer = api.request(method, path)
             assert answer.status_code == expected, (method, path, answer.text)
+
+
+def test_the_runtime_roles_grants_cover_job_names_which_triggers_write(
+    pg_url: str, pg_runtime_url: str
+) -> None:
+    """job_names (0023) is written by triggers on jobs as the role that writes the job: a
+    create, a rename and a removal by the runtime role keep the console's search right."""
+    dml = {("job_names", right) for right in ("SELECT", "INSERT", "UPDATE", "DELETE")}
+    assert dml <= privileges(pg_url, RUNTIME_ROLE)
+    body = {
+        "name": "nightly-backup",
+        "schedule": {"every": "1h"},
+        "target": {"type": "queue", "name": "q"},
+    }
+    with Scheduler.open(pg_runtime_url) as sched:
+        tenant, _ = sched.create_tenant("acme", "test")
+        job, _ = sched.create_job(tenant.tenant_id, body, actor="test")
+        sched.update_job(job.job_id, {"name": "weekly-archive"}, actor="test")
+        page = console.search_jobs(sched.store, tenant.tenant_id, name="archive")
+        assert [found.name for found in page.items] == ["weekly-archive"]
+        with sched.store.tx() as connection:
+            connection.execute(schema.jobs.delete().where(schema.jobs.c.job_id == job.job_id))
+            left = connection.execute(text("SELECT count(*) FROM job_names")).scalar_one()
+        assert left == 0
 
 
 # -- partitions: the owner's, never the daemons' -----------------------------------------------

@@ -336,9 +336,10 @@ def _pg_dump(url: str, temp: Path) -> None:
     os.chmod(temp, SQLITE_FILE_MODE)  # pg_dump makes its file by the umask
 
 
-def _pg_list(source: Path) -> list[tuple[str, str]]:
-    """The (schema, table) pairs the backup holds; a ValidationError naming FILE when this
-    pg_restore cannot read it (not a dump, or from a newer pg_dump)."""
+def _pg_list(source: Path) -> list[tuple[str, str, str]]:
+    """The (kind, schema, name) of the tables and functions the backup holds (the functions:
+    those of job_names' triggers, 0023); a ValidationError naming FILE when this pg_restore
+    cannot read it (not a dump, or from a newer pg_dump)."""
     try:
         listing = _run_pg_tool(
             [_tool("pg_restore"), "--list", str(source)], {}, "pg_restore --list"
@@ -347,34 +348,38 @@ def _pg_list(source: Path) -> list[tuple[str, str]]:
         raise errors.ValidationError(
             f"{source} cannot be read by pg_restore: {exc}", field="FILE"
         ) from exc
-    tables = []
+    found = []
     for line in listing.splitlines():
-        # "215; 1259 16390 TABLE public runs owner" (TABLE DATA and the rest are not tables)
+        # "215; 1259 16390 TABLE public runs owner" (TABLE DATA and the rest are not tables),
+        # "220; 1255 16400 FUNCTION public job_names_inserted() owner"
         words = line.split()
-        if line.startswith(";") or len(words) < 6 or words[3] != "TABLE" or words[4] == "DATA":
+        if line.startswith(";") or len(words) < 6 or words[3] not in ("TABLE", "FUNCTION"):
             continue
-        tables.append((words[4], words[5]))
-    if not any(name == "alembic_version" for _schema, name in tables):
+        if words[4] != "DATA":
+            found.append((words[3], words[4], words[5].split("(")[0]))
+    if ("TABLE", "alembic_version") not in {(kind, name) for kind, _schema, name in found}:
         raise errors.ValidationError(
             f"{source} is a pg_dump backup but not of a scheduler database", field="FILE"
         )
-    return tables
+    return found
 
 
-def _pg_restore(url: str, source: Path, tables: list[tuple[str, str]]) -> None:
+def _pg_restore(url: str, source: Path, tables: list[tuple[str, str, str]]) -> None:
     """Into the configured database as its owner, all or nothing: pg_restore writes the
     backup as SQL (--no-owner: this URL's role owns everything; --no-privileges: grants
     left out, as roles are the cluster's, not the database's: re-run `schedctl db grant
-    ROLE --apply`), and psql runs DROP TABLE of the backup's tables and then that SQL in
-    one transaction that stops at the first error (pg_restore's own --clean cannot drop a
-    partitioned table's partitions' constraints). The SQL is written to a private file
-    first: a pg_restore that fails half-way must not have its half committed."""
+    ROLE --apply`), and psql runs DROP TABLE of the backup's tables (then DROP FUNCTION of
+    its functions, which the SQL creates again) and then that SQL in one transaction that
+    stops at the first error (pg_restore's own --clean cannot drop a partitioned table's
+    partitions' constraints). The SQL is written to a private file first: a pg_restore
+    that fails half-way must not have its half committed."""
     conninfo, env = libpq_target(url)
     drops = "".join(
-        "DROP TABLE IF EXISTS "
-        + ".".join('"' + part.replace('"', '""') + '"' for part in (schema_name, table))
+        f"DROP {kind} IF EXISTS "
+        + ".".join('"' + part.replace('"', '""') + '"' for part in (schema_name, name))
         + " CASCADE;\n"
-        for schema_name, table in tables
+        # the tables first: a function goes after the triggers that use it
+        for kind, schema_name, name in sorted(tables, key=lambda entry: entry[0] != "TABLE")
     )
     with tempfile.TemporaryDirectory(prefix="schedctl-restore-") as scratch:
         drop_file, script = Path(scratch) / "drop.sql", Path(scratch) / "restore.sql"

@@ -129,11 +129,22 @@ jobs = Table(
         sqlite_where=text("status <> 'deleted'"),
     ),
 )
-# the console's name search, a case-insensitive substring (0021; Postgres with pg_trgm only:
-# SQLite scans the tenant's jobs)
+
+# every job's name, for the console's name search (0023): kept by triggers on jobs (insert,
+# an UPDATE naming name or tenant_id, delete), so the trigram index is off jobs, whose
+# every claim would otherwise enter a new row version into it
+job_names = Table(
+    "job_names",
+    metadata,
+    Column("job_id", String(40), nullable=False),
+    Column("tenant_id", String(40), nullable=False),
+    Column("name", String(200), nullable=False),
+    PrimaryKeyConstraint("job_id", name="pk_job_names"),
+)
+# the search is a case-insensitive substring (Postgres with pg_trgm only: SQLite scans)
 Index(
-    "ix_jobs_name_trgm",
-    jobs.c.name,
+    "ix_job_names_name_trgm",
+    job_names.c.name,
     postgresql_using="gin",
     postgresql_ops={"name": "gin_trgm_ops"},
 ).ddl_if(dialect="postgresql")

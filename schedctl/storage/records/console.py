@@ -4,13 +4,13 @@ jobs, and its queues and live workers.
 
 Every read takes the tenant id and filters by it: the console never shows another tenant's
 rows. Each is bounded (a page, a time range with a row cap) and walks an index: the job
-search ix_jobs_tenant (tenant_id, job_id) in keyset order, or ix_jobs_name_trgm for a name
-(Postgres, 0021), a job's runs pk_runs (job_id, scheduled_at), the tenant's lateness
-ix_jobs_tenant_status, its failing jobs ix_runs_tenant_failed (0021), its queues
-ix_queue_messages_ready and its workers pk_workers. The lateness percentiles read the runs
-table's newest day partitions only (Postgres prunes by scheduled_at), capped at
-MAX_RECENT_RUNS rows, and on Postgres the database takes them (reading and converting
-5,000 rows' times was most of the late page's time).
+search ix_jobs_tenant (tenant_id, job_id) in keyset order, or ix_job_names_name_trgm for a
+name (Postgres, 0023: on job_names, kept by triggers on jobs), a job's runs pk_runs (job_id,
+scheduled_at), the tenant's lateness ix_jobs_tenant_status, its failing jobs
+ix_runs_tenant_failed (0021), its queues ix_queue_messages_ready and its workers pk_workers.
+The lateness percentiles read the runs table's newest day partitions only (Postgres prunes
+by scheduled_at), capped at MAX_RECENT_RUNS rows, and on Postgres the database takes them
+(reading and converting 5,000 rows' times was most of the late page's time).
 """
 
 from __future__ import annotations
@@ -74,7 +74,12 @@ def search_jobs(
             raise errors.ValidationError(
                 f"must be at most {MAX_QUERY_LENGTH} printable characters", field="q"
             )
-        query = query.where(j.c.name.ilike(f"%{_like_escape(name)}%", escape="\\"))
+        # job_names, not jobs.name: the trigram index lives there (0023)
+        n = schema.job_names
+        query = query.join(n, n.c.job_id == j.c.job_id).where(
+            n.c.tenant_id == tenant_id,
+            n.c.name.ilike(f"%{_like_escape(name)}%", escape="\\"),
+        )
     if id_prefix:
         prefix = id_prefix.lower()
         if len(prefix) > 40 or not set(prefix) <= _HEX:

@@ -12,18 +12,21 @@ go down when retention removes runs, which rate() reads as a reset too: a wrong 
 
 Cardinality: one series per (job, outcome) and one histogram per job, only for the jobs
 that asked (`metrics = true`), at most metrics_max_jobs_per_tenant of them per tenant.
-A tenant or job renamed gets new series under its new name; the old ones stay in a
-process's output until it restarts (Prometheus marks them stale once they stop moving).
+A tenant or job renamed gets new series under its new name (within NAMES_TTL seconds: a
+process reuses a job's labels that long); the old ones stay in a process's output until it
+restarts (Prometheus marks them stale once they stop moving).
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 from prometheus_client import Counter, Histogram
-from sqlalchemy import ColumnElement, or_, select
+from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from schedctl.storage.db import schema
@@ -61,28 +64,53 @@ class Observed:
     finished_at: datetime | None
 
 
+# a job's labels (tenant name, job name, metrics) are reused for NAMES_TTL seconds: the
+# settle of a batch of runs of jobs seen in the last seconds sends no statement (a
+# statement per batch is a measurable part of a relay's CPU per delivery, see
+# docs/performance.md); a rename, or metrics switched on or off, shows in the series at
+# most NAMES_TTL seconds later
+NAMES_TTL = 5.0
+_NAMES_MAX = 4_096  # cached jobs per process; the cache starts over past it
+_names_lock = threading.Lock()
+_names_seen: dict[str, tuple[float, Names]] = {}
+
+
 def names(
     connection: Connection, job_ids: Collection[str], named: Collection[str] = ()
 ) -> dict[str, Names]:
     """The tenant and job names of those of `job_ids` with metrics = true, and of every job
-    of `named` (failures, counted per tenant name whatever the job asked), in the caller's
-    transaction: one statement by the jobs' primary key."""
+    of `named` (failures, counted per tenant name whatever the job asked): those not looked
+    up in the last NAMES_TTL seconds in one statement by the jobs' primary key, in the
+    caller's transaction."""
     wanted = set(job_ids) | set(named)
     if not wanted:
         return {}
-    j, t = schema.jobs, schema.tenants
-    condition: ColumnElement[bool] = j.c.metrics.is_(True)
-    if named:
-        condition = or_(condition, j.c.job_id.in_(sorted(set(named))))
-    rows = connection.execute(
-        select(j.c.job_id, j.c.name, j.c.metrics, t.c.name)
-        .join(t, t.c.tenant_id == j.c.tenant_id)
-        .where(j.c.job_id.in_(sorted(wanted)), condition)
-    ).all()
-    return {
-        str(job_id): Names(tenant=str(tenant), job=str(job), metrics=bool(metrics))
-        for job_id, job, metrics, tenant in rows
-    }
+    now = time.monotonic()
+    found: dict[str, Names] = {}
+    with _names_lock:
+        for job_id in wanted:
+            cached = _names_seen.get(job_id)
+            if cached is not None and now - cached[0] < NAMES_TTL:
+                found[job_id] = cached[1]
+    missing = wanted - found.keys()
+    if missing:
+        j, t = schema.jobs, schema.tenants
+        rows = connection.execute(
+            select(j.c.job_id, j.c.name, j.c.metrics, t.c.name)
+            .join(t, t.c.tenant_id == j.c.tenant_id)
+            .where(j.c.job_id.in_(sorted(missing)))
+        ).all()
+        looked_up = {
+            str(job_id): Names(tenant=str(tenant), job=str(job), metrics=bool(metrics))
+            for job_id, job, metrics, tenant in rows
+        }
+        with _names_lock:
+            if len(_names_seen) + len(looked_up) > _NAMES_MAX:
+                _names_seen.clear()
+            _names_seen.update((job_id, (now, n)) for job_id, n in looked_up.items())
+        found.update(looked_up)
+    named_set = set(named)
+    return {job_id: n for job_id, n in found.items() if n.metrics or job_id in named_set}
 
 
 def record(observed: Sequence[Observed], labels: Mapping[str, Names]) -> None:
