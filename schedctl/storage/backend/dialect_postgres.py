@@ -142,8 +142,8 @@ class PostgresDialect:
         # psycopg prepares a statement run five times, and Postgres may then keep one
         # generic plan until the table's next analyze. Made while the table was empty (a
         # fresh database, or a deleted tenant's jobs vacuumed away) it scans the table
-        # for each key: the first import's batches took 48-66 s each instead of 0.1,
-        # until autovacuum's minute came.
+        # for each key, and a first import's batches crawled until autovacuum's minute came
+        # (figures in docs/performance.md).
         driver = connection.connection.driver_connection
         assert driver is not None
         threshold = driver.prepare_threshold

@@ -125,9 +125,9 @@ class _Postgres:
         lanes = sorted(wanted.items(), key=lambda item: (item[0].tenant_id, item[0].kind))
         # Planned at each execution, never prepared (as lease_candidates): a relay started
         # before a burst ran it on an empty outbox, and the generic plan Postgres then kept
-        # was a seq scan and a sort of the whole outbox per claim (25-33 ms instead of 3 at
-        # 20,000 rows) until an analyze happened to replace it: a 100,000-run burst over
-        # HTTP took 44-57 s instead of 15-18
+        # was a seq scan and a sort of the whole outbox per claim until an analyze happened
+        # to replace it, which made a burst over HTTP several times slower (figures in
+        # docs/performance.md)
         rows = pg_rows(
             connection,
             _LEASE_OUTBOX,
