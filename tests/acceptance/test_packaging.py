@@ -66,7 +66,7 @@ def test_the_product_wheel_carries_no_benchmark(tmp_path: Path) -> None:
         .read(metadata)
         .decode()
         .splitlines()
-        if "schedctl-bench" in line
+        if line.startswith("Requires-Dist:") and "schedctl-bench" in line
     ]
     assert requires == ["Requires-Dist: schedctl-bench==0.1.0; extra == 'bench'"]
 
