@@ -128,6 +128,34 @@ def test_a_feed_answers_only_for_its_own_tenants_queue(pg_store: Store) -> None:
                 feed.close()
 
 
+def test_a_feed_hearing_another_queues_word_waits_on_for_its_own(
+    pg_store: Store, pg_url: str
+) -> None:
+    mine, other = make_tenant(pg_store), make_tenant(pg_store, "other")
+    feed = pg_store.dialect.ready_feed(pg_store.engine, queue_word(mine, "q"))
+    assert feed is not None
+    dsn = pg_url.replace("postgresql+psycopg://", "postgresql://")
+
+    def notify(word: str) -> None:
+        with closing(psycopg.connect(dsn, autocommit=True)) as connection:
+            connection.execute("SELECT pg_notify(%s, %s)", (QUEUE_CHANNEL, word))
+
+    try:
+        assert feed.wait(1.0)  # the first wait listens
+        notify(queue_word(other, "q"))
+        later = threading.Timer(0.5, notify, (queue_word(mine, "q"),))
+        later.start()
+        try:
+            # the other tenant's word arrives first; the wait goes on to hear its own
+            assert feed.wait(30.0)
+        finally:
+            later.join(10)
+        notify(queue_word(other, "q"))
+        assert not feed.wait(1.0)  # only another queue's word: no
+    finally:
+        feed.close()
+
+
 def test_sqlite_feed_hears_nothing_its_workers_poll(sqlite_url: str) -> None:
     # no word crosses processes on one machine's file: the feed answers after each wait
     # that it heard nothing, and the loops' own polling finds the work

@@ -268,8 +268,14 @@ class PostgresReadyFeed:
                 return False
             self._lost = False
             return True
+        # other queues' words wake the connection too: wait on until ours or the timeout
+        deadline = time.monotonic() + timeout
         try:
-            return self._word in self._listener.payloads(timeout)
+            while True:
+                if self._word in self._listener.payloads(max(0.0, deadline - time.monotonic())):
+                    return True
+                if time.monotonic() >= deadline:
+                    return False
         except psycopg.Error as exc:
             log.warning("lost the LISTEN connection: %s", str(exc).splitlines()[0])
             self._lost = True
