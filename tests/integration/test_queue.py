@@ -10,6 +10,8 @@ from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
+from sqlalchemy import select
+
 from schedctl.scheduling.timeparse import format_instant
 from schedctl.storage.db import schema
 from schedctl.storage.db.store import Store
@@ -577,3 +579,53 @@ def test_on_sqlite_reads_and_idle_pollers_do_not_wait_for_the_writer(sqlite_url:
 def _swallow(action: Callable[[], None]) -> None:
     with contextlib.suppress(RuntimeError):
         action()
+
+
+def test_the_candidate_statement_admits_what_lease_slots_acts_on(store: Store) -> None:
+    # The statement pre-filters (it has a LIMIT: a job at its limit must not fill it) and
+    # lease_slots decides under the slot lock; the two must agree on every combination of
+    # overlap, attempt, max_concurrency and runs already held, or a run the lease would
+    # take (or skip, or replace) is never fetched, or a fetched one is never acted on
+    from schedctl.domain.runpolicy import Overlap
+    from schedctl.storage.pipeline.admission import lease_slots
+    from schedctl.storage.pipeline.lease_statements import lease_statements
+
+    tenant = make_tenant(store)
+    m, j = schema.queue_messages, schema.jobs
+    cases: dict[str, tuple[Overlap, int, int, int]] = {}  # job -> overlap, attempt, limit, held
+    for overlap in Overlap:
+        for attempt in (1, 2):
+            for limit in (0, 1, 2):
+                for held in (0, 1, 2):
+                    job = queue_job(store, tenant=tenant, max_concurrency=limit)
+                    for _ in range(held + 1):
+                        trigger(store, job)
+                    cases[job] = (overlap, attempt, limit, held)
+    QueueRepo(store).move_outbox()
+    future = datetime.now(UTC) + timedelta(hours=1)
+    with store.tx() as connection:
+        for job, (overlap, attempt, _, held) in cases.items():
+            connection.execute(j.update().where(j.c.job_id == job).values(overlap=overlap.value))
+            ids = connection.execute(
+                select(m.c.id).where(m.c.job_id == job).order_by(m.c.id)
+            ).scalars().all()  # fmt: skip
+            connection.execute(m.update().where(m.c.id.in_(ids[:held])).values(leased_until=future))
+            connection.execute(m.update().where(m.c.id == ids[-1]).values(attempt=attempt))
+    with store.tx() as connection:
+        _, found = lease_statements(store.dialect).lease_candidates(connection, tenant, "q", 999)
+    fetched = {c.job_id: c for c in found}
+    assert len(fetched) == len(found)  # a job's one ready message at most
+    template = found[0]
+    for job, (overlap, attempt, limit, held) in cases.items():
+        candidate = template._replace(
+            job_id=job, overlap=overlap.value, attempt=attempt, max_concurrency=limit
+        )
+        slots = lease_slots(candidate)
+        skips_or_replaces = overlap in (Overlap.SKIP, Overlap.REPLACE) and attempt == 1
+        acted_on = slots == 0 or held < slots or skips_or_replaces
+        assert (job in fetched) == acted_on, (overlap, attempt, limit, held)
+        if job in fetched:
+            assert fetched[job] == candidate._replace(
+                id=fetched[job].id, scheduled_at=fetched[job].scheduled_at,
+                payload=fetched[job].payload,
+            )  # fmt: skip

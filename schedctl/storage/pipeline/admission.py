@@ -1,6 +1,7 @@
 """Owns who may run as runs reach a job's queue and when they are leased: the overlap
 policy's skip and replace on arrival, and the slots a lease of a job may take (0 is no
-limit), decided here once for both backends' candidate statements (lease_statements)."""
+limit): the rule a lease applies under the slot lock, which both backends' candidate
+statements repeat as a filter (lease_statements says why)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,12 @@
 """Owns the statements of a worker's lease on the built-in queue (storage/pipeline/queue.py),
-Postgres's and SQLite's side by side: the ready messages a lease may take (max_concurrency
-pre-admitted in the statement: admission.py's lease_slots decides), the serialization of the job
-slots, the held counts, the marking of leased messages and their runs, and the held
-messages a settle locks. Rows come as LeaseCandidate and HeldMessage."""
+Postgres's and SQLite's side by side: the ready messages a lease may take, the serialization
+of the job slots, the held counts, the marking of leased messages and their runs, and the
+held messages a settle locks. Rows come as LeaseCandidate and HeldMessage.
+
+admission.py's lease_slots decides, under the slot lock, what a lease takes. The candidate
+statements repeat its rule as a filter because they have a LIMIT: filtered after it, a job
+at its limit with a backlog would fill every fetch and hide the runs behind it. A test
+(test_the_candidate_statement_admits_what_lease_slots_acts_on) keeps the two equal."""
 
 from __future__ import annotations
 

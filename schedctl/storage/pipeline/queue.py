@@ -41,6 +41,7 @@ from schedctl.storage.pipeline.admission import (
     replace_running,
 )
 from schedctl.storage.pipeline.lease_statements import (
+    HeldMessage,
     LeaseMark,
     lease_statements,
 )
@@ -629,9 +630,10 @@ class QueueRepo(Settles[Lease]):
         if limit is not None:
             query = query.limit(limit)
         query = self.store.dialect.lock(query, skip_locked=skip_locked, of=m)
+        # the columns are HeldMessage's, in its order: one Held of a held message for both
         return [
-            (_held_from_row(r), r["lease_owner"])
-            for r in connection.execute(query).mappings().all()
+            (held_from_message(HeldMessage(*r)), r.lease_owner)
+            for r in connection.execute(query).all()
         ]
 
     # -- tenant workers over the REST API --------------------------------------------------
@@ -741,24 +743,6 @@ def _ours(lease: Lease) -> Any:
         m.c.lease_owner == lease.owner,
         m.c.attempt == lease.attempt,
         m.c.leased_until.is_not(None),
-    )
-
-
-def _held_from_row(row: RowMapping) -> Held:
-    max_attempts = row["max_attempts"]
-    return Held(
-        table=schema.queue_messages,
-        row_id=row["id"],
-        job_id=row["job_id"],
-        scheduled_at=row["scheduled_at"],
-        tenant_id=row["tenant_id"],
-        target_type=TargetType.queue.value,
-        target=row["queue"],
-        attempt=row["attempt"],
-        # no job row: nothing to retry against, so this attempt is the last
-        max_attempts=max_attempts if max_attempts is not None else 0,
-        retry_base_seconds=row["retry_base_seconds"] or 0.0,
-        retry_max_seconds=row["retry_max_seconds"] or 0.0,
     )
 
 
