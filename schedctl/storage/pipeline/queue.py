@@ -630,9 +630,9 @@ class QueueRepo(Settles[Lease]):
         if limit is not None:
             query = query.limit(limit)
         query = self.store.dialect.lock(query, skip_locked=skip_locked, of=m)
-        # the columns are HeldMessage's, in its order: one Held of a held message for both
+        # the columns are HeldMessage's, by name: one Held of a held message for both
         return [
-            (held_from_message(HeldMessage(*r)), r.lease_owner)
+            (held_from_message(HeldMessage(**r._asdict())), r.lease_owner)
             for r in connection.execute(query).all()
         ]
 
